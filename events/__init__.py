@@ -1,0 +1,67 @@
+"""The contract: every event and command on memlane's topics, with no I/O.
+
+Agent platforms import this package to produce valid events.
+"""
+
+from events.codec import ContractError, decode, encode
+from events.commands import (
+    AddMemory,
+    Command,
+    ConfigureAgent,
+    DeleteMemory,
+    PinMemory,
+    TurnOutcome,
+    UnpinMemory,
+)
+from events.memory import (
+    AgentConfigured,
+    CommandRejected,
+    MemoryEvent,
+    RecordAdded,
+    RecordDeleted,
+    RecordPinned,
+    RecordSuperseded,
+    RecordUnpinned,
+)
+from events.config import AgentConfig, MemoryConfig
+from events.record import MemoryRecord, Provenance, Scope, Source, Status
+from events.topics import TOPICS, Topic
+from events.turns import Message, SessionEnded, ToolCall, TurnCommitted, TurnEvent, TurnRolledBack
+from events.vectors import VectorComputed
+
+__all__ = [
+    "AgentConfig",
+    "AgentConfigured",
+    "ConfigureAgent",
+    "MemoryConfig",
+    "AddMemory",
+    "Command",
+    "CommandRejected",
+    "ContractError",
+    "DeleteMemory",
+    "MemoryEvent",
+    "MemoryRecord",
+    "Message",
+    "PinMemory",
+    "Provenance",
+    "RecordAdded",
+    "RecordDeleted",
+    "RecordPinned",
+    "RecordSuperseded",
+    "RecordUnpinned",
+    "Scope",
+    "SessionEnded",
+    "Source",
+    "Status",
+    "TOPICS",
+    "ToolCall",
+    "Topic",
+    "TurnCommitted",
+    "TurnEvent",
+    "TurnOutcome",
+    "TurnRolledBack",
+    "UnpinMemory",
+    "VectorComputed",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,23 @@
+"""Shared base for every message: frozen, strict about unknown fields, versioned."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+# Identifiers travel in Kafka keys and Redis keys, so they stay short and printable.
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Message_(BaseModel):
+    """Base of every event and command on a topic."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 1

@@ -1,0 +1,93 @@
+"""Commands on `memlane.memory.commands`, keyed by tenant/agent: the ledger's input."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, field_validator
+
+from events.base import Ident, Message_
+from events.config import AgentConfig
+from events.record import (
+    MAX_CONTENT_BYTES,
+    MAX_SUMMARY_BYTES,
+    Provenance,
+    Scope,
+    check_utf8_limit,
+)
+
+
+class _CommandBase(Message_):
+    command_id: Ident
+    tenant: Ident
+    agent: Ident
+    issued_at: datetime
+    provenance: Provenance = Provenance()
+    # Set when the write happens inside a turn: it waits for that turn's outcome.
+    turn_ref: str | None = None
+    preview: bool = False
+
+
+class AddMemory(_CommandBase):
+    type: Literal["AddMemory"] = "AddMemory"
+    record_id: Ident | None = None
+    summary: Annotated[str, Field(min_length=1)]
+    content: str = ""
+    kind: Annotated[str, Field(min_length=1, max_length=64)] = "fact"
+    labels: dict[str, str] = {}
+    scope: Scope | None = None
+    session: Ident | None = None
+    pinned: bool = False
+    replaces: Ident | None = None
+    key: Annotated[str, Field(max_length=256)] | None = None
+    confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+    expires_at: datetime | None = None
+    metadata: dict[str, Any] = {}
+    observed_at: datetime | None = None
+    valid_from: datetime | None = None
+
+    @field_validator("summary")
+    @classmethod
+    def _summary_limit(cls, v: str) -> str:
+        return check_utf8_limit(v, MAX_SUMMARY_BYTES, "summary")
+
+    @field_validator("content")
+    @classmethod
+    def _content_limit(cls, v: str) -> str:
+        return check_utf8_limit(v, MAX_CONTENT_BYTES, "content")
+
+
+class DeleteMemory(_CommandBase):
+    type: Literal["DeleteMemory"] = "DeleteMemory"
+    record_id: Ident
+    session: Ident | None = None
+
+
+class PinMemory(_CommandBase):
+    type: Literal["PinMemory"] = "PinMemory"
+    record_id: Ident
+
+
+class UnpinMemory(_CommandBase):
+    type: Literal["UnpinMemory"] = "UnpinMemory"
+    record_id: Ident
+
+
+class TurnOutcome(_CommandBase):
+    """Forwarded by the extraction worker so the ledger never reads `memlane.turns`."""
+
+    type: Literal["TurnOutcome"] = "TurnOutcome"
+    committed: bool
+    reason: str = ""
+
+
+class ConfigureAgent(_CommandBase):
+    type: Literal["ConfigureAgent"] = "ConfigureAgent"
+    config: AgentConfig
+
+
+Command = Annotated[
+    Union[AddMemory, DeleteMemory, PinMemory, UnpinMemory, TurnOutcome, ConfigureAgent],
+    Field(discriminator="type"),
+]

@@ -1,0 +1,104 @@
+"""Events on `memlane.memory.events`, keyed by tenant/agent: the source of truth.
+
+Every record-changing event carries the full record snapshot at its new version, so a
+projection is a version-guarded upsert and never needs to read what it already has.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from events.base import Ident, Message_
+from events.config import AgentConfig
+from events.record import MemoryRecord, Provenance
+
+
+class _EventBase(Message_):
+    event_id: Ident
+    command_id: Ident
+    tenant: Ident
+    agent: Ident
+    occurred_at: datetime
+    provenance: Provenance = Provenance()
+
+
+class _RecordEvent(_EventBase):
+    record: MemoryRecord
+
+
+class RecordAdded(_RecordEvent):
+    type: Literal["RecordAdded"] = "RecordAdded"
+    # True when the write restated a live record and was merged into it.
+    merged: bool = False
+
+
+class RecordSuperseded(_RecordEvent):
+    type: Literal["RecordSuperseded"] = "RecordSuperseded"
+
+
+class RecordDeleted(_RecordEvent):
+    type: Literal["RecordDeleted"] = "RecordDeleted"
+
+
+class RecordPinned(_RecordEvent):
+    type: Literal["RecordPinned"] = "RecordPinned"
+
+
+class RecordUnpinned(_RecordEvent):
+    type: Literal["RecordUnpinned"] = "RecordUnpinned"
+
+
+class WriteStaged(_EventBase):
+    """A write made inside a turn, held until the turn's outcome. Not a record."""
+
+    type: Literal["WriteStaged"] = "WriteStaged"
+    turn_ref: str
+    command: str  # the staged command's JSON, so the ledger's state folds from events alone
+
+
+class TurnResolved(_EventBase):
+    """A turn's outcome reached the ledger; writes staged for it were applied or discarded."""
+
+    type: Literal["TurnResolved"] = "TurnResolved"
+    turn_ref: str
+    committed: bool
+
+
+class WriteDiscarded(_EventBase):
+    type: Literal["WriteDiscarded"] = "WriteDiscarded"
+    turn_ref: str
+    reason: str
+
+
+class AgentConfigured(_EventBase):
+    type: Literal["AgentConfigured"] = "AgentConfigured"
+    config: AgentConfig
+
+
+class CommandRejected(_EventBase):
+    type: Literal["CommandRejected"] = "CommandRejected"
+    code: str
+    field: str | None = None
+    reason: str
+
+
+MemoryEvent = Annotated[
+    Union[
+        RecordAdded,
+        RecordSuperseded,
+        RecordDeleted,
+        RecordPinned,
+        RecordUnpinned,
+        WriteStaged,
+        TurnResolved,
+        WriteDiscarded,
+        AgentConfigured,
+        CommandRejected,
+    ],
+    Field(discriminator="type"),
+]
+
+RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordPinned, RecordUnpinned)

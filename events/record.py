@@ -1,0 +1,105 @@
+"""The memory record and its provenance (seed 000's fields, plus seeds 002 and 004)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+
+from events.base import Ident, Message_
+
+MAX_SUMMARY_BYTES = 512
+MAX_CONTENT_BYTES = 16 * 1024
+LABEL_NUMBERS = range(5, 19)
+
+
+class Scope(str, Enum):
+    SESSION = "SESSION"
+    AGENT = "AGENT"
+
+
+class Status(str, Enum):
+    ACTIVE = "ACTIVE"
+    PENDING = "PENDING"
+    CONFLICT = "CONFLICT"
+    SUPERSEDED = "SUPERSEDED"
+    DELETED = "DELETED"
+
+
+class Source(str, Enum):
+    EXTRACTION = "EXTRACTION"
+    TOOL = "TOOL"
+    OPERATOR = "OPERATOR"
+    CONSOLIDATION = "CONSOLIDATION"
+
+
+def check_utf8_limit(value: str, limit: int, what: str) -> str:
+    size = len(value.encode())
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes; the limit is {limit} bytes")
+    return value
+
+
+class Provenance(Message_):
+    """Who and what caused a change, so anyone can answer 'why is this here?'."""
+
+    source: Source = Source.TOOL
+    execution_id: Ident | None = None
+    invocation: int | None = None
+    agent_version: int | None = None
+    session: Ident | None = None
+    turn: int | None = None
+    modified_by: str = "agent"
+    # Extraction only: which model, which prompt, which memories it was shown.
+    model: str | None = None
+    prompt_version: str | None = None
+    candidates: list[str] = []
+    source_message_ids: list[str] = []
+
+
+class MemoryRecord(Message_):
+    id: Ident
+    version: Annotated[int, Field(ge=1)]
+    created: datetime
+    modified: datetime
+    tenant: Ident
+    agent: Ident
+    scope: Scope
+    session: Ident | None = None
+    kind: Annotated[str, Field(min_length=1, max_length=64)]
+    summary: Annotated[str, Field(min_length=1)]
+    content: str = ""
+    metadata: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+    key: str | None = None
+    confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+    expires_at: datetime | None = None
+    status: Status = Status.ACTIVE
+    pinned: bool = False
+    replaces: Ident | None = None
+    replaced_by: Ident | None = None
+    preview: bool = False
+    provenance: Provenance = Provenance()
+    # Bi-temporal fields (seed 002).
+    observed_at: datetime | None = None
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    recorded_at: datetime | None = None
+    superseded_at: datetime | None = None
+
+    @field_validator("summary")
+    @classmethod
+    def _summary_limit(cls, v: str) -> str:
+        return check_utf8_limit(v, MAX_SUMMARY_BYTES, "summary")
+
+    @field_validator("content")
+    @classmethod
+    def _content_limit(cls, v: str) -> str:
+        return check_utf8_limit(v, MAX_CONTENT_BYTES, "content")
+
+    @property
+    def text(self) -> str:
+        """What gets embedded and indexed."""
+        return f"{self.summary}\n{self.content}".strip()

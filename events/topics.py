@@ -1,0 +1,44 @@
+"""The topic registry: names, keys and partition counts (DESIGN.md, "Topics and keys")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+def agent_key(m: Any) -> str:
+    return f"{m.tenant}/{m.agent}"
+
+
+def session_key(m: Any) -> str:
+    return f"{m.tenant}/{m.agent}/{m.session or '-'}"
+
+
+def vector_key(m: Any) -> str:
+    return f"{m.model}/{m.content_hash}"
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    key: Callable[[Any], str]
+    compacted: bool = False
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.name}.dlq"
+
+    def key_bytes(self, message: Any) -> bytes:
+        return self.key(message).encode()
+
+
+# Over-partitioned from the start: adding partitions later remaps keys.
+TURNS = Topic("memlane.turns", 8, session_key)
+COMMANDS = Topic("memlane.memory.commands", 8, agent_key)
+EVENTS = Topic("memlane.memory.events", 8, agent_key, config={"retention.ms": "-1"})
+VECTORS = Topic("memlane.vectors", 4, vector_key, compacted=True, config={"cleanup.policy": "compact"})
+USAGE = Topic("memlane.usage", 4, agent_key)
+
+TOPICS: dict[str, Topic] = {t.name: t for t in (TURNS, COMMANDS, EVENTS, VECTORS, USAGE)}

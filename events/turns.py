@@ -1,0 +1,75 @@
+"""What agent platforms emit on `memlane.turns`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+from events.base import Ident, Message_
+
+MAX_MESSAGE_CHARS = 200_000
+MAX_MESSAGES_PER_TURN = 500
+
+
+class ToolCall(Message_):
+    id: Ident
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    arguments: dict[str, Any] = {}
+
+
+class Message(Message_):
+    id: Ident
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] = ""
+    tool_calls: list[ToolCall] = []
+    # Set on role "tool": which call this result answers, and whether it failed.
+    tool_call_id: Ident | None = None
+    tool_name: str | None = None
+    is_error: bool = False
+    # Skill loads and the agent's own memory retrievals are never kept in history.
+    origin: Literal["conversation", "skill_load", "retrieval"] = "conversation"
+
+
+class _TurnBase(Message_):
+    event_id: Ident
+    tenant: Ident
+    agent: Ident
+    session: Ident | None = None
+    turn: Annotated[int, Field(ge=0)]
+    attempt: Annotated[int, Field(ge=1)] = 1
+    execution_id: Ident
+    invocation: Annotated[int, Field(ge=0)] = 0
+    agent_version: Annotated[int, Field(ge=0)] = 0
+    preview: bool = False
+    occurred_at: datetime
+
+    @property
+    def turn_ref(self) -> str:
+        """Identifies one attempt of one turn: writes made during it wait on its outcome."""
+        return f"{self.execution_id}:{self.turn}:{self.attempt}"
+
+
+class TurnCommitted(_TurnBase):
+    type: Literal["TurnCommitted"] = "TurnCommitted"
+    messages: Annotated[list[Message], Field(max_length=MAX_MESSAGES_PER_TURN)] = []
+
+
+class TurnRolledBack(_TurnBase):
+    type: Literal["TurnRolledBack"] = "TurnRolledBack"
+    reason: Annotated[str, Field(max_length=1024)] = ""
+
+
+class SessionEnded(Message_):
+    type: Literal["SessionEnded"] = "SessionEnded"
+    event_id: Ident
+    tenant: Ident
+    agent: Ident
+    session: Ident | None = None
+    execution_id: Ident | None = None
+    outcome: Literal["successful", "failed", "uncertain"] = "uncertain"
+    occurred_at: datetime
+
+
+TurnEvent = Annotated[Union[TurnCommitted, TurnRolledBack, SessionEnded], Field(discriminator="type")]

@@ -1,0 +1,1 @@
+"""The read side: builders that fold memory events into Redis and Qdrant, and queries."""

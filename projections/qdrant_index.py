@@ -1,0 +1,251 @@
+"""Qdrant Edge adapter: one point per live record, dense + BM25 sparse vectors.
+
+The point id is uuid5(record id). The payload carries what searches filter on, with
+payload indexes (the agent indexed as the tenant key). Only ACTIVE records are points:
+superseded, deleted, pending and conflicting records leave the index but stay readable
+from Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from qdrant_edge import (
+    Bm25,
+    Bm25Config,
+    Distance,
+    EdgeConfig,
+    EdgeShard,
+    EdgeSparseVectorParams,
+    EdgeVectorParams,
+    FieldCondition,
+    Filter,
+    Fusion,
+    KeywordIndexParams,
+    MatchAny,
+    MatchValue,
+    Modifier,
+    PayloadSchemaType,
+    Point,
+    Prefetch,
+    Query,
+    QueryRequest,
+    UpdateOperation,
+)
+
+from events.record import MemoryRecord, Status
+
+DENSE, SPARSE = "dense", "bm25"
+POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
+Mode = Literal["hybrid", "lexical", "vector"]
+
+
+def point_id(record_id: str) -> str:
+    return str(uuid.uuid5(POINT_NS, record_id))
+
+
+def label_terms(labels: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(labels.items())]
+
+
+@dataclass(frozen=True)
+class SearchFilter:
+    tenant: str
+    agent: str
+    scopes: tuple[str, ...]  # "AGENT" and/or "SESSION"
+    session: str | None
+    preview: bool
+    kind: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Hit:
+    record_id: str
+    score: float
+    created_ms: int
+    payload: dict[str, Any]
+
+
+class EdgeIndex:
+    """Owns one Edge shard directory. An Edge shard belongs to one process."""
+
+    def __init__(self, path: Path, dim: int = 384) -> None:
+        self.path = Path(path)
+        self.bm25 = Bm25(Bm25Config())
+        self._lock = threading.Lock()
+        self.path.mkdir(parents=True, exist_ok=True)
+        if (self.path / "edge_config.json").exists():
+            self.shard = EdgeShard.load(str(self.path))
+        else:
+            self.shard = EdgeShard.create(
+                str(self.path),
+                EdgeConfig(
+                    vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
+                    sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+                ),
+            )
+            self._create_indexes()
+
+    def _create_indexes(self) -> None:
+        self.shard.update(UpdateOperation.create_field_index("agent", KeywordIndexParams(is_tenant=True)))
+        # Flags are keywords: the Edge bindings turn a Python bool in MatchValue into an integer.
+        for f in ("tenant", "scope", "session", "kind", "labels", "record_id", "visibility", "shadowed"):
+            self.shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
+        self.shard.update(UpdateOperation.create_field_index("created_ms", PayloadSchemaType.Integer))
+
+    # ------------------------------------------------------------------ write side
+
+    def payload(self, r: MemoryRecord) -> dict[str, Any]:
+        return {
+            "record_id": r.id,
+            "tenant": r.tenant,
+            "agent": r.agent,
+            "scope": r.scope.value,
+            "session": r.session or "",
+            "kind": r.kind,
+            "labels": label_terms(r.labels),
+            "status": r.status.value,
+            "visibility": "preview" if r.preview else "live",
+            "shadowed": "no",
+            "version": r.version,
+            "created_ms": int(r.created.timestamp() * 1000),
+            "summary": r.summary,
+        }
+
+    def upsert(self, items: list[tuple[MemoryRecord, list[float]]]) -> None:
+        points = [
+            Point(
+                point_id(r.id),
+                {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)},
+                self.payload(r),
+            )
+            for r, vec in items
+        ]
+        if points:
+            with self._lock:
+                self.shard.update(UpdateOperation.upsert_points(points))
+
+    def delete(self, record_ids: list[str]) -> None:
+        if record_ids:
+            with self._lock:
+                self.shard.update(UpdateOperation.delete_points([point_id(i) for i in record_ids]))
+
+    def set_shadowed(self, record_id: str, shadowed: bool) -> None:
+        """A preview record that replaces or deletes a live one hides it from preview turns."""
+        with self._lock:
+            flag = "yes" if shadowed else "no"
+            self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
+
+    def versions(self, record_ids: list[str]) -> dict[str, int]:
+        with self._lock:
+            recs = self.shard.retrieve([point_id(i) for i in record_ids], ["record_id", "version"], False)
+        return {p.payload["record_id"]: p.payload["version"] for p in recs}
+
+    def flush(self) -> None:
+        with self._lock:
+            self.shard.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self.shard.flush()
+            self.shard.close()
+
+    def count(self) -> int:
+        return self.shard.info().points_count
+
+    # ------------------------------------------------------------------ read side
+
+    def _filter(self, f: SearchFilter) -> Filter:
+        must = [
+            FieldCondition("agent", match=MatchValue(f.agent)),
+            FieldCondition("tenant", match=MatchValue(f.tenant)),
+        ]
+        should = []
+        if "AGENT" in f.scopes:
+            should.append(Filter(must=[FieldCondition("scope", match=MatchValue("AGENT"))]))
+        if "SESSION" in f.scopes and f.session:
+            should.append(
+                Filter(
+                    must=[
+                        FieldCondition("scope", match=MatchValue("SESSION")),
+                        FieldCondition("session", match=MatchValue(f.session)),
+                    ]
+                )
+            )
+        if not should:  # nothing readable: match nothing
+            must.append(FieldCondition("record_id", match=MatchValue("\x00none")))
+        must_not = []
+        if f.preview:
+            must_not.append(FieldCondition("shadowed", match=MatchValue("yes")))
+        else:
+            must.append(FieldCondition("visibility", match=MatchValue("live")))
+        if f.kind:
+            must.append(FieldCondition("kind", match=MatchValue(f.kind)))
+        for k, v in f.labels:
+            must.append(FieldCondition("labels", match=MatchValue(f"{k}={v}")))
+        if f.ids:
+            must.append(FieldCondition("record_id", match=MatchAny(list(f.ids))))
+        return Filter(must=must, should=should or None, must_not=must_not or None, min_should=None)
+
+    def search(
+        self,
+        f: SearchFilter,
+        dense: list[float] | None,
+        text: str,
+        limit: int,
+        mode: Mode = "hybrid",
+        min_score: float = 0.0,
+    ) -> list[Hit]:
+        flt = self._filter(f)
+        depth = max(limit * 4, 20)
+        sparse = self.bm25.embed_query(text)
+        if mode == "lexical":
+            req = QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt, with_payload=True)
+        elif mode == "vector":
+            req = QueryRequest(
+                limit=depth,
+                query=Query.Nearest(dense, using=DENSE),
+                filter=flt,
+                with_payload=True,
+                score_threshold=min_score,
+            )
+        else:
+            req = QueryRequest(
+                limit=depth,
+                prefetches=[
+                    Prefetch(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, score_threshold=min_score),
+                    Prefetch(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt),
+                ],
+                query=Fusion.Rrf(k=60),
+                with_payload=True,
+            )
+        with self._lock:
+            points = self.shard.query(req)
+        hits = [Hit(p.payload["record_id"], p.score, p.payload["created_ms"], p.payload) for p in points]
+        # Newer records win ties.
+        hits.sort(key=lambda h: (-round(h.score, 9), -h.created_ms))
+        return hits[:limit]
+
+
+def read_checkpoint(path: Path) -> dict[str, int]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def write_checkpoint(path: Path, ckpt: dict[str, int]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(ckpt))
+    tmp.replace(path)
+
+
+def indexable(r: MemoryRecord) -> bool:
+    return r.status is Status.ACTIVE

@@ -1,0 +1,112 @@
+"""The record view port, and the pure in-memory fold every adapter must agree with.
+
+A view keeps, per agent: every version of every record, the current version, a
+newest-first listing of live records, and the pinned set. Applying an event is a
+version-guarded upsert of the snapshot it carries, so duplicates and redeliveries are
+no-ops and the order of distinct versions does not matter.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from events.memory import RECORD_EVENTS
+from events.record import MemoryRecord, Status
+
+LISTED = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
+
+
+def listed(r: MemoryRecord) -> bool:
+    """Listing omits deleted and superseded records, except preview deletions (seed 000)."""
+    return r.status in LISTED or (r.preview and r.status is Status.DELETED)
+
+
+def sort_score(r: MemoryRecord) -> float:
+    return r.created.timestamp() * 1000
+
+
+def encode_cursor(score: float, rid: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([score, rid]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        pad = "=" * (-len(cursor) % 4)
+        score, rid = json.loads(base64.urlsafe_b64decode(cursor + pad))
+        return float(score), str(rid)
+    except Exception as e:
+        raise ValueError("after: not a cursor this API returned; pass next_cursor from the previous page") from e
+
+
+@dataclass
+class Page:
+    records: list[MemoryRecord]
+    next_cursor: str | None
+
+
+class RecordView(Protocol):
+    """The read side of memory records. Implemented by `MemoryFold` and `RedisRecords`."""
+
+    async def apply(self, events: list[Any]) -> None: ...
+
+    async def get(self, tenant: str, agent: str, rid: str, version: int | None = None) -> MemoryRecord | None: ...
+
+    async def history(self, tenant: str, agent: str, rid: str) -> list[MemoryRecord]: ...
+
+    async def page(
+        self, tenant: str, agent: str, limit: int, after: str | None = None, ascending: bool = False
+    ) -> Page: ...
+
+    async def pinned(self, tenant: str, agent: str) -> list[MemoryRecord]: ...
+
+
+@dataclass
+class MemoryFold:
+    """The reference fold: plain dicts, no I/O."""
+
+    versions: dict[tuple[str, str, str], dict[int, MemoryRecord]] = field(default_factory=dict)
+    current: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    async def apply(self, events: list[Any]) -> None:
+        for e in events:
+            if isinstance(e, RECORD_EVENTS):
+                r = e.record
+                k = (r.tenant, r.agent, r.id)
+                self.versions.setdefault(k, {}).setdefault(r.version, r)
+                if r.version > self.current.get(k, 0):
+                    self.current[k] = r.version
+
+    async def get(self, tenant, agent, rid, version=None):
+        vs = self.versions.get((tenant, agent, rid))
+        if not vs:
+            return None
+        return vs.get(version if version is not None else self.current[(tenant, agent, rid)])
+
+    async def history(self, tenant, agent, rid):
+        vs = self.versions.get((tenant, agent, rid)) or {}
+        return [vs[v] for v in sorted(vs, reverse=True)]
+
+    def _current(self, tenant, agent):
+        for (t, a, rid), v in self.current.items():
+            if t == tenant and a == agent:
+                yield self.versions[(t, a, rid)][v]
+
+    async def page(self, tenant, agent, limit, after=None, ascending=False):
+        rows = sorted(
+            ((sort_score(r), r.id, r) for r in self._current(tenant, agent) if listed(r)),
+            key=lambda x: (x[0], x[1]),
+            reverse=not ascending,
+        )
+        if after:
+            c = decode_cursor(after)
+            rows = [x for x in rows if ((x[0], x[1]) > c if ascending else (x[0], x[1]) < c)]
+        chunk = rows[:limit]
+        nxt = encode_cursor(chunk[-1][0], chunk[-1][1]) if len(rows) > limit else None
+        return Page([x[2] for x in chunk], nxt)
+
+    async def pinned(self, tenant, agent):
+        rs = [r for r in self._current(tenant, agent) if r.pinned and r.status is Status.ACTIVE]
+        return sorted(rs, key=lambda r: (sort_score(r), r.id))

@@ -1,0 +1,1 @@
+"""Entry points: HTTP API, MCP server, CLI, settings and wiring."""

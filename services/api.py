@@ -1,0 +1,227 @@
+"""HTTP API (FastAPI; OpenAPI at /openapi.json, docs at /docs).
+
+The serving process also runs the Qdrant projection for its shard, because an Edge
+shard belongs to one process (DESIGN.md, "Real components").
+"""
+
+
+import asyncio
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+import redis.asyncio as aioredis
+import structlog
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from events.config import AgentConfig
+from events.record import Scope
+from projections.embedder import OnnxMiniLM
+from projections.qdrant_index import EdgeIndex
+from projections.redis_records import RedisRecords
+from services.auth import KeyStore, Principal
+from services.memory_service import ApiError, Context, MemoryService
+from services.settings import Settings, get_settings
+from workers.kafka_io import ensure_topics, producer, wait_for_broker
+from workers.qdrant_projection import QdrantProjection, shard_path
+
+log = structlog.get_logger()
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchRequest(_Body):
+    query: Annotated[str, Field(max_length=4000)] | None = None
+    kind: str | None = None
+    labels: dict[str, str] = {}
+    ids: Annotated[list[str], Field(max_length=100)] = []
+    limit: Annotated[int, Field(ge=1, le=100)] | None = None
+    after: str | None = None
+    mode: Literal["hybrid", "lexical", "vector"] | None = None
+    min_score: Annotated[float, Field(ge=-1, le=1)] | None = None
+
+
+class AddRequest(_Body):
+    summary: str
+    content: str = ""
+    kind: str = "fact"
+    labels: dict[str, str] = {}
+    scope: Scope | None = None
+    pinned: bool = False
+    replaces: str | None = None
+    key: str | None = None
+    confidence: float | None = None
+    metadata: dict[str, Any] = {}
+    command_id: str | None = None
+
+
+class KeyRequest(_Body):
+    tenant: str
+    agent: str | None = None
+    role: Literal["agent", "helper", "operator"] = "agent"
+
+
+def record_out(r, score: float | None = None) -> dict[str, Any]:
+    d = r.model_dump(mode="json")
+    if score is not None:
+        d["score"] = score
+    return d
+
+
+def build_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await wait_for_broker(settings)
+        await ensure_topics(settings)
+        redis_client = aioredis.from_url(settings.redis_url, decode_responses=True)
+        await redis_client.ping()
+        index = EdgeIndex(shard_path(settings))
+        projection = QdrantProjection(settings, index)
+        task = asyncio.create_task(projection.run(), name="qdrant-projection")
+        prod = producer(settings)
+        await prod.start()
+        embedder = OnnxMiniLM()
+        await asyncio.to_thread(embedder.embed, ["warm up"])
+        app.state.service = MemoryService(settings, RedisRecords(redis_client), index, embedder, prod, projection)
+        app.state.keys = KeyStore(redis_client, settings.operator_key)
+        app.state.projection = projection
+        log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)
+        try:
+            yield
+        finally:
+            projection.stopping.set()
+            try:
+                await asyncio.wait_for(task, 5)
+            except Exception:
+                task.cancel()
+            await prod.stop()
+            index.close()
+            await redis_client.aclose()
+
+    app = FastAPI(
+        title="memlane",
+        version="0.1.0",
+        description="Event-sourced long-term memory for LLM agents.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return JSONResponse({"error": {"code": e.code, "field": e.field, "message": e.message}}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, e: RequestValidationError):
+        err = e.errors()[0]
+        loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path", "header")]
+        field = ".".join(loc)
+        return JSONResponse(
+            {"error": {"code": "VALIDATION_FAILED", "field": field, "message": f"{field}: {err['msg']}"}},
+            status_code=422,
+        )
+
+    async def principal(
+        request: Request, authorization: Annotated[str | None, Header()] = None
+    ) -> Principal:
+        key = (authorization or "").removeprefix("Bearer ").strip()
+        p = await request.app.state.keys.resolve(key)
+        if p is None:
+            raise ApiError("UNAUTHENTICATED", "authorization", "send 'Authorization: Bearer <api key>'", 401)
+        return p
+
+    async def context(
+        p: Annotated[Principal, Depends(principal)],
+        x_agent: Annotated[str | None, Header()] = None,
+        x_tenant: Annotated[str | None, Header()] = None,
+        x_session: Annotated[str | None, Header()] = None,
+        x_preview: Annotated[bool, Header()] = False,
+        x_turn_ref: Annotated[str | None, Header()] = None,
+        x_execution_id: Annotated[str | None, Header()] = None,
+    ) -> Context:
+        if p.role == "operator":
+            if not x_agent or not (x_tenant or p.tenant != "*"):
+                raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
+            tenant = x_tenant if p.tenant == "*" else p.tenant
+            p = Principal(tenant, x_agent, "operator")
+        elif x_agent and x_agent != p.agent:
+            raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
+        return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id)
+
+    Ctx = Annotated[Context, Depends(context)]
+
+    def svc(request: Request) -> MemoryService:
+        return request.app.state.service
+
+    Svc = Annotated[MemoryService, Depends(svc)]
+
+    @app.get("/health")
+    async def health(request: Request):
+        proj = request.app.state.projection
+        return {
+            "status": "ok",
+            "projection": proj.status(),
+            "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
+        }
+
+    @app.post("/v1/admin/keys", status_code=201)
+    async def issue_key(body: KeyRequest, p: Annotated[Principal, Depends(principal)], request: Request):
+        if p.role != "operator" or p.tenant not in ("*", body.tenant):
+            raise ApiError("FORBIDDEN", None, "only an operator key of this tenant can issue keys", 403)
+        key = await request.app.state.keys.issue(body.tenant, body.agent, body.role)
+        return {"key": key, "tenant": body.tenant, "agent": body.agent, "role": body.role}
+
+    @app.put("/v1/config")
+    async def put_config(config: AgentConfig, ctx: Ctx, s: Svc):
+        return await s.configure(ctx, config)
+
+    @app.get("/v1/config")
+    async def get_config(ctx: Ctx, s: Svc):
+        return (await s.config(ctx.tenant, ctx.agent)).model_dump(mode="json")
+
+    @app.post("/v1/memory/search")
+    async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
+        res = await s.search(ctx, **body.model_dump())
+        return {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+
+    @app.post("/v1/memory", status_code=201)
+    async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):
+        return await s.add(ctx, wait=wait, **body.model_dump(exclude_none=True))
+
+    @app.get("/v1/memory")
+    async def list_memory(
+        ctx: Ctx,
+        s: Svc,
+        first: Annotated[int, Query(ge=1, le=200)] = 20,
+        after: str | None = None,
+        sort: Literal["DESC", "ASC"] = "DESC",
+    ):
+        page = await s.records.page(ctx.tenant, ctx.agent, first, after, ascending=sort == "ASC")
+        visible = [r for r in page.records if s.visible(r, ctx)]
+        return {"records": [record_out(r) for r in visible], "next_cursor": page.next_cursor}
+
+    @app.get("/v1/memory/{rid}")
+    async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None, Query(ge=1)] = None):
+        return record_out(await s.read(ctx, rid, version))
+
+    @app.get("/v1/memory/{rid}/history")
+    async def memory_history(rid: str, ctx: Ctx, s: Svc):
+        return {"versions": [record_out(r) for r in await s.history(ctx, rid)]}
+
+    @app.delete("/v1/memory/{rid}")
+    async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True):
+        return await s.delete(ctx, rid, wait=wait)
+
+    @app.post("/v1/memory/{rid}/pin")
+    async def pin_memory(rid: str, ctx: Ctx, s: Svc):
+        return await s.pin(ctx, rid, True)
+
+    @app.delete("/v1/memory/{rid}/pin")
+    async def unpin_memory(rid: str, ctx: Ctx, s: Svc):
+        return await s.pin(ctx, rid, False)
+
+    return app

@@ -1,0 +1,315 @@
+"""Memory tools and search: the application service behind HTTP, MCP and the client.
+
+Reads come from the projections (Qdrant for ranking, Redis for records); writes go to
+the ledger as commands. Every rule that protects one agent from another is applied
+here, on top of the filters the index applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from events.base import utcnow
+from events.codec import encode
+from events.commands import AddMemory, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
+from events.config import AgentConfig
+from events.record import MemoryRecord, Provenance, Scope, Source, Status
+from events.topics import COMMANDS
+from projections.embedder import Embedder
+from projections.qdrant_index import EdgeIndex, SearchFilter
+from projections.records import encode_cursor, sort_score
+from projections.redis_records import RedisRecords
+from services.auth import Principal
+from services.settings import Settings
+
+STATUS_BY_CODE = {
+    "VALIDATION_FAILED": 422,
+    "SCOPE_NOT_ALLOWED": 403,
+    "TOOL_NOT_ALLOWED": 403,
+    "PIN_NOT_ENABLED": 403,
+    "MEMORY_DISABLED": 403,
+    "READ_ONLY_KEY": 403,
+    "NOT_FOUND": 404,
+    "NOT_LIVE": 409,
+    "DUPLICATE_ID": 409,
+    "LIMIT_EXCEEDED": 409,
+    "PIN_BUDGET_EXCEEDED": 409,
+    "TIMEOUT": 504,
+}
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, field: str | None, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.field, self.message = code, field, message
+        self.status = status or STATUS_BY_CODE.get(code, 400)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who is asking, from where: the key's principal plus the turn it speaks for."""
+
+    principal: Principal
+    agent: str
+    session: str | None = None
+    preview: bool = False
+    turn_ref: str | None = None
+    execution_id: str | None = None
+    turn: int | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.principal.tenant
+
+
+@dataclass
+class SearchResult:
+    records: list[tuple[MemoryRecord, float | None]]
+    next_cursor: str | None
+
+
+class MemoryService:
+    def __init__(
+        self,
+        settings: Settings,
+        records: RedisRecords,
+        index: EdgeIndex,
+        embedder: Embedder,
+        producer: AIOKafkaProducer,
+        projection: Any,
+    ) -> None:
+        self.settings = settings
+        self.records = records
+        self.index = index
+        self.embedder = embedder
+        self.producer = producer
+        self.projection = projection
+
+    async def config(self, tenant: str, agent: str) -> AgentConfig:
+        return await self.records.config(tenant, agent) or AgentConfig()
+
+    # ------------------------------------------------------------------ visibility
+
+    @staticmethod
+    def readable_scopes(cfg: AgentConfig, session: str | None) -> tuple[str, ...]:
+        scopes = []
+        if "agent" in cfg.memory.scope.read:
+            scopes.append(Scope.AGENT.value)
+        if "session" in cfg.memory.scope.read and session:
+            scopes.append(Scope.SESSION.value)
+        return tuple(scopes)
+
+    @staticmethod
+    def visible(r: MemoryRecord, ctx: Context, scopes: tuple[str, ...] | None = None) -> bool:
+        if r.tenant != ctx.tenant or r.agent != ctx.agent:
+            return False
+        if r.scope is Scope.SESSION and r.session != ctx.session:
+            return False
+        if scopes is not None and r.scope.value not in scopes:
+            return False
+        return ctx.preview or not r.preview
+
+    # ------------------------------------------------------------------ reads
+
+    async def search(
+        self,
+        ctx: Context,
+        query: str | None = None,
+        kind: str | None = None,
+        labels: dict[str, str] | None = None,
+        ids: list[str] | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+        mode: str | None = None,
+        min_score: float | None = None,
+    ) -> SearchResult:
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        limit = limit or cfg.memory.search.max_results
+        scopes = self.readable_scopes(cfg, ctx.session)
+        if ids:
+            found = await self.records.get_many(ctx.tenant, ctx.agent, ids[:100])
+            keep = [r for r in found if self.visible(r, ctx, scopes) and r.status is Status.ACTIVE]
+            return SearchResult([(r, None) for r in keep], None)
+        if not query:
+            return await self._list(ctx, scopes, kind, labels or {}, limit, after)
+        f = SearchFilter(
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            scopes=scopes,
+            session=ctx.session,
+            preview=ctx.preview,
+            kind=kind,
+            labels=tuple(sorted((labels or {}).items())),
+        )
+        mode = mode or cfg.memory.search.mode
+        min_score = cfg.memory.search.min_score if min_score is None else min_score
+        dense = None if mode == "lexical" else (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        hits = await asyncio.to_thread(self.index.search, f, dense, query, limit, mode, min_score)
+        recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
+        by_id = {r.id: r for r in recs}
+        out = [
+            (by_id[h.record_id], h.score)
+            for h in hits
+            if h.record_id in by_id
+            and by_id[h.record_id].status is Status.ACTIVE
+            and self.visible(by_id[h.record_id], ctx, scopes)
+        ]
+        return SearchResult(out, None)
+
+    async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
+        def wanted(r: MemoryRecord) -> bool:
+            return (
+                r.status is Status.ACTIVE
+                and self.visible(r, ctx, scopes)
+                and (not kind or r.kind == kind)
+                and all(r.labels.get(k) == v for k, v in labels.items())
+            )
+
+        out: list[MemoryRecord] = []
+        cursor = after
+        while len(out) <= limit:
+            page = await self.records.page(ctx.tenant, ctx.agent, limit * 2, cursor)
+            out.extend(r for r in page.records if wanted(r))
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        more, out = len(out) > limit, out[:limit]
+        nxt = encode_cursor(sort_score(out[-1]), out[-1].id) if more else None
+        return SearchResult([(r, None) for r in out], nxt)
+
+    async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
+        r = await self.records.get(ctx.tenant, ctx.agent, rid, version)
+        if r is None or not self.visible(r, ctx):
+            raise ApiError("NOT_FOUND", "id", f"no record {rid} for this agent")
+        return r
+
+    async def history(self, ctx: Context, rid: str) -> list[MemoryRecord]:
+        await self.read(ctx, rid)
+        return await self.records.history(ctx.tenant, ctx.agent, rid)
+
+    # ------------------------------------------------------------------ writes
+
+    def _provenance(self, ctx: Context) -> Provenance:
+        return Provenance(
+            source=Source.OPERATOR if ctx.principal.role == "operator" else Source.TOOL,
+            execution_id=ctx.execution_id,
+            session=ctx.session,
+            turn=ctx.turn,
+            modified_by=f"{ctx.principal.role}:{ctx.principal.agent or ctx.tenant}",
+        )
+
+    async def _check_tool(self, ctx: Context, tool: str) -> AgentConfig:
+        if not ctx.principal.can_write:
+            raise ApiError("READ_ONLY_KEY", None, "this key can search memory but never write it")
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        if ctx.principal.role != "operator" and tool not in cfg.memory.tools:
+            raise ApiError(
+                "TOOL_NOT_ALLOWED", "tool", f"{tool} is not in memory.tools {cfg.memory.tools}; nothing was changed"
+            )
+        return cfg
+
+    async def add(self, ctx: Context, wait: bool = True, **fields: Any) -> dict[str, Any]:
+        await self._check_tool(ctx, "add_memory")
+        cmd = AddMemory(
+            command_id=fields.pop("command_id", None) or str(uuid.uuid4()),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            issued_at=utcnow(),
+            provenance=self._provenance(ctx),
+            turn_ref=ctx.turn_ref,
+            preview=ctx.preview,
+            session=ctx.session,
+            **fields,
+        )
+        return await self._submit(cmd, wait)
+
+    async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
+        await self._check_tool(ctx, "delete_memory")
+        cmd = DeleteMemory(
+            command_id=str(uuid.uuid4()),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            issued_at=utcnow(),
+            provenance=self._provenance(ctx),
+            turn_ref=ctx.turn_ref,
+            preview=ctx.preview,
+            record_id=rid,
+            session=ctx.session,
+        )
+        return await self._submit(cmd, wait)
+
+    async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
+        await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
+        cls = PinMemory if pinned else UnpinMemory
+        cmd = cls(
+            command_id=str(uuid.uuid4()),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            issued_at=utcnow(),
+            provenance=self._provenance(ctx),
+            turn_ref=ctx.turn_ref,
+            preview=ctx.preview,
+            record_id=rid,
+        )
+        return await self._submit(cmd, wait)
+
+    async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
+        if ctx.principal.role != "operator":
+            raise ApiError("FORBIDDEN", None, "only an operator key can change an agent's configuration", 403)
+        cmd = ConfigureAgent(
+            command_id=str(uuid.uuid4()),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            issued_at=utcnow(),
+            provenance=self._provenance(ctx),
+            config=config,
+        )
+        return await self._submit(cmd, wait)
+
+    async def _submit(self, cmd: Any, wait: bool) -> dict[str, Any]:
+        fut = self.projection.wait_for(cmd.command_id) if wait else None
+        await self.producer.send_and_wait(
+            self.settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd)
+        )
+        if fut is None:
+            return {"command_id": cmd.command_id, "status": "accepted"}
+        try:
+            events = await asyncio.wait_for(fut, timeout=30)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                "TIMEOUT", None, f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
+            ) from None
+        return await self._outcome(cmd, events)
+
+    async def _outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
+        for e in events:
+            if e.type == "CommandRejected":
+                raise ApiError(e.code, e.field, e.reason)
+        result: dict[str, Any] = {"command_id": cmd.command_id, "status": "applied", "memories": []}
+        for e in events:
+            if e.type == "WriteStaged":
+                result["status"] = "pending_turn"
+            elif e.type == "WriteDiscarded":
+                result["status"] = "discarded"
+                result["reason"] = e.reason
+            elif hasattr(e, "record"):
+                result["memories"].append(e.record.model_dump(mode="json"))
+                if getattr(e, "merged", False):
+                    result["merged"] = True
+                    result["id"] = e.record.id
+                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned"):
+                    result.setdefault("id", e.record.id)
+        # Read-your-writes: the Redis projection is a separate process; wait for it too.
+        if "id" in result:
+            want = max(m["version"] for m in result["memories"] if m["id"] == result["id"])
+            for _ in range(300):
+                r = await self.records.get(cmd.tenant, cmd.agent, result["id"])
+                if r and r.version >= want:
+                    break
+                await asyncio.sleep(0.02)
+        return result

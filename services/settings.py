@@ -1,0 +1,60 @@
+"""One settings object for every process (environment prefix `MEMLANE_`)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMLANE_", extra="ignore")
+
+    kafka_port: int = 39092
+    kafka_bootstrap: str = ""
+    redis_port: int = 36379
+    # REDIS_URL (no prefix) wins, as DESIGN.md says; MEMLANE_REDIS_URL works too.
+    redis_url: str = Field(default="", validation_alias="REDIS_URL")
+    qdrant_url: str = Field(default="", validation_alias="QDRANT_URL")
+    data_dir: Path = ROOT / ".run" / "data"
+    api_host: str = "127.0.0.1"
+    api_port: int = 38080
+    api_url: str = ""
+    # Worker topics get this prefix so tests can run isolated pipelines on one broker.
+    topic_prefix: str = ""
+    group_prefix: str = "memlane"
+    log_level: str = "INFO"
+    # Bootstrap operator key: issues agent keys. Set a secret one outside local development.
+    operator_key: str = "memlane-local-operator-key"
+    openai_api_key: str = Field(default="", validation_alias="OPENAI_API_KEY")
+    openai_base_url: str = Field(default="", validation_alias="OPENAI_BASE_URL")
+    model: str = "gpt-4o-mini"
+    turn_timeout_s: float = 600.0
+
+    @model_validator(mode="after")
+    def _derive(self) -> "Settings":
+        if not self.kafka_bootstrap:
+            self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+        if not self.redis_url:
+            import os
+
+            self.redis_url = os.environ.get("MEMLANE_REDIS_URL") or f"redis://127.0.0.1:{self.redis_port}/0"
+        if not self.api_url:
+            self.api_url = f"http://{self.api_host}:{self.api_port}"
+        return self
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+    @property
+    def model_configured(self) -> bool:
+        return bool(self.openai_api_key or self.openai_base_url)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""Stream processors. Each runs as its own process: `memlane worker <name>`."""

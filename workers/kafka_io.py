@@ -1,0 +1,94 @@
+"""Kafka adapters shared by every worker: topic setup, producers, consumers, DLQ records."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from events.topics import TOPICS, Topic
+from services.settings import Settings
+
+log = structlog.get_logger()
+
+
+async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.values()) -> None:
+    """Create memlane's topics and their dead-letter topics with the registry's partitions."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = []
+        for t in topics:
+            name = settings.topic(t.name)
+            if name not in existing:
+                wanted.append(NewTopic(name, t.partitions, 1, topic_configs=t.config))
+            if f"{name}.dlq" not in existing:
+                wanted.append(NewTopic(f"{name}.dlq", 1, 1))
+        for nt in wanted:
+            try:
+                await admin.create_topics([nt])
+            except TopicAlreadyExistsError:
+                pass
+        if wanted:
+            log.info("topics_created", topics=[t.name for t in wanted])
+    finally:
+        await admin.close()
+
+
+def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        transactional_id=transactional_id,
+        max_request_size=4 * 1024 * 1024,
+    )
+
+
+def consumer(settings: Settings, *topics: str, group: str | None) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_poll_records=500,
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1_000,
+        max_poll_interval_ms=300_000,
+    )
+
+
+def dlq_headers(topic: str, partition: int, offset: int, error: str, attempt: int) -> list[tuple[str, bytes]]:
+    return [
+        ("source_topic", topic.encode()),
+        ("source_partition", str(partition).encode()),
+        ("source_offset", str(offset).encode()),
+        ("error", error[:2000].encode()),
+        ("attempt", str(attempt).encode()),
+    ]
+
+
+async def wait_for_broker(settings: Settings, timeout: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=3000)
+        try:
+            await admin.start()
+            await admin.describe_cluster()
+            return
+        except Exception as e:
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(
+                    f"Kafka at {settings.kafka_bootstrap} is not reachable; run `make up` or set MEMLANE_KAFKA_BOOTSTRAP"
+                ) from e
+            await asyncio.sleep(1)
+        finally:
+            await admin.close()

@@ -1,0 +1,109 @@
+"""The memory ledger: the single writer per agent.
+
+Commands are keyed by agent, so one partition owner decides every race for an agent.
+Its state is a fold of its own output, `memlane.memory.events`, which is co-partitioned
+with the commands: on assignment the ledger reads its partitions of the event log from
+the start and folds them. The event log is therefore the ledger's changelog too, and
+a command's events and its input offset commit in one Kafka transaction.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from events.codec import decode, encode
+from events.topics import COMMANDS, EVENTS
+from workers.ledger_rules import LedgerState, decide, evolve
+from workers.runtime import Out, Processor
+
+log = structlog.get_logger()
+
+# Commands remembered per partition for idempotent redelivery (API retries reuse ids).
+PROCESSED_MEMORY = 200_000
+
+
+class LedgerProcessor(Processor):
+    name = "ledger"
+    sources = (COMMANDS.name,)
+    transactional = True
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.states: dict[int, LedgerState] = {}
+        self.processed: dict[int, OrderedDict[str, list[bytes]]] = {}
+
+    async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.partition not in self.states:
+                await self._recover(tp.partition)
+
+    async def revoked(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self.states.pop(tp.partition, None)
+            self.processed.pop(tp.partition, None)
+
+    async def _recover(self, partition: int) -> None:
+        state, seen = LedgerState(), OrderedDict()
+        topic = self.settings.topic(EVENTS.name)
+        c = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            group_id=None,
+        )
+        await c.start()
+        n = 0
+        try:
+            tp = TopicPartition(topic, partition)
+            c.assign([tp])
+            await c.seek_to_beginning(tp)
+            end = (await c.end_offsets([tp]))[tp]
+            while await c.position(tp) < end:
+                batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
+                for m in batch.get(tp, []):
+                    event = decode(EVENTS.name, m.value)
+                    evolve(state, event)
+                    seen.setdefault(event.command_id, []).append(m.value)
+                    n += 1
+        finally:
+            await c.stop()
+        while len(seen) > PROCESSED_MEMORY:
+            seen.popitem(last=False)
+        self.states[partition], self.processed[partition] = state, seen
+        log.info("ledger_recovered", partition=partition, events=n, records=len(state.records))
+
+    async def process(self, source: str, partition: int, offset: int, cmd: Any) -> list[Out]:
+        state = self.states.get(partition)
+        if state is None:
+            await self._recover(partition)
+            state = self.states[partition]
+        seen = self.processed[partition]
+        key = EVENTS.key_bytes(cmd)
+        if cmd.command_id in seen:
+            # Effectively once: a redelivered command re-emits its stored events, same ids.
+            log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
+            return [Out(EVENTS.name, key, raw) for raw in seen[cmd.command_id]]
+        events = decide(state, cmd)
+        outs = []
+        for e in events:
+            evolve(state, e)
+            raw = encode(e)
+            seen.setdefault(cmd.command_id, []).append(raw)
+            outs.append(Out(EVENTS.name, key, raw))
+            log.info(
+                "ledger_event",
+                event=e.type,
+                event_id=e.event_id,
+                command_id=cmd.command_id,
+                agent=cmd.agent,
+                partition=partition,
+                offset=offset,
+                **({"reason": e.reason} if e.type == "CommandRejected" else {}),
+            )
+        if len(seen) > PROCESSED_MEMORY:
+            seen.popitem(last=False)
+        return outs

@@ -1,0 +1,484 @@
+"""The memory ledger's rules: pure functions over the contract models.
+
+`decide(state, command)` returns the events a command produces; `evolve(state, event)`
+folds one event into the state. The ledger worker is these two functions plus Kafka.
+The state is a handful of mappings (faust tables in the worker, dicts in tests), all
+keyed under `tenant/agent` so one agent can never address another agent's records.
+
+Everything here is deterministic in the command: ids and timestamps derive from the
+command id and `issued_at`, so a redelivered command produces byte-identical events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, MutableMapping
+
+from events.codec import decode, encode
+from events.commands import (
+    AddMemory,
+    ConfigureAgent,
+    DeleteMemory,
+    PinMemory,
+    TurnOutcome,
+    UnpinMemory,
+)
+from events.config import AgentConfig, label_numbers_kept
+from events.memory import (
+    AgentConfigured,
+    CommandRejected,
+    RecordAdded,
+    RecordDeleted,
+    RecordPinned,
+    RecordSuperseded,
+    RecordUnpinned,
+    TurnResolved,
+    WriteDiscarded,
+    WriteStaged,
+)
+from events.record import MemoryRecord, Scope, Status
+
+NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
+MAX_EXPIRY = timedelta(days=180)
+LIVE_FACT_CAP = 200
+CHARS_PER_TOKEN = 4
+LIVE = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
+
+
+@dataclass
+class LedgerState:
+    records: MutableMapping[str, Any] = field(default_factory=dict)  # agent/rid -> record dict
+    index: MutableMapping[str, str] = field(default_factory=dict)  # agent|text:h / agent|key:k -> rid
+    staged: MutableMapping[str, list] = field(default_factory=dict)  # agent|turn_ref -> [command dicts]
+    turns: MutableMapping[str, str] = field(default_factory=dict)  # agent|turn_ref -> outcome
+    configs: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> config dict
+    stats: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> {live, pinned_chars}
+
+
+class Rejected(Exception):
+    def __init__(self, code: str, field: str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.field, self.reason = code, field, reason
+
+
+def event_id(command_id: str, n: int) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"{command_id}#{n}"))
+
+
+def record_id_for(command_id: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"record:{command_id}"))
+
+
+def agent_key(tenant: str, agent: str) -> str:
+    return f"{tenant}/{agent}"
+
+
+def normalized_hash(summary: str, content: str) -> str:
+    """Restated facts collide here: case, punctuation and spacing do not count."""
+    text = re.sub(r"[^\w]+", " ", f"{summary} {content}".lower()).strip()
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def pin_line_chars(r: MemoryRecord) -> int:
+    # One line per pin: the summary and the record id.
+    return len(r.summary) + len(r.id) + 3
+
+
+def config_of(state: LedgerState, ak: str) -> AgentConfig:
+    raw = state.configs.get(ak)
+    return AgentConfig.model_validate(raw) if raw else AgentConfig()
+
+
+def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
+    raw = state.records.get(f"{ak}/{rid}")
+    return MemoryRecord.model_validate(raw) if raw else None
+
+
+# --------------------------------------------------------------------------- decide
+
+
+def decide(state: LedgerState, cmd: Any) -> list[Any]:
+    """The events `cmd` produces. Event ids are `cmd.command_id` plus a position."""
+    ak = agent_key(cmd.tenant, cmd.agent)
+    events: list[Any] = []
+    try:
+        if isinstance(cmd, ConfigureAgent):
+            _configure(state, ak, cmd, events)
+        elif isinstance(cmd, TurnOutcome):
+            _turn_outcome(state, ak, cmd, events)
+        elif cmd.turn_ref:
+            outcome = state.turns.get(f"{ak}|{cmd.turn_ref}")
+            if outcome is None:
+                _validate_write(state, ak, cmd)
+                events.append(_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
+            elif outcome == "committed":
+                _apply_write(state, ak, cmd, events)
+            else:
+                events.append(_base(WriteDiscarded, cmd, turn_ref=cmd.turn_ref, reason=f"turn {outcome}"))
+        else:
+            _apply_write(state, ak, cmd, events)
+    except Rejected as r:
+        events = [_rejection(cmd, r)]
+    return [e.model_copy(update={"event_id": event_id(cmd.command_id, i)}) for i, e in enumerate(events)]
+
+
+def _base(cls: type, cmd: Any, **fields: Any) -> Any:
+    return cls(
+        event_id="pending",
+        command_id=cmd.command_id,
+        tenant=cmd.tenant,
+        agent=cmd.agent,
+        occurred_at=cmd.issued_at,
+        provenance=cmd.provenance,
+        **fields,
+    )
+
+
+def _rejection(cmd: Any, r: Rejected) -> CommandRejected:
+    return _base(CommandRejected, cmd, code=r.code, field=r.field, reason=r.reason)
+
+
+def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
+    old = state.configs.get(ak)
+    if old:
+        changed = label_numbers_kept(AgentConfig.model_validate(old), cmd.config)
+        if changed:
+            raise Rejected(
+                "VALIDATION_FAILED",
+                f"memory.labels.{changed}",
+                f"label {changed!r} was declared with a number; it keeps that number and cannot be removed",
+            )
+    events.append(_base(AgentConfigured, cmd, config=cmd.config))
+
+
+def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -> None:
+    ref = f"{ak}|{cmd.turn_ref}"
+    if ref in state.turns:
+        return  # already resolved: a forwarded outcome seen twice changes nothing
+    events.append(_base(TurnResolved, cmd, turn_ref=cmd.turn_ref, committed=cmd.committed))
+    # Apply staged writes against a scratch copy, so later writes of the turn see earlier ones
+    # without this function touching the real state (evolve does that, from the events).
+    scratch = _scratch(state)
+    for raw in state.staged.get(ref) or []:
+        write = decode("memlane.memory.commands", raw)
+        if not cmd.committed:
+            reason = cmd.reason or "turn rolled back"
+            events.append(_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
+            continue
+        sub: list[Any] = []
+        try:
+            _apply_write(scratch, ak, write, sub)
+        except Rejected as r:
+            sub = [_rejection(write, r)]
+        for e in sub:
+            evolve(scratch, e)
+        events.extend(sub)
+
+
+def _scratch(state: LedgerState) -> LedgerState:
+    """A copy-on-write view: reads fall through to `state`, writes stay local."""
+    from collections import ChainMap
+
+    return LedgerState(
+        records=ChainMap({}, state.records),
+        index=_Overlay(state.index),
+        staged=ChainMap({}, state.staged),
+        turns=ChainMap({}, state.turns),
+        configs=ChainMap({}, state.configs),
+        stats=ChainMap({}, state.stats),
+    )
+
+
+class _Overlay(dict):
+    """Dict overlay that can also hide deleted keys of the base mapping."""
+
+    def __init__(self, base: MutableMapping[str, str]) -> None:
+        super().__init__()
+        self._base, self._gone = base, set()
+
+    def get(self, k, default=None):
+        if k in self._gone:
+            return default
+        return super().get(k, self._base.get(k, default))
+
+    def setdefault(self, k, v):
+        cur = self.get(k)
+        if cur is None:
+            self[k] = v
+            self._gone.discard(k)
+            return v
+        return cur
+
+    def __delitem__(self, k):
+        self._gone.add(k)
+        super().pop(k, None)
+
+
+def _validate_write(state: LedgerState, ak: str, cmd: Any) -> None:
+    if isinstance(cmd, AddMemory):
+        _new_record(state, ak, cmd)  # raises Rejected on any rule
+
+
+def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
+    if isinstance(cmd, AddMemory):
+        _add(state, ak, cmd, events)
+    elif isinstance(cmd, DeleteMemory):
+        _delete(state, ak, cmd, events)
+    elif isinstance(cmd, (PinMemory, UnpinMemory)):
+        _pin(state, ak, cmd, events)
+
+
+def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
+    write = cfg.memory.scope.write
+    if cmd.scope is None:
+        return Scope.SESSION if "session" in write else Scope.AGENT
+    if cmd.scope.value.lower() not in write:
+        raise Rejected(
+            "SCOPE_NOT_ALLOWED",
+            "scope",
+            f"scope {cmd.scope.value} is not allowed: memory.scope.write is {write}",
+        )
+    return cmd.scope
+
+
+def _new_record(state: LedgerState, ak: str, cmd: AddMemory) -> MemoryRecord:
+    cfg = config_of(state, ak)
+    if not cfg.memory.enabled:
+        raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
+    if cmd.kind not in cfg.memory.kinds:
+        raise Rejected(
+            "VALIDATION_FAILED",
+            "kind",
+            f"kind {cmd.kind!r} is not declared; declared kinds: {', '.join(cfg.memory.kinds)}",
+        )
+    for name in cmd.labels:
+        if name not in cfg.memory.labels:
+            raise Rejected("VALIDATION_FAILED", f"labels.{name}", f"label {name!r} is not declared in memory.labels")
+    scope = _scope_for(cfg, cmd)
+    if scope is Scope.SESSION and not cmd.session:
+        raise Rejected("VALIDATION_FAILED", "session", "session scope requires a session")
+    if cmd.pinned and cfg.memory.pinned is None:
+        raise Rejected("PIN_NOT_ENABLED", "pinned", "pinning is off: memory.pinned is not configured")
+    latest = cmd.issued_at + MAX_EXPIRY
+    expires = min(cmd.expires_at, latest) if cmd.expires_at else latest
+    rid = cmd.record_id or record_id_for(cmd.command_id)
+    p = cmd.provenance
+    return MemoryRecord(
+        id=rid,
+        version=1,
+        created=cmd.issued_at,
+        modified=cmd.issued_at,
+        tenant=cmd.tenant,
+        agent=cmd.agent,
+        scope=scope,
+        session=cmd.session,
+        kind=cmd.kind,
+        summary=cmd.summary,
+        content=cmd.content,
+        metadata=cmd.metadata,
+        labels=cmd.labels,
+        key=cmd.key,
+        confidence=cmd.confidence,
+        expires_at=expires,
+        status=Status.ACTIVE,
+        pinned=cmd.pinned,
+        replaces=cmd.replaces,
+        preview=cmd.preview,
+        provenance=p,
+        observed_at=cmd.observed_at or cmd.issued_at,
+        valid_from=cmd.valid_from or cmd.observed_at or cmd.issued_at,
+        recorded_at=cmd.issued_at,
+    )
+
+
+def _visible(r: MemoryRecord, cmd: Any) -> bool:
+    """A command addresses a record only within its own session and preview rules."""
+    if r.scope is Scope.SESSION and getattr(cmd, "session", None) not in (None, r.session):
+        return False
+    if r.preview and not cmd.preview:
+        return False
+    return True
+
+
+def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list) -> None:
+    rec = _new_record(state, ak, cmd)
+    if get_record(state, ak, rec.id):
+        raise Rejected("DUPLICATE_ID", "record_id", f"record {rec.id} already exists")
+    stats = state.stats.get(ak) or {"live": 0, "pinned_chars": 0}
+    h = normalized_hash(cmd.summary, cmd.content)
+    dup_scope = f"{rec.scope.value}:{rec.session if rec.scope is Scope.SESSION else ''}:{int(rec.preview)}"
+    same = state.index.get(f"{ak}|text:{dup_scope}:{h}")
+    if same and not cmd.replaces:
+        existing = get_record(state, ak, same)
+        if existing and existing.status in LIVE:
+            events.append(_base(RecordAdded, cmd, record=existing, merged=True))
+            return
+    old: MemoryRecord | None = None
+    if cmd.replaces:
+        old = get_record(state, ak, cmd.replaces)
+        if old is None or not _visible(old, cmd):
+            raise Rejected("NOT_FOUND", "replaces", f"record {cmd.replaces} does not exist for this agent")
+        if old.status not in LIVE:
+            raise Rejected(
+                "NOT_LIVE", "replaces", f"record {cmd.replaces} is {old.status.value}; only a live record can be replaced"
+            )
+        # Labels stay once declared: the successor keeps the old values it does not override.
+        rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
+    if rec.key and not old:
+        holder = state.index.get(f"{ak}|key:{rec.kind}:{rec.key}")
+        holder_rec = get_record(state, ak, holder) if holder else None
+        if holder_rec and holder_rec.status in LIVE:
+            # Seed 004: a disagreement with a stored fact is kept, as CONFLICT, never injected.
+            rec = rec.model_copy(update={"status": Status.CONFLICT})
+    if not old and stats["live"] >= LIVE_FACT_CAP:
+        raise Rejected(
+            "LIMIT_EXCEEDED",
+            "summary",
+            f"the agent holds {stats['live']} live records, the cap is {LIVE_FACT_CAP}; replace or delete records first",
+        )
+    if rec.pinned:
+        _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
+    if old and old.preview == rec.preview:
+        superseded = old.model_copy(
+            update={
+                "version": old.version + 1,
+                "status": Status.SUPERSEDED,
+                "replaced_by": rec.id,
+                "modified": cmd.issued_at,
+                "superseded_at": cmd.issued_at,
+                "valid_to": rec.valid_from,
+                "pinned": False,
+                "provenance": cmd.provenance,
+            }
+        )
+        events.append(_base(RecordSuperseded, cmd, record=superseded))
+    # A preview write that names a live record shadows it and leaves it untouched.
+    events.append(_base(RecordAdded, cmd, record=rec))
+
+
+def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
+    cfg = config_of(state, ak)
+    if cfg.memory.pinned is None:
+        raise Rejected("PIN_NOT_ENABLED", "pinned", "pinning is off: memory.pinned is not configured")
+    budget = cfg.memory.pinned.max_tokens * CHARS_PER_TOKEN
+    used = stats["pinned_chars"] - freed
+    need = pin_line_chars(rec)
+    if used + need > budget:
+        raise Rejected(
+            "PIN_BUDGET_EXCEEDED",
+            "pinned",
+            f"pinning needs ~{(used + need) // CHARS_PER_TOKEN} tokens, over pinned.max_tokens="
+            f"{cfg.memory.pinned.max_tokens}; consolidate: replace several pins with one",
+        )
+
+
+def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
+    r = get_record(state, ak, cmd.record_id)
+    if r is None or not _visible(r, cmd):
+        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    write = config_of(state, ak).memory.scope.write
+    if r.scope.value.lower() not in write:
+        raise Rejected("SCOPE_NOT_ALLOWED", "record_id", f"{r.scope.value} records are outside memory.scope.write {write}")
+    if r.status is Status.DELETED:
+        events.append(_base(RecordDeleted, cmd, record=r))  # unchanged
+        return
+    if cmd.preview and not r.preview:
+        tomb = _new_preview_tombstone(r, cmd)
+        events.append(_base(RecordDeleted, cmd, record=tomb))
+        return
+    deleted = r.model_copy(
+        update={
+            "version": r.version + 1,
+            "status": Status.DELETED,
+            "pinned": False,
+            "modified": cmd.issued_at,
+            "valid_to": r.valid_to or cmd.issued_at,
+            "provenance": cmd.provenance,
+        }
+    )
+    events.append(_base(RecordDeleted, cmd, record=deleted))
+
+
+def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
+    return r.model_copy(
+        update={
+            "id": record_id_for(cmd.command_id),
+            "version": 1,
+            "created": cmd.issued_at,
+            "modified": cmd.issued_at,
+            "status": Status.DELETED,
+            "preview": True,
+            "pinned": False,
+            "replaces": r.id,
+            "replaced_by": None,
+            "provenance": cmd.provenance,
+        }
+    )
+
+
+def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
+    r = get_record(state, ak, cmd.record_id)
+    if r is None or not _visible(r, cmd):
+        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    want = isinstance(cmd, PinMemory)
+    if want and r.status is not Status.ACTIVE:
+        raise Rejected("NOT_LIVE", "record_id", f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
+    if r.pinned == want:
+        events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
+        return
+    if want:
+        _check_pin_budget(state, ak, r, state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
+    changed = r.model_copy(
+        update={"version": r.version + 1, "pinned": want, "modified": cmd.issued_at, "provenance": cmd.provenance}
+    )
+    events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))
+
+
+# --------------------------------------------------------------------------- evolve
+
+
+def evolve(state: LedgerState, event: Any) -> None:
+    ak = agent_key(event.tenant, event.agent)
+    if isinstance(event, AgentConfigured):
+        state.configs[ak] = event.config.model_dump(mode="json")
+    elif isinstance(event, TurnResolved):
+        state.turns[f"{ak}|{event.turn_ref}"] = "committed" if event.committed else "rolled_back"
+        state.staged.pop(f"{ak}|{event.turn_ref}", None)
+    elif isinstance(event, WriteStaged):
+        key = f"{ak}|{event.turn_ref}"
+        state.staged[key] = [*(state.staged.get(key) or []), event.command]
+    elif hasattr(event, "record"):
+        _store(state, ak, event.record)
+
+
+def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
+    key = f"{ak}/{r.id}"
+    prev_raw = state.records.get(key)
+    prev = MemoryRecord.model_validate(prev_raw) if prev_raw else None
+    if prev and prev.version >= r.version:
+        return
+    stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
+    if prev:
+        stats["live"] -= prev.status in LIVE
+        stats["pinned_chars"] -= pin_line_chars(prev) if prev.pinned else 0
+    stats["live"] += r.status in LIVE
+    stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
+    state.stats[ak] = stats
+    state.records[key] = r.model_dump(mode="json")
+    dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
+    text_key = f"{ak}|text:{dup_scope}:{normalized_hash(r.summary, r.content)}"
+    key_key = f"{ak}|key:{r.kind}:{r.key}" if r.key else None
+    if r.status in LIVE:
+        state.index.setdefault(text_key, r.id)
+        if key_key and r.status is Status.ACTIVE:
+            state.index.setdefault(key_key, r.id)
+    else:
+        # Tombstones and superseded versions do not hold a uniqueness slot (seed 004).
+        if state.index.get(text_key) == r.id:
+            del state.index[text_key]
+        if key_key and state.index.get(key_key) == r.id:
+            del state.index[key_key]

@@ -1,0 +1,60 @@
+"""Folds `memlane.memory.events` into Redis (records, versions, listing, pins).
+
+The checkpoint lives in Redis with the view, written by the same Lua call, so on
+assignment the worker seeks to its own checkpoint rather than trusting group offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from aiokafka import TopicPartition
+
+from events.topics import EVENTS
+from projections.redis_records import RedisRecords
+from workers.runtime import Out, Processor
+
+log = structlog.get_logger()
+
+
+class RedisProjection(Processor):
+    name = "redis-projection"
+    sources = (EVENTS.name,)
+
+    def __init__(self, settings, generation: int | None = None) -> None:
+        super().__init__(settings)
+        self.store = RedisRecords.from_url(settings.redis_url, generation)
+        self.pending: list[Any] = []
+        self.positions: list[tuple[str, int]] = []
+        self.assignment: set[TopicPartition] = set()
+        self.generation: int | None = None
+
+    async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
+        self.assignment = set(consumer.assignment())
+        await self._seek_to_checkpoints(consumer)
+
+    async def _seek_to_checkpoints(self, consumer) -> None:
+        self.generation = await self.store.generation()
+        ckpts = await self.store.checkpoints(self.generation)
+        for tp in self.assignment:
+            nxt = ckpts.get(f"{EVENTS.name}:{tp.partition}")
+            if nxt is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, nxt)
+        log.info("projection_seeked", generation=self.generation, checkpoints=len(ckpts))
+
+    async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
+        self.pending.append(event)
+        self.positions.append((f"{EVENTS.name}:{partition}", offset + 1))
+        return []
+
+    async def batch_done(self) -> list[Out]:
+        if self.pending:
+            await self.store.apply(self.pending, self.positions)
+            self.pending, self.positions = [], []
+        return []
+
+    async def stop(self) -> None:
+        await self.store.aclose()

@@ -1,0 +1,211 @@
+"""One consume-process-produce loop that every worker runs.
+
+- Messages that break the contract, or that keep failing, go to `<topic>.dlq` with headers,
+  and the loop goes on.
+- Transient failures (Redis, Qdrant or Kafka unreachable) are retried with backoff. No
+  offset is committed past the failure, so the worker catches up once the store is back.
+- A transactional processor's outputs and its input offsets commit in one Kafka
+  transaction: a crash anywhere leaves either all of a batch's effects or none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import structlog
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from events.codec import ContractError, decode
+from services.settings import Settings
+from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
+
+log = structlog.get_logger()
+
+TRANSIENT = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+POISON_ATTEMPTS = 3
+
+
+class Transient(Exception):
+    """Raised by a processor when a dependency is down and the message must wait."""
+
+
+@dataclass(frozen=True)
+class Out:
+    topic: str  # registry name, without the settings prefix
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class Processor:
+    """Base class: subclasses name their sources and implement `process`."""
+
+    name = "processor"
+    sources: tuple[str, ...] = ()
+    transactional = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None: ...
+
+    async def revoked(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def process(self, source: str, partition: int, offset: int, value: Any) -> list[Out]:
+        raise NotImplementedError
+
+    async def batch_done(self) -> list[Out]:
+        """Called after a partition batch is processed and before its offsets commit.
+
+        Returns more outputs to send with the batch (for processors that work in batches).
+        """
+        return []
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, runner: "Runner") -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked):
+        await self.runner.processor.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        log.info("partitions_assigned", worker=self.runner.processor.name, partitions=sorted(p.partition for p in assigned))
+        await self.runner.processor.assigned(self.runner.consumer, set(assigned))
+
+
+class Runner:
+    def __init__(self, processor: Processor, settings: Settings, group: str | None = None) -> None:
+        self.processor = processor
+        self.settings = settings
+        self.group = group or f"{settings.group_prefix}.{settings.topic_prefix}{processor.name}"
+        self.stopping = asyncio.Event()
+        self.consumer: Any = None
+        self.producer: Any = None
+        self.processed = 0
+
+    def _registry_name(self, topic: str) -> str:
+        p = self.settings.topic_prefix
+        return topic[len(p) :] if p and topic.startswith(p) else topic
+
+    async def run(self) -> None:
+        s = self.settings
+        await ensure_topics(s)
+        txid = f"{self.group}.{uuid.uuid4().hex[:8]}" if self.processor.transactional else None
+        self.producer = producer(s, transactional_id=txid)
+        await self.producer.start()
+        await self.processor.start()
+        self.consumer = consumer(s, group=self.group)
+        self.consumer.subscribe([s.topic(t) for t in self.processor.sources], listener=_Listener(self))
+        await self.consumer.start()
+        log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
+        try:
+            while not self.stopping.is_set():
+                batches = await self.consumer.getmany(timeout_ms=300, max_records=500)
+                for tp, msgs in batches.items():
+                    if msgs:
+                        await self._handle(tp, msgs)
+        finally:
+            await self.consumer.stop()
+            await self.processor.stop()
+            await self.producer.stop()
+            log.info("worker_stopped", worker=self.processor.name, processed=self.processed)
+
+    async def _handle(self, tp: TopicPartition, msgs: list[Any]) -> None:
+        source = self._registry_name(tp.topic)
+        outs: list[Out] = []
+        for m in msgs:
+            outs.extend(await self._one(source, m))
+        outs.extend(await self._retrying(self.processor.batch_done, "batch_done") or [])
+        await self._commit(tp, msgs[-1].offset + 1, outs)
+        self.processed += len(msgs)
+
+    async def _one(self, source: str, m: Any) -> list[Out]:
+        ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
+        try:
+            value = decode(source, m.value)
+        except ContractError as e:
+            log.warning("poison_message", error=str(e), field=e.field, **ctx)
+            return [self._dlq(source, m, str(e), 1)]
+        attempt = 0
+        while True:
+            try:
+                return await self.processor.process(source, m.partition, m.offset, value)
+            except (Transient, *TRANSIENT) as e:
+                await self._backoff(attempt, e, ctx)
+                attempt += 1
+            except Exception as e:  # a message this code cannot handle: park it, keep going
+                attempt += 1
+                log.exception("message_failed", attempt=attempt, **ctx)
+                if attempt >= POISON_ATTEMPTS:
+                    return [self._dlq(source, m, f"{type(e).__name__}: {e}", attempt)]
+
+    def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
+        return Out(
+            topic=f"{source}.dlq",
+            key=m.key or b"",
+            value=m.value or b"",
+            headers=tuple(dlq_headers(m.topic, m.partition, m.offset, error, attempt)),
+        )
+
+    async def _retrying(self, fn, what: str) -> None:
+        attempt = 0
+        while True:
+            try:
+                return await fn()
+            except (Transient, *TRANSIENT) as e:
+                await self._backoff(attempt, e, {"step": what})
+                attempt += 1
+
+    async def _backoff(self, attempt: int, e: Exception, ctx: dict) -> None:
+        delay = min(0.2 * 2**attempt, 5.0)
+        log.warning("dependency_unavailable_retrying", error=f"{type(e).__name__}: {e}", delay_s=delay, **ctx)
+        await asyncio.sleep(delay)
+
+    async def _send_all(self, outs: Iterable[Out]) -> None:
+        futs = [
+            await self.producer.send(self.settings.topic(o.topic), o.value, key=o.key, headers=list(o.headers))
+            for o in outs
+        ]
+        for f in futs:
+            await f
+
+    async def _commit(self, tp: TopicPartition, next_offset: int, outs: list[Out]) -> None:
+        if self.processor.transactional:
+            async with self.producer.transaction():
+                await self._send_all(outs)
+                await self.producer.send_offsets_to_transaction({tp: next_offset}, self.group)
+            return
+        await self._send_all(outs)
+        await self.consumer.commit({tp: next_offset})
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+
+
+async def run_processor(processor: Processor, settings: Settings) -> None:
+    runner = Runner(processor, settings)
+    runner.install_signal_handlers()
+    await runner.run()
