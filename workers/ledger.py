@@ -88,15 +88,11 @@ class LedgerProcessor(Processor):
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
             return [Out(EVENTS.name, key, raw) for raw in seen[cmd.command_id]]
         events = decide(state, cmd)
-        outs = []
+        outs = [Out(EVENTS.name, key, encode(e)) for e in events]
         for e in events:
-            evolve(state, e)
-            raw = encode(e)
-            seen.setdefault(cmd.command_id, []).append(raw)
-            outs.append(Out(EVENTS.name, key, raw))
             log.info(
                 "ledger_event",
-                event=e.type,
+                kind=e.type,
                 event_id=e.event_id,
                 command_id=cmd.command_id,
                 agent=cmd.agent,
@@ -104,6 +100,10 @@ class LedgerProcessor(Processor):
                 offset=offset,
                 **({"reason": e.reason} if e.type == "CommandRejected" else {}),
             )
+        # Fold last: nothing above may fail after the state has moved.
+        for e, o in zip(events, outs):
+            evolve(state, e)
+            seen.setdefault(cmd.command_id, []).append(o.value)
         if len(seen) > PROCESSED_MEMORY:
             seen.popitem(last=False)
         return outs

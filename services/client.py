@@ -1,0 +1,141 @@
+"""Typed Python clients: the HTTP API, and a publisher of turn events for agent platforms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaProducer
+
+from events.codec import encode
+from events.config import AgentConfig
+from events.record import MemoryRecord
+from events.topics import TURNS
+from events.turns import SessionEnded, TurnCommitted, TurnRolledBack
+
+
+class MemlaneError(Exception):
+    def __init__(self, status: int, code: str, field: str | None, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.field, self.message = status, code, field, message
+
+
+@dataclass
+class Found:
+    record: MemoryRecord
+    score: float | None
+
+
+class MemlaneClient:
+    """Async client of the HTTP API for one key (and optionally one session or turn)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        session: str | None = None,
+        preview: bool = False,
+        turn_ref: str | None = None,
+        tenant: str | None = None,
+        agent: str | None = None,
+        timeout: float = 40.0,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        for name, value in (
+            ("X-Session", session),
+            ("X-Turn-Ref", turn_ref),
+            ("X-Tenant", tenant),
+            ("X-Agent", agent),
+        ):
+            if value:
+                headers[name] = value
+        if preview:
+            headers["X-Preview"] = "true"
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+
+    async def __aenter__(self) -> "MemlaneClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self.http.request(method, path, **kw)
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+            except Exception:
+                raise MemlaneError(resp.status_code, "HTTP_ERROR", None, resp.text) from None
+            raise MemlaneError(resp.status_code, err["code"], err.get("field"), err["message"])
+        return resp.json()
+
+    async def health(self) -> dict[str, Any]:
+        return await self._call("GET", "/health")
+
+    async def issue_key(self, tenant: str, agent: str | None, role: str = "agent") -> str:
+        return (await self._call("POST", "/v1/admin/keys", json={"tenant": tenant, "agent": agent, "role": role}))[
+            "key"
+        ]
+
+    async def configure(self, config: AgentConfig | dict[str, Any]) -> dict[str, Any]:
+        body = config.model_dump(mode="json") if isinstance(config, AgentConfig) else config
+        return await self._call("PUT", "/v1/config", json=body)
+
+    async def config(self) -> AgentConfig:
+        return AgentConfig.model_validate(await self._call("GET", "/v1/config"))
+
+    async def add_memory(self, summary: str, *, wait: bool = True, **fields: Any) -> dict[str, Any]:
+        return await self._call("POST", "/v1/memory", params={"wait": wait}, json={"summary": summary, **fields})
+
+    async def search_memory(self, query: str | None = None, **filters: Any) -> tuple[list[Found], str | None]:
+        body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}
+        data = await self._call("POST", "/v1/memory/search", json=body)
+        found = [Found(MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}), r.get("score"))
+                 for r in data["records"]]
+        return found, data["next_cursor"]
+
+    async def read_memory(self, rid: str, version: int | None = None) -> MemoryRecord:
+        params = {"version": version} if version else {}
+        return MemoryRecord.model_validate(await self._call("GET", f"/v1/memory/{rid}", params=params))
+
+    async def history(self, rid: str) -> list[MemoryRecord]:
+        data = await self._call("GET", f"/v1/memory/{rid}/history")
+        return [MemoryRecord.model_validate(v) for v in data["versions"]]
+
+    async def delete_memory(self, rid: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/memory/{rid}")
+
+    async def pin(self, rid: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/memory/{rid}/pin")
+
+    async def unpin(self, rid: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/memory/{rid}/pin")
+
+    async def list_memory(self, first: int = 20, after: str | None = None, sort: str = "DESC") -> dict[str, Any]:
+        params: dict[str, Any] = {"first": first, "sort": sort}
+        if after:
+            params["after"] = after
+        return await self._call("GET", "/v1/memory", params=params)
+
+
+class TurnPublisher:
+    """Publishes turn events to `memlane.turns`, keyed by tenant/agent/session."""
+
+    def __init__(self, bootstrap: str, topic_prefix: str = "") -> None:
+        self.topic = f"{topic_prefix}{TURNS.name}"
+        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+
+    async def __aenter__(self) -> "TurnPublisher":
+        await self.producer.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.producer.stop()
+
+    async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded) -> None:
+        await self.producer.send_and_wait(self.topic, encode(event), key=TURNS.key_bytes(event))

@@ -1,0 +1,104 @@
+"""`make demo`: the pipeline on a short sample conversation, end to end, then stop.
+
+It starts each worker and the API as its own process, publishes turn events to Kafka,
+waits until the records can be searched, and prints what was stored and found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import datetime, timezone
+
+from rich.console import Console
+from rich.table import Table
+
+from events import AgentConfig, Message, ToolCall, TurnCommitted, TurnRolledBack
+from services.client import MemlaneClient, TurnPublisher
+from services.settings import ROOT, Settings
+from services.stack import Stack, stack_env
+
+console = Console()
+
+# (turn, user says, memory the agent saves with add_memory, committed?)
+CONVERSATION = [
+    (1, "Hi! I'm Dana, I run the payments team in Lisbon.", "The user is Dana, who runs the payments team in Lisbon.", True),
+    (2, "Our settlement batch ID is SETL-2291, keep it handy.", "Settlement batch ID is SETL-2291.", True),
+    (3, "Actually, ignore that, I was thinking of another bank.", "Dana banks with Banco Azul.", False),
+    (4, "I prefer answers as short bullet lists.", "Dana prefers short bullet-list answers.", True),
+]
+QUERIES = ["where is the user based?", "SETL-2291", "how should answers be formatted?", "which bank does Dana use?"]
+
+
+def _turn(tenant: str, agent: str, session: str, n: int, text: str, memory: str, committed: bool):
+    common = dict(
+        event_id=str(uuid.uuid4()),
+        tenant=tenant,
+        agent=agent,
+        session=session,
+        turn=n,
+        execution_id=f"exec-{session}",
+        occurred_at=datetime.now(timezone.utc),
+    )
+    if not committed:
+        return TurnRolledBack(**common, reason="the user cancelled the turn")
+    call = ToolCall(id=f"call-{n}", name="add_memory", arguments={"summary": memory, "kind": "fact"})
+    return TurnCommitted(
+        **common,
+        messages=[
+            Message(id=f"m{n}u", role="user", content=text),
+            Message(id=f"m{n}a", role="assistant", content="Noted.", tool_calls=[call]),
+        ],
+    )
+
+
+async def _scenario(stack: Stack, settings: Settings) -> int:
+    tenant, agent, session = "demo", "assistant", f"s-{uuid.uuid4().hex[:6]}"
+    op = MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent)
+    key = await op.issue_key(tenant, agent)
+    await op.configure(AgentConfig())
+    client = MemlaneClient(stack.api_url, key, session=session)
+    t0 = time.monotonic()
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        for n, text, memory, committed in CONVERSATION:
+            await pub.publish(_turn(tenant, agent, session, n, text, memory, committed))
+            mark = "[green]commit[/]" if committed else "[red]rollback[/]"
+            console.print(f"turn {n} {mark}  user: {text}")
+    want = sum(1 for *_, c in CONVERSATION if c)
+    with console.status("waiting for the records to become searchable"):
+        while True:
+            found, _ = await client.search_memory(None, limit=20)
+            ranked, _ = await client.search_memory(CONVERSATION[-1][2], limit=20)
+            if (len(found) >= want and len(ranked) >= want) or time.monotonic() - t0 > 60:
+                break
+            await asyncio.sleep(0.1)
+    console.print(f"\n{len(found)} records stored in {time.monotonic() - t0:.1f} s (the rolled-back turn left none)")
+    table = Table("id", "summary", "scope", "source", "turn")
+    for f in found:
+        r = f.record
+        table.add_row(r.id[:8], r.summary, r.scope.value, r.provenance.source.value, str(r.provenance.turn))
+    console.print(table)
+    for q in QUERIES:
+        hits, _ = await client.search_memory(q, limit=1)
+        top = f"{hits[0].record.summary}  (score {hits[0].score:.3f})" if hits else "nothing"
+        console.print(f"search [bold]{q!r}[/] -> {top}")
+    await client.aclose()
+    await op.aclose()
+    return 0 if len(found) == want else 1
+
+
+def run_demo() -> int:
+    run_id = f"demo{int(time.time())}"
+    env = stack_env(MEMLANE_TOPIC_PREFIX=f"{run_id}.", MEMLANE_DATA_DIR=str(ROOT / ".run" / run_id))
+    settings = Settings(topic_prefix=f"{run_id}.", data_dir=ROOT / ".run" / run_id)
+    stack = Stack(env, ROOT / ".run" / run_id / "logs")
+    t0 = time.monotonic()
+    try:
+        with console.status("starting the workers and the API"):
+            stack.start_all()
+        console.print(f"started 4 workers and the API in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
+        return asyncio.run(_scenario(stack, settings))
+    finally:
+        stack.stop()
+        console.print("stopped the processes the demo started")

@@ -1,0 +1,93 @@
+"""Start and stop memlane's processes as a user would: one per worker, plus the API.
+
+Used by `memlane demo`, the end-to-end tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PIPELINE = ("extraction", "ledger", "embedding", "redis-projection")
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return self.env.get("MEMLANE_API_URL") or f"http://127.0.0.1:{self.env.get('MEMLANE_API_PORT', '38080')}"
+
+    def start(self, name: str) -> subprocess.Popen:
+        args = ["serve"] if name == "api" else ["worker", name]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_dir / f"{name}.log", "ab")
+        p = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = p
+        return p
+
+    def start_all(self, workers: tuple[str, ...] = PIPELINE, api: bool = True, timeout: float = 90) -> None:
+        for w in workers:
+            self.start(w)
+        if api:
+            self.start("api")
+            self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode}; see {self.log_dir / (name + '.log')}")
+            try:
+                r = httpx.get(f"{self.api_url}/health", timeout=2)
+                if r.status_code == 200 and r.json()["projection"]["caught_up"]:
+                    return r.json()
+            except httpx.HTTPError as e:
+                last = e
+            time.sleep(0.3)
+        raise RuntimeError(f"the API did not become healthy in {timeout} s ({last}); see {self.log_dir}/api.log")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs.pop(name)
+        p.send_signal(sig)
+        p.wait(timeout=30)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+
+def stack_env(**overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(overrides)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("MEMLANE_EMBED_THREADS", "1")
+    return env
