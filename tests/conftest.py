@@ -1,0 +1,79 @@
+"""Shared fixtures. Integration tests use the Kafka and Redis that `make up` started,
+or, with MEMLANE_TEST_INFRA=containers, testcontainers (for people with Docker)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def infra():
+    """Environment overrides that point memlane at a real Kafka and Redis."""
+    if os.environ.get("MEMLANE_TEST_INFRA") == "containers":
+        from testcontainers.kafka import KafkaContainer
+        from testcontainers.redis import RedisContainer
+
+        kafka = KafkaContainer("apache/kafka:4.1.1").with_kraft()
+        redis = RedisContainer("redis:7")
+        kafka.start()
+        redis.start()
+        env = {
+            "MEMLANE_KAFKA_BOOTSTRAP": kafka.get_bootstrap_server(),
+            "REDIS_URL": f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0",
+        }
+        yield env
+        kafka.stop()
+        redis.stop()
+        return
+    s = Settings()
+    host, port = s.kafka_bootstrap.split(":")
+    if not _reachable(host, int(port)):
+        pytest.fail(f"Kafka is not reachable at {s.kafka_bootstrap}: run `make up` first (or `make test`)")
+    yield {}
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return f"t{int(time.time())}{uuid.uuid4().hex[:4]}"
+
+
+@pytest.fixture(scope="session")
+def settings(infra, run_id, tmp_path_factory) -> Settings:
+    for k, v in infra.items():
+        os.environ[k] = v
+    return Settings(
+        topic_prefix=f"{run_id}.",
+        data_dir=tmp_path_factory.mktemp("data"),
+        api_port=int(os.environ.get("MEMLANE_TEST_API_PORT", "38181")),
+    )
+
+
+async def eventually(check, timeout: float = 30.0, interval: float = 0.1):
+    """Poll `check` until it returns a truthy value; fail with its last result otherwise."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await check() if asyncio.iscoroutinefunction(check) else check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s; last result: {last!r}")

@@ -1,0 +1,110 @@
+"""The walking skeleton, through real processes: turn event -> extraction worker ->
+ledger -> projections (Redis, Qdrant Edge) -> HTTP search."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from aiokafka import AIOKafkaConsumer
+
+from events import Message, ToolCall, TurnCommitted, TurnRolledBack
+from services.client import MemlaneClient
+from tests.conftest import eventually
+
+
+def committed_turn(tenant, agent, session, n, summary, **kw):
+    return TurnCommitted(
+        event_id=str(uuid.uuid4()),
+        tenant=tenant,
+        agent=agent,
+        session=session,
+        turn=n,
+        execution_id="exec-1",
+        invocation=2,
+        agent_version=5,
+        occurred_at=datetime.now(timezone.utc),
+        messages=[
+            Message(id=f"u{n}", role="user", content="remember this please"),
+            Message(
+                id=f"a{n}",
+                role="assistant",
+                tool_calls=[ToolCall(id=f"c{n}", name="add_memory", arguments={"summary": summary, "kind": "fact"})],
+            ),
+        ],
+        **kw,
+    )
+
+
+async def test_turn_event_becomes_a_searchable_record_with_provenance(stack, publisher, new_agent):
+    tenant, agent, key = await new_agent()
+    await publisher.publish(committed_turn(tenant, agent, "s1", 7, "The deploy window is Tuesday 14:00 UTC"))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+
+        async def found():
+            hits, _ = await c.search_memory("when can we deploy?")
+            return hits
+
+        hits = await eventually(found)
+        r = hits[0].record
+        assert r.summary == "The deploy window is Tuesday 14:00 UTC"
+        assert (r.tenant, r.agent, r.session) == (tenant, agent, "s1")
+        assert (r.provenance.turn, r.provenance.execution_id, r.provenance.invocation) == (7, "exec-1", 2)
+        assert r.provenance.agent_version == 5 and r.provenance.source.value == "TOOL"
+        assert r.provenance.source_message_ids == ["a7"]
+        # Another session of the same agent does not see a session-scoped record.
+    async with MemlaneClient(stack.api_url, key, session="s2") as other:
+        hits, _ = await other.search_memory("when can we deploy?")
+        assert hits == []
+
+
+async def test_rolled_back_turn_leaves_no_record(stack, publisher, new_agent):
+    tenant, agent, key = await new_agent()
+    rolled = committed_turn(tenant, agent, "s1", 1, "Rolled back fact about zebras")
+    # The same turn attempt is rolled back instead of committed: its write must vanish.
+    await publisher.publish(
+        TurnRolledBack(**rolled.model_dump(exclude={"type", "messages"}), reason="model error")
+    )
+    await publisher.publish(committed_turn(tenant, agent, "s1", 2, "Committed fact about giraffes"))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+
+        async def listed():
+            found, _ = await c.search_memory(None, limit=10)
+            return found
+
+        found = await eventually(listed)
+        assert [f.record.summary for f in found] == ["Committed fact about giraffes"]
+        hits, _ = await c.search_memory("zebras", mode="lexical")
+        assert hits == []
+
+
+async def test_poison_turn_goes_to_the_dlq_and_the_worker_keeps_going(stack, settings, publisher, new_agent):
+    tenant, agent, key = await new_agent()
+    topic = settings.topic("memlane.turns")
+    await publisher.producer.send_and_wait(topic, b'{"type": "TurnCommitted", "tenant": 1}', key=b"poison")
+    await publisher.publish(committed_turn(tenant, agent, "s1", 1, "Fact after the poison pill"))
+
+    consumer = AIOKafkaConsumer(
+        f"{topic}.dlq", bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    try:
+        async def dead_letter():
+            batch = await consumer.getmany(timeout_ms=500)
+            return [m for ms in batch.values() for m in ms if m.key == b"poison"]
+
+        [dead] = await eventually(dead_letter)
+        headers = {k: v.decode() for k, v in dead.headers}
+        assert headers["source_topic"] == topic
+        assert headers["source_offset"].isdigit() and headers["source_partition"].isdigit()
+        assert "event_id" in headers["error"] or "tenant" in headers["error"]
+        assert headers["attempt"] == "1"
+    finally:
+        await consumer.stop()
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+
+        async def found():
+            hits, _ = await c.search_memory("poison pill")
+            return hits
+
+        assert (await eventually(found))[0].record.summary == "Fact after the poison pill"

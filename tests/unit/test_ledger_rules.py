@@ -1,0 +1,281 @@
+"""Every ledger rule, including the text of each refusal. Pure: no broker, no store."""
+
+from datetime import datetime, timedelta, timezone
+from itertools import count
+
+import pytest
+
+from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, TurnOutcome, UnpinMemory
+from events.record import Status
+from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve
+
+NOW = datetime(2026, 3, 1, tzinfo=timezone.utc)
+_ids = count()
+
+
+class Ledger:
+    """Drives decide/evolve the way the worker does."""
+
+    def __init__(self, **memory):
+        self.state = LedgerState()
+        if memory:
+            self.run(ConfigureAgent(command_id=nid(), tenant="t", agent="a", issued_at=NOW,
+                                    config=AgentConfig.model_validate({"memory": memory})))
+
+    def run(self, cmd):
+        events = decide(self.state, cmd)
+        for e in events:
+            evolve(self.state, e)
+        return events
+
+    def add(self, summary="The sky is blue", **kw):
+        kw.setdefault("session", "s1")
+        return self.run(AddMemory(command_id=kw.pop("command_id", nid()), tenant="t", agent="a",
+                                  issued_at=kw.pop("issued_at", NOW), summary=summary, **kw))
+
+
+def nid():
+    return f"c{next(_ids)}"
+
+
+def only(events, type_):
+    assert [e.type for e in events] == [type_], [(e.type, getattr(e, "reason", "")) for e in events]
+    return events[0]
+
+
+def test_add_creates_an_active_session_record_with_provenance():
+    e = only(Ledger().add(), "RecordAdded")
+    r = e.record
+    assert (r.status, r.scope.value, r.session, r.version) == (Status.ACTIVE, "SESSION", "s1", 1)
+    assert r.expires_at == NOW + timedelta(days=180)
+    assert e.command_id and e.provenance.source.value == "TOOL"
+
+
+def test_event_ids_are_deterministic_in_the_command():
+    cmd = AddMemory(command_id="same", tenant="t", agent="a", issued_at=NOW, summary="x", session="s")
+    assert decide(LedgerState(), cmd) == decide(LedgerState(), cmd)
+
+
+def test_undeclared_kind_is_refused_naming_the_kind():
+    e = only(Ledger().add(kind="opinion"), "CommandRejected")
+    assert (e.code, e.field) == ("VALIDATION_FAILED", "kind")
+    assert "'opinion' is not declared" in e.reason
+
+
+def test_undeclared_label_is_refused():
+    e = only(Ledger().add(labels={"customer_id": "42"}), "CommandRejected")
+    assert e.field == "labels.customer_id" and "not declared" in e.reason
+
+
+def test_declared_label_is_kept():
+    led = Ledger(labels={"customer_id": {"number": 5}})
+    assert only(led.add(labels={"customer_id": "42"}), "RecordAdded").record.labels == {"customer_id": "42"}
+
+
+def test_label_numbers_stay_fixed():
+    led = Ledger(labels={"customer_id": {"number": 5}})
+    e = only(led.run(ConfigureAgent(command_id=nid(), tenant="t", agent="a", issued_at=NOW,
+             config=AgentConfig.model_validate({"memory": {"labels": {"customer_id": {"number": 6}}}}))),
+             "CommandRejected")
+    assert e.field == "memory.labels.customer_id" and "keeps that number" in e.reason
+
+
+def test_agent_scope_needs_scope_write_agent():
+    e = only(Ledger().add(scope="AGENT"), "CommandRejected")
+    assert (e.code, e.field) == ("SCOPE_NOT_ALLOWED", "scope")
+    assert "memory.scope.write is ['session']" in e.reason
+    led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]})
+    assert only(led.add(scope="AGENT"), "RecordAdded").record.scope.value == "AGENT"
+
+
+def test_session_scope_needs_a_session():
+    e = only(Ledger().add(session=None), "CommandRejected")
+    assert e.field == "session" and e.reason == "session scope requires a session"
+
+
+def test_expiry_is_clamped_to_180_days():
+    r = only(Ledger().add(expires_at=NOW + timedelta(days=400)), "RecordAdded").record
+    assert r.expires_at == NOW + timedelta(days=180)
+    r = only(Ledger().add(expires_at=NOW + timedelta(days=3)), "RecordAdded").record
+    assert r.expires_at == NOW + timedelta(days=3)
+
+
+def test_replace_supersedes_with_links_both_ways():
+    led = Ledger()
+    old = only(led.add("Dana lives in Lisbon"), "RecordAdded").record
+    events = led.add("Dana lives in Porto", replaces=old.id)
+    assert [e.type for e in events] == ["RecordSuperseded", "RecordAdded"]
+    sup, new = events[0].record, events[1].record
+    assert (sup.status, sup.replaced_by, sup.version) == (Status.SUPERSEDED, new.id, 2)
+    assert new.replaces == old.id and sup.superseded_at == NOW
+
+
+def test_replacing_a_superseded_record_is_refused():
+    led = Ledger()
+    old = only(led.add("v1"), "RecordAdded").record
+    led.add("v2", replaces=old.id)
+    e = only(led.add("v3", replaces=old.id), "CommandRejected")
+    assert e.code == "NOT_LIVE" and "SUPERSEDED" in e.reason
+
+
+def test_delete_then_delete_again_returns_it_unchanged():
+    led = Ledger()
+    r = only(led.add(), "RecordAdded").record
+    d1 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordDeleted")
+    d2 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordDeleted")
+    assert d1.record.status is Status.DELETED and d1.record.version == 2
+    assert d2.record == d1.record
+
+
+def test_delete_of_another_agents_record_is_not_found():
+    led = Ledger()
+    r = only(led.add(), "RecordAdded").record
+    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="other", issued_at=NOW, record_id=r.id)),
+             "CommandRejected")
+    assert e.code == "NOT_FOUND"
+
+
+def test_restated_fact_merges_and_names_the_survivor():
+    led = Ledger()
+    first = only(led.add("Dana prefers tea."), "RecordAdded").record
+    again = only(led.add("  dana PREFERS tea "), "RecordAdded")
+    assert again.merged and again.record.id == first.id and again.record.version == 1
+
+
+def test_restated_fact_in_another_session_is_a_new_record():
+    led = Ledger()
+    first = only(led.add("Dana prefers tea."), "RecordAdded").record
+    other = only(led.add("Dana prefers tea.", session="s2"), "RecordAdded")
+    assert not other.merged and other.record.id != first.id
+
+
+def test_deleted_fact_does_not_hold_its_slot():
+    led = Ledger()
+    r = only(led.add("x"), "RecordAdded").record
+    led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id))
+    assert not only(led.add("x"), "RecordAdded").merged
+
+
+def test_live_fact_cap():
+    led = Ledger()
+    for i in range(LIVE_FACT_CAP):
+        only(led.add(f"fact number {i}"), "RecordAdded")
+    e = only(led.add("one too many"), "CommandRejected")
+    assert e.code == "LIMIT_EXCEEDED" and f"cap is {LIVE_FACT_CAP}" in e.reason
+
+
+def test_key_disagreement_is_stored_as_conflict():
+    led = Ledger()
+    only(led.add("Timezone is CET", key="timezone"), "RecordAdded")
+    c = only(led.add("Timezone is PST", key="timezone"), "RecordAdded").record
+    assert c.status is Status.CONFLICT
+
+
+def test_pin_without_pinned_config_is_refused():
+    e = only(Ledger().add(pinned=True), "CommandRejected")
+    assert e.code == "PIN_NOT_ENABLED" and e.field == "pinned"
+
+
+def test_pin_over_budget_says_consolidate():
+    led = Ledger(pinned={"max_tokens": 30})  # ~120 characters
+    a = only(led.add("a" * 60, pinned=True), "RecordAdded").record
+    assert a.pinned
+    e = only(led.add("b" * 60, pinned=True), "CommandRejected")
+    assert e.code == "PIN_BUDGET_EXCEEDED" and "consolidate" in e.reason and "max_tokens=30" in e.reason
+    led.run(UnpinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=a.id))
+    assert only(led.add("b" * 60, pinned=True), "RecordAdded").record.pinned
+
+
+def test_pin_and_unpin_bump_the_version():
+    led = Ledger(pinned={"max_tokens": 2000})
+    r = only(led.add("x"), "RecordAdded").record
+    p = only(led.run(PinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordPinned")
+    assert p.record.pinned and p.record.version == 2
+
+
+def _turn(led, committed, ref="x:1:1"):
+    return led.run(TurnOutcome(command_id=nid(), tenant="t", agent="a", issued_at=NOW, turn_ref=ref,
+                               committed=committed, reason="" if committed else "user cancelled"))
+
+
+def test_turn_write_waits_for_commit():
+    led = Ledger()
+    only(led.add("learned in turn", turn_ref="x:1:1"), "WriteStaged")
+    assert not led.state.records
+    events = _turn(led, True)
+    assert [e.type for e in events] == ["TurnResolved", "RecordAdded"]
+    assert events[1].record.summary == "learned in turn"
+    assert len({e.event_id for e in events}) == 2
+
+
+def test_rollback_before_the_write_arrives_discards_it():
+    led = Ledger()
+    _turn(led, False)
+    e = only(led.add("late write", turn_ref="x:1:1"), "WriteDiscarded")
+    assert "rolled_back" in e.reason
+    assert not led.state.records
+
+
+def test_rollback_after_pending_writes_leaves_no_record():
+    led = Ledger()
+    led.add("w1", turn_ref="x:1:1")
+    led.add("w2", turn_ref="x:1:1")
+    events = _turn(led, False)
+    assert [e.type for e in events] == ["TurnResolved", "WriteDiscarded", "WriteDiscarded"]
+    assert events[1].reason == "user cancelled"
+    assert not led.state.records
+
+
+def test_commit_after_the_write_and_a_second_outcome_changes_nothing():
+    led = Ledger()
+    led.add("w", turn_ref="x:1:1")
+    _turn(led, True)
+    assert _turn(led, False) == []
+    assert len(led.state.records) == 1
+
+
+def test_staged_writes_of_one_turn_see_each_other():
+    led = Ledger()
+    led.add("same fact", turn_ref="x:1:1")
+    led.add("same fact", turn_ref="x:1:1")
+    events = _turn(led, True)
+    added = [e for e in events if e.type == "RecordAdded"]
+    assert [e.merged for e in added] == [False, True]
+    assert len(led.state.records) == 1
+
+
+def test_preview_replace_shadows_and_leaves_the_live_record():
+    led = Ledger()
+    live = only(led.add("live fact"), "RecordAdded").record
+    e = only(led.add("preview fact", replaces=live.id, preview=True), "RecordAdded")
+    assert e.record.preview and e.record.replaces == live.id
+    stored = led.state.records[f"t/a/{live.id}"]
+    assert stored["status"] == "ACTIVE" and stored["version"] == 1
+
+
+def test_preview_delete_writes_a_preview_tombstone():
+    led = Ledger()
+    live = only(led.add("live fact"), "RecordAdded").record
+    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=live.id,
+                                  preview=True)), "RecordDeleted")
+    assert e.record.preview and e.record.status is Status.DELETED and e.record.replaces == live.id
+    assert led.state.records[f"t/a/{live.id}"]["status"] == "ACTIVE"
+
+
+def test_live_turn_cannot_touch_a_preview_record():
+    led = Ledger()
+    p = only(led.add("preview only", preview=True), "RecordAdded").record
+    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=p.id)),
+             "CommandRejected")
+    assert e.code == "NOT_FOUND"
+
+
+def test_disabled_memory_refuses_writes():
+    e = only(Ledger(enabled=False).add(), "CommandRejected")
+    assert e.code == "MEMORY_DISABLED"
+
+
+@pytest.mark.parametrize("field", ["read", "write"])
+def test_sessionless_agent_must_use_agent_scope(field):
+    with pytest.raises(ValueError, match="without sessions"):
+        AgentConfig.model_validate({"has_sessions": False, "memory": {"scope": {field: ["session"]}}})
