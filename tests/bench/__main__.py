@@ -1,0 +1,27 @@
+"""`make bench [ONLY=<group>]`: one JSON line per figure on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+
+GROUPS = {
+    "pipeline": "tests.bench.bench_pipeline",
+}
+
+
+def main(argv: list[str]) -> int:
+    only = [a for a in argv if a]
+    unknown = [g for g in only if g not in GROUPS]
+    if unknown:
+        print(f"unknown bench group(s) {unknown}; choose from {sorted(GROUPS)}", file=sys.stderr)
+        return 2
+    for name in only or GROUPS:
+        module = importlib.import_module(GROUPS[name])
+        asyncio.run(module.run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

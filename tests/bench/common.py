@@ -1,0 +1,49 @@
+"""Helpers shared by benchmarks: figure output, a private stack, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from services.settings import ROOT, Settings
+from services.stack import Stack, stack_env
+
+
+def figure(name: str, value: float, unit: str, n: int, **extra) -> None:
+    print(json.dumps({"figure": name, "value": round(value, 3), "unit": unit, "n": n, "cores": os.cpu_count(), **extra}),
+          flush=True)
+
+
+def progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+@contextmanager
+def bench_stack(name: str, api: bool = True):
+    run_id = f"bench{name}{uuid.uuid4().hex[:6]}"
+    data = ROOT / ".run" / run_id
+    settings = Settings(topic_prefix=f"{run_id}.", data_dir=data, api_port=38282)
+    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT="38282")
+    stack = Stack(env, Path(data) / "logs")
+    t0 = time.monotonic()
+    try:
+        stack.start_all(api=api)
+        progress(f"stack up in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
+        yield stack, settings
+    finally:
+        stack.stop()

@@ -1,0 +1,101 @@
+"""One suite, run against every adapter of the record view (pure fold and Redis)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from events import RecordAdded, RecordDeleted, RecordPinned, RecordSuperseded
+from events.record import MemoryRecord
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def rec(rid: str, version: int = 1, minute: int = 0, **kw) -> MemoryRecord:
+    base = dict(
+        id=rid,
+        version=version,
+        created=T0 + timedelta(minutes=minute),
+        modified=T0 + timedelta(minutes=minute, seconds=version),
+        tenant="t",
+        agent="a",
+        scope="AGENT",
+        kind="fact",
+        summary=f"{rid} v{version}",
+    )
+    base.update(kw)
+    return MemoryRecord(**base)
+
+
+def ev(cls, r: MemoryRecord):
+    return cls(event_id=f"{r.id}-{r.version}", command_id=f"c-{r.id}-{r.version}", tenant=r.tenant,
+               agent=r.agent, occurred_at=r.modified, record=r)
+
+
+async def test_get_reads_current_and_exact_versions(view):
+    await view.apply([ev(RecordAdded, rec("r1")), ev(RecordSuperseded, rec("r1", 2, status="SUPERSEDED"))])
+    assert (await view.get("t", "a", "r1")).version == 2
+    assert (await view.get("t", "a", "r1", 1)).summary == "r1 v1"
+    assert await view.get("t", "a", "r1", 3) is None
+    assert await view.get("t", "a", "nope") is None
+    assert await view.get("t", "other", "r1") is None
+
+
+async def test_history_is_newest_first(view):
+    await view.apply([ev(RecordAdded, rec("r1")), ev(RecordPinned, rec("r1", 2, pinned=True)),
+                      ev(RecordDeleted, rec("r1", 3, status="DELETED"))])
+    assert [r.version for r in await view.history("t", "a", "r1")] == [3, 2, 1]
+
+
+async def test_older_version_after_newer_changes_nothing(view):
+    await view.apply([ev(RecordDeleted, rec("r1", 2, status="DELETED"))])
+    await view.apply([ev(RecordAdded, rec("r1", 1))])
+    assert (await view.get("t", "a", "r1")).status.value == "DELETED"
+    assert (await view.page("t", "a", 10)).records == []
+
+
+async def test_duplicates_are_idempotent(view):
+    e = ev(RecordAdded, rec("r1"))
+    await view.apply([e, e])
+    await view.apply([e])
+    page = await view.page("t", "a", 10)
+    assert [r.id for r in page.records] == ["r1"]
+    assert len(await view.history("t", "a", "r1")) == 1
+
+
+async def test_listing_pages_newest_first_then_ascending(view):
+    await view.apply([ev(RecordAdded, rec(f"r{i}", minute=i)) for i in range(7)])
+    await view.apply([ev(RecordDeleted, rec("r3", 2, minute=3, status="DELETED"))])
+    seen, cursor = [], None
+    while True:
+        page = await view.page("t", "a", 2, cursor)
+        seen += [r.id for r in page.records]
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    assert seen == ["r6", "r5", "r4", "r2", "r1", "r0"]
+    asc = await view.page("t", "a", 4, ascending=True)
+    assert [r.id for r in asc.records] == ["r0", "r1", "r2", "r4"]
+    rest = await view.page("t", "a", 4, asc.next_cursor, ascending=True)
+    assert [r.id for r in rest.records] == ["r5", "r6"] and rest.next_cursor is None
+
+
+async def test_ties_in_creation_time_page_without_gaps(view):
+    await view.apply([ev(RecordAdded, rec(f"r{i}", minute=0)) for i in range(5)])
+    first = await view.page("t", "a", 3)
+    second = await view.page("t", "a", 3, first.next_cursor)
+    ids = [r.id for r in first.records + second.records]
+    assert sorted(ids) == [f"r{i}" for i in range(5)] and len(set(ids)) == 5
+
+
+async def test_preview_deletions_stay_listed_other_deletions_do_not(view):
+    await view.apply([ev(RecordDeleted, rec("p1", status="DELETED", preview=True)),
+                      ev(RecordDeleted, rec("d1", status="DELETED"))])
+    assert [r.id for r in (await view.page("t", "a", 10)).records] == ["p1"]
+
+
+async def test_pinned_set_follows_the_current_version(view):
+    await view.apply([ev(RecordAdded, rec("r1")), ev(RecordPinned, rec("r1", 2, pinned=True)),
+                      ev(RecordAdded, rec("r2", minute=1))])
+    assert [r.id for r in await view.pinned("t", "a")] == ["r1"]
+    await view.apply([ev(RecordDeleted, rec("r1", 3, status="DELETED"))])
+    assert await view.pinned("t", "a") == []
