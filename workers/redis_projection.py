@@ -38,7 +38,7 @@ class RedisProjection(Processor):
         self.generation = await self.store.generation()
         ckpts = await self.store.checkpoints(self.generation)
         for tp in self.assignment:
-            nxt = ckpts.get(f"{EVENTS.name}:{tp.partition}")
+            nxt = ckpts.get(f"{tp.topic}:{tp.partition}")
             if nxt is None:
                 await consumer.seek_to_beginning(tp)
             else:
@@ -47,7 +47,8 @@ class RedisProjection(Processor):
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         self.pending.append(event)
-        self.positions.append((f"{EVENTS.name}:{partition}", offset + 1))
+        # The checkpoint names the real topic: several deployments may share one Redis.
+        self.positions.append((f"{self.settings.topic(EVENTS.name)}:{partition}", offset + 1))
         return []
 
     async def batch_done(self) -> list[Out]:
