@@ -17,7 +17,6 @@ from events.memory import RECORD_EVENTS, AgentConfigured
 from events.record import MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
-GENERATION_KEY = "ml:generation"
 
 # KEYS: record hash, listing zset, pinned zset, checkpoint hash
 # ARGV: version, snapshot json, record id, sort score, listed 0/1, pinned 0/1, ckpt field, next offset
@@ -46,28 +45,29 @@ return 1
 
 
 class RedisRecords:
-    def __init__(self, client: aioredis.Redis, generation: int | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, generation: int | None = None, namespace: str = "") -> None:
         self.r = client
         self.fixed_generation = generation
+        # Deployments sharing one Redis (tests, demos) keep apart by namespace.
+        self.root = f"ml:{namespace}"
         self._apply = client.register_script(APPLY)
         self._checkpoint = client.register_script(CHECKPOINT)
 
     @classmethod
-    def from_url(cls, url: str, generation: int | None = None) -> "RedisRecords":
-        return cls(aioredis.from_url(url, decode_responses=True), generation)
+    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> "RedisRecords":
+        return cls(aioredis.from_url(url, decode_responses=True), generation, namespace)
 
     async def generation(self) -> int:
         if self.fixed_generation is not None:
             return self.fixed_generation
-        g = await self.r.get(GENERATION_KEY)
+        g = await self.r.get(f"{self.root}generation")
         return int(g) if g else 1
 
     async def switch_generation(self, gen: int) -> None:
-        await self.r.set(GENERATION_KEY, gen)
+        await self.r.set(f"{self.root}generation", gen)
 
-    @staticmethod
-    def _ns(gen: int) -> str:
-        return f"ml:g{gen}"
+    def _ns(self, gen: int) -> str:
+        return f"{self.root}g{gen}"
 
     def _keys(self, gen: int, tenant: str, agent: str, rid: str) -> list[str]:
         ns, ak = self._ns(gen), f"{tenant}/{agent}"

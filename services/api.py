@@ -25,7 +25,7 @@ from services.auth import KeyStore, Principal
 from services.memory_service import ApiError, Context, MemoryService
 from services.settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
-from workers.qdrant_projection import QdrantProjection, shard_path
+from workers.qdrant_projection import QdrantProjection, current_generation, shard_path
 
 log = structlog.get_logger()
 
@@ -72,6 +72,56 @@ def record_out(r, score: float | None = None) -> dict[str, Any]:
     return d
 
 
+class ShardOwner:
+    """Owns the Edge shard of the current generation and its projection task.
+
+    `memlane rebuild` fills the next generation beside this one and moves the pointer;
+    the owner then opens the new shard, lets its projection catch up, and swaps.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.generation = 0
+        self.index: EdgeIndex | None = None
+        self.projection: QdrantProjection | None = None
+        self.task: asyncio.Task | None = None
+        self.on_swap = None
+
+    async def open(self, generation: int) -> None:
+        index = EdgeIndex(shard_path(self.settings, generation))
+        projection = QdrantProjection(self.settings, index)
+        task = asyncio.create_task(projection.run(), name=f"qdrant-projection-g{generation}")
+        old = (self.index, self.projection, self.task)
+        if old[0] is not None:
+            await projection.caught_up.wait()
+        self.index, self.projection, self.task, self.generation = index, projection, task, generation
+        if self.on_swap:
+            self.on_swap(self)
+        if old[0] is not None:
+            await self._stop(*old)
+            log.info("qdrant_generation_switched", generation=generation)
+
+    async def watch_generation(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            gen = current_generation(self.settings)
+            if gen != self.generation:
+                await self.open(gen)
+
+    @staticmethod
+    async def _stop(index, projection, task) -> None:
+        projection.stopping.set()
+        try:
+            await asyncio.wait_for(task, 5)
+        except Exception:
+            task.cancel()
+        index.close()
+
+    async def close(self) -> None:
+        if self.index is not None:
+            await self._stop(self.index, self.projection, self.task)
+
+
 def build_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -81,27 +131,25 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         await ensure_topics(settings)
         redis_client = aioredis.from_url(settings.redis_url, decode_responses=True)
         await redis_client.ping()
-        index = EdgeIndex(shard_path(settings))
-        projection = QdrantProjection(settings, index)
-        task = asyncio.create_task(projection.run(), name="qdrant-projection")
+        shards = ShardOwner(settings)
+        await shards.open(current_generation(settings))
         prod = producer(settings)
         await prod.start()
         embedder = OnnxMiniLM()
         await asyncio.to_thread(embedder.embed, ["warm up"])
-        app.state.service = MemoryService(settings, RedisRecords(redis_client), index, embedder, prod, projection)
+        service = MemoryService(settings, RedisRecords(redis_client, namespace=settings.topic_prefix), shards.index, embedder, prod, shards.projection)
+        shards.on_swap = lambda owner: service.use_shard(owner.index, owner.projection)
+        watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
+        app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key)
-        app.state.projection = projection
+        app.state.shards = shards
         log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)
         try:
             yield
         finally:
-            projection.stopping.set()
-            try:
-                await asyncio.wait_for(task, 5)
-            except Exception:
-                task.cancel()
+            watcher.cancel()
+            await shards.close()
             await prod.stop()
-            index.close()
             await redis_client.aclose()
 
     app = FastAPI(
@@ -161,10 +209,10 @@ def build_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request):
-        proj = request.app.state.projection
+        shards = request.app.state.shards
         return {
             "status": "ok",
-            "projection": proj.status(),
+            "projection": {**shards.projection.status(), "generation": shards.generation},
             "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
         }
 

@@ -60,6 +60,72 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar(label: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), transient=False)
+    task = bar.add_task(label, total=None)
+    return bar, lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from workers.kafka_io import wait_for_broker
+    from workers.rebuild import rebuild_qdrant, rebuild_redis
+
+    settings = get_settings()
+    configure(settings.log_level, service="cli")
+
+    async def go():
+        await wait_for_broker(settings)
+        if args.target in ("redis", "all"):
+            bar, update = _progress_bar("redis generation")
+            with bar:
+                gen = await rebuild_redis(settings, update, switch=not args.no_switch)
+            print(f"redis: generation {gen} built" + ("" if args.no_switch else " and switched to"))
+        if args.target in ("qdrant", "all"):
+            bar, update = _progress_bar("qdrant generation")
+            with bar:
+                gen = await rebuild_qdrant(settings, update, switch=not args.no_switch)
+            print(f"qdrant: generation {gen} built" + ("" if args.no_switch else "; memlane serve switches to it"))
+
+    asyncio.run(go())
+    return 0
+
+
+def _offsets(spec: str | None) -> dict[int, int] | None:
+    """'0=10,3=200' -> {0: 10, 3: 200}; a bare number applies to every partition."""
+    if not spec:
+        return None
+    from events.topics import EVENTS
+
+    if spec.isdigit():
+        return {p: int(spec) for p in range(EVENTS.partitions)}
+    try:
+        return {int(p): int(o) for p, o in (part.split("=") for part in spec.split(","))}
+    except ValueError:
+        raise SystemExit(f"memlane replay: offsets must look like '1200' or '0=10,3=200', not {spec!r}") from None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from workers.kafka_io import wait_for_broker
+    from workers.rebuild import replay_redis
+
+    settings = get_settings()
+    configure(settings.log_level, service="cli")
+
+    async def go():
+        await wait_for_broker(settings)
+        bar, update = _progress_bar(f"replay into generation {args.generation}")
+        with bar:
+            n = await replay_redis(settings, args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
+                                   update)
+        print(f"replayed {n} events into redis generation {args.generation}")
+
+    asyncio.run(go())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from services.demo import run_demo
 
@@ -81,6 +147,17 @@ def main(argv: list[str] | None = None) -> int:
 
     t = sub.add_parser("topics", help="create memlane's topics (workers also do this on start)")
     t.set_defaults(fn=cmd_topics)
+
+    r = sub.add_parser("rebuild", help="build new projection generations from the log, then switch over")
+    r.add_argument("--target", choices=["redis", "qdrant", "all"], default="all")
+    r.add_argument("--no-switch", action="store_true", help="build but leave readers on the current generation")
+    r.set_defaults(fn=cmd_rebuild)
+
+    rp = sub.add_parser("replay", help="replay a range of event offsets into a named Redis generation")
+    rp.add_argument("--generation", type=int, required=True, help="target generation number")
+    rp.add_argument("--from-offset", default=None, help="first offset, e.g. 1200 or 0=10,3=200 (default: start)")
+    rp.add_argument("--to-offset", default=None, help="offset to stop before (default: the end)")
+    rp.set_defaults(fn=cmd_replay)
 
     d = sub.add_parser("demo", help="start everything, store a sample conversation, search it, stop")
     d.set_defaults(fn=cmd_demo)

@@ -90,6 +90,9 @@ class MemoryService:
         self.producer = producer
         self.projection = projection
 
+    def use_shard(self, index: EdgeIndex, projection: Any) -> None:
+        self.index, self.projection = index, projection
+
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()
 

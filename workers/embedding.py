@@ -50,7 +50,7 @@ class EmbeddingWorker(Processor):
         outs = []
         for h in self.todo:
             self.cache.move_to_end(h)
-            msg = VectorComputed(model=self.embedder.model_id, content_hash=h, dense=self.cache[h])
+            msg = VectorComputed.of(self.embedder.model_id, h, self.cache[h])
             outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), encode(msg)))
         while len(self.cache) > 20_000:
             self.cache.popitem(last=False)

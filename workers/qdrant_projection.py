@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import structlog
@@ -20,39 +20,39 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from events.codec import ContractError, decode
 from events.memory import RECORD_EVENTS
-from events.record import MemoryRecord, Status
+from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from projections.embedder import MODEL_ID, content_hash
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
 
 log = structlog.get_logger()
-VECTOR_CACHE = 50_000
 
 
 class QdrantProjection:
-    def __init__(self, settings: Settings, index: EdgeIndex, model_id: str = MODEL_ID) -> None:
+    def __init__(
+        self, settings: Settings, index: EdgeIndex, model_id: str = MODEL_ID, vector_cache: int | None = 50_000
+    ) -> None:
         self.settings = settings
         self.index = index
         self.model_id = model_id
+        self.vector_cache = vector_cache  # None: keep every vector (a rebuild reads them all first)
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
         self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.parked: dict[str, dict[str, MemoryRecord]] = {}
+        # content hash -> {record id: (record, command id, event)} waiting for that vector
+        self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
         self.versions: dict[str, int] = {}
         self.waiters: dict[str, list[asyncio.Future]] = {}
-        self.done_commands: OrderedDict[str, Any] = OrderedDict()
-        # Record id -> (command id, event) of records parked until their vector arrives.
-        self.waiting_commands: dict[str, list] = {}
-        self._pending_done: list = []
+        self.done_commands: OrderedDict[str, list] = OrderedDict()
         self.applied = 0
         self.stopping = asyncio.Event()
         self.caught_up = asyncio.Event()
 
-    # ------------------------------------------------------------------ waiting for writes
+    # ------------------------------------------------------------------ read-your-writes
 
     def wait_for(self, command_id: str) -> asyncio.Future:
-        """Resolves with the command's events once they are searchable (read-your-writes)."""
+        """Resolves with the command's events once they are searchable."""
         fut = asyncio.get_running_loop().create_future()
         if command_id in self.done_commands:
             fut.set_result(self.done_commands[command_id])
@@ -60,130 +60,62 @@ class QdrantProjection:
             self.waiters.setdefault(command_id, []).append(fut)
         return fut
 
-    def _command_done(self, command_id: str, event: Any) -> None:
-        self.done_commands.setdefault(command_id, []).append(event)
+    def _command_done(self, event: Any) -> None:
+        cid = event.command_id
+        self.done_commands.setdefault(cid, []).append(event)
         while len(self.done_commands) > 50_000:
             self.done_commands.popitem(last=False)
-        for fut in self.waiters.pop(command_id, []):
+        for fut in self.waiters.pop(cid, []):
             if not fut.done():
-                fut.set_result(self.done_commands[command_id])
+                fut.set_result(self.done_commands[cid])
 
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, msg: Any) -> list[tuple[MemoryRecord, list[float]]]:
+    def _on_vector(self, msg: Any, batch: "_Batch") -> None:
         if msg.model != self.model_id:
-            return []
-        self.vectors[msg.content_hash] = np.asarray(msg.dense, dtype=np.float32)
+            return
+        vec = msg.array()
+        self.vectors[msg.content_hash] = vec
         self.vectors.move_to_end(msg.content_hash)
-        while len(self.vectors) > VECTOR_CACHE:
-            self.vectors.popitem(last=False)
-        ready = self.parked.pop(msg.content_hash, {})
-        return [(r, msg.dense) for r in ready.values()]
+        if self.vector_cache is not None:
+            while len(self.vectors) > self.vector_cache:
+                self.vectors.popitem(last=False)
+        for r, event in self.parked.pop(msg.content_hash, {}).values():
+            batch.upserts[r.id] = (r, vec)
+            batch.done.append(event)
 
-    def _on_event(self, e: Any, upserts: list, deletes: list, shadows: list) -> None:
+    def _on_event(self, e: Any, batch: "_Batch") -> None:
         if not isinstance(e, RECORD_EVENTS):
-            self._command_done(e.command_id, e)
+            batch.done.append(e)
             return
         r = e.record
         if r.version <= self.versions.get(r.id, 0):
-            self._command_done(e.command_id, e)
+            batch.done.append(e)  # a duplicate or an older version: already reflected
             return
         self.versions[r.id] = r.version
+        for bucket in self.parked.values():
+            bucket.pop(r.id, None)
+        batch.upserts.pop(r.id, None)
+        batch.deletes.discard(r.id)
         if r.preview and r.replaces:
-            shadows.append((r.replaces, True))
-        if indexable(r):
-            h = content_hash(r.text)
-            vec = self.vectors.get(h)
-            if vec is None:
-                self.parked.setdefault(h, {})[r.id] = r
-                self.waiting_commands.setdefault(r.id, []).append((e.command_id, e))
-                return
-            upserts.append((r, vec.tolist()))
-        else:
-            deletes.append(r.id)
-            for bucket in self.parked.values():
-                bucket.pop(r.id, None)
-        self._command_done(e.command_id, e)
+            batch.shadows.append(r.replaces)
+        if not indexable(r):
+            batch.deletes.add(r.id)
+            batch.done.append(e)
+            return
+        vec = self.vectors.get(content_hash(r.text))
+        if vec is None:
+            self.parked.setdefault(content_hash(r.text), {})[r.id] = (r, e)
+            return
+        batch.upserts[r.id] = (r, vec)
+        batch.done.append(e)
 
-    async def run(self) -> None:
-        s = self.settings
-        c = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-            max_poll_records=1000,
-        )
-        await c.start()
-        try:
-            tps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
-            vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
-            c.assign(tps + vtps)
-            for tp in tps + vtps:
-                nxt = self.ckpt.get(f"{tp.topic}:{tp.partition}")
-                if nxt is None:
-                    await c.seek_to_beginning(tp)
-                else:
-                    c.seek(tp, nxt)
-            await self._loop(c, tps)
-        finally:
-            await c.stop()
-
-    async def _loop(self, c: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
-        s = self.settings
-        events_topic, vectors_topic = s.topic(EVENTS.name), s.topic(VECTORS.name)
-        end = await c.end_offsets(tps)
-        while not self.stopping.is_set():
-            batches = await c.getmany(timeout_ms=200, max_records=1000)
-            upserts: list = []
-            deletes: list = []
-            shadows: list = []
-            positions: dict[str, int] = {}
-            for tp, msgs in batches.items():
-                for m in msgs:
-                    positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
-                    try:
-                        if tp.topic == vectors_topic:
-                            for r, vec in self._on_vector(decode(VECTORS.name, m.value)):
-                                upserts.append((r, vec))
-                                for cid, ev in self.waiting_commands.pop(r.id, []):
-                                    self._pending_done.append((cid, ev))
-                        elif tp.topic == events_topic:
-                            self._on_event(decode(EVENTS.name, m.value), upserts, deletes, shadows)
-                    except ContractError as err:
-                        # The ledger's and embedder's runners own the DLQs; here we only skip.
-                        log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
-            if upserts or deletes or shadows:
-                await asyncio.to_thread(self._write, upserts, deletes, shadows)
-                self.applied += len(upserts) + len(deletes)
-            for cid, ev in self._drain_pending():
-                self._command_done(cid, ev)
-            if positions:
-                self.ckpt.update(positions)
-                await asyncio.to_thread(self._save_checkpoint)
-            if not self.caught_up.is_set():
-                pos = {tp: await c.position(tp) for tp in tps}
-                if all(pos[tp] >= end[tp] for tp in tps):
-                    self.caught_up.set()
-                    log.info("qdrant_projection_caught_up", points=self.index.count(), parked=len(self.parked))
-
-    def _drain_pending(self) -> list:
-        out, self._pending_done = self._pending_done, []
-        return out
-
-    def _write(self, upserts: list, deletes: list, shadows: list) -> None:
-        # Within a batch the last version of a record wins; deletes after upserts.
-        latest: dict[str, tuple[MemoryRecord, list[float]]] = {}
-        for r, vec in upserts:
-            if self.versions.get(r.id, 0) == r.version:
-                latest[r.id] = (r, vec)
-        dead = [rid for rid in deletes if rid not in latest]
-        self.index.upsert(list(latest.values()))
-        self.index.delete(dead)
-        for rid, flag in shadows:
+    def _write(self, batch: "_Batch") -> None:
+        self.index.upsert([(r, vec.tolist()) for r, vec in batch.upserts.values()])
+        self.index.delete(list(batch.deletes))
+        for rid in batch.shadows:
             try:
-                self.index.set_shadowed(rid, flag)
+                self.index.set_shadowed(rid, True)
             except Exception:  # the live record is not a point (not ACTIVE): nothing to hide
                 log.debug("shadow_target_missing", record_id=rid)
 
@@ -191,17 +123,118 @@ class QdrantProjection:
         self.index.flush()
         write_checkpoint(self.ckpt_path, self.ckpt)
 
+    # ------------------------------------------------------------------ the loop
+
+    def _consumer(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_poll_records=2000,
+            fetch_max_wait_ms=100,
+        )
+
+    async def run(
+        self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Follow the topics. A rebuild passes `until_caught_up` and reads all vectors first."""
+        s = self.settings
+        etps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+        vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
+        c = self._consumer()
+        await c.start()
+        try:
+            if until_caught_up:
+                await self._follow(c, vtps, until_caught_up=True, progress=None)
+            await self._follow(c, etps + vtps, until_caught_up, progress, events=etps)
+        finally:
+            await c.stop()
+
+    async def _follow(self, c, tps, until_caught_up, progress, events=None) -> None:
+        s = self.settings
+        vectors_topic = s.topic(VECTORS.name)
+        c.assign(tps)
+        for tp in tps:
+            nxt = self.ckpt.get(f"{tp.topic}:{tp.partition}")
+            if nxt is None:
+                await c.seek_to_beginning(tp)
+            else:
+                c.seek(tp, nxt)
+        watch = events or tps
+        end = await c.end_offsets(watch)
+        total = sum(end.values())
+        while not self.stopping.is_set():
+            batch = _Batch()
+            for tp, msgs in (await c.getmany(timeout_ms=200, max_records=2000)).items():
+                for m in msgs:
+                    try:
+                        if tp.topic == vectors_topic:
+                            self._on_vector(decode(VECTORS.name, m.value), batch)
+                        else:
+                            self._on_event(decode(EVENTS.name, m.value), batch)
+                    except ContractError as err:
+                        # The workers that write these topics own their DLQs; a reader only skips.
+                        log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
+                    self.ckpt[f"{tp.topic}:{tp.partition}"] = m.offset + 1
+                batch.seen += len(msgs)
+            if batch.seen:
+                await asyncio.to_thread(self._write, batch)
+                self.applied += len(batch.upserts) + len(batch.deletes)
+                for e in batch.done:
+                    self._command_done(e)
+                await asyncio.to_thread(self._save_checkpoint)
+            pos = {tp: await c.position(tp) for tp in watch}
+            if progress:
+                progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
+            if all(pos[tp] >= end[tp] for tp in watch):
+                if not self.caught_up.is_set() and events:
+                    self.caught_up.set()
+                    log.info("qdrant_projection_caught_up", points=self.index.count(), parked=self.parked_count())
+                if until_caught_up:
+                    return
+
+    def parked_count(self) -> int:
+        return sum(len(b) for b in self.parked.values())
+
     def status(self) -> dict[str, Any]:
         return {
             "points": self.index.count(),
-            "parked": sum(len(b) for b in self.parked.values()),
+            "parked": self.parked_count(),
             "caught_up": self.caught_up.is_set(),
             "applied": self.applied,
         }
 
 
-def shard_path(settings: Settings, generation: int = 1) -> Path:
-    return Path(settings.data_dir) / "qdrant" / f"memory-g{generation}"
+class _Batch:
+    def __init__(self) -> None:
+        self.upserts: dict[str, tuple[MemoryRecord, np.ndarray]] = {}
+        self.deletes: set[str] = set()
+        self.shadows: list[str] = []
+        self.done: list[Any] = []
+        self.seen = 0
 
 
-__all__ = ["QdrantProjection", "Status", "shard_path"]
+def qdrant_root(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "qdrant"
+
+
+def current_generation(settings: Settings) -> int:
+    try:
+        return int((qdrant_root(settings) / "CURRENT").read_text())
+    except FileNotFoundError:
+        return 1
+
+
+def set_generation(settings: Settings, gen: int) -> None:
+    root = qdrant_root(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / "CURRENT.tmp"
+    tmp.write_text(str(gen))
+    tmp.replace(root / "CURRENT")
+
+
+def shard_path(settings: Settings, generation: int | None = None) -> Path:
+    gen = current_generation(settings) if generation is None else generation
+    return qdrant_root(settings) / f"memory-g{gen}"

@@ -24,7 +24,7 @@ class RedisProjection(Processor):
 
     def __init__(self, settings, generation: int | None = None) -> None:
         super().__init__(settings)
-        self.store = RedisRecords.from_url(settings.redis_url, generation)
+        self.store = RedisRecords.from_url(settings.redis_url, generation, settings.topic_prefix)
         self.pending: list[Any] = []
         self.positions: list[tuple[str, int]] = []
         self.assignment: set[TopicPartition] = set()

@@ -107,7 +107,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
     commands_topic, events_topic = prefix + COMMANDS.name, prefix + EVENTS.name
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, linger_ms=20)
     await producer.start()
-    redis = RedisRecords.from_url(settings.redis_url)
+    redis = RedisRecords.from_url(settings.redis_url, namespace=prefix)
     try:
         half = len(cmds) // 2
         for c in cmds[:half]:

@@ -1,0 +1,152 @@
+"""Rebuild and replay: fill a new projection generation from the log alone.
+
+A rebuild never calls a model and never embeds: records join the vectors already in
+`memlane.vectors`. It reads from offset 0 into a new generation, then switches readers
+over once it has caught up with the live generation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from events.codec import ContractError, decode
+from events.topics import EVENTS
+from projections.qdrant_index import EdgeIndex
+from projections.redis_records import RedisRecords
+from services.settings import Settings
+from workers.qdrant_projection import QdrantProjection, current_generation, set_generation, shard_path
+
+log = structlog.get_logger()
+Progress = Callable[[int, int], None]
+
+
+async def _apply_range(
+    settings: Settings,
+    store: RedisRecords,
+    start: dict[int, int] | None,
+    stop: dict[int, int] | None,
+    progress: Progress | None,
+) -> int:
+    """Apply events with start <= offset < stop (per partition) to `store`."""
+    topic = settings.topic(EVENTS.name)
+    c = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        max_poll_records=5000,
+        fetch_max_wait_ms=100,
+    )
+    await c.start()
+    applied = 0
+    try:
+        tps = [TopicPartition(topic, p) for p in range(EVENTS.partitions)]
+        c.assign(tps)
+        end = await c.end_offsets(tps)
+        stop_at = {tp: min(end[tp], (stop or {}).get(tp.partition, end[tp])) for tp in tps}
+        for tp in tps:
+            c.seek(tp, (start or {}).get(tp.partition, 0))
+        first = {tp: await c.position(tp) for tp in tps}
+        total = sum(max(0, stop_at[tp] - first[tp]) for tp in tps)
+        done = 0
+        active = [tp for tp in tps if first[tp] < stop_at[tp]]
+        while active:
+            batches = await c.getmany(*active, timeout_ms=500, max_records=5000)
+            events, positions = [], []
+            for tp, msgs in batches.items():
+                for m in msgs:
+                    if m.offset >= stop_at[tp]:
+                        break
+                    try:
+                        events.append(decode(EVENTS.name, m.value))
+                        positions.append((f"{topic}:{tp.partition}", m.offset + 1))
+                    except ContractError as e:
+                        log.warning("rebuild_skipped_message", partition=tp.partition, offset=m.offset, error=str(e))
+                    done += 1
+            if events:
+                await store.apply(events, positions)
+                applied += len(events)
+            active = [tp for tp in active if await c.position(tp) < stop_at[tp]]
+            if progress:
+                progress(done, total)
+    finally:
+        await c.stop()
+    return applied
+
+
+async def rebuild_redis(settings: Settings, progress: Progress | None = None, switch: bool = True) -> int:
+    live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    try:
+        old = await live.generation()
+        gen = max(old, await _max_generation(live)) + 1
+        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
+        try:
+            applied = await _apply_range(settings, new, None, None, progress)
+            # Caught up: reach at least where the live generation's worker has got to.
+            live_ckpt = await live.checkpoints(old)
+            while True:
+                mine = await new.checkpoints(gen)
+                behind = {
+                    int(k.rsplit(":", 1)[1]): v
+                    for k, v in live_ckpt.items()
+                    if k.startswith(settings.topic(EVENTS.name) + ":") and mine.get(k, 0) < v
+                }
+                if not behind:
+                    break
+                start = {p: mine.get(f"{settings.topic(EVENTS.name)}:{p}", 0) for p in behind}
+                applied += await _apply_range(settings, new, start, behind, None)
+            if switch:
+                await live.switch_generation(gen)
+            log.info("redis_rebuilt", generation=gen, previous=old, events=applied, switched=switch)
+            return gen
+        finally:
+            await new.aclose()
+    finally:
+        await live.aclose()
+
+
+async def _max_generation(store: RedisRecords) -> int:
+    gens = [1]
+    async for key in store.r.scan_iter(f"{store.root}g*:ckpt"):
+        try:
+            gens.append(int(key[len(store.root) + 1 :].split(":")[0]))
+        except ValueError:
+            pass
+    return max(gens)
+
+
+async def replay_redis(
+    settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    progress: Progress | None = None,
+) -> int:
+    store = RedisRecords.from_url(settings.redis_url, generation=generation, namespace=settings.topic_prefix)
+    try:
+        return await _apply_range(settings, store, start, stop, progress)
+    finally:
+        await store.aclose()
+
+
+async def rebuild_qdrant(settings: Settings, progress: Progress | None = None, switch: bool = True) -> int:
+    """Build the next Edge shard generation beside the live one; `memlane serve` swaps to it."""
+    old = current_generation(settings)
+    gen = old + 1
+    path = shard_path(settings, gen)
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+        path.with_name(f"{path.name}.checkpoint.json").unlink(missing_ok=True)
+    index = EdgeIndex(path)
+    try:
+        projection = QdrantProjection(settings, index, vector_cache=None)
+        await projection.run(until_caught_up=True, progress=progress)
+        points = index.count()
+    finally:
+        index.close()
+    if switch:
+        set_generation(settings, gen)
+    log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
+    return gen
