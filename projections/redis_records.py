@@ -8,6 +8,7 @@ the projection's checkpoint together: the tracking record lives with the view.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -18,29 +19,32 @@ from events.record import MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
 
-# KEYS: record hash, listing zset, pinned zset, checkpoint hash
-# ARGV: version, snapshot json, record id, sort score, listed 0/1, pinned 0/1, ckpt field, next offset
+# One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON list of
+# [agent key, record id, version, snapshot json, sort score, listed 0/1, pinned 0/1];
+# ARGV[3]: JSON object {checkpoint field: next offset}. Keys are derived in the script,
+# so this needs a single Redis node (not Cluster).
 APPLY = """
-redis.call('HSETNX', KEYS[1], 'v:' .. ARGV[1], ARGV[2])
-local cur = tonumber(redis.call('HGET', KEYS[1], 'cur') or '0')
+local ns = ARGV[1]
 local applied = 0
-if tonumber(ARGV[1]) > cur then
-  redis.call('HSET', KEYS[1], 'cur', ARGV[1])
-  if ARGV[5] == '1' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3]) else redis.call('ZREM', KEYS[2], ARGV[3]) end
-  if ARGV[6] == '1' then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3]) else redis.call('ZREM', KEYS[3], ARGV[3]) end
-  applied = 1
+for _, it in ipairs(cjson.decode(ARGV[2])) do
+  local rk = ns .. ':rec:' .. it[1] .. ':' .. it[2]
+  local ver = it[3]
+  redis.call('HSETNX', rk, 'v:' .. ver, it[4])
+  local cur = tonumber(redis.call('HGET', rk, 'cur') or '0')
+  if ver > cur then
+    redis.call('HSET', rk, 'cur', ver)
+    local lk, pk = ns .. ':list:' .. it[1], ns .. ':pinned:' .. it[1]
+    if it[6] == 1 then redis.call('ZADD', lk, it[5], it[2]) else redis.call('ZREM', lk, it[2]) end
+    if it[7] == 1 then redis.call('ZADD', pk, it[5], it[2]) else redis.call('ZREM', pk, it[2]) end
+    applied = applied + 1
+  end
 end
-if ARGV[7] ~= '' then
-  local ck = tonumber(redis.call('HGET', KEYS[4], ARGV[7]) or '-1')
-  if tonumber(ARGV[8]) > ck then redis.call('HSET', KEYS[4], ARGV[7], ARGV[8]) end
+local ck = ns .. ':ckpt'
+for field, nxt in pairs(cjson.decode(ARGV[3])) do
+  local cur = tonumber(redis.call('HGET', ck, field) or '-1')
+  if nxt > cur then redis.call('HSET', ck, field, nxt) end
 end
 return applied
-"""
-
-CHECKPOINT = """
-local ck = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
-if tonumber(ARGV[2]) > ck then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-return 1
 """
 
 
@@ -51,7 +55,6 @@ class RedisRecords:
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
         self._apply = client.register_script(APPLY)
-        self._checkpoint = client.register_script(CHECKPOINT)
 
     @classmethod
     def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> "RedisRecords":
@@ -70,40 +73,42 @@ class RedisRecords:
         return f"{self.root}g{gen}"
 
     def _keys(self, gen: int, tenant: str, agent: str, rid: str) -> list[str]:
+        # Must match the key names built inside APPLY.
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
         return [f"{ns}:rec:{ak}:{rid}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
 
     # ------------------------------------------------------------------ write side
 
     async def apply(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
-        """Apply events; `positions[i]` is the (topic:partition, next offset) checkpoint of event i."""
+        """Apply events; `positions[i]` is the (topic:partition, next offset) checkpoint of event i.
+
+        The view and its checkpoints change in one script call: either both or neither.
+        """
         gen = await self.generation()
-        async with self.r.pipeline(transaction=False) as pipe:
-            for i, e in enumerate(events):
-                field, nxt = positions[i] if positions else ("", 0)
-                if isinstance(e, RECORD_EVENTS):
-                    r = e.record
-                    await self._apply(
-                        keys=self._keys(gen, r.tenant, r.agent, r.id),
-                        args=[
-                            r.version,
-                            r.model_dump_json(),
-                            r.id,
-                            sort_score(r),
-                            int(listed(r)),
-                            int(r.pinned and r.status is Status.ACTIVE),
-                            field,
-                            nxt,
-                        ],
-                        client=pipe,
-                    )
-                elif isinstance(e, AgentConfigured):
-                    await pipe.set(f"{self._ns(gen)}:config:{e.tenant}/{e.agent}", e.config.model_dump_json())
-                    if field:
-                        await self._checkpoint(keys=[f"{self._ns(gen)}:ckpt"], args=[field, nxt], client=pipe)
-                elif field:
-                    await self._checkpoint(keys=[f"{self._ns(gen)}:ckpt"], args=[field, nxt], client=pipe)
-            await pipe.execute()
+        ns = self._ns(gen)
+        items, ckpt, configs = [], {}, []
+        for i, e in enumerate(events):
+            if positions:
+                field, nxt = positions[i]
+                ckpt[field] = max(nxt, ckpt.get(field, 0))
+            if isinstance(e, RECORD_EVENTS):
+                r = e.record
+                items.append(
+                    [
+                        f"{r.tenant}/{r.agent}",
+                        r.id,
+                        r.version,
+                        r.model_dump_json(),
+                        sort_score(r),
+                        int(listed(r)),
+                        int(r.pinned and r.status is Status.ACTIVE),
+                    ]
+                )
+            elif isinstance(e, AgentConfigured):
+                configs.append((f"{ns}:config:{e.tenant}/{e.agent}", e.config.model_dump_json()))
+        if configs:
+            await self.r.mset(dict(configs))
+        await self._apply(args=[ns, json.dumps(items), json.dumps(ckpt) if ckpt else "{}"])
 
     async def checkpoints(self, gen: int | None = None) -> dict[str, int]:
         gen = gen if gen is not None else await self.generation()

@@ -10,6 +10,7 @@ The checkpoint is a file next to the shard, written after the shard is flushed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
@@ -165,6 +166,22 @@ class QdrantProjection:
         watch = events or tps
         end = await c.end_offsets(watch)
         total = sum(end.values())
+        dirty, last_flush = False, time.monotonic()
+        inflight: tuple[asyncio.Task, _Batch] | None = None
+
+        async def land() -> None:
+            # Writes run in a thread while the next batch is fetched and decoded.
+            nonlocal inflight, dirty
+            if inflight:
+                task, done_batch = inflight
+                inflight = None
+                await task
+                self.ckpt.update(done_batch.positions)
+                self.applied += len(done_batch.upserts) + len(done_batch.deletes)
+                for e in done_batch.done:
+                    self._command_done(e)
+                dirty = True
+
         while not self.stopping.is_set():
             batch = _Batch()
             for tp, msgs in (await c.getmany(timeout_ms=200, max_records=2000)).items():
@@ -177,23 +194,29 @@ class QdrantProjection:
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
-                    self.ckpt[f"{tp.topic}:{tp.partition}"] = m.offset + 1
+                    batch.positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
                 batch.seen += len(msgs)
+            await land()
             if batch.seen:
-                await asyncio.to_thread(self._write, batch)
-                self.applied += len(batch.upserts) + len(batch.deletes)
-                for e in batch.done:
-                    self._command_done(e)
-                await asyncio.to_thread(self._save_checkpoint)
+                inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
             pos = {tp: await c.position(tp) for tp in watch}
+            done = all(pos[tp] >= end[tp] for tp in watch)
+            if done or not batch.seen:
+                await land()
+            # Flushing is what makes a checkpoint safe, and it is costly: at most once a second.
+            if dirty and (done or time.monotonic() - last_flush > 1.0 or not batch.seen):
+                await land()
+                await asyncio.to_thread(self._save_checkpoint)
+                dirty, last_flush = False, time.monotonic()
             if progress:
                 progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
-            if all(pos[tp] >= end[tp] for tp in watch):
+            if done:
                 if not self.caught_up.is_set() and events:
                     self.caught_up.set()
                     log.info("qdrant_projection_caught_up", points=self.index.count(), parked=self.parked_count())
                 if until_caught_up:
-                    return
+                    break
+        await land()
 
     def parked_count(self) -> int:
         return sum(len(b) for b in self.parked.values())
@@ -213,6 +236,7 @@ class _Batch:
         self.deletes: set[str] = set()
         self.shadows: list[str] = []
         self.done: list[Any] = []
+        self.positions: dict[str, int] = {}
         self.seen = 0
 
 

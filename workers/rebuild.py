@@ -110,7 +110,7 @@ async def rebuild_redis(settings: Settings, progress: Progress | None = None, sw
 
 async def _max_generation(store: RedisRecords) -> int:
     gens = [1]
-    async for key in store.r.scan_iter(f"{store.root}g*:ckpt"):
+    async for key in store.r.scan_iter(f"{store.root}g*:ckpt", count=10_000):
         try:
             gens.append(int(key[len(store.root) + 1 :].split(":")[0]))
         except ValueError:

@@ -8,6 +8,7 @@ import sys
 
 GROUPS = {
     "pipeline": "tests.bench.bench_pipeline",
+    "rebuild": "tests.bench.bench_rebuild",
 }
 
 

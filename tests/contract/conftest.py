@@ -19,7 +19,7 @@ async def view(request, settings):
     gen = int(settings.topic_prefix.strip("t.")[-6:], 16) % 10_000_000 * 1000 + next(_gen)
     store = RedisRecords.from_url(settings.redis_url, generation=gen)
     yield store
-    keys = [k async for k in store.r.scan_iter(f"ml:g{gen}:*")]
+    keys = [k async for k in store.r.scan_iter(f"ml:g{gen}:*", count=10_000)]
     if keys:
         await store.r.delete(*keys)
     await store.aclose()

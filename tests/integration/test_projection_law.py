@@ -89,7 +89,7 @@ async def test_incremental_rebuild_and_fold_agree(settings, ops, data):
         assert await snapshot(rebuilt, rids) == expected
     finally:
         for store in (inc, rebuilt):
-            keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*")]
+            keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*", count=10_000)]
             if keys:
                 await store.r.delete(*keys)
             await store.aclose()

@@ -1,0 +1,156 @@
+"""rebuild: both projections from the log alone (no model, no embedder), and ledger throughput."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+from aiokafka import AIOKafkaProducer
+
+from events import AddMemory, RecordAdded, encode
+from events.record import MemoryRecord
+from events.topics import COMMANDS, EVENTS, VECTORS
+from events.vectors import VectorComputed
+from projections.embedder import MODEL_ID, content_hash
+from services.settings import ROOT, Settings
+from tests.bench.common import figure, progress
+from workers.kafka_io import ensure_topics
+
+RECORDS = 100_000
+AGENTS = 500
+COMMANDS_N = 20_000
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+async def _produce(settings: Settings, items) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=50, max_batch_size=1 << 20,
+                         max_request_size=8 << 20, compression_type=None)
+    await p.start()
+    try:
+        for i, (topic, key, value) in enumerate(items):
+            await p.send(topic, value, key=key)
+            if i % 20_000 == 0:
+                progress(f"produced {i}")
+        await p.flush()
+    finally:
+        await p.stop()
+
+
+def _log_items(settings: Settings):
+    rng = np.random.default_rng(1)
+    for i in range(RECORDS):
+        agent = f"agent{i % AGENTS}"
+        text = f"Record {i} of {agent}: the customer prefers option {i % 97} for shipping"
+        vec = rng.standard_normal(384).astype(np.float32)
+        vec /= np.linalg.norm(vec)
+        v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v)
+        r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
+                         tenant="bench", agent=agent, scope="AGENT", kind="fact", summary=text)
+        e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
+                        record=r)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+
+
+def _rebuild_child(prefix: str, data_dir: str) -> dict:
+    """Run both rebuilds in a child process, so its peak RSS is the projection's alone."""
+    code = f"""
+import asyncio, json, time
+from services.settings import Settings
+from workers.rebuild import rebuild_redis, rebuild_qdrant
+s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r})
+t0 = time.perf_counter(); asyncio.run(rebuild_redis(s)); t1 = time.perf_counter()
+asyncio.run(rebuild_qdrant(s)); t2 = time.perf_counter()
+print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1}}))
+"""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["peak_rss_mb"] = max(rss_kb, before) / 1024
+    return result
+
+
+async def _ledger_throughput() -> None:
+    settings = Settings(topic_prefix=f"benchledger{uuid.uuid4().hex[:6]}.")
+    await ensure_topics(settings)
+    cmds = [
+        AddMemory(command_id=f"c{i}", tenant="bench", agent=f"agent{i % 200}", issued_at=T0, session="s",
+                  summary=f"fact {i} about shipping option {i % 31}")
+        for i in range(COMMANDS_N)
+    ]
+    await _produce(settings, ((settings.topic(COMMANDS.name), COMMANDS.key_bytes(c), encode(c)) for c in cmds))
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from services.stack import stack_env
+
+    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "worker", "ledger"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
+    await c.start()
+    try:
+        tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+        while sum((await c.end_offsets(tps)).values()) < COMMANDS_N:  # markers add a few offsets
+            await asyncio.sleep(0.5)
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        first, last, n = None, None, 0
+        while n < COMMANDS_N:
+            for ms in (await c.getmany(timeout_ms=1000, max_records=5000)).values():
+                for m in ms:
+                    first = m.timestamp if first is None else min(first, m.timestamp)
+                    last = m.timestamp if last is None else max(last, m.timestamp)
+                    n += 1
+    finally:
+        await c.stop()
+        proc.terminate()
+        proc.wait()
+    secs = max((last - first) / 1000, 1e-3)
+    figure("ledger_commands_per_s", COMMANDS_N / secs, "commands/s", COMMANDS_N)
+
+
+async def run() -> None:
+    prefix = f"benchrebuild{uuid.uuid4().hex[:6]}."
+    data_dir = str(ROOT / ".run" / prefix.rstrip("."))
+    settings = Settings(topic_prefix=prefix, data_dir=data_dir)
+    await ensure_topics(settings)
+    t0 = time.perf_counter()
+    await _produce(settings, _log_items(settings))
+    progress(f"wrote {RECORDS} records and their vectors to the log in {time.perf_counter() - t0:.1f} s")
+    r = await asyncio.to_thread(_rebuild_child, prefix, data_dir)
+    total = r["redis_s"] + r["qdrant_s"]
+    figure("rebuild_records_per_s", RECORDS / total, "records/s", RECORDS,
+           redis_s=round(r["redis_s"], 2), qdrant_s=round(r["qdrant_s"], 2))
+    figure("rebuild_redis_records_per_s", RECORDS / r["redis_s"], "records/s", RECORDS)
+    figure("rebuild_qdrant_records_per_s", RECORDS / r["qdrant_s"], "records/s", RECORDS)
+    figure("projection_peak_rss_mb", r["peak_rss_mb"], "MB", RECORDS)
+    await _drop_namespace(settings)
+    await _ledger_throughput()
+
+
+async def _drop_namespace(settings: Settings) -> None:
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(settings.redis_url)
+    async for batch in _chunks(r.scan_iter(f"ml:{settings.topic_prefix}*", count=10_000), 10_000):
+        await r.delete(*batch)
+    await r.aclose()
+
+
+async def _chunks(it, n):
+    buf = []
+    async for x in it:
+        buf.append(x)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
