@@ -122,8 +122,27 @@ class ShardOwner:
             await self._stop(self.index, self.projection, self.task)
 
 
+class Extension:
+    """A feature served by the API process: its routes, and what it starts and stops.
+
+    `start` runs after the memory service exists (app.state.service, app.state.keys).
+    """
+
+    router: Any = None
+
+    async def start(self, app: FastAPI, settings: Settings) -> None: ...
+
+    async def stop(self, app: FastAPI) -> None: ...
+
+
+def extensions() -> list[Extension]:
+    """The extensions every API process serves. Add new features here."""
+    return []
+
+
 def build_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    exts = extensions()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -143,10 +162,14 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key)
         app.state.shards = shards
+        for ext in exts:
+            await ext.start(app, settings)
         log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)
         try:
             yield
         finally:
+            for ext in reversed(exts):
+                await ext.stop(app)
             watcher.cancel()
             await shards.close()
             await prod.stop()
@@ -272,4 +295,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def unpin_memory(rid: str, ctx: Ctx, s: Svc):
         return await s.pin(ctx, rid, False)
 
+    for ext in exts:
+        if ext.router is not None:
+            app.include_router(ext.router)
     return app
