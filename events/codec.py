@@ -9,6 +9,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from events.commands import Command
 from events.memory import MemoryEvent
 from events.turns import TurnEvent
+from events.usage import UsageEvent
 from events.vectors import VectorComputed
 
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {
@@ -16,6 +17,7 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     "memlane.memory.commands": TypeAdapter(Command),
     "memlane.memory.events": TypeAdapter(MemoryEvent),
     "memlane.vectors": TypeAdapter(VectorComputed),
+    "memlane.usage": TypeAdapter(UsageEvent),
 }
 
 

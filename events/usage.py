@@ -1,0 +1,59 @@
+"""`memlane.usage`, keyed by tenant/agent: model calls, embeddings, retrievals, audits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from events.base import Ident, Message_
+
+
+class _UsageBase(Message_):
+    usage_id: Ident
+    tenant: Ident
+    agent: Ident
+    occurred_at: datetime
+    session: Ident | None = None
+    execution_id: Ident | None = None
+    turn: int | None = None
+
+
+class ModelUsage(_UsageBase):
+    """One model or embedding call. Purpose `embed` is recorded but counted by no limit."""
+
+    type: Literal["ModelUsage"] = "ModelUsage"
+    purpose: Literal["memory", "consolidation", "embed"]
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_ms: float = 0.0
+    ok: bool = True
+    error: str | None = None
+
+
+class RetrievedItem(Message_):
+    id: str
+    version: int | None = None
+
+
+class Retrieved(_UsageBase):
+    """A search or recall whose results reached the model: a `RETRIEVED` output use."""
+
+    type: Literal["Retrieved"] = "Retrieved"
+    tool: Literal["search_memory", "recall", "search_history"]
+    recall: bool = False
+    conversation: str | None = None
+    items: list[RetrievedItem] = []
+
+
+class CandidateRefused(_UsageBase):
+    """The write-time filter refused an extraction candidate, with its reason."""
+
+    type: Literal["CandidateRefused"] = "CandidateRefused"
+    reason: str
+    summary_preview: str = ""
+
+
+UsageEvent = Annotated[Union[ModelUsage, Retrieved, CandidateRefused], Field(discriminator="type")]
