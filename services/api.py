@@ -14,7 +14,9 @@ import structlog
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from events.codec import from_validation_error
 
 from events.config import AgentConfig
 from events.record import Scope
@@ -43,6 +45,11 @@ class SearchRequest(_Body):
     after: str | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
     min_score: Annotated[float, Field(ge=-1, le=1)] | None = None
+
+
+class RecallRequest(_Body):
+    conversation: Annotated[str, Field(min_length=1, max_length=128)]
+    text: Annotated[str, Field(max_length=16_000)]
 
 
 class AddRequest(_Body):
@@ -186,6 +193,14 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def _api_error(request: Request, e: ApiError):
         return JSONResponse({"error": {"code": e.code, "field": e.field, "message": e.message}}, status_code=e.status)
 
+    @app.exception_handler(ValidationError)
+    async def _model_validation(request: Request, e: ValidationError):
+        # Contract models validate again inside the service (e.g. the 512-byte summary limit).
+        err = from_validation_error(e)
+        return JSONResponse(
+            {"error": {"code": "VALIDATION_FAILED", "field": err.field, "message": str(err)}}, status_code=422
+        )
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError):
         err = e.errors()[0]
@@ -257,7 +272,20 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/memory/search")
     async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
         res = await s.search(ctx, **body.model_dump())
+        await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
         return {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+
+    @app.post("/v1/recall")
+    async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
+        res = await s.recall(ctx, body.conversation, body.text)
+        return {
+            "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
+            "records": [record_out(r, sc) for r, sc in res.records],
+            "episodes": res.episodes,
+            "procedures": res.procedures,
+            "blocks": res.blocks,
+            "rendered": res.rendered,
+        }
 
     @app.post("/v1/memory", status_code=201)
     async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):

@@ -126,6 +126,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import os
+
+    from services.mcp_server import run_stdio
+
+    settings = get_settings()
+    key = args.key or os.environ.get("MEMLANE_API_KEY")
+    if not key:
+        print("memlane mcp: set MEMLANE_API_KEY (or --key) to the agent's API key", file=sys.stderr)
+        return 2
+    run_stdio(args.api_url or settings.api_url, key, args.session or os.environ.get("MEMLANE_SESSION"))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from services.demo import run_demo
 
@@ -158,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--from-offset", default=None, help="first offset, e.g. 1200 or 0=10,3=200 (default: start)")
     rp.add_argument("--to-offset", default=None, help="offset to stop before (default: the end)")
     rp.set_defaults(fn=cmd_replay)
+
+    m = sub.add_parser("mcp", help="serve the memory tools over MCP (stdio) for one agent key")
+    m.add_argument("--key", default=None, help="agent API key (default: MEMLANE_API_KEY)")
+    m.add_argument("--session", default=None, help="session id (default: MEMLANE_SESSION)")
+    m.add_argument("--api-url", default=None, help="memlane API (default: MEMLANE_API_URL)")
+    m.set_defaults(fn=cmd_mcp)
 
     d = sub.add_parser("demo", help="start everything, store a sample conversation, search it, stop")
     d.set_defaults(fn=cmd_demo)

@@ -99,6 +99,9 @@ class MemlaneClient:
                  for r in data["records"]]
         return found, data["next_cursor"]
 
+    async def recall(self, conversation: str, text: str) -> dict[str, Any]:
+        return await self._call("POST", "/v1/recall", json={"conversation": conversation, "text": text})
+
     async def read_memory(self, rid: str, version: int | None = None) -> MemoryRecord:
         params = {"version": version} if version else {}
         return MemoryRecord.model_validate(await self._call("GET", f"/v1/memory/{rid}", params=params))

@@ -19,10 +19,12 @@ from events.codec import encode
 from events.commands import AddMemory, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
 from events.config import AgentConfig
 from events.record import MemoryRecord, Provenance, Scope, Source, Status
-from events.topics import COMMANDS
+from events.topics import COMMANDS, USAGE
+from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
 from projections.qdrant_index import EdgeIndex, SearchFilter
 from projections.records import encode_cursor, sort_score
+from services.recall_render import pinned_within_budget, render
 from projections.redis_records import RedisRecords
 from services.auth import Principal
 from services.settings import Settings
@@ -71,6 +73,19 @@ class Context:
 class SearchResult:
     records: list[tuple[MemoryRecord, float | None]]
     next_cursor: str | None
+
+
+@dataclass
+class RecallResult:
+    pinned: list[MemoryRecord]
+    records: list[tuple[MemoryRecord, float | None]]
+    rendered: str
+    episodes: list[str]
+    procedures: list[str]
+    blocks: list[str]
+
+
+RECALLED_TTL_S = 7 * 24 * 3600
 
 
 class MemoryService:
@@ -151,7 +166,7 @@ class MemoryService:
         )
         mode = mode or cfg.memory.search.mode
         min_score = cfg.memory.search.min_score if min_score is None else min_score
-        dense = None if mode == "lexical" else (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        dense = None if mode == "lexical" else await self._embed_query(ctx, query)
         hits = await asyncio.to_thread(self.index.search, f, dense, query, limit, mode, min_score)
         recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
         by_id = {r.id: r for r in recs}
@@ -163,6 +178,70 @@ class MemoryService:
             and self.visible(by_id[h.record_id], ctx, scopes)
         ]
         return SearchResult(out, None)
+
+    async def _embed_query(self, ctx: Context, query: str) -> list[float]:
+        t0 = asyncio.get_running_loop().time()
+        vec = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        await self.record_usage(
+            ModelUsage(
+                **self._usage_base(ctx),
+                purpose="embed",
+                model=self.embedder.model_id,
+                input_tokens=len(query.split()),
+                latency_ms=(asyncio.get_running_loop().time() - t0) * 1000,
+            )
+        )
+        return vec
+
+    def _usage_base(self, ctx: Context) -> dict[str, Any]:
+        return dict(
+            usage_id=str(uuid.uuid4()),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            occurred_at=utcnow(),
+            session=ctx.session,
+            execution_id=ctx.execution_id,
+            turn=ctx.turn,
+        )
+
+    async def record_usage(self, usage: Any) -> None:
+        await self.producer.send(self.settings.topic(USAGE.name), encode(usage), key=USAGE.key_bytes(usage))
+
+    async def record_retrieved(
+        self, ctx: Context, tool: str, records: list[MemoryRecord], conversation: str | None = None
+    ) -> None:
+        if records:
+            await self.record_usage(
+                Retrieved(
+                    **self._usage_base(ctx),
+                    tool=tool,
+                    recall=tool == "recall",
+                    conversation=conversation,
+                    items=[RetrievedItem(id=r.id, version=r.version) for r in records],
+                )
+            )
+
+    async def recall(self, ctx: Context, conversation: str, text: str) -> RecallResult:
+        """What the agent should remember before its next model call (seed 000)."""
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        if not cfg.memory.enabled:
+            return RecallResult([], [], render([], []), [], [], [])
+        pinned_all = [r for r in await self.records.pinned(ctx.tenant, ctx.agent) if self.visible(
+            r, ctx, self.readable_scopes(cfg, ctx.session))]
+        pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
+        found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2)
+        key = f"{self.records.root}recalled:{ctx.tenant}/{ctx.agent}:{conversation}"
+        pinned_ids = {r.id for r in pinned}
+        fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
+        if fresh:
+            seen = await self.records.r.smismember(key, [f"{r.id}:{r.version}" for r, _ in fresh])
+            fresh = [x for x, was in zip(fresh, seen) if not was]
+        fresh = fresh[: cfg.memory.search.max_results]
+        if fresh:
+            await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r, _ in fresh])
+            await self.records.r.expire(key, RECALLED_TTL_S)
+            await self.record_retrieved(ctx, "recall", [r for r, _ in fresh], conversation)
+        return RecallResult(pinned, fresh, render(pinned, [r for r, _ in fresh]), [], [], [])
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         def wanted(r: MemoryRecord) -> bool:
