@@ -73,6 +73,29 @@ class Hit:
     payload: dict[str, Any]
 
 
+def payload_of(r: MemoryRecord) -> dict[str, Any]:
+    # Flags are keyword strings: the Edge bindings turn a Python bool in MatchValue into an integer.
+    return {
+        "record_id": r.id,
+        "tenant": r.tenant,
+        "agent": r.agent,
+        "scope": r.scope.value,
+        "session": r.session or "",
+        "kind": r.kind,
+        "labels": label_terms(r.labels),
+        "visibility": "preview" if r.preview else "live",
+        "shadowed": "no",
+        "version": r.version,
+        "created_ms": int(r.created.timestamp() * 1000),
+    }
+
+
+def rank(hits: list[Hit], limit: int) -> list[Hit]:
+    """Best score first; newer records win ties."""
+    hits.sort(key=lambda h: (-round(h.score, 9), -h.created_ms))
+    return hits[:limit]
+
+
 class EdgeIndex:
     """Owns one Edge shard directory. An Edge shard belongs to one process."""
 
@@ -95,36 +118,18 @@ class EdgeIndex:
 
     def _create_indexes(self) -> None:
         self.shard.update(UpdateOperation.create_field_index("agent", KeywordIndexParams(is_tenant=True)))
-        # Flags are keywords: the Edge bindings turn a Python bool in MatchValue into an integer.
         for f in ("tenant", "scope", "session", "kind", "labels", "record_id", "visibility", "shadowed"):
             self.shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
         self.shard.update(UpdateOperation.create_field_index("created_ms", PayloadSchemaType.Integer))
 
     # ------------------------------------------------------------------ write side
 
-    def payload(self, r: MemoryRecord) -> dict[str, Any]:
-        return {
-            "record_id": r.id,
-            "tenant": r.tenant,
-            "agent": r.agent,
-            "scope": r.scope.value,
-            "session": r.session or "",
-            "kind": r.kind,
-            "labels": label_terms(r.labels),
-            "status": r.status.value,
-            "visibility": "preview" if r.preview else "live",
-            "shadowed": "no",
-            "version": r.version,
-            "created_ms": int(r.created.timestamp() * 1000),
-            "summary": r.summary,
-        }
-
     def upsert(self, items: list[tuple[MemoryRecord, list[float]]]) -> None:
         points = [
             Point(
                 point_id(r.id),
                 {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)},
-                self.payload(r),
+                payload_of(r),
             )
             for r, vec in items
         ]
@@ -142,11 +147,6 @@ class EdgeIndex:
         with self._lock:
             flag = "yes" if shadowed else "no"
             self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
-
-    def versions(self, record_ids: list[str]) -> dict[str, int]:
-        with self._lock:
-            recs = self.shard.retrieve([point_id(i) for i in record_ids], ["record_id", "version"], False)
-        return {p.payload["record_id"]: p.payload["version"] for p in recs}
 
     def flush(self) -> None:
         with self._lock:
@@ -228,10 +228,7 @@ class EdgeIndex:
             )
         with self._lock:
             points = self.shard.query(req)
-        hits = [Hit(p.payload["record_id"], p.score, p.payload["created_ms"], p.payload) for p in points]
-        # Newer records win ties.
-        hits.sort(key=lambda h: (-round(h.score, 9), -h.created_ms))
-        return hits[:limit]
+        return rank([Hit(p.payload["record_id"], p.score, p.payload["created_ms"], p.payload) for p in points], limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

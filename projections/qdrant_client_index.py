@@ -1,0 +1,131 @@
+"""qdrant-client adapter of the vector-index port: a Qdrant server (QDRANT_URL), or
+qdrant-client's local mode for contract tests. Same points, payload and ranking as
+`EdgeIndex`, so either can serve search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qdrant_client import QdrantClient, models
+
+from events.record import MemoryRecord
+from projections.qdrant_index import DENSE, SPARSE, Hit, Mode, SearchFilter, payload_of, point_id, rank
+
+
+class ClientIndex:
+    def __init__(self, client: QdrantClient, collection: str, dim: int = 384) -> None:
+        from qdrant_edge import Bm25, Bm25Config
+
+        self.client = client
+        self.collection = collection
+        self.bm25 = Bm25(Bm25Config())
+        if not client.collection_exists(collection):
+            client.create_collection(
+                collection,
+                vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+                sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+            )
+            client.create_payload_index(
+                collection,
+                "agent",
+                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
+            )
+            for f in ("tenant", "scope", "session", "kind", "labels", "record_id", "visibility", "shadowed"):
+                client.create_payload_index(collection, f, models.PayloadSchemaType.KEYWORD)
+            client.create_payload_index(collection, "created_ms", models.PayloadSchemaType.INTEGER)
+
+    @classmethod
+    def connect(cls, url: str | None, collection: str, path: str | None = None) -> "ClientIndex":
+        client = QdrantClient(url=url) if url else QdrantClient(path=path) if path else QdrantClient(":memory:")
+        return cls(client, collection)
+
+    def _sparse(self, sv: Any) -> models.SparseVector:
+        return models.SparseVector(indices=list(sv.indices), values=list(sv.values))
+
+    def upsert(self, items: list[tuple[MemoryRecord, list[float]]]) -> None:
+        if not items:
+            return
+        points = [
+            models.PointStruct(
+                id=point_id(r.id),
+                vector={DENSE: list(vec), SPARSE: self._sparse(self.bm25.embed_document(r.text))},
+                payload=payload_of(r),
+            )
+            for r, vec in items
+        ]
+        self.client.upsert(self.collection, points, wait=True)
+
+    def delete(self, record_ids: list[str]) -> None:
+        if record_ids:
+            self.client.delete(self.collection, models.PointIdsList(points=[point_id(i) for i in record_ids]))
+
+    def set_shadowed(self, record_id: str, shadowed: bool) -> None:
+        self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"}, [point_id(record_id)])
+
+    def count(self) -> int:
+        return self.client.count(self.collection, exact=True).count
+
+    def flush(self) -> None:
+        """Writes are acknowledged durably by the server (wait=True)."""
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _filter(self, f: SearchFilter) -> models.Filter:
+        must: list[Any] = [
+            models.FieldCondition(key="agent", match=models.MatchValue(value=f.agent)),
+            models.FieldCondition(key="tenant", match=models.MatchValue(value=f.tenant)),
+        ]
+        should: list[Any] = []
+        if "AGENT" in f.scopes:
+            should.append(models.FieldCondition(key="scope", match=models.MatchValue(value="AGENT")))
+        if "SESSION" in f.scopes and f.session:
+            should.append(
+                models.Filter(
+                    must=[
+                        models.FieldCondition(key="scope", match=models.MatchValue(value="SESSION")),
+                        models.FieldCondition(key="session", match=models.MatchValue(value=f.session)),
+                    ]
+                )
+            )
+        if not should:
+            must.append(models.FieldCondition(key="record_id", match=models.MatchValue(value="\x00none")))
+        must_not: list[Any] = []
+        if f.preview:
+            must_not.append(models.FieldCondition(key="shadowed", match=models.MatchValue(value="yes")))
+        else:
+            must.append(models.FieldCondition(key="visibility", match=models.MatchValue(value="live")))
+        if f.kind:
+            must.append(models.FieldCondition(key="kind", match=models.MatchValue(value=f.kind)))
+        for k, v in f.labels:
+            must.append(models.FieldCondition(key="labels", match=models.MatchValue(value=f"{k}={v}")))
+        if f.ids:
+            must.append(models.FieldCondition(key="record_id", match=models.MatchAny(any=list(f.ids))))
+        return models.Filter(must=must, should=should or None, must_not=must_not or None)
+
+    def search(
+        self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode = "hybrid",
+        min_score: float = 0.0,
+    ) -> list[Hit]:
+        flt = self._filter(f)
+        depth = max(limit * 4, 20)
+        sparse = self._sparse(self.bm25.embed_query(text))
+        if mode == "lexical":
+            res = self.client.query_points(self.collection, query=sparse, using=SPARSE, query_filter=flt,
+                                           limit=depth, with_payload=True)
+        elif mode == "vector":
+            res = self.client.query_points(self.collection, query=dense, using=DENSE, query_filter=flt, limit=depth,
+                                           with_payload=True, score_threshold=min_score)
+        else:
+            res = self.client.query_points(
+                self.collection,
+                prefetch=[
+                    models.Prefetch(query=dense, using=DENSE, filter=flt, limit=depth, score_threshold=min_score),
+                    models.Prefetch(query=sparse, using=SPARSE, filter=flt, limit=depth),
+                ],
+                query=models.RrfQuery(rrf=models.Rrf(k=60)),
+                limit=depth,
+                with_payload=True,
+            )
+        return rank([Hit(p.payload["record_id"], p.score, p.payload["created_ms"], p.payload) for p in res.points],
+                    limit)

@@ -1,0 +1,98 @@
+"""One suite for the vector-index port: Qdrant Edge, qdrant-client local mode, and a
+Qdrant server when QDRANT_URL is set."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from events.record import MemoryRecord
+from projections.embedder import OnnxMiniLM
+from projections.qdrant_client_index import ClientIndex
+from projections.qdrant_index import EdgeIndex, SearchFilter
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+EMBEDDER = OnnxMiniLM()
+ADAPTERS = ["edge", "client-local"] + (["server"] if os.environ.get("QDRANT_URL") else [])
+
+
+@pytest.fixture(params=ADAPTERS)
+def index(request, tmp_path):
+    if request.param == "edge":
+        idx = EdgeIndex(tmp_path / "shard")
+    elif request.param == "client-local":
+        idx = ClientIndex.connect(None, "memory", path=str(tmp_path / "local"))
+    else:
+        idx = ClientIndex.connect(os.environ["QDRANT_URL"], f"contract_{uuid.uuid4().hex[:8]}")
+    yield idx
+    idx.close()
+
+
+def rec(rid, summary, minute=0, **kw):
+    base = dict(id=rid, version=1, created=T0 + timedelta(minutes=minute), modified=T0, tenant="t", agent="a",
+                scope="AGENT", kind="fact", summary=summary)
+    base.update(kw)
+    return MemoryRecord(**base)
+
+
+def put(index, *records):
+    vecs = EMBEDDER.embed([r.text for r in records])
+    index.upsert(list(zip(records, vecs)))
+
+
+def flt(**kw):
+    base = dict(tenant="t", agent="a", scopes=("AGENT", "SESSION"), session="s1", preview=False)
+    base.update(kw)
+    return SearchFilter(**base)
+
+
+def search(index, text, mode="hybrid", f=None, limit=5, min_score=0.0):
+    dense = None if mode == "lexical" else EMBEDDER.embed([text])[0]
+    return [h.record_id for h in index.search(f or flt(), dense, text, limit, mode, min_score)]
+
+
+def test_modes_find_identifiers_and_paraphrases(index):
+    put(index, rec("id", "Ticket INC-40417 was escalated"), rec("para", "The customer is furious about the late parcel"),
+        rec("other", "Quarterly revenue grew"))
+    assert search(index, "INC-40417", "lexical")[0] == "id"
+    assert search(index, "client angry delivery delayed", "vector")[0] == "para"
+    assert search(index, "client angry delivery delayed", "lexical") == []
+    assert search(index, "INC-40417")[0] == "id"
+    assert search(index, "client angry delivery delayed")[0] == "para"
+    assert search(index, "client angry delivery delayed", "vector", min_score=0.95) == []
+
+
+def test_filters_isolate_agent_session_preview_kind_and_labels(index):
+    put(index,
+        rec("mine", "shared fact alpha"),
+        rec("other-agent", "shared fact alpha", agent="b"),
+        rec("other-tenant", "shared fact alpha", tenant="u"),
+        rec("s2", "shared fact alpha", scope="SESSION", session="s2"),
+        rec("s1", "shared fact alpha", scope="SESSION", session="s1", kind="event", labels={"customer": "42"}),
+        rec("draft", "shared fact alpha", preview=True))
+    assert sorted(search(index, "alpha", "lexical", limit=10)) == ["mine", "s1"]
+    assert sorted(search(index, "alpha", "lexical", flt(preview=True), limit=10)) == ["draft", "mine", "s1"]
+    assert search(index, "alpha", "lexical", flt(kind="event")) == ["s1"]
+    assert search(index, "alpha", "lexical", flt(labels=(("customer", "42"),))) == ["s1"]
+    assert search(index, "alpha", "lexical", flt(scopes=("AGENT",))) == ["mine"]
+    assert search(index, "alpha", "lexical", flt(scopes=())) == []
+
+
+def test_newer_wins_ties_and_upsert_replaces(index):
+    put(index, rec("old", "alpha code red", minute=1), rec("new", "alpha code blue", minute=2))
+    assert search(index, "alpha", "lexical") == ["new", "old"]
+    put(index, rec("old", "beta only now", minute=1, version=2))
+    assert search(index, "alpha", "lexical") == ["new"]
+    assert index.count() == 2
+
+
+def test_delete_and_shadow(index):
+    put(index, rec("live", "gamma fact"), rec("gone", "gamma fact too"))
+    index.delete(["gone"])
+    assert search(index, "gamma", "lexical") == ["live"]
+    index.set_shadowed("live", True)
+    assert search(index, "gamma", "lexical", flt(preview=True)) == []
+    assert search(index, "gamma", "lexical") == ["live"]
