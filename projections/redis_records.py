@@ -48,6 +48,20 @@ return applied
 """
 
 
+def connect(url: str) -> aioredis.Redis:
+    """A client that reconnects and retries a few times when Redis restarts under it."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return aioredis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
+        retry_on_error=[ConnectionError, TimeoutError],
+    )
+
+
 class RedisRecords:
     def __init__(self, client: aioredis.Redis, generation: int | None = None, namespace: str = "") -> None:
         self.r = client
@@ -58,7 +72,7 @@ class RedisRecords:
 
     @classmethod
     def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> "RedisRecords":
-        return cls(aioredis.from_url(url, decode_responses=True), generation, namespace)
+        return cls(connect(url), generation, namespace)
 
     async def generation(self) -> int:
         if self.fixed_generation is not None:

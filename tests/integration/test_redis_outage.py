@@ -1,0 +1,138 @@
+"""Stop Redis under a running projection, start it again: the worker retries with
+backoff, commits no offset past the failure, and catches up with nothing lost or doubled."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from events import RecordAdded, RecordDeleted, encode
+from events.record import MemoryRecord, Status
+from events.topics import EVENTS
+from projections.records import MemoryFold
+from projections.redis_records import RedisRecords
+from services.stack import Stack, stack_env
+from tests.conftest import eventually
+from workers.kafka_io import ensure_topics
+
+T0 = datetime(2026, 2, 1, tzinfo=timezone.utc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivateRedis:
+    """A real redis-server of this test's own, so stopping it disturbs nothing else."""
+
+    def __init__(self, tmp_path) -> None:
+        self.port, self.dir = free_port(), tmp_path / "redis"
+        self.dir.mkdir()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        subprocess.run(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "yes",
+             "--pidfile", str(self.dir / "pid"), "--logfile", str(self.dir / "log")],
+            check=True,
+        )
+
+    def ping(self) -> bool:
+        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() == b"PONG"
+
+    def stop(self) -> None:
+        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True)
+
+
+def events_for(tenant: str, n: int, start: int = 0) -> list:
+    out = []
+    for i in range(start, start + n):
+        r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0, tenant=tenant,
+                         agent="a", scope="AGENT", kind="fact", summary=f"fact {i}")
+        out.append(RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant=tenant, agent="a", occurred_at=T0,
+                               record=r))
+        if i % 5 == 0:
+            gone = r.model_copy(update={"version": 2, "status": Status.DELETED})
+            out.append(RecordDeleted(event_id=f"d{i}", command_id=f"x{i}", tenant=tenant, agent="a", occurred_at=T0,
+                                     record=gone))
+    return out
+
+
+async def test_projection_survives_a_redis_outage(settings, infra, tmp_path):
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    await eventually(redis.ping, timeout=10)
+    prefix = f"{settings.topic_prefix}outage{uuid.uuid4().hex[:4]}."
+    topic = prefix + EVENTS.name
+    tenant = f"out{uuid.uuid4().hex[:6]}"
+    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, REDIS_URL=redis.url, **{k: v for k, v in infra.items()
+                                                                         if k != "REDIS_URL"})
+    stack = Stack(env, tmp_path / "logs")
+    await ensure_topics(settings.model_copy(update={"topic_prefix": prefix}))
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    view = RedisRecords.from_url(redis.url, namespace=prefix)
+    group = f"{settings.group_prefix}.{prefix}redis-projection"
+    try:
+        stack.start("redis-projection")
+        first, second = events_for(tenant, 500), events_for(tenant, 500, start=500)
+        for e in first:
+            await producer.send(topic, encode(e), key=EVENTS.key_bytes(e))
+        await producer.flush()
+
+        async def some_applied():
+            return await view.get(tenant, "a", "r499") is not None
+
+        await eventually(some_applied, timeout=60)
+        redis.stop()
+        for e in second:
+            await producer.send(topic, encode(e), key=EVENTS.key_bytes(e))
+        await producer.flush()
+
+        log = tmp_path / "logs" / "redis-projection.log"
+        await eventually(lambda: "dependency_unavailable_retrying" in log.read_text(), timeout=30)
+        # While Redis is down, no offset moves past what Redis holds.
+        committed = await _committed(settings.kafka_bootstrap, group, topic)
+        assert sum(committed.values()) <= len(first) + 100  # deletes in `first` add 100 events
+        redis.start()
+
+        fold = MemoryFold()
+        await fold.apply(first + second)
+
+        async def caught_up():
+            for (t, a, rid), v in fold.current.items():
+                r = await view.get(t, a, rid)
+                if r is None or r.version != v:
+                    return False
+            return True
+
+        await eventually(caught_up, timeout=60, interval=0.5)
+        for i in (0, 5, 499, 500, 505, 999):
+            assert await view.history(tenant, "a", f"r{i}") == await fold.history(tenant, "a", f"r{i}")
+        page = await view.page(tenant, "a", 2000)
+        assert [r.id for r in page.records] == [r.id for r in (await fold.page(tenant, "a", 2000)).records]
+    finally:
+        stack.stop()
+        await producer.stop()
+        await view.aclose()
+        redis.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        out = {}
+        for p in range(EVENTS.partitions):
+            off = await c.committed(TopicPartition(topic, p))
+            out[p] = off or 0
+        return out
+    finally:
+        await c.stop()
