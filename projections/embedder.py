@@ -65,9 +65,14 @@ class OnnxMiniLM:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        out: list[list[float]] = []
-        for start in range(0, len(texts), 64):
-            out.extend(self._embed_batch(texts[start : start + 64]))
+        # Batch texts of similar length: padding a short text to a long one's length costs
+        # attention work that is then thrown away.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: list[list[float]] = [[] for _ in texts]
+        for start in range(0, len(order), 32):
+            idx = order[start : start + 32]
+            for i, vec in zip(idx, self._embed_batch([texts[i] for i in idx])):
+                out[i] = vec
         return out
 
     def _embed_batch(self, texts: Sequence[str]) -> list[list[float]]:
@@ -83,3 +88,23 @@ class OnnxMiniLM:
         pooled = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
         pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return pooled.astype(np.float32).tolist()
+
+
+def make_embedder(settings) -> Embedder:
+    """The embedder the settings choose: `MEMLANE_EMBEDDINGS=openai` or the local default."""
+    if settings.embeddings == "openai":
+        from projections.openai_embedder import OpenAIEmbedder
+
+        return OpenAIEmbedder(
+            settings.openai_base_url, settings.openai_api_key, settings.embedding_model, settings.embedding_dim
+        )
+    if settings.embeddings != "local":
+        raise ValueError(f"embeddings: {settings.embeddings!r} is not one of 'local', 'openai'")
+    return OnnxMiniLM()
+
+
+def embedder_model_id(settings) -> str:
+    """The model id vectors carry, without loading the model (the Qdrant projection joins on it)."""
+    if settings.embeddings == "openai":
+        return f"openai:{settings.embedding_model}:{settings.embedding_dim}"
+    return MODEL_ID

@@ -32,13 +32,17 @@ def encode_cursor(score: float, rid: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([score, rid]).encode()).decode().rstrip("=")
 
 
+class CursorError(ValueError):
+    """A paging cursor this service did not issue."""
+
+
 def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         pad = "=" * (-len(cursor) % 4)
         score, rid = json.loads(base64.urlsafe_b64decode(cursor + pad))
         return float(score), str(rid)
     except Exception as e:
-        raise ValueError("after: not a cursor this API returned; pass next_cursor from the previous page") from e
+        raise CursorError("not a cursor this API returned; pass next_cursor from the previous page") from e
 
 
 @dataclass

@@ -9,22 +9,23 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-import redis.asyncio as aioredis
 import structlog
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.codec import from_validation_error
 
 from events.config import AgentConfig
 from events.record import Scope
-from projections.embedder import OnnxMiniLM
+from projections.embedder import make_embedder
 from projections.qdrant_index import EdgeIndex
+from projections.records import CursorError
 from projections.redis_records import RedisRecords
+from projections.redis_records import connect as connect_redis
 from services.auth import KeyStore, Principal
-from services.memory_service import ApiError, Context, MemoryService
+from services.memory_service import EMBED_MS, ApiError, Context, MemoryService
 from services.settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.qdrant_projection import QdrantProjection, current_generation, shard_path
@@ -144,7 +145,7 @@ class Extension:
 
 def extensions() -> list[Extension]:
     """The extensions every API process serves. Add new features here."""
-    return []
+    return [__import__("services.history_api", fromlist=["HistoryExtension"]).HistoryExtension()]
 
 
 def build_app(settings: Settings | None = None) -> FastAPI:
@@ -155,13 +156,13 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         await wait_for_broker(settings)
         await ensure_topics(settings)
-        redis_client = aioredis.from_url(settings.redis_url, decode_responses=True)
+        redis_client = connect_redis(settings.redis_url)
         await redis_client.ping()
         shards = ShardOwner(settings)
         await shards.open(current_generation(settings))
         prod = producer(settings)
         await prod.start()
-        embedder = OnnxMiniLM()
+        embedder = make_embedder(settings)
         await asyncio.to_thread(embedder.embed, ["warm up"])
         service = MemoryService(settings, RedisRecords(redis_client, namespace=settings.topic_prefix), shards.index, embedder, prod, shards.projection)
         shards.on_swap = lambda owner: service.use_shard(owner.index, owner.projection)
@@ -192,6 +193,11 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
         return JSONResponse({"error": {"code": e.code, "field": e.field, "message": e.message}}, status_code=e.status)
+
+    @app.exception_handler(CursorError)
+    async def _cursor(request: Request, e: CursorError):
+        return JSONResponse({"error": {"code": "VALIDATION_FAILED", "field": "after", "message": f"after: {e}"}},
+                            status_code=422)
 
     @app.exception_handler(ValidationError)
     async def _model_validation(request: Request, e: ValidationError):
@@ -276,8 +282,9 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         return {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
 
     @app.post("/v1/recall")
-    async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
+    async def recall(body: RecallRequest, ctx: Ctx, s: Svc, response: Response):
         res = await s.recall(ctx, body.conversation, body.text)
+        response.headers["Server-Timing"] = f"embed;dur={EMBED_MS.get():.2f}"
         return {
             "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
             "records": [record_out(r, sc) for r, sc in res.records],

@@ -14,6 +14,7 @@ WORKERS = {
     "ledger": "workers.ledger:LedgerProcessor",
     "embedding": "workers.embedding:EmbeddingWorker",
     "redis-projection": "workers.redis_projection:RedisProjection",
+    "history": "workers.history:HistoryProjector",
 }
 
 

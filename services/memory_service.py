@@ -8,6 +8,7 @@ here, on top of the filters the index applies.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,8 @@ class RecallResult:
 
 
 RECALLED_TTL_S = 7 * 24 * 3600
+# Time spent embedding the query in this request, for the Server-Timing header.
+EMBED_MS: contextvars.ContextVar[float] = contextvars.ContextVar("embed_ms", default=0.0)
 
 
 class MemoryService:
@@ -182,6 +185,7 @@ class MemoryService:
     async def _embed_query(self, ctx: Context, query: str) -> list[float]:
         t0 = asyncio.get_running_loop().time()
         vec = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        EMBED_MS.set((asyncio.get_running_loop().time() - t0) * 1000)
         await self.record_usage(
             ModelUsage(
                 **self._usage_base(ctx),

@@ -33,6 +33,17 @@ class Settings(BaseSettings):
     openai_api_key: str = Field(default="", validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="", validation_alias="OPENAI_BASE_URL")
     model: str = "gpt-4o-mini"
+    # Model calls (extraction): per-call timeout, retries after the first call, backoff base.
+    model_timeout_s: float = 30.0
+    model_retries: int = 3
+    model_backoff_s: float = 0.5
+    # Embeddings: "local" (ONNX MiniLM, offline) or "openai" (/v1/embeddings at OPENAI_BASE_URL).
+    embeddings: str = "local"
+    embedding_model: str = "text-embedding-3-small"
+    # The Qdrant collection is 384-dimensional; served models are asked for this many dimensions.
+    embedding_dim: int = 384
+    # How long the extraction worker trusts an agent's configuration read from the API.
+    config_cache_s: float = 2.0
     turn_timeout_s: float = 600.0
 
     @model_validator(mode="after")

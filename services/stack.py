@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-PIPELINE = ("extraction", "ledger", "embedding", "redis-projection")
+PIPELINE = ("extraction", "ledger", "embedding", "redis-projection", "history")
 
 
 @dataclass

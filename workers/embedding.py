@@ -18,7 +18,7 @@ from events.memory import RECORD_EVENTS
 from events.record import Status
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
-from projections.embedder import OnnxMiniLM, content_hash
+from projections.embedder import content_hash, make_embedder
 from workers.runtime import Out, Processor
 
 log = structlog.get_logger()
@@ -30,7 +30,7 @@ class EmbeddingWorker(Processor):
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
-        self.embedder = embedder or OnnxMiniLM()
+        self.embedder = embedder or make_embedder(settings)
         self.cache: OrderedDict[str, list[float]] = OrderedDict()
         self.todo: dict[str, str] = {}
 

@@ -1,25 +1,50 @@
-"""The extraction worker: reads `memlane.turns`, forwards outcomes to the ledger.
+"""The extraction worker: reads `memlane.turns`, forwards outcomes, reviews committed turns.
 
-Each turn's outcome goes to the ledger as a TurnOutcome command keyed by agent, so the
-ledger never reads `memlane.turns`. add_memory tool calls carried in a committed turn
-become AddMemory commands staged on that turn. Model-made extraction builds on this.
+- Each turn's outcome goes to the ledger as a TurnOutcome command keyed by agent, so the
+  ledger never reads `memlane.turns`. add_memory tool calls carried in a committed turn
+  become AddMemory commands staged on that turn.
+- With a model configured, a committed turn of an agent with memory enabled is reviewed
+  when its cadence is due (`workers.extraction_state`): the window of unreviewed
+  messages and the most similar existing memories (from the search API, under integer
+  handles) go to the model in one call, and its add/replace/delete decisions become
+  commands staged on the turn, after the write-time filter (`workers.write_filter`).
+- Everything a turn produces (tool writes, proposals, usage, refusals, the outcome) goes
+  out in one Kafka transaction with the input offset. A crash before it commits leaves
+  nothing; the turn is processed again with the same command ids (turn event id, attempt,
+  candidate index), so it is never extracted twice in effect.
+- When the model keeps failing (timeouts, 429s, 5xx, malformed output after one repair),
+  the turn goes to `memlane.turns.dlq` for the review only: its outcome and tool writes
+  are still forwarded in the same transaction, and none of its proposals are. Holding the
+  outcome back instead would leave the agent's own writes staged forever on a model
+  outage; the DLQ copy is enough to run the review again later, and re-forwarding the
+  outcome then is harmless (the ledger resolves a turn once).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import time
 import uuid
 from typing import Any
 
+import httpx
+import redis.asyncio as aioredis
 import structlog
 from pydantic import ValidationError
 
 from events.base import utcnow
-from events.commands import AddMemory, TurnOutcome
-from events.record import Provenance, Source
-from events.topics import COMMANDS, TURNS
-from events.turns import TurnCommitted, TurnRolledBack
 from events.codec import encode
-from workers.runtime import Out, Processor
+from events.commands import AddMemory, TurnOutcome
+from events.config import AgentConfig
+from events.record import MemoryRecord, Provenance, Source
+from events.topics import COMMANDS, TURNS, USAGE, session_key
+from events.turns import TurnCommitted, TurnRolledBack
+from events.usage import CandidateRefused
+from workers import extraction_review as review
+from workers.extraction_state import ReviewState
+from workers.model_client import CallContext, ModelClient, ModelFailed
+from workers.runtime import DeadLetter, Out, Processor, Transient
 
 log = structlog.get_logger()
 NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")
@@ -84,15 +109,123 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
     )
 
 
+class ApiReader:
+    """What the worker reads through the HTTP API, as the agent's operator: the agent's
+    configuration and its most similar memories. It never opens the index itself."""
+
+    def __init__(self, settings) -> None:
+        self.ttl = settings.config_cache_s
+        self.http = httpx.AsyncClient(
+            base_url=settings.api_url,
+            headers={"Authorization": f"Bearer {settings.operator_key}"},
+            timeout=30.0,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self.configs: dict[str, tuple[float, AgentConfig]] = {}
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, headers: dict[str, str], **kw: Any) -> Any:
+        try:
+            resp = await self.http.request(method, path, headers=headers, **kw)
+        except httpx.TransportError as e:
+            raise Transient(f"API unreachable at {self.http.base_url}: {type(e).__name__}") from e
+        if resp.status_code >= 500:
+            raise Transient(f"API answered {resp.status_code} for {path}")
+        resp.raise_for_status()
+        return resp.json()
+
+    async def config(self, tenant: str, agent: str) -> AgentConfig:
+        # Cached briefly: a configuration change reaches extraction within `config_cache_s`.
+        key = f"{tenant}/{agent}"
+        hit = self.configs.get(key)
+        if hit and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        cfg = AgentConfig.model_validate(await self._call("GET", "/v1/config", {"X-Tenant": tenant, "X-Agent": agent}))
+        self.configs[key] = (time.monotonic(), cfg)
+        if len(self.configs) > 10_000:
+            self.configs.pop(next(iter(self.configs)))
+        return cfg
+
+    async def similar(self, turn: TurnCommitted, queries: list[str]) -> list[MemoryRecord]:
+        headers = {"X-Tenant": turn.tenant, "X-Agent": turn.agent}
+        if turn.session:
+            headers["X-Session"] = turn.session
+        if turn.preview:
+            headers["X-Preview"] = "true"
+
+        async def one(q: str) -> list[MemoryRecord]:
+            body = {"query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}
+            data = await self._call("POST", "/v1/memory/search", headers, json=body)
+            return [MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}) for r in data["records"]]
+
+        found = await asyncio.gather(*(one(q) for q in queries))
+        # Interleave by rank, so each message's best match gets a handle before anyone's third.
+        out: list[MemoryRecord] = []
+        for rank in range(review.SIMILAR_PER_MESSAGE):
+            out.extend(f[rank] for f in found if len(f) > rank)
+        return out
+
+
+def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
+    # PII and secrets are refused precisely because their text must not be kept: no preview.
+    preview = "" if r.reason in ("pii", "secret") else r.summary[:80]
+    return CandidateRefused(
+        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/refused/{turn.attempt}/{r.index}")),
+        tenant=turn.tenant,
+        agent=turn.agent,
+        occurred_at=turn.occurred_at,
+        session=turn.session,
+        execution_id=turn.execution_id,
+        turn=turn.turn,
+        reason=f"{r.reason}: {r.detail}",
+        summary_preview=preview,
+    )
+
+
 class ExtractionProcessor(Processor):
     name = "extraction"
     sources = (TURNS.name,)
     transactional = True
+    concurrent_keys = True  # sessions are reviewed in parallel; a session's turns in order
 
-    async def process(self, source: str, partition: int, offset: int, turn: Any) -> list[Out]:
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.model: ModelClient | None = None
+        self.api: ApiReader | None = None
+        self.redis = None
+        self.state: ReviewState | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        if not s.model_configured:
+            log.warning(
+                "extraction_off",
+                reason="no model configured (set OPENAI_BASE_URL and/or OPENAI_API_KEY); "
+                "turn outcomes and add_memory tool calls are still forwarded",
+            )
+            return
+        self.model = ModelClient(s)
+        self.api = ApiReader(s)
+        self.redis = aioredis.from_url(s.redis_url)
+        self.state = ReviewState(self.redis, namespace=s.topic_prefix)
+        log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
+
+    async def stop(self) -> None:
+        for closer in (self.model and self.model.close, self.api and self.api.close, self.redis and self.redis.aclose):
+            if closer:
+                await closer()
+
+    async def process(self, source: str, partition: int, offset: int, turn: Any) -> list[Any]:
         if not isinstance(turn, (TurnCommitted, TurnRolledBack)):
             return []
         commands: list[Any] = tool_writes(turn) if isinstance(turn, TurnCommitted) else []
+        extra: list[Any] = []
+        if isinstance(turn, TurnCommitted) and self.model is not None:
+            extra = await self.review(turn, partition, offset)
+        proposals = [c for c in extra if isinstance(c, Out) and c.topic == COMMANDS.name]
+        others = [c for c in extra if c not in proposals]  # usage records and a DeadLetter
         commands.append(outcome(turn))
         log.info(
             "turn_forwarded",
@@ -101,7 +234,61 @@ class ExtractionProcessor(Processor):
             agent=turn.agent,
             committed=isinstance(turn, TurnCommitted),
             writes=len(commands) - 1,
+            proposals=len(proposals),
             partition=partition,
             offset=offset,
         )
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in commands]
+        # Proposals before the outcome: they are staged on the turn and applied when it resolves.
+        return (
+            [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in commands[:-1]]
+            + proposals
+            + [Out(COMMANDS.name, COMMANDS.key_bytes(commands[-1]), encode(commands[-1]))]
+            + others
+        )
+
+    async def review(self, turn: TurnCommitted, partition: int, offset: int) -> list[Any]:
+        assert self.api and self.state and self.model
+        cfg = await self.api.config(turn.tenant, turn.agent)
+        if not cfg.memory.enabled:
+            return []
+        msgs = [review.compact(m) for m in turn.messages if review.reviewable(m)]
+        due = await self.state.observe(partition, session_key(turn), offset, msgs, cfg.memory.extraction)
+        ctx = dict(event_id=turn.event_id, turn=turn.turn, agent=turn.agent, session=turn.session, offset=offset)
+        if not due.due:
+            log.info("review_not_due", since=due.since, every=str(cfg.memory.extraction.every), **ctx)
+            return []
+        shown = review.window(due.pending)
+        if not shown:
+            return []
+        queries = [m["content"] for m in shown]
+        handles = review.Handles.of(await self.api.similar(turn, queries))
+        call = CallContext(turn.tenant, turn.agent, turn.session, turn.execution_id, turn.turn, f"{turn.event_id}/{turn.attempt}")
+        messages = review.build_messages(cfg, turn.session, shown, handles)
+        try:
+            answer = await self.model.json_call(messages, review.answer_schema(), review.parse_answer, call)
+        except ModelFailed as e:
+            log.error("review_failed_turn_dead_lettered", error=e.error, attempts=e.attempts, **ctx)
+            return [self._usage_out(u) for u in e.usage] + [DeadLetter(f"extraction review: {e.error}", e.attempts)]
+        decided = review.to_commands(turn, cfg, answer.value, shown, handles, self.model.model)
+        for r in decided.refused:
+            log.warning("candidate_refused", index=r.index, reason=r.reason, detail=r.detail, **ctx)
+        log.info(
+            "turn_reviewed",
+            shown=len(shown),
+            handles=len(handles.records),
+            proposed=len(decided.commands),
+            refused=len(decided.refused),
+            skipped=decided.skipped,
+            attempts=answer.attempts,
+            prompt_sha=hashlib.sha256(messages[0]["content"].encode()).hexdigest()[:12],
+            **ctx,
+        )
+        return (
+            [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in decided.commands]
+            + [self._usage_out(u) for u in answer.usage]
+            + [self._usage_out(refusal_usage(turn, r)) for r in decided.refused]
+        )
+
+    @staticmethod
+    def _usage_out(u: Any) -> Out:
+        return Out(USAGE.name, USAGE.key_bytes(u), encode(u))

@@ -23,7 +23,7 @@ from events.codec import ContractError, decode
 from events.memory import RECORD_EVENTS
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
-from projections.embedder import MODEL_ID, content_hash
+from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
 
@@ -32,15 +32,17 @@ log = structlog.get_logger()
 
 class QdrantProjection:
     def __init__(
-        self, settings: Settings, index: EdgeIndex, model_id: str = MODEL_ID, vector_cache: int | None = 50_000
+        self, settings: Settings, index: EdgeIndex, model_id: str | None = None, vector_cache: int | None = 50_000
     ) -> None:
         self.settings = settings
         self.index = index
-        self.model_id = model_id
+        # Must match the embedder's model id, or no vector ever joins a record.
+        self.model_id = model_id or embedder_model_id(settings)
         self.vector_cache = vector_cache  # None: keep every vector (a rebuild reads them all first)
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
         self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.unused: set[str] = set()  # vectors that arrived before any event needed them
         # content hash -> {record id: (record, command id, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
         self.versions: dict[str, int] = {}
@@ -80,8 +82,11 @@ class QdrantProjection:
         self.vectors.move_to_end(msg.content_hash)
         if self.vector_cache is not None:
             while len(self.vectors) > self.vector_cache:
-                self.vectors.popitem(last=False)
-        for r, event in self.parked.pop(msg.content_hash, {}).values():
+                self.unused.discard(self.vectors.popitem(last=False)[0])
+        waiting = self.parked.pop(msg.content_hash, {})
+        if not waiting:
+            self.unused.add(msg.content_hash)
+        for r, event in waiting.values():
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
@@ -105,6 +110,7 @@ class QdrantProjection:
             batch.done.append(e)
             return
         vec = self.vectors.get(content_hash(r.text))
+        self.unused.discard(content_hash(r.text))
         if vec is None:
             self.parked.setdefault(content_hash(r.text), {})[r.id] = (r, e)
             return
@@ -199,6 +205,8 @@ class QdrantProjection:
             await land()
             if batch.seen:
                 inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
+            if events:
+                self._balance(c, [tp for tp in tps if tp not in events], events)
             pos = {tp: await c.position(tp) for tp in watch}
             done = all(pos[tp] >= end[tp] for tp in watch)
             if done or not batch.seen:
@@ -217,6 +225,26 @@ class QdrantProjection:
                 if until_caught_up:
                     break
         await land()
+
+    def _balance(self, c: AIOKafkaConsumer, vector_tps: list, event_tps: list) -> None:
+        """Keep the two topics in step, so the join needs bounded memory.
+
+        Reading both from the start (a cold start), vectors can run far ahead of their
+        events and fall out of the cache, or events far ahead of their vectors and park.
+        Pausing whichever side leads keeps both within the cache.
+        """
+        if self.vector_cache is None:
+            return
+        vectors_ahead = len(self.unused) > self.vector_cache * 0.5
+        events_ahead = self.parked_count() > min(20_000, self.vector_cache // 2)
+        if vectors_ahead:
+            c.pause(*vector_tps)
+            c.resume(*event_tps)
+        elif events_ahead:
+            c.pause(*event_tps)
+            c.resume(*vector_tps)
+        else:
+            c.resume(*vector_tps, *event_tps)
 
     def parked_count(self) -> int:
         return sum(len(b) for b in self.parked.values())

@@ -53,12 +53,28 @@ class Out:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+@dataclass(frozen=True)
+class DeadLetter:
+    """Returned among a processor's outputs: park the input message in `<topic>.dlq`.
+
+    Unlike raising, the processor's other outputs still go out, in the same transaction:
+    it can give up on part of its work (a model that keeps failing) and still finish the
+    rest (forwarding the turn's outcome).
+    """
+
+    error: str
+    attempt: int = 1
+
+
 class Processor:
     """Base class: subclasses name their sources and implement `process`."""
 
     name = "processor"
     sources: tuple[str, ...] = ()
     transactional = False
+    # Messages of different keys in one batch may be processed concurrently (in key order
+    # within a key). For processors that wait on I/O per message, such as model calls.
+    concurrent_keys = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -71,7 +87,7 @@ class Processor:
 
     async def revoked(self, partitions: set[TopicPartition]) -> None: ...
 
-    async def process(self, source: str, partition: int, offset: int, value: Any) -> list[Out]:
+    async def process(self, source: str, partition: int, offset: int, value: Any) -> list[Out | DeadLetter]:
         raise NotImplementedError
 
     async def batch_done(self) -> list[Out]:
@@ -134,8 +150,22 @@ class Runner:
     async def _handle(self, tp: TopicPartition, msgs: list[Any]) -> None:
         source = self._registry_name(tp.topic)
         outs: list[Out] = []
-        for m in msgs:
-            outs.extend(await self._one(source, m))
+        if self.processor.concurrent_keys and len(msgs) > 1:
+            results: list[list[Out]] = [[] for _ in msgs]
+            by_key: dict[bytes, list[int]] = {}
+            for i, m in enumerate(msgs):
+                by_key.setdefault(m.key or b"", []).append(i)
+
+            async def one_key(idx: list[int]) -> None:
+                for i in idx:
+                    results[i] = await self._one(source, msgs[i])
+
+            await asyncio.gather(*(one_key(idx) for idx in by_key.values()))
+            for r in results:
+                outs.extend(r)
+        else:
+            for m in msgs:
+                outs.extend(await self._one(source, m))
         outs.extend(await self._retrying(self.processor.batch_done, "batch_done") or [])
         await self._commit(tp, msgs[-1].offset + 1, outs)
         self.processed += len(msgs)
@@ -150,7 +180,8 @@ class Runner:
         attempt = 0
         while True:
             try:
-                return await self.processor.process(source, m.partition, m.offset, value)
+                result = await self.processor.process(source, m.partition, m.offset, value)
+                return [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
             except (Transient, *TRANSIENT) as e:
                 await self._backoff(attempt, e, ctx)
                 attempt += 1

@@ -9,6 +9,9 @@ import sys
 GROUPS = {
     "pipeline": "tests.bench.bench_pipeline",
     "rebuild": "tests.bench.bench_rebuild",
+    "extraction": "tests.bench.bench_extraction",
+    "recall": "tests.bench.bench_recall",
+    "history": "tests.bench.bench_history",
 }
 
 

@@ -33,16 +33,25 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextmanager
-def bench_stack(name: str, api: bool = True):
+def bench_stack(name: str, api: bool = True, workers: tuple[str, ...] | None = None):
     run_id = f"bench{name}{uuid.uuid4().hex[:6]}"
     data = ROOT / ".run" / run_id
-    settings = Settings(topic_prefix=f"{run_id}.", data_dir=data, api_port=38282)
-    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT="38282")
+    port = free_port()
+    settings = Settings(topic_prefix=f"{run_id}.", data_dir=data, api_port=port)
+    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port))
     stack = Stack(env, Path(data) / "logs")
     t0 = time.monotonic()
     try:
-        stack.start_all(api=api)
+        stack.start_all(api=api, **({"workers": workers} if workers is not None else {}))
         progress(f"stack up in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
         yield stack, settings
     finally:

@@ -1,0 +1,284 @@
+"""Session history rules (seed 000 "Session history", seed 003 "Searching history").
+
+Pure functions, no I/O: what a committed turn keeps, how a long event splits into
+parts, how a result is rendered, and the filters and cursors of a history search.
+Both history projections (Redis in `memlane worker history`, Qdrant Edge in the API
+process) fold turns through `kept_events`, so they keep exactly the same events.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Literal
+
+from events.turns import Message, TurnCommitted
+
+# About 500 tokens: small enough that one part is about one thing for the embedder
+# (which reads 256 tokens) and for BM25, large enough that most messages are one part.
+PART_CHARS = 2000
+# Seed 003 pages history; a ranked search pages through at most this many hits.
+MAX_RANKED_DEPTH = 1000
+# A listing key orders events within a session: turn first, then the message's place in it.
+SEQ_SLOTS = 1000
+
+Kind = Literal["message", "tool_result", "tool_error"]
+KINDS_BY_INDEX: dict[str, tuple[str, ...]] = {
+    "messages": ("message",),
+    "messages_and_tools": ("message", "tool_result", "tool_error"),
+}
+POINT_NS = uuid.UUID("2b0f7d8e-51a4-4c1e-9a77-8f3c1d2e6b40")
+
+
+@dataclass(frozen=True)
+class KeptEvent:
+    """One kept message of a committed turn: what history search finds and reads."""
+
+    id: str
+    tenant: str
+    agent: str
+    session: str
+    turn: int
+    attempt: int
+    execution_id: str
+    sequence: int
+    role: str
+    kind: str
+    text: str
+    preview: bool
+    occurred_ms: int
+    call_id: str | None = None
+    tool_name: str | None = None
+    calls: tuple[str, ...] = ()
+
+    @property
+    def session_key(self) -> str:
+        return f"{self.tenant}/{self.agent}/{self.session}"
+
+    @property
+    def order(self) -> int:
+        return self.turn * SEQ_SLOTS + self.sequence
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> KeptEvent:
+        d = json.loads(raw)
+        d["calls"] = tuple(d.get("calls") or ())
+        return cls(**d)
+
+
+def message_kind(m: Message) -> Kind:
+    if m.role == "tool":
+        return "tool_error" if m.is_error else "tool_result"
+    return "message"
+
+
+def message_text(m: Message) -> str:
+    """The searchable text: the content, plus the tools a reply called (seed 000)."""
+    parts = [m.content] if m.content else []
+    for c in m.tool_calls:
+        args = json.dumps(c.arguments, sort_keys=True, ensure_ascii=False)
+        parts.append(f"[called {c.name} {args}]")
+    return "\n".join(parts)
+
+
+def kept_events(turn: TurnCommitted) -> list[KeptEvent]:
+    """Every message of a committed turn that history may keep.
+
+    Tool results and errors are kept with their kind; `harness.history.index` then
+    decides at search time whether they are found (see `kinds_for`). That keeps the
+    projections a function of the turns topic alone, so a replay rebuilds them exactly,
+    whatever the agent's configuration was when the turn went by.
+    Never kept: skill loads and the agent's own retrievals (seed 000), system
+    instructions (not something a turn said), and anything of an agent without sessions.
+    """
+    if not turn.session:
+        return []
+    out: list[KeptEvent] = []
+    ms = int(turn.occurred_at.timestamp() * 1000)
+    for seq, m in enumerate(turn.messages):
+        if m.origin != "conversation" or m.role == "system":
+            continue
+        text = message_text(m)
+        if not text.strip():
+            continue
+        out.append(
+            KeptEvent(
+                id=m.id,
+                tenant=turn.tenant,
+                agent=turn.agent,
+                session=turn.session,
+                turn=turn.turn,
+                attempt=turn.attempt,
+                execution_id=turn.execution_id,
+                sequence=seq,
+                role=m.role,
+                kind=message_kind(m),
+                text=text,
+                preview=turn.preview,
+                occurred_ms=ms,
+                call_id=m.tool_call_id,
+                tool_name=m.tool_name,
+                calls=tuple(c.id for c in m.tool_calls),
+            )
+        )
+    return out
+
+
+def kinds_for(index: str) -> tuple[str, ...]:
+    return KINDS_BY_INDEX[index]
+
+
+def split_parts(text: str, size: int = PART_CHARS) -> list[str]:
+    """Split a long text into parts of at most `size` characters, at whitespace when it can.
+
+    Joining the parts gives the text back, so reading by id and reading parts agree.
+    """
+    if len(text) <= size:
+        return [text]
+    parts: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            cut = max(cut, text.rfind("\n", start + size // 2, end))
+            if cut > start:
+                end = cut + 1
+        parts.append(text[start:end])
+        start = end
+    return parts
+
+
+def event_from_payload(p: dict[str, Any]) -> KeptEvent:
+    """A search hit's event, carrying the text of the hit's part."""
+    return KeptEvent(
+        id=p["event_id"],
+        tenant=p["tenant"],
+        agent=p["agent"],
+        session=p["session"],
+        turn=p["turn"],
+        attempt=p["attempt"],
+        execution_id=p["execution_id"],
+        sequence=p["sequence"],
+        role=p["role"],
+        kind=p["kind"],
+        text=p["text"],
+        preview=p["visibility"] == "preview",
+        occurred_ms=p["occurred_ms"],
+        call_id=p.get("call_id"),
+        tool_name=p.get("tool_name"),
+        calls=tuple(p.get("calls") or ()),
+    )
+
+
+def point_id(e: KeptEvent, part: int) -> str:
+    return str(uuid.uuid5(POINT_NS, f"{e.session_key}/{e.id}/{part}"))
+
+
+def header(e: KeptEvent) -> str:
+    """The line before a result's text, e.g. `turn 12, user` or `turn 3, tool lookup error`."""
+    if e.kind == "message":
+        who = e.role
+    else:
+        who = "tool" + (f" {e.tool_name}" if e.tool_name else "") + (" error" if e.kind == "tool_error" else "")
+    return f"turn {e.turn}, {who}"
+
+
+def render(e: KeptEvent, text: str, part: int | None, parts: int, score: float | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": e.id,
+        "turn": e.turn,
+        "role": e.role,
+        "kind": e.kind,
+        "text": f"{header(e)}\n{text}",
+        "execution_id": e.execution_id,
+        "sequence": e.sequence,
+        "part": part,
+        "parts": parts,
+        "occurred_at": datetime.fromtimestamp(e.occurred_ms / 1000, UTC).isoformat(),
+    }
+    if e.call_id:
+        out["call_id"] = e.call_id
+        out["tool_name"] = e.tool_name
+    if e.calls:
+        out["calls"] = list(e.calls)
+    if score is not None:
+        out["score"] = score
+    return out
+
+
+# ---------------------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """What one history search may see, and what the caller narrowed it to."""
+
+    tenant: str
+    agent: str
+    session: str
+    preview: bool
+    kinds: tuple[str, ...]
+    before_turn: int | None = None  # as of a turn: only turns before it
+    conversation: str | None = None  # an execution of the session
+    since_ms: int | None = None  # inclusive
+    until_ms: int | None = None  # exclusive
+    ids: tuple[str, ...] = ()
+
+    def admits(self, e: KeptEvent) -> bool:
+        """The same rule the Qdrant filter applies, for reads that come from Redis."""
+        return (
+            (e.tenant, e.agent, e.session) == (self.tenant, self.agent, self.session)
+            and (self.preview or not e.preview)
+            and e.kind in self.kinds
+            and (self.before_turn is None or e.turn < self.before_turn)
+            and (self.conversation is None or e.execution_id == self.conversation)
+            and (self.since_ms is None or e.occurred_ms >= self.since_ms)
+            and (self.until_ms is None or e.occurred_ms < self.until_ms)
+        )
+
+
+def time_window(day: str | None, since: int | None, until: int | None) -> tuple[int | None, int | None]:
+    """Seed 003: a UTC `day`, or `since` (inclusive) and `until` (exclusive) in Unix ms.
+
+    Raises ValueError naming the field when they are malformed or conflict.
+    """
+    if day is not None:
+        if since is not None or until is not None:
+            raise ValueError("day: give a day, or since and until, not both")
+        try:
+            d = date.fromisoformat(day)
+        except ValueError:
+            raise ValueError(f"day: {day!r} is not a UTC date like 2026-09-19") from None
+        start = datetime(d.year, d.month, d.day, tzinfo=UTC)
+        return int(start.timestamp() * 1000), int((start + timedelta(days=1)).timestamp() * 1000)
+    if since is not None and until is not None and until <= since:
+        raise ValueError(f"until: {until} must be after since {since}")
+    return since, until
+
+
+def fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def encode_cursor(position: Any, fp: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"p": position, "f": fp}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, fp: str) -> Any:
+    """The position a cursor continues from. It only continues the search that made it."""
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        pos, got = raw["p"], raw["f"]
+    except Exception:
+        raise ValueError("cursor: not a cursor this API returned") from None
+    if got != fp:
+        raise ValueError("cursor: it belongs to a different search; pass the same query and filters")
+    return pos

@@ -1,0 +1,256 @@
+"""Session history over HTTP: `search_history(query, ids, limit)` with seed 003's filters.
+
+An API extension (services/api.py, `extensions()`): it owns the history Edge shard and
+runs its projection in this process; whole events and listings come from the Redis side
+that `memlane worker history` keeps.
+
+Boundaries: a search sees one session (X-Session) of the key's agent, never another;
+without a session there is no history. A live turn never sees what a preview turn kept.
+With a current turn (X-Turn header or `turn`), only earlier turns are searched, which is
+also how a replayed turn sees the history its original turn saw. `harness.history` must
+be set: an agent without it has history search off. Each search is recorded on
+`memlane.usage` as `Retrieved` (a RETRIEVED output use), and its query embedding as
+`ModelUsage` of purpose `embed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+import structlog
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from events.base import utcnow
+from events.codec import encode
+from events.topics import USAGE
+from events.usage import ModelUsage, Retrieved, RetrievedItem
+from projections.history_index import HYBRID_DEPTH, HistoryIndex
+from projections.history_rules import (
+    MAX_RANKED_DEPTH,
+    HistoryFilter,
+    decode_cursor,
+    encode_cursor,
+    event_from_payload,
+    fingerprint,
+    kinds_for,
+    render,
+    split_parts,
+    time_window,
+)
+from projections.redis_history import RedisHistory
+from services.auth import Principal
+from services.memory_service import ApiError
+from services.settings import Settings
+from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
+
+log = structlog.get_logger()
+
+
+class HistorySearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: Annotated[str, Field(max_length=4000)] | None = None
+    ids: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=100)] = []
+    limit: Annotated[int, Field(ge=1, le=100)] = 10
+    conversation: Annotated[str, Field(max_length=128)] | None = None
+    day: str | None = None
+    since: Annotated[int, Field(ge=0)] | None = None
+    until: Annotated[int, Field(ge=0)] | None = None
+    cursor: Annotated[str, Field(max_length=512)] | None = None
+    turn: Annotated[int, Field(ge=0)] | None = None
+    mode: Literal["hybrid", "lexical", "vector"] | None = None
+
+
+class Caller(BaseModel):
+    tenant: str
+    agent: str
+    session: str | None
+    preview: bool
+    turn: int | None
+    execution_id: str | None
+
+
+async def caller(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    x_agent: Annotated[str | None, Header()] = None,
+    x_tenant: Annotated[str | None, Header()] = None,
+    x_session: Annotated[str | None, Header()] = None,
+    x_preview: Annotated[bool, Header()] = False,
+    x_turn: Annotated[int | None, Header(ge=0)] = None,
+    x_execution_id: Annotated[str | None, Header()] = None,
+) -> Caller:
+    # The same rules as services/api.py's `context`: a key speaks for its own agent only.
+    key = (authorization or "").removeprefix("Bearer ").strip()
+    p: Principal | None = await request.app.state.keys.resolve(key)
+    if p is None:
+        raise ApiError("UNAUTHENTICATED", "authorization", "send 'Authorization: Bearer <api key>'", 401)
+    if p.role == "operator":
+        if not x_agent or not (x_tenant or p.tenant != "*"):
+            raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
+        tenant, agent = (x_tenant if p.tenant == "*" else p.tenant), x_agent
+    else:
+        if x_agent and x_agent != p.agent:
+            raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
+        tenant, agent = p.tenant, p.agent
+    return Caller(
+        tenant=tenant, agent=agent, session=x_session, preview=x_preview, turn=x_turn, execution_id=x_execution_id
+    )
+
+
+class HistoryExtension:
+    def __init__(self) -> None:
+        self.router = APIRouter(tags=["history"])
+        self.index: HistoryIndex | None = None
+        self.projection: HistoryQdrantProjection | None = None
+        self.store: RedisHistory | None = None
+        self.task: asyncio.Task | None = None
+        self.settings: Settings | None = None
+        self.app: FastAPI | None = None
+        self.router.add_api_route("/v1/history/search", self.search, methods=["POST"])
+        self.router.add_api_route("/v1/history/status", self.status, methods=["GET"])
+
+    async def start(self, app: FastAPI, settings: Settings) -> None:
+        self.settings, self.app = settings, app
+        service = app.state.service
+        self.index = HistoryIndex(history_shard_path(settings))
+        self.projection = HistoryQdrantProjection(settings, self.index, service.embedder)
+        self.task = asyncio.create_task(self.projection.run(), name="history-projection")
+        self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix)
+        app.state.history = self
+
+    async def stop(self, app: FastAPI) -> None:
+        if self.projection and self.task:
+            self.projection.stopping.set()
+            try:
+                await asyncio.wait_for(self.task, 5)
+            except Exception:
+                self.task.cancel()
+        if self.index:
+            self.index.close()
+        if self.store:
+            await self.store.aclose()
+
+    async def status(self) -> dict[str, Any]:
+        return self.projection.status() if self.projection else {"caught_up": False}
+
+    async def search(self, body: HistorySearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        service = self.app.state.service
+        cfg = await service.config(who.tenant, who.agent)
+        if cfg.history is None:
+            raise ApiError(
+                "HISTORY_DISABLED", "harness.history", "history is off for this agent; set harness.history.index", 403
+            )
+        turn = body.turn if body.turn is not None else who.turn
+        if not who.session or not cfg.has_sessions:
+            # History stays with a session: an agent without sessions has none.
+            await self._record(who, turn, [], embedded=None)
+            return {"events": [], "next_cursor": None}
+        try:
+            since, until = time_window(body.day, body.since, body.until)
+        except ValueError as e:
+            field, _, _ = str(e).partition(":")
+            raise ApiError("VALIDATION_FAILED", field, str(e)) from None
+        f = HistoryFilter(
+            tenant=who.tenant,
+            agent=who.agent,
+            session=who.session,
+            preview=who.preview,
+            kinds=kinds_for(cfg.history.index),
+            before_turn=turn,
+            conversation=body.conversation,
+            since_ms=since,
+            until_ms=until,
+        )
+        if body.ids:
+            out, nxt, embedded = await self._read(f, body.ids), None, None
+        elif body.query and body.query.strip():
+            mode = body.mode or cfg.memory.search.mode
+            out, nxt = await self._ranked(f, body, mode)
+            embedded = body.query if mode != "lexical" else None
+        else:
+            out, nxt, embedded = *(await self._list(f, body)), None
+        await self._record(who, turn, out, embedded)
+        return {"events": out, "next_cursor": nxt}
+
+    async def _read(self, f: HistoryFilter, ids: list[str]) -> list[dict[str, Any]]:
+        """Whole events by id, within the session, visibility and turn boundaries."""
+        bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn)
+        events = await self.store.get_many(f.tenant, f.agent, f.session, list(dict.fromkeys(ids)))
+        return [render(e, e.text, None, len(split_parts(e.text))) for e in events if bounds.admits(e)]
+
+    async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: str):
+        fp = fingerprint("q", f, body.query, mode)
+        offset = self._position(body.cursor, fp, int)
+        cap = HYBRID_DEPTH if mode == "hybrid" else MAX_RANKED_DEPTH
+        if offset >= cap:
+            return [], None
+        limit = min(body.limit, cap - offset)
+        dense = None
+        if mode != "lexical":
+            dense = (await asyncio.to_thread(self.app.state.service.embedder.embed, [body.query]))[0]
+        hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode)
+        more = len(hits) > limit and offset + limit < cap
+        out = [
+            render(event_from_payload(h.payload), h.payload["text"], h.payload["part"], h.payload["parts"], h.score)
+            for h in hits[:limit]
+        ]
+        return out, (encode_cursor(offset + limit, fp) if more else None)
+
+    async def _list(self, f: HistoryFilter, body: HistorySearchRequest):
+        """Without a query: the session's events newest first, the first part of each."""
+        fp = fingerprint("list", f)
+        after = self._position(body.cursor, fp, tuple)
+        events, nxt = await self.store.page(f, body.limit, after)
+        out = []
+        for e in events:
+            parts = split_parts(e.text)
+            out.append(render(e, parts[0], 1, len(parts)))
+        return out, (encode_cursor(list(nxt), fp) if nxt else None)
+
+    @staticmethod
+    def _position(cursor: str | None, fp: str, kind: type) -> Any:
+        if not cursor:
+            return 0 if kind is int else None
+        try:
+            pos = decode_cursor(cursor, fp)
+            return int(pos) if kind is int else (int(pos[0]), str(pos[1]))
+        except (ValueError, TypeError, IndexError, KeyError) as e:
+            msg = str(e) if str(e).startswith("cursor:") else "cursor: not a cursor this search returned"
+            raise ApiError("VALIDATION_FAILED", "cursor", msg) from None
+
+    async def _record(self, who: Caller, turn: int | None, out: list[dict[str, Any]], embedded: str | None) -> None:
+        """Each search is a RETRIEVED output use; its query embedding is usage of purpose `embed`."""
+        s, producer = self.settings, self.app.state.service.producer
+        base = dict(
+            tenant=who.tenant,
+            agent=who.agent,
+            occurred_at=utcnow(),
+            session=who.session,
+            execution_id=who.execution_id,
+            turn=turn,
+        )
+        msgs: list[Any] = [
+            Retrieved(
+                usage_id=str(uuid.uuid4()),
+                tool="search_history",
+                items=[RetrievedItem(id=o["id"]) for o in out],
+                **base,
+            )
+        ]
+        if embedded:
+            model = getattr(self.app.state.service.embedder, "model_id", "embedder")
+            msgs.append(
+                ModelUsage(
+                    usage_id=str(uuid.uuid4()), purpose="embed", model=model, input_tokens=len(embedded) // 4 + 1, **base
+                )
+            )
+        t0 = time.perf_counter()
+        for m in msgs:
+            # Enqueued, not awaited: the producer delivers in the background, and search latency stays low.
+            await producer.send(s.topic(USAGE.name), encode(m), key=USAGE.key_bytes(m))
+        log.debug("history_search_recorded", items=len(out), ms=round((time.perf_counter() - t0) * 1000, 2))

@@ -1,0 +1,134 @@
+"""extraction: memlane's own overhead around an instant fake model.
+
+Run twice: with the fake server also serving embeddings, and with the local ONNX embedder
+(figures suffixed `_local_embed`), whose own throughput (`embedder_texts_per_s`) is then
+the ceiling. Throughput is measured from the Kafka timestamps of the first and last
+forwarded outcome, so worker start-up does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+
+from events.codec import decode
+from events.topics import COMMANDS
+from projections.embedder import OnnxMiniLM
+from services.client import MemlaneClient, TurnPublisher
+from services.settings import ROOT
+from tests.bench.common import figure, median, percentile, progress
+from tests.e2e.extraction_support import extraction_stack, new_agent, turn
+from tests.fakes.model_server import FakeModel, Reply
+
+TURNS = 300
+SESSIONS = 50
+LATENCY_TURNS = 20
+USER = re.compile(r'role="user">\n(.*?)\n</message>', re.S)
+
+
+def echo(body: dict) -> Reply:
+    """Proposes the newest user message as a fact: one record per turn."""
+    said = USER.findall(body["messages"][-1]["content"])
+    return Reply({"candidates": [{"decision": "add", "handle": None, "kind": "fact", "labels": {}, "scope": "session",
+                                  "summary": said[-1][:200], "content": "", "source_message_ids": []}]} if said else
+                 {"candidates": []})
+
+
+async def outcomes_rate(settings, agent: str, n: int) -> float:
+    """Turns per second: forwarded outcomes of `agent`, first to last Kafka timestamp."""
+    c = AIOKafkaConsumer(settings.topic(COMMANDS.name), bootstrap_servers=settings.kafka_bootstrap,
+                         isolation_level="read_committed", auto_offset_reset="earliest", group_id=None)
+    await c.start()
+    stamps: list[int] = []
+    deadline = time.monotonic() + 300
+    try:
+        while len(stamps) < n and time.monotonic() < deadline:
+            for msgs in (await c.getmany(timeout_ms=500)).values():
+                for m in msgs:
+                    cmd = decode(COMMANDS.name, m.value)
+                    if cmd.type == "TurnOutcome" and cmd.agent == agent:
+                        stamps.append(m.timestamp)
+            progress(f"{len(stamps)}/{n} turns forwarded")
+    finally:
+        await c.stop()
+    if len(stamps) < n:
+        raise RuntimeError(f"only {len(stamps)} of {n} turns were forwarded within 300 s")
+    return (n - 1) / max((max(stamps) - min(stamps)) / 1000, 1e-3)
+
+
+async def throughput(stack, settings, pub) -> float:
+    tenant, agent, _ = await new_agent(stack.api_url, settings.operator_key)
+    for i in range(TURNS):
+        s = f"s{i % SESSIONS}"
+        await pub.publish(turn(tenant, agent, s, i, f"Fact {i}: code {uuid.uuid4().hex[:8]} for {s}", "Noted."))
+    return await outcomes_rate(settings, agent, TURNS)
+
+
+async def latency(stack, settings, pub) -> list[float]:
+    tenant, agent, key = await new_agent(stack.api_url, settings.operator_key)
+    lat: list[float] = []
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        for n in range(LATENCY_TURNS + 3):
+            word = f"marker{uuid.uuid4().hex[:10]}"
+            t0 = time.perf_counter()
+            await pub.publish(turn(tenant, agent, "s1", n, f"The code word is {word}", "ok"))
+            while not (await c.search_memory(word, mode="lexical", limit=1))[0]:
+                await asyncio.sleep(0.005)
+            if n >= 3:
+                lat.append((time.perf_counter() - t0) * 1000)
+    return lat
+
+
+def wait_assigned(log: Path, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("partitions_assigned") >= count:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"extraction workers did not get partitions ({log})")
+
+
+async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> None:
+    run_id = f"benchx{uuid.uuid4().hex[:6]}"
+    data = ROOT / ".run" / run_id
+    stack, settings = extraction_stack(fake.url, f"{run_id}.", data, 38283, embeddings=embeddings)
+    try:
+        stack.start_all()
+        log = stack.log_dir / "extraction.log"
+        wait_assigned(log, 1)
+        async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+            lat = await latency(stack, settings, pub)
+            figure(f"turn_to_record_ms_p50{suffix}", median(lat), "ms", len(lat))
+            figure(f"turn_to_record_ms_p95{suffix}", percentile(lat, 95), "ms", len(lat))
+            one = await throughput(stack, settings, pub)
+            figure(f"extraction_turns_per_s_1_worker{suffix}", one, "turns/s", TURNS)
+            stack.procs["extraction-1"] = stack.procs.pop("extraction")
+            stack.start("extraction")
+            wait_assigned(log, 3)  # the first worker's reassignment and the second worker's
+            two = await throughput(stack, settings, pub)
+            figure(f"extraction_turns_per_s_2_workers{suffix}", two, "turns/s", TURNS, ratio_to_1_worker=round(two / one, 3))
+    finally:
+        stack.stop()
+
+
+async def run() -> None:
+    emb = OnnxMiniLM(threads=1)  # the embedding worker and API run with MEMLANE_EMBED_THREADS=1
+    texts = [f"Fact {i}: the customer prefers option {i % 7} for invoices" for i in range(256)]
+    emb.embed(texts[:8])
+    t0 = time.perf_counter()
+    emb.embed(texts)
+    figure("embedder_texts_per_s", len(texts) / (time.perf_counter() - t0), "texts/s", len(texts))
+    fake = FakeModel().start()
+    fake.default = echo
+    try:
+        progress("run 1: embeddings served by the fake server")
+        await one_run(fake, "openai", "")
+        progress("run 2: local ONNX embedder")
+        await one_run(fake, "local", "_local_embed")
+    finally:
+        fake.stop()

@@ -1,0 +1,87 @@
+"""Support for the extraction tests and benchmark: a stack wired to the fake model server."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from events import AgentConfig, Message, TurnCommitted
+from events.codec import decode
+from events.topics import TOPICS
+from services.client import MemlaneClient
+from services.settings import Settings
+from services.stack import Stack, stack_env
+from tests.conftest import eventually
+
+
+def extraction_stack(fake_url: str, prefix: str, data_dir: Path, port: int, embeddings: str = "openai",
+                     **extra: str) -> tuple[Stack, Settings]:
+    settings = Settings(topic_prefix=prefix, data_dir=data_dir, api_port=port)
+    env = stack_env(
+        MEMLANE_TOPIC_PREFIX=prefix,
+        MEMLANE_DATA_DIR=str(data_dir),
+        MEMLANE_API_PORT=str(port),
+        OPENAI_BASE_URL=fake_url,
+        OPENAI_API_KEY="test-key",
+        MEMLANE_EMBEDDINGS=embeddings,
+        **extra,
+    )
+    return Stack(env, data_dir / "logs"), settings
+
+
+def turn(tenant: str, agent: str, session: str | None, n: int, *texts: str, attempt: int = 1, **kw: Any) -> TurnCommitted:
+    """A committed turn whose messages alternate user/assistant, ids `<session>-<n>-<i>`."""
+    return TurnCommitted(
+        event_id=str(uuid.uuid4()),
+        tenant=tenant,
+        agent=agent,
+        session=session,
+        turn=n,
+        attempt=attempt,
+        execution_id=f"exec-{session}",
+        occurred_at=datetime.now(UTC),
+        messages=kw.pop("messages", None)
+        or [Message(id=f"{session}-{n}-{i}", role="user" if i % 2 == 0 else "assistant", content=t) for i, t in enumerate(texts)],
+        **kw,
+    )
+
+
+async def new_agent(api_url: str, operator_key: str, config: AgentConfig | None = None) -> tuple[str, str, str]:
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    config = config or AgentConfig()
+    async with MemlaneClient(api_url, operator_key, tenant=tenant, agent=agent) as op:
+        key = await op.issue_key(tenant, agent)
+        await op.configure(config)
+
+        async def visible():  # the worker reads the configuration through the API
+            return await op.config() == config
+
+        await eventually(visible, timeout=30)
+    return tenant, agent, key
+
+
+async def read_topic(settings: Settings, topic: str, registry: str | None = None) -> list[tuple[Any, list]]:
+    """Everything committed on a topic so far: (decoded value or raw bytes, headers)."""
+    name = settings.topic(topic)
+    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, isolation_level="read_committed",
+                         enable_auto_commit=False)
+    await c.start()
+    try:
+        n = 1 if topic.endswith(".dlq") else TOPICS[topic].partitions
+        parts = [TopicPartition(name, p) for p in range(n)]
+        c.assign(parts)
+        await c.seek_to_beginning(*parts)
+        end = await c.end_offsets(parts)
+        out = []
+        while [tp for tp in parts if await c.position(tp) < end[tp]]:
+            batches = await c.getmany(timeout_ms=500)
+            for msgs in batches.values():
+                for m in msgs:
+                    out.append((decode(registry, m.value) if registry else m.value, m.headers))
+        return out
+    finally:
+        await c.stop()

@@ -1,0 +1,191 @@
+"""A scripted OpenAI-compatible model server, for tests only.
+
+It speaks the wire format the `openai` package uses: `POST /v1/chat/completions` (content
+or tool-call answers, with `usage`) and `POST /v1/embeddings`. Each test scripts its
+answers, routed by a string the request must contain (a marker unique to the test), so
+tests sharing one server never take each other's answers:
+
+    fake.on("marker-123", Reply({"candidates": [...]}), Status(429), Delay(5, Reply(...)))
+
+Unrouted requests get `default` (no candidates). Every chat request is kept in
+`fake.requests` so tests can assert what the model was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+@dataclass
+class Reply:
+    """A JSON answer in the message content (as `response_format` json_schema returns it)."""
+
+    data: Any
+    as_tool_call: bool = False
+
+
+@dataclass
+class Raw:
+    """Content returned verbatim: for malformed output."""
+
+    text: str
+
+
+@dataclass
+class Status:
+    code: int
+    message: str = "scripted error"
+
+
+@dataclass
+class Delay:
+    seconds: float
+    then: Any = None
+
+
+@dataclass
+class Route:
+    match: str
+    answers: deque = field(default_factory=deque)
+    hits: int = 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hashed_embedding(text: str, dim: int) -> list[float]:
+    """Bag-of-words hashing: texts sharing words get similar vectors, deterministically."""
+    v = np.zeros(dim, dtype=np.float32)
+    for w in re.findall(r"\w+", text.lower()):
+        h = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+        v[h % dim] += 1.0 if (h >> 32) & 1 else -1.0
+    n = float(np.linalg.norm(v))
+    if n == 0:
+        v[0] = 1.0
+        n = 1.0
+    return (v / n).tolist()
+
+
+class FakeModel:
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.routes: list[Route] = []
+        self.requests: list[dict[str, Any]] = []
+        self.embedding_calls = 0
+        self.default: Any = Reply({"candidates": []})
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ scripting
+
+    def on(self, match: str, *answers: Any) -> Route:
+        route = Route(match, deque(answers))
+        with self._lock:
+            self.routes.append(route)
+        return route
+
+    def requests_with(self, match: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r for r in self.requests if match in json.dumps(r)]
+
+    def _next(self, body: dict[str, Any]) -> Any:
+        text = json.dumps(body)
+        with self._lock:
+            self.requests.append(body)
+            for route in self.routes:
+                if route.match in text:
+                    route.hits += 1
+                    return route.answers.popleft() if route.answers else self._default(body)
+        return self._default(body)
+
+    def _default(self, body: dict[str, Any]) -> Any:
+        # `default` may be a function of the request, for answers that echo the input.
+        return self.default(body) if callable(self.default) else self.default
+
+    # ------------------------------------------------------------------ wire format
+
+    def _completion(self, body: dict[str, Any], answer: Reply | Raw) -> dict[str, Any]:
+        content = answer.text if isinstance(answer, Raw) else json.dumps(answer.data)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if isinstance(answer, Reply) and answer.as_tool_call:
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "review", "arguments": content}}],
+            }
+        prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
+        return {
+            "id": f"chatcmpl-{hashlib.md5(content.encode()).hexdigest()[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "fake"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if "tool_calls" in message else "stop"}],
+            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(content) // 4, "total_tokens": (prompt_chars + len(content)) // 4},
+        }
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            answer = self._next(body)
+            while isinstance(answer, Delay):
+                await asyncio.sleep(answer.seconds)
+                answer = answer.then if answer.then is not None else self._default(body)
+            if isinstance(answer, Status):
+                kind = "rate_limit_exceeded" if answer.code == 429 else "server_error"
+                return JSONResponse({"error": {"message": answer.message, "type": kind, "code": kind}}, status_code=answer.code)
+            return JSONResponse(self._completion(body, answer))
+
+        @app.post("/v1/embeddings")
+        async def embeddings(request: Request):
+            body = await request.json()
+            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            dim = int(body.get("dimensions") or 384)
+            with self._lock:
+                self.embedding_calls += 1
+            data = [{"object": "embedding", "index": i, "embedding": hashed_embedding(t, dim)} for i, t in enumerate(inputs)]
+            tokens = sum(len(t) for t in inputs) // 4
+            return {"object": "list", "data": data, "model": body.get("model", "fake"), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+        return app
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeModel:
+        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="fake-model", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fake model server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.should_exit = True
+        if self._thread:
+            self._thread.join(timeout=10)

@@ -1,0 +1,98 @@
+"""The review's pure rules: window limits, cadence, answer parsing, decisions to commands."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from events import AgentConfig, TurnCommitted
+from events.commands import AddMemory, DeleteMemory
+from events.config import EveryMessages, ExtractionConfig, MemoryConfig, ScopeConfig
+from events.record import MemoryRecord, Scope
+from workers import extraction_review as r
+from workers.extraction_state import decide_due
+from workers.model_client import Malformed
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+TURN = TurnCommitted(event_id="ev1", tenant="t", agent="a", session="s1", turn=3, attempt=2, execution_id="x", occurred_at=NOW)
+
+
+def msg(i: int, size: int = 10) -> dict[str, str]:
+    return {"id": f"m{i}", "role": "user", "content": "x" * size}
+
+
+def rec(i: int) -> MemoryRecord:
+    return MemoryRecord(id=f"rec-{i}", version=1, created=NOW, modified=NOW, tenant="t", agent="a",
+                        scope=Scope.SESSION, session="s1", kind="fact", summary=f"fact {i}")
+
+
+def test_window_keeps_the_newest_12_messages():
+    shown = r.window([msg(i) for i in range(20)])
+    assert [m["id"] for m in shown] == [f"m{i}" for i in range(8, 20)]
+
+
+def test_window_stops_at_16000_characters():
+    shown = r.window([msg(i, 6000) for i in range(5)])
+    assert [m["id"] for m in shown] == ["m3", "m4"]  # a third would pass 16,000
+
+
+def test_window_cuts_a_single_oversized_newest_message():
+    [m] = r.window([msg(0), msg(1, 40_000)])
+    assert m["id"] == "m1" and len(m["content"]) == 16_000
+
+
+def test_cadence():
+    every3 = ExtractionConfig(every=EveryMessages(messages=3))
+    assert not decide_due(every3, 2) and decide_due(every3, 3)
+    assert decide_due(ExtractionConfig(), 1)
+
+
+def test_parse_answer_names_the_bad_field_and_the_limit():
+    with pytest.raises(Malformed, match="candidates.0.decision"):
+        r.parse_answer('{"candidates": [{"decision": "maybe"}]}')
+    with pytest.raises(Malformed, match="the limit is 10"):
+        r.parse_answer('{"candidates": [' + ",".join(['{"decision": "skip"}'] * 11) + "]}")
+    with pytest.raises(Malformed, match="not JSON"):
+        r.parse_answer("{oops")
+
+
+def test_decisions_become_commands_with_deterministic_ids_and_handles_resolved():
+    handles = r.Handles.of([rec(1), rec(2), rec(1)])
+    assert list(handles.records) == [1, 2]  # duplicates share a handle
+    answer = r.ReviewAnswer.model_validate({"candidates": [
+        {"decision": "add", "summary": "new fact"},
+        {"decision": "replace", "handle": 2, "summary": "corrected"},
+        {"decision": "delete", "handle": 1},
+        {"decision": "skip", "summary": "meh"},
+        {"decision": "delete", "handle": 9},
+    ]})
+    shown = [msg(0)]
+    d = r.to_commands(TURN, AgentConfig(), answer, shown, handles, "m")
+    add, rep, dele = d.commands
+    assert isinstance(add, AddMemory) and add.replaces is None and add.scope is Scope.SESSION
+    assert isinstance(rep, AddMemory) and rep.replaces == "rec-2"
+    assert isinstance(dele, DeleteMemory) and dele.record_id == "rec-1"
+    assert add.turn_ref == TURN.turn_ref and add.provenance.candidates == ["1=rec-1", "2=rec-2"]
+    assert d.skipped == 1 and [(x.index, x.reason) for x in d.refused] == [(4, "handle")]
+    again = r.to_commands(TURN, AgentConfig(), answer, shown, handles, "m")
+    assert [c.command_id for c in again.commands] == [c.command_id for c in d.commands]
+    other_attempt = TURN.model_copy(update={"attempt": 3})
+    assert r.to_commands(other_attempt, AgentConfig(), answer, shown, handles, "m").commands[0].command_id != add.command_id
+
+
+def test_agent_scope_only_when_write_allows_it():
+    answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "f", "scope": "agent"}]})
+    session_only = AgentConfig()
+    d = r.to_commands(TURN, session_only, answer, [], r.Handles(), "m")
+    assert d.commands == [] and d.refused[0].reason == "scope"
+    both = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(write=["session", "agent"])))
+    assert r.to_commands(TURN, both, answer, [], r.Handles(), "m").commands[0].scope is Scope.AGENT
+
+
+def test_prompt_uses_custom_instructions_and_never_shows_ids():
+    cfg = AgentConfig(memory=MemoryConfig(extraction=ExtractionConfig(prompt="ONLY COLOURS")))
+    msgs = r.build_messages(cfg, "s1", [msg(0)], r.Handles.of([rec(1)]))
+    assert msgs[0]["content"].startswith("ONLY COLOURS") and r.DEFAULT_INSTRUCTIONS not in msgs[0]["content"]
+    assert "[1] (fact, session) fact 1" in msgs[1]["content"] and "rec-1" not in msgs[1]["content"]
+    assert r.prompt_version(cfg) != r.prompt_version(AgentConfig())

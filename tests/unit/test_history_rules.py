@@ -1,0 +1,122 @@
+"""Session history rules, without I/O: what is kept, parts, rendering, filters, cursors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from events import Message, ToolCall, TurnCommitted
+from projections.history_rules import (
+    HistoryFilter,
+    KeptEvent,
+    decode_cursor,
+    encode_cursor,
+    header,
+    kept_events,
+    kinds_for,
+    render,
+    split_parts,
+    time_window,
+)
+
+AT = datetime(2026, 9, 19, 12, 0, tzinfo=UTC)
+
+
+def turn(messages, session="s1", **kw):
+    return TurnCommitted(event_id="e1", tenant="t", agent="a", session=session, turn=4, execution_id="x1",
+                         occurred_at=AT, messages=messages, **kw)
+
+
+def test_kept_events_drop_skill_loads_retrievals_system_and_empty_messages():
+    t = turn([
+        Message(id="s", role="system", content="instructions"),
+        Message(id="u", role="user", content="hello"),
+        Message(id="k", role="user", content="skill text", origin="skill_load"),
+        Message(id="r", role="tool", content="memory hit", origin="retrieval", tool_call_id="c0"),
+        Message(id="e", role="assistant", content=""),
+        Message(id="a", role="assistant", content="calling", tool_calls=[ToolCall(id="c1", name="look", arguments={"q": 1})]),
+        Message(id="tr", role="tool", content="result", tool_call_id="c1", tool_name="look"),
+        Message(id="te", role="tool", content="boom", tool_call_id="c1", tool_name="look", is_error=True),
+    ])
+    kept = {e.id: e for e in kept_events(t)}
+    assert list(kept) == ["u", "a", "tr", "te"]
+    assert [kept[i].sequence for i in kept] == [1, 5, 6, 7]
+    assert kept["a"].text == 'calling\n[called look {"q": 1}]' and kept["a"].calls == ("c1",)
+    assert (kept["tr"].kind, kept["tr"].call_id) == ("tool_result", "c1")
+    assert kept["te"].kind == "tool_error"
+    assert all(e.turn == 4 and e.execution_id == "x1" and e.occurred_ms == int(AT.timestamp() * 1000) for e in kept.values())
+
+
+def test_an_agent_without_sessions_keeps_nothing():
+    assert kept_events(turn([Message(id="u", role="user", content="hi")], session=None)) == []
+
+
+def test_index_setting_decides_which_kinds_are_found():
+    assert kinds_for("messages") == ("message",)
+    assert set(kinds_for("messages_and_tools")) == {"message", "tool_result", "tool_error"}
+
+
+@given(st.text(min_size=0, max_size=9000), st.integers(min_value=20, max_value=3000))
+def test_parts_rejoin_to_the_text_and_respect_the_size(text, size):
+    parts = split_parts(text, size)
+    assert "".join(parts) == text
+    assert all(0 < len(p) <= size for p in parts) or parts == [""]
+
+
+def test_parts_cut_at_whitespace():
+    text = " ".join(["word"] * 1000)
+    parts = split_parts(text, 100)
+    assert all(p.endswith(" ") for p in parts[:-1])
+
+
+def event(**kw):
+    base = dict(id="m", tenant="t", agent="a", session="s1", turn=12, attempt=1, execution_id="x", sequence=0,
+                role="user", kind="message", text="hi", preview=False, occurred_ms=1000)
+    return KeptEvent(**{**base, **kw})
+
+
+def test_header_and_render_name_turn_who_execution_sequence_and_call():
+    assert header(event()) == "turn 12, user"
+    tool = event(role="tool", kind="tool_error", tool_name="lookup", call_id="c9", sequence=3)
+    assert header(tool) == "turn 12, tool lookup error"
+    out = render(tool, "part text", 2, 3)
+    assert out["text"] == "turn 12, tool lookup error\npart text"
+    assert (out["part"], out["parts"], out["call_id"], out["execution_id"], out["sequence"]) == (2, 3, "c9", "x", 3)
+
+
+def test_filter_admits_only_its_session_earlier_turns_and_live_events_for_live_turns():
+    f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",), before_turn=12)
+    assert f.admits(event(turn=11))
+    assert not f.admits(event(turn=12))
+    assert not f.admits(event(turn=3, session="s2"))
+    assert not f.admits(event(turn=3, agent="b"))
+    assert not f.admits(event(turn=3, preview=True))
+    assert not f.admits(event(turn=3, kind="tool_result"))
+    pf = HistoryFilter("t", "a", "s1", preview=True, kinds=("message",))
+    assert pf.admits(event(preview=True)) and pf.admits(event())
+
+
+def test_time_window_day_and_range():
+    start, end = time_window("2026-09-19", None, None)
+    assert start == int(datetime(2026, 9, 19, tzinfo=UTC).timestamp() * 1000)
+    assert end - start == 86_400_000
+    assert time_window(None, 5, 10) == (5, 10)
+    assert time_window(None, None, None) == (None, None)
+    with pytest.raises(ValueError, match="^day:"):
+        time_window("19.09.2026", None, None)
+    with pytest.raises(ValueError, match="^day:"):
+        time_window("2026-09-19", 1, None)
+    with pytest.raises(ValueError, match="^until:"):
+        time_window(None, 10, 10)
+
+
+def test_a_cursor_continues_only_the_search_that_made_it():
+    c = encode_cursor([12005, "m"], "fp1")
+    assert decode_cursor(c, "fp1") == [12005, "m"]
+    with pytest.raises(ValueError, match="^cursor: it belongs"):
+        decode_cursor(c, "fp2")
+    with pytest.raises(ValueError, match="^cursor:"):
+        decode_cursor("garbage!", "fp1")

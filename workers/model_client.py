@@ -1,0 +1,197 @@
+"""Calls an OpenAI-compatible chat model for a JSON answer, with bounded retries.
+
+- Each HTTP call has a timeout. 429s, 5xx answers, timeouts and dropped connections are
+  retried `model_retries` times with exponential backoff; other 4xx answers are not, since
+  asking again cannot fix them.
+- An answer that is not valid JSON for the schema gets one repair attempt: the model sees
+  its own output and the validation error, once.
+- Every call, failed or not, becomes a `ModelUsage` record, so retries show up as cost.
+  The caller sends those records with its other outputs, in the same Kafka transaction.
+- When the budget is spent, `ModelFailed` carries the usage records so far; the caller
+  decides what to do with the turn (the extraction worker dead-letters it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import openai
+import structlog
+from openai import AsyncOpenAI
+
+from events.base import utcnow
+from events.usage import ModelUsage
+from services.settings import Settings
+
+log = structlog.get_logger()
+T = TypeVar("T")
+USAGE_NS = uuid.UUID("a1d3c8e2-6b0f-4d7e-9a51-3c2f0b7e4d19")
+
+
+class ModelFailed(Exception):
+    def __init__(self, error: str, attempts: int, usage: list[ModelUsage]) -> None:
+        super().__init__(error)
+        self.error, self.attempts, self.usage = error, attempts, usage
+
+
+class Malformed(ValueError):
+    """The model's answer does not parse or does not match the schema."""
+
+
+@dataclass
+class CallContext:
+    """Who the call is for: it names the usage records (deterministically, per turn attempt)."""
+
+    tenant: str
+    agent: str
+    session: str | None
+    execution_id: str | None
+    turn: int | None
+    id_seed: str
+
+
+@dataclass
+class Answer(Generic[T]):
+    value: T
+    usage: list[ModelUsage] = field(default_factory=list)
+    attempts: int = 1
+
+
+def make_openai(settings: Settings) -> AsyncOpenAI:
+    # The client's own retries are off: ours are bounded, logged and recorded as usage.
+    return AsyncOpenAI(
+        base_url=settings.openai_base_url or None,
+        api_key=settings.openai_api_key or "not-needed",
+        max_retries=0,
+        timeout=settings.model_timeout_s,
+    )
+
+
+def _retryable(e: Exception) -> str | None:
+    if isinstance(e, openai.RateLimitError):
+        return "rate limited (429)"
+    if isinstance(e, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(e, openai.APIConnectionError):
+        return "connection failed"
+    if isinstance(e, openai.APIStatusError) and e.status_code >= 500:
+        return f"server error ({e.status_code})"
+    return None
+
+
+def answer_text(resp: Any) -> str:
+    """The JSON the model produced: a tool call's arguments, else the message content."""
+    if not resp.choices:
+        raise Malformed("the response has no choices")
+    msg = resp.choices[0].message
+    if msg.tool_calls:
+        return msg.tool_calls[0].function.arguments or ""
+    return msg.content or ""
+
+
+class ModelClient:
+    def __init__(self, settings: Settings, client: AsyncOpenAI | None = None) -> None:
+        self.settings = settings
+        self.model = settings.model
+        self.client = client or make_openai(settings)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def json_call(
+        self,
+        messages: list[dict[str, Any]],
+        schema: dict[str, Any],
+        parse: Callable[[str], T],
+        ctx: CallContext,
+        purpose: str = "memory",
+    ) -> Answer[T]:
+        s = self.settings
+        usage: list[ModelUsage] = []
+        messages = list(messages)
+        repaired = False
+        transient_failures = 0
+        attempt = 0
+        while True:
+            attempt += 1
+            t0 = time.perf_counter()
+            try:
+                resp = await self.client.chat.completions.create(
+                    model=self.model,
+                    messages=messages,
+                    response_format={"type": "json_schema", "json_schema": {"name": "review", "schema": schema, "strict": True}},
+                    temperature=0,
+                    timeout=s.model_timeout_s,
+                )
+            except Exception as e:
+                why = _retryable(e)
+                usage.append(self._usage(ctx, purpose, attempt, t0, None, f"{why or type(e).__name__}: {e}"[:500]))
+                if why is None:
+                    raise ModelFailed(f"model call failed and is not retryable: {type(e).__name__}: {e}", attempt, usage) from e
+                transient_failures += 1
+                if transient_failures > s.model_retries:
+                    raise ModelFailed(
+                        f"model call failed {transient_failures} times (limit model_retries={s.model_retries}); last: {why}",
+                        attempt,
+                        usage,
+                    ) from e
+                delay = min(s.model_backoff_s * 2 ** (transient_failures - 1), 10.0)
+                log.warning("model_call_retrying", reason=why, attempt=attempt, delay_s=delay, agent=ctx.agent, turn=ctx.turn)
+                await asyncio.sleep(delay)
+                continue
+            text = ""
+            try:
+                text = answer_text(resp)
+                value = parse(text)
+            except (Malformed, ValueError) as e:
+                usage.append(self._usage(ctx, purpose, attempt, t0, resp, f"malformed: {e}"[:500]))
+                if repaired:
+                    raise ModelFailed(f"model output is malformed after one repair attempt: {e}", attempt, usage) from e
+                repaired = True
+                log.warning("model_output_malformed_repairing", error=str(e)[:300], agent=ctx.agent, turn=ctx.turn)
+                messages = messages + [
+                    {"role": "assistant", "content": text[:4000]},
+                    {
+                        "role": "user",
+                        "content": f"That answer is invalid: {str(e)[:1000]}. Reply again with only a JSON object "
+                        f"that matches the schema.",
+                    },
+                ]
+                continue
+            usage.append(self._usage(ctx, purpose, attempt, t0, resp, None))
+            return Answer(value, usage, attempt)
+
+    def _usage(self, ctx: CallContext, purpose: str, attempt: int, t0: float, resp: Any, error: str | None) -> ModelUsage:
+        u = getattr(resp, "usage", None)
+        return ModelUsage(
+            usage_id=str(uuid.uuid5(USAGE_NS, f"{ctx.id_seed}/{purpose}/{attempt}")),
+            tenant=ctx.tenant,
+            agent=ctx.agent,
+            occurred_at=utcnow(),
+            session=ctx.session,
+            execution_id=ctx.execution_id,
+            turn=ctx.turn,
+            purpose=purpose,
+            model=getattr(resp, "model", None) or self.model,
+            input_tokens=getattr(u, "prompt_tokens", 0) or 0,
+            output_tokens=getattr(u, "completion_tokens", 0) or 0,
+            latency_ms=round((time.perf_counter() - t0) * 1000, 2),
+            ok=error is None,
+            error=error,
+        )
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Malformed(f"not JSON: {e.msg} at position {e.pos}") from None
+    if not isinstance(data, dict):
+        raise Malformed(f"expected a JSON object, got {type(data).__name__}")
+    return data

@@ -1,0 +1,148 @@
+"""The write-time filter (seed 004): which extraction candidates must never be stored.
+
+Pure functions. A candidate is refused when its text carries PII, a secret or a prompt
+injection, or when it is not a memory at all but a transcript or a tool dump. The filter
+is fixed: it is not an organisation's guardrail policy, and it errs toward refusing,
+because a refused fact can be said again while a stored secret has already leaked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # pii | secret | prompt_injection | transcript | tool_dump
+    detail: str  # which rule matched; never the matched text
+
+
+EMAIL = re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
+# International or North American numbers with separators; bare digit runs are left to the
+# card check, so order numbers and years do not read as phones.
+PHONE = re.compile(r"(?<![\w+])(?<!\d[\s.\-])(?:\+\d{1,3}[\s.\-]?)?(?:\(\d{2,4}\)[\s.\-]?|\d{2,4}[\s.\-])\d{3,4}[\s.\-]\d{3,4}(?![\s.\-]?\d)(?!\w)")
+CARD = re.compile(r"(?<!\d)(?:\d[ \-]?){12,18}\d(?!\d)")
+SSN = re.compile(r"\b\d{3}-\d{2}-\d{4}\b")
+IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:\s?[A-Z0-9]{4}){3,7}(?:\s?[A-Z0-9]{1,3})?\b")
+
+SECRETS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")),
+    ("api key (sk-)", re.compile(r"\bsk-(?:proj-|live-|test-)?[A-Za-z0-9_\-]{16,}")),
+    ("aws access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("github token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
+    ("slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}")),
+    ("google api key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),
+    ("bearer token", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._\-]{16,}")),
+    (
+        "credential assignment",
+        re.compile(
+            r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_\- ]?key|access[_\- ]?token|auth[_\- ]?token|token)"
+            r"\s*(?:is|=|:)\s*['\"]?[^\s'\"]{4,}"
+        ),
+    ),
+)
+
+INJECTION: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("ignore instructions", re.compile(r"(?i)\b(?:ignore|disregard|forget)\b.{0,40}\b(?:previous|prior|above|all|earlier|system)\b.{0,20}\b(?:instructions?|prompts?|rules?|messages?)")),
+    ("role override", re.compile(r"(?i)\byou are now\b|\bfrom now on,? you (?:are|will|must)\b|\bact as (?:an? )?(?:unrestricted|jailbroken|dan)\b")),
+    ("system prompt", re.compile(r"(?i)\b(?:reveal|print|show|repeat)\b.{0,30}\bsystem prompt\b|\bnew (?:system )?instructions?:")),
+    ("chat markup", re.compile(r"(?i)<\|?(?:im_start|im_end|system|endoftext)\|?>|\[/?(?:INST|SYS)\]")),
+    ("always obey", re.compile(r"(?i)\balways (?:obey|comply with|follow) (?:the )?(?:user|these|this)\b.{0,40}\bwithout\b")),
+)
+
+SPEAKER_LINE = re.compile(r"(?im)^\s*(?:user|assistant|system|human|ai|tool|bot|agent)\s*:")
+TOOL_DUMP_HINTS = re.compile(r"(?i)\"(?:tool_call_id|tool_calls|function_call|arguments|stdout|stderr|exit_code|traceback)\"")
+STACK_TRACE = re.compile(r"Traceback \(most recent call last\)|^\s+at [\w.$]+\(.*\)$", re.M)
+
+
+def _luhn(digits: str) -> bool:
+    total, parity = 0, len(digits) % 2
+    for i, ch in enumerate(digits):
+        d = int(ch)
+        if i % 2 == parity:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def find_pii(text: str) -> str | None:
+    if EMAIL.search(text):
+        return "email address"
+    if SSN.search(text):
+        return "national id number"
+    for m in CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group())
+        if 13 <= len(digits) <= 19 and _luhn(digits):
+            return "payment card number"
+    if PHONE.search(text):
+        return "phone number"
+    if IBAN.search(text):
+        return "bank account number (IBAN)"
+    return None
+
+
+def find_secret(text: str) -> str | None:
+    for name, pattern in SECRETS:
+        if pattern.search(text):
+            return name
+    return None
+
+
+def find_injection(text: str) -> str | None:
+    for name, pattern in INJECTION:
+        if pattern.search(text):
+            return name
+    return None
+
+
+def _looks_like_json_dump(text: str) -> bool:
+    s = text.strip()
+    if not s or s[0] not in "[{" or len(s) < 80:
+        return False
+    try:
+        json.loads(s)
+    except ValueError:
+        return False
+    return True
+
+
+def looks_like_transcript(text: str) -> str | None:
+    if len(SPEAKER_LINE.findall(text)) >= 2:
+        return "speaker-labelled lines"
+    return None
+
+
+def looks_like_tool_dump(text: str) -> str | None:
+    if TOOL_DUMP_HINTS.search(text):
+        return "tool call fields"
+    if STACK_TRACE.search(text):
+        return "stack trace"
+    if _looks_like_json_dump(text):
+        return "raw JSON document"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) >= 8:
+        symbolic = sum(1 for ln in lines if sum(not c.isalnum() and not c.isspace() for c in ln) > len(ln) * 0.3)
+        if symbolic >= len(lines) * 0.5:
+            return "log or table output"
+    return None
+
+
+def check(summary: str, content: str = "", labels: dict[str, str] | None = None) -> Refusal | None:
+    """The first rule a candidate breaks, or None when it may be stored."""
+    text = "\n".join([summary, content, *(labels or {}).values()])
+    for reason, rule in (
+        ("secret", find_secret),  # before PII: a key inside an email-like string is a secret first
+        ("pii", find_pii),
+        ("prompt_injection", find_injection),
+        ("transcript", looks_like_transcript),
+        ("tool_dump", looks_like_tool_dump),
+    ):
+        detail = rule(text)
+        if detail:
+            return Refusal(reason, detail)
+    return None
