@@ -39,12 +39,13 @@ class QdrantProjection:
         # Must match the embedder's model id, or no vector ever joins a record.
         self.model_id = model_id or embedder_model_id(settings)
         self.vector_cache = vector_cache  # None: keep every vector (a rebuild reads them all first)
+        self._bound = vector_cache
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
         self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.unused: set[str] = set()  # vectors that arrived before any event needed them
         # content hash -> {record id: (record, command id, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
+        self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
         self.versions: dict[str, int] = {}
         self.waiters: dict[str, list[asyncio.Future]] = {}
         self.done_commands: OrderedDict[str, list] = OrderedDict()
@@ -82,11 +83,9 @@ class QdrantProjection:
         self.vectors.move_to_end(msg.content_hash)
         if self.vector_cache is not None:
             while len(self.vectors) > self.vector_cache:
-                self.unused.discard(self.vectors.popitem(last=False)[0])
-        waiting = self.parked.pop(msg.content_hash, {})
-        if not waiting:
-            self.unused.add(msg.content_hash)
-        for r, event in waiting.values():
+                self.vectors.popitem(last=False)
+        for r, event in self.parked.pop(msg.content_hash, {}).values():
+            self.parked_at.pop(r.id, None)
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
@@ -99,8 +98,8 @@ class QdrantProjection:
             batch.done.append(e)  # a duplicate or an older version: already reflected
             return
         self.versions[r.id] = r.version
-        for bucket in self.parked.values():
-            bucket.pop(r.id, None)
+        if r.id in self.parked_at:  # a newer version replaces one still waiting for its vector
+            self.parked.get(self.parked_at.pop(r.id), {}).pop(r.id, None)
         batch.upserts.pop(r.id, None)
         batch.deletes.discard(r.id)
         if r.preview and r.replaces:
@@ -109,10 +108,11 @@ class QdrantProjection:
             batch.deletes.add(r.id)
             batch.done.append(e)
             return
-        vec = self.vectors.get(content_hash(r.text))
-        self.unused.discard(content_hash(r.text))
+        h = content_hash(r.text)
+        vec = self.vectors.get(h)
         if vec is None:
-            self.parked.setdefault(content_hash(r.text), {})[r.id] = (r, e)
+            self.parked.setdefault(h, {})[r.id] = (r, e)
+            self.parked_at[r.id] = h
             return
         batch.upserts[r.id] = (r, vec)
         batch.done.append(e)
@@ -153,7 +153,11 @@ class QdrantProjection:
         c = self._consumer()
         await c.start()
         try:
-            if until_caught_up:
+            if until_caught_up or not self.ckpt:
+                # From the start of the log, vectors and events arrive in any order: read
+                # the vectors first and keep them all, so no record waits on a vector that
+                # already went by. Afterwards vectors trail their events and a cache will do.
+                self._bound, self.vector_cache = self.vector_cache, None
                 await self._follow(c, vtps, until_caught_up=True, progress=None)
             await self._follow(c, etps + vtps, until_caught_up, progress, events=etps)
         finally:
@@ -205,8 +209,6 @@ class QdrantProjection:
             await land()
             if batch.seen:
                 inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
-            if events:
-                self._balance(c, [tp for tp in tps if tp not in events], events)
             pos = {tp: await c.position(tp) for tp in watch}
             done = all(pos[tp] >= end[tp] for tp in watch)
             if done or not batch.seen:
@@ -220,31 +222,18 @@ class QdrantProjection:
                 progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
             if done:
                 if not self.caught_up.is_set() and events:
+                    self._bound_cache()
                     self.caught_up.set()
                     log.info("qdrant_projection_caught_up", points=self.index.count(), parked=self.parked_count())
                 if until_caught_up:
                     break
         await land()
 
-    def _balance(self, c: AIOKafkaConsumer, vector_tps: list, event_tps: list) -> None:
-        """Keep the two topics in step, so the join needs bounded memory.
-
-        Reading both from the start (a cold start), vectors can run far ahead of their
-        events and fall out of the cache, or events far ahead of their vectors and park.
-        Pausing whichever side leads keeps both within the cache.
-        """
-        if self.vector_cache is None:
-            return
-        vectors_ahead = len(self.unused) > self.vector_cache * 0.5
-        events_ahead = self.parked_count() > min(20_000, self.vector_cache // 2)
-        if vectors_ahead:
-            c.pause(*vector_tps)
-            c.resume(*event_tps)
-        elif events_ahead:
-            c.pause(*event_tps)
-            c.resume(*vector_tps)
-        else:
-            c.resume(*vector_tps, *event_tps)
+    def _bound_cache(self) -> None:
+        if self.vector_cache is None and self._bound is not None:
+            self.vector_cache = self._bound
+            while len(self.vectors) > self.vector_cache:
+                self.vectors.popitem(last=False)
 
     def parked_count(self) -> int:
         return sum(len(b) for b in self.parked.values())
