@@ -102,6 +102,10 @@ class MemlaneClient:
     async def recall(self, conversation: str, text: str) -> dict[str, Any]:
         return await self._call("POST", "/v1/recall", json={"conversation": conversation, "text": text})
 
+    async def search_history(self, query: str | None = None, **filters: Any) -> dict[str, Any]:
+        body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}
+        return await self._call("POST", "/v1/history/search", json=body)
+
     async def read_memory(self, rid: str, version: int | None = None) -> MemoryRecord:
         params = {"version": version} if version else {}
         return MemoryRecord.model_validate(await self._call("GET", f"/v1/memory/{rid}", params=params))

@@ -261,7 +261,7 @@ async def test_mcp_tools_follow_the_same_rules(stack, new_agent):
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         mcp = build_mcp(c)
         names = {t.name for t in await mcp.list_tools()}
-        assert {"search_memory", "add_memory", "read_memory", "delete_memory"} <= names
+        assert {"search_memory", "add_memory", "read_memory", "delete_memory", "search_history"} <= names
         added = json.loads((await mcp.call_tool("add_memory", {"summary": "MCP users like tabs"})).content[0].text)
         rid = added["memories"][0]["id"]
         found = json.loads((await mcp.call_tool("search_memory", {"query": "tabs"})).content[0].text)
@@ -272,3 +272,5 @@ async def test_mcp_tools_follow_the_same_rules(stack, new_agent):
 
         with pytest.raises(ToolError, match="TOOL_NOT_ALLOWED"):
             await mcp.call_tool("delete_memory", {"id": rid})
+        with pytest.raises(ToolError, match="HISTORY_DISABLED"):  # this agent has no harness.history
+            await mcp.call_tool("search_history", {"query": "tabs"})
