@@ -13,6 +13,7 @@ from events.commands import (
     TurnOutcome,
     UnpinMemory,
 )
+from events.config import AgentConfig, MemoryConfig
 from events.memory import (
     AgentConfigured,
     CommandRejected,
@@ -23,7 +24,6 @@ from events.memory import (
     RecordSuperseded,
     RecordUnpinned,
 )
-from events.config import AgentConfig, MemoryConfig
 from events.record import MemoryRecord, Provenance, Scope, Source, Status
 from events.topics import TOPICS, Topic
 from events.turns import Message, SessionEnded, ToolCall, TurnCommitted, TurnEvent, TurnRolledBack

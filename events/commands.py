@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -88,6 +88,6 @@ class ConfigureAgent(_CommandBase):
 
 
 Command = Annotated[
-    Union[AddMemory, DeleteMemory, PinMemory, UnpinMemory, TurnOutcome, ConfigureAgent],
+    AddMemory | DeleteMemory | PinMemory | UnpinMemory | TurnOutcome | ConfigureAgent,
     Field(discriminator="type"),
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -40,7 +40,7 @@ class EveryMessages(_Strict):
 
 class ExtractionConfig(_Strict):
     prompt: Annotated[str, Field(max_length=16_000)] | None = None
-    every: Union[Literal["turn"], EveryMessages] = "turn"
+    every: Literal["turn"] | EveryMessages = "turn"
 
 
 class MemoryConfig(_Strict):
@@ -82,7 +82,7 @@ class AgentConfig(_Strict):
     has_sessions: bool = True
 
     @model_validator(mode="after")
-    def _sessionless_needs_agent_scope(self) -> "AgentConfig":
+    def _sessionless_needs_agent_scope(self) -> AgentConfig:
         if not self.has_sessions:
             s = self.memory.scope
             if s.read != ["agent"] or s.write != ["agent"]:

@@ -7,7 +7,7 @@ projection is a version-guarded upsert and never needs to read what it already h
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -86,18 +86,7 @@ class CommandRejected(_EventBase):
 
 
 MemoryEvent = Annotated[
-    Union[
-        RecordAdded,
-        RecordSuperseded,
-        RecordDeleted,
-        RecordPinned,
-        RecordUnpinned,
-        WriteStaged,
-        TurnResolved,
-        WriteDiscarded,
-        AgentConfigured,
-        CommandRejected,
-    ],
+    RecordAdded | RecordSuperseded | RecordDeleted | RecordPinned | RecordUnpinned | WriteStaged | TurnResolved | WriteDiscarded | AgentConfigured | CommandRejected,
     Field(discriminator="type"),
 ]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -72,4 +72,4 @@ class SessionEnded(Message_):
     occurred_at: datetime
 
 
-TurnEvent = Annotated[Union[TurnCommitted, TurnRolledBack, SessionEnded], Field(discriminator="type")]
+TurnEvent = Annotated[TurnCommitted | TurnRolledBack | SessionEnded, Field(discriminator="type")]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -56,4 +56,4 @@ class CandidateRefused(_UsageBase):
     summary_preview: str = ""
 
 
-UsageEvent = Annotated[Union[ModelUsage, Retrieved, CandidateRefused], Field(discriminator="type")]
+UsageEvent = Annotated[ModelUsage | Retrieved | CandidateRefused, Field(discriminator="type")]

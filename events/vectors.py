@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -19,7 +20,7 @@ class VectorComputed(Message_):
     dense_b64: str
 
     @classmethod
-    def of(cls, model: str, content_hash: str, vector: Sequence[float]) -> "VectorComputed":
+    def of(cls, model: str, content_hash: str, vector: Sequence[float]) -> VectorComputed:
         arr = np.asarray(vector, dtype="<f4")
         return cls(model=model, content_hash=content_hash, dim=arr.shape[0], dense_b64=base64.b64encode(arr.tobytes()).decode())
 

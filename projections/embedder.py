@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from functools import cached_property
 from importlib import resources
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -35,7 +35,7 @@ class ClientIndex:
             client.create_payload_index(collection, "created_ms", models.PayloadSchemaType.INTEGER)
 
     @classmethod
-    def connect(cls, url: str | None, collection: str, path: str | None = None) -> "ClientIndex":
+    def connect(cls, url: str | None, collection: str, path: str | None = None) -> ClientIndex:
         client = QdrantClient(url=url) if url else QdrantClient(path=path) if path else QdrantClient(":memory:")
         return cls(client, collection)
 

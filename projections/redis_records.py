@@ -18,7 +18,6 @@ from events.memory import RECORD_EVENTS, AgentConfigured
 from events.record import MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
-
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON list of
 # [agent key, record id, version, snapshot json, sort score, listed 0/1, pinned 0/1];
 # ARGV[3]: JSON object {checkpoint field: next offset}. Keys are derived in the script,
@@ -71,7 +70,7 @@ class RedisRecords:
         self._apply = client.register_script(APPLY)
 
     @classmethod
-    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> "RedisRecords":
+    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
         return cls(connect(url), generation, namespace)
 
     async def generation(self) -> int:

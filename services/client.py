@@ -55,7 +55,7 @@ class MemlaneClient:
             headers["X-Preview"] = "true"
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
 
-    async def __aenter__(self) -> "MemlaneClient":
+    async def __aenter__(self) -> MemlaneClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -137,7 +137,7 @@ class TurnPublisher:
         self.topic = f"{topic_prefix}{TURNS.name}"
         self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
 
-    async def __aenter__(self) -> "TurnPublisher":
+    async def __aenter__(self) -> TurnPublisher:
         await self.producer.start()
         return self
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +39,7 @@ def _turn(tenant: str, agent: str, session: str, n: int, text: str, memory: str,
         session=session,
         turn=n,
         execution_id=f"exec-{session}",
-        occurred_at=datetime.now(timezone.utc),
+        occurred_at=datetime.now(UTC),
     )
     if not committed:
         return TurnRolledBack(**common, reason="the user cancelled the turn")

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     turn_timeout_s: float = 600.0
 
     @model_validator(mode="after")
-    def _derive(self) -> "Settings":
+    def _derive(self) -> Settings:
         if not self.kafka_bootstrap:
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
         if not self.redis_url:

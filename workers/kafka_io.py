@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from collections.abc import Iterable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer

@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, MutableMapping
+from datetime import timedelta
+from typing import Any
 
 from events.codec import decode, encode
 from events.commands import (

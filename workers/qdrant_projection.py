@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import structlog
@@ -75,7 +76,7 @@ class QdrantProjection:
 
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, msg: Any, batch: "_Batch") -> None:
+    def _on_vector(self, msg: Any, batch: _Batch) -> None:
         if msg.model != self.model_id:
             return
         vec = msg.array()
@@ -89,7 +90,7 @@ class QdrantProjection:
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
-    def _on_event(self, e: Any, batch: "_Batch") -> None:
+    def _on_event(self, e: Any, batch: _Batch) -> None:
         if not isinstance(e, RECORD_EVENTS):
             batch.done.append(e)
             return
@@ -117,7 +118,7 @@ class QdrantProjection:
         batch.upserts[r.id] = (r, vec)
         batch.done.append(e)
 
-    def _write(self, batch: "_Batch") -> None:
+    def _write(self, batch: _Batch) -> None:
         self.index.upsert([(r, vec.tolist()) for r, vec in batch.upserts.values()])
         self.index.delete(list(batch.deletes))
         for rid in batch.shadows:

@@ -7,7 +7,7 @@ over once it has caught up with the live generation.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition

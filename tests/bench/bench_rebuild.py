@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
@@ -26,7 +26,7 @@ from workers.kafka_io import ensure_topics
 RECORDS = 100_000
 AGENTS = 500
 COMMANDS_N = 20_000
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 async def _produce(settings: Settings, items) -> None:

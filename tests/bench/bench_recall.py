@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import numpy as np
@@ -23,7 +23,7 @@ from tests.bench.common import bench_stack, figure, percentile, progress
 AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "200000"))
 QUERIES = 200
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORDS = "invoice shipping refund parcel customer account password billing order delivery address contract".split()
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from events import RecordAdded, RecordDeleted, RecordPinned, RecordSuperseded
 from events.record import MemoryRecord
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def rec(rid: str, version: int = 1, minute: int = 0, **kw) -> MemoryRecord:

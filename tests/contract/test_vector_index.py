@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,7 @@ from projections.embedder import OnnxMiniLM
 from projections.qdrant_client_index import ClientIndex
 from projections.qdrant_index import EdgeIndex, SearchFilter
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EMBEDDER = OnnxMiniLM()
 ADAPTERS = ["edge", "client-local"] + (["server"] if os.environ.get("QDRANT_URL") else [])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -220,7 +220,7 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
 
 def _turn(cls, tenant, agent, n, **kw):
     return cls(event_id=str(uuid.uuid4()), tenant=tenant, agent=agent, session="s1", turn=n,
-               execution_id="exec-api", occurred_at=datetime.now(timezone.utc), **kw)
+               execution_id="exec-api", occurred_at=datetime.now(UTC), **kw)
 
 
 async def test_tool_writes_wait_for_their_turn(stack, new_agent, publisher):

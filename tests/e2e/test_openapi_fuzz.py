@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 import schemathesis
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from schemathesis.checks import not_a_server_error
 
 from events import AgentConfig

@@ -4,7 +4,7 @@ ledger -> projections (Redis, Qdrant Edge) -> HTTP search."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer
 
@@ -23,7 +23,7 @@ def committed_turn(tenant, agent, session, n, summary, **kw):
         execution_id="exec-1",
         invocation=2,
         agent_version=5,
-        occurred_at=datetime.now(timezone.utc),
+        occurred_at=datetime.now(UTC),
         messages=[
             Message(id=f"u{n}", role="user", content="remember this please"),
             Message(

@@ -10,7 +10,7 @@ import random
 import signal
 import uuid
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ from workers.ledger_rules import LedgerState, decide, evolve, record_id_for
 
 AGENTS = 100
 PER_AGENT = 100  # 10,000 commands in all
-T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
 
 def make_commands(run: str) -> list:

@@ -4,16 +4,18 @@ redeliveries, the incremental Redis projection, a fresh rebuild and the pure fol
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
 from workers.ledger_rules import LedgerState, decide, evolve
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _gens = itertools.count(5_000_000)
 SUMMARIES = ["tea", "coffee", "Lisbon", "Porto", "dark mode", "SETL-2291"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -19,7 +19,7 @@ from services.stack import Stack, stack_env
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics
 
-T0 = datetime(2026, 2, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 2, 1, tzinfo=UTC)
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """The event contract: round-trips, and refusals that name the field."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -10,17 +10,17 @@ from events import (
     Message,
     RecordAdded,
     RecordDeleted,
+    SessionEnded,
     ToolCall,
     TurnCommitted,
     TurnRolledBack,
-    SessionEnded,
     decode,
     encode,
 )
 from events.record import MemoryRecord
 from events.topics import TOPICS
 
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def turn(**kw):
@@ -77,8 +77,10 @@ def test_round_trip(topic, message):
 
 
 def test_models_are_frozen():
+    from pydantic import ValidationError
+
     t = turn()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         t.turn = 4  # type: ignore[misc]
 
 

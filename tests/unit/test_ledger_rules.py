@@ -1,6 +1,6 @@
 """Every ledger rule, including the text of each refusal. Pure: no broker, no store."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import count
 
 import pytest
@@ -9,7 +9,7 @@ from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemo
 from events.record import Status
 from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve
 
-NOW = datetime(2026, 3, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
 _ids = count()
 
 
