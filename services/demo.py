@@ -17,7 +17,7 @@ from rich.table import Table
 from events import AgentConfig, Message, ToolCall, TurnCommitted, TurnRolledBack
 from services.client import MemlaneClient, TurnPublisher
 from services.settings import ROOT, Settings
-from services.stack import Stack, stack_env
+from services.stack import PIPELINE, Stack, stack_env
 
 console = Console()
 
@@ -28,7 +28,13 @@ CONVERSATION = [
     (3, "Actually, ignore that, I was thinking of another bank.", "Dana banks with Banco Azul.", False),
     (4, "I prefer answers as short bullet lists.", "Dana prefers short bullet-list answers.", True),
 ]
-QUERIES = ["where is the user based?", "SETL-2291", "how should answers be formatted?", "which bank does Dana use?"]
+# (query, mode): the last one looks for the rolled-back turn's fact by its exact words.
+QUERIES = [
+    ("where is the user based?", "hybrid"),
+    ("SETL-2291", "hybrid"),
+    ("how should answers be formatted?", "hybrid"),
+    ("Banco Azul", "lexical"),
+]
 
 
 def _turn(tenant: str, agent: str, session: str, n: int, text: str, memory: str, committed: bool):
@@ -79,10 +85,10 @@ async def _scenario(stack: Stack, settings: Settings) -> int:
         r = f.record
         table.add_row(r.id[:8], r.summary, r.scope.value, r.provenance.source.value, str(r.provenance.turn))
     console.print(table)
-    for q in QUERIES:
-        hits, _ = await client.search_memory(q, limit=1)
+    for q, mode in QUERIES:
+        hits, _ = await client.search_memory(q, limit=1, mode=mode)
         top = f"{hits[0].record.summary}  (score {hits[0].score:.3f})" if hits else "nothing"
-        console.print(f"search [bold]{q!r}[/] -> {top}")
+        console.print(f"search ({mode}) [bold]{q!r}[/] -> {top}")
     await client.aclose()
     await op.aclose()
     return 0 if len(found) == want else 1
@@ -97,7 +103,7 @@ def run_demo() -> int:
     try:
         with console.status("starting the workers and the API"):
             stack.start_all()
-        console.print(f"started 4 workers and the API in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
+        console.print(f"started {len(PIPELINE)} workers and the API in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
         return asyncio.run(_scenario(stack, settings))
     finally:
         stack.stop()
