@@ -47,6 +47,8 @@ class QdrantProjection:
         # content hash -> {record id: (record, command id, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
         self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
+        # Vectors read before their event: never evicted, so no record is stranded.
+        self.unused: set[str] = set()
         self.versions: dict[str, int] = {}
         self.waiters: dict[str, list[asyncio.Future]] = {}
         self.done_commands: OrderedDict[str, list] = OrderedDict()
@@ -82,10 +84,10 @@ class QdrantProjection:
         vec = msg.array()
         self.vectors[msg.content_hash] = vec
         self.vectors.move_to_end(msg.content_hash)
-        if self.vector_cache is not None:
-            while len(self.vectors) > self.vector_cache:
-                self.vectors.popitem(last=False)
-        for r, event in self.parked.pop(msg.content_hash, {}).values():
+        waiting = self.parked.pop(msg.content_hash, {})
+        if not waiting:
+            self.unused.add(msg.content_hash)  # its event is still ahead in the log
+        for r, event in waiting.values():
             self.parked_at.pop(r.id, None)
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
@@ -111,6 +113,7 @@ class QdrantProjection:
             return
         h = content_hash(r.text)
         vec = self.vectors.get(h)
+        self.unused.discard(h)
         if vec is None:
             self.parked.setdefault(h, {})[r.id] = (r, e)
             self.parked_at[r.id] = h
@@ -210,6 +213,8 @@ class QdrantProjection:
             await land()
             if batch.seen:
                 inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
+            if events and self.vector_cache is not None:
+                await self._pace_vectors(c, [tp for tp in tps if tp not in events], events)
             pos = {tp: await c.position(tp) for tp in watch}
             done = all(pos[tp] >= end[tp] for tp in watch)
             if done or not batch.seen:
@@ -222,7 +227,7 @@ class QdrantProjection:
             if progress:
                 progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
             if done:
-                if not self.caught_up.is_set() and events:
+                if not self.caught_up.is_set() and events and (until_caught_up or not self.parked_count()):
                     self._bound_cache()
                     self.caught_up.set()
                     log.info("qdrant_projection_caught_up", points=self.index.count(), parked=self.parked_count())
@@ -230,11 +235,31 @@ class QdrantProjection:
                     break
         await land()
 
+    async def _pace_vectors(self, c: AIOKafkaConsumer, vector_tps: list, event_tps: list) -> None:
+        """Join in bounded memory: a vector read before its event is kept until the event
+        comes; when too many wait, vectors pause until the events catch up. Events never
+        pause, so this cannot deadlock."""
+        behind = [tp for tp in event_tps if (c.last_stable_offset(tp) or 0) > await c.position(tp)]
+        if not behind:
+            self.unused.clear()  # every written event has been read: these are plain cache entries
+        if behind and len(self.unused) >= self.vector_cache:
+            c.pause(*vector_tps)
+        else:
+            c.resume(*vector_tps)
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        excess = len(self.vectors) - len(self.unused) - self.vector_cache
+        if excess <= 0:
+            return
+        for h in [h for h in self.vectors if h not in self.unused][:excess]:
+            del self.vectors[h]
+
     def _bound_cache(self) -> None:
         if self.vector_cache is None and self._bound is not None:
             self.vector_cache = self._bound
-            while len(self.vectors) > self.vector_cache:
-                self.vectors.popitem(last=False)
+            self.unused.clear()
+            self._trim_cache()
 
     def parked_count(self) -> int:
         return sum(len(b) for b in self.parked.values())

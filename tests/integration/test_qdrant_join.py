@@ -1,0 +1,58 @@
+"""The Qdrant projection joins events with vectors in bounded memory and strands nothing,
+even when it lags the log far behind (regression: vectors ran ahead, fell out of the
+cache, and their records waited forever)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+from aiokafka import AIOKafkaProducer
+
+from events import RecordAdded, encode
+from events.record import MemoryRecord
+from events.topics import EVENTS, VECTORS
+from events.vectors import VectorComputed
+from projections.embedder import MODEL_ID, content_hash
+from projections.qdrant_index import EdgeIndex
+from tests.conftest import eventually
+from workers.kafka_io import ensure_topics
+from workers.qdrant_projection import QdrantProjection
+
+N = 3000
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
+    s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}join{uuid.uuid4().hex[:4]}."})
+    await ensure_topics(s)
+    rng = np.random.default_rng(3)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        for i in range(N):  # as the pipeline writes them: each event, then its vector
+            r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0, tenant="t",
+                             agent="a", scope="AGENT", kind="fact", summary=f"fact {i}")
+            e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="t", agent="a", occurred_at=T0, record=r)
+            v = VectorComputed.of(MODEL_ID, content_hash(r.text), rng.standard_normal(384).astype(np.float32))
+            await producer.send(s.topic(EVENTS.name), encode(e), key=EVENTS.key_bytes(e))
+            await producer.send(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v))
+        await producer.flush()
+    finally:
+        await producer.stop()
+    index = EdgeIndex(tmp_path / "shard")
+    # A tiny cache and a checkpoint (so not a cold start): the projection follows both
+    # topics live, thousands of messages behind.
+    projection = QdrantProjection(s, index, vector_cache=50)
+    projection.ckpt = {f"{s.topic(VECTORS.name)}:0": 0}
+    task = asyncio.create_task(projection.run())
+    try:
+        await eventually(lambda: index.count() == N, timeout=120, interval=0.5)
+        assert projection.parked_count() == 0
+        assert len(projection.vectors) <= 50
+    finally:
+        projection.stopping.set()
+        await task
+        index.close()
