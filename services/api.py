@@ -48,6 +48,19 @@ class SearchRequest(_Body):
     min_score: Annotated[float, Field(ge=-1, le=1)] | None = None
 
 
+class SearchItem(SearchRequest):
+    # Whose memory the search reads: the X-Tenant, X-Agent, X-Session and X-Preview headers
+    # of a single search, given per item (the request's headers when left out).
+    tenant: str | None = None
+    agent: str | None = None
+    session: str | None = None
+    preview: bool | None = None
+
+
+class SearchBatchRequest(_Body):
+    searches: Annotated[list[SearchItem], Field(min_length=1, max_length=100)]
+
+
 class RecallRequest(_Body):
     conversation: Annotated[str, Field(min_length=1, max_length=128)]
     text: Annotated[str, Field(max_length=16_000)]
@@ -226,6 +239,16 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError("UNAUTHENTICATED", "authorization", "send 'Authorization: Bearer <api key>'", 401)
         return p
 
+    def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id) -> Context:
+        if p.role == "operator":
+            if not x_agent or not (x_tenant or p.tenant != "*"):
+                raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
+            tenant = x_tenant if p.tenant == "*" else p.tenant
+            p = Principal(tenant, x_agent, "operator")
+        elif x_agent and x_agent != p.agent:
+            raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
+        return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id)
+
     async def context(
         p: Annotated[Principal, Depends(principal)],
         x_agent: Annotated[str | None, Header()] = None,
@@ -235,14 +258,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         x_turn_ref: Annotated[str | None, Header()] = None,
         x_execution_id: Annotated[str | None, Header()] = None,
     ) -> Context:
-        if p.role == "operator":
-            if not x_agent or not (x_tenant or p.tenant != "*"):
-                raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
-            tenant = x_tenant if p.tenant == "*" else p.tenant
-            p = Principal(tenant, x_agent, "operator")
-        elif x_agent and x_agent != p.agent:
-            raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
-        return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id)
+        return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id)
 
     Ctx = Annotated[Context, Depends(context)]
 
@@ -280,6 +296,53 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         res = await s.search(ctx, **body.model_dump())
         await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
         return {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+
+    @app.post("/v1/memory/search/batch")
+    async def search_memory_batch(
+        body: SearchBatchRequest,
+        p: Annotated[Principal, Depends(principal)],
+        s: Svc,
+        x_agent: Annotated[str | None, Header()] = None,
+        x_tenant: Annotated[str | None, Header()] = None,
+        x_session: Annotated[str | None, Header()] = None,
+        x_preview: Annotated[bool, Header()] = False,
+    ):
+        """Up to 100 searches in one request, each answered as `/v1/memory/search` would
+        answer it alone (same key rules, same usage records), or with its own error.
+
+        For callers that search for many contexts at once (the extraction worker): the
+        queries share one embedding call, and the HTTP round trips collapse into one.
+        """
+        searches: list[tuple[Context, dict[str, Any]]] = []
+        answers: list[dict[str, Any] | None] = []
+        for item in body.searches:
+            try:
+                ctx = resolve_context(
+                    p,
+                    item.agent or x_agent,
+                    item.tenant or x_tenant,
+                    item.session if item.session is not None else x_session,
+                    item.preview if item.preview is not None else x_preview,
+                    None,
+                    None,
+                )
+            except ApiError as e:
+                answers.append({"error": {"code": e.code, "field": e.field, "message": e.message}, "status": e.status})
+                continue
+            searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview"})))
+            answers.append(None)
+        results = iter(await s.search_many(searches))
+        ctxs = iter(searches)
+        for i, a in enumerate(answers):
+            if a is not None:
+                continue
+            res, (ctx, _) = next(results), next(ctxs)
+            if isinstance(res, ApiError):
+                answers[i] = {"error": {"code": res.code, "field": res.field, "message": res.message}, "status": res.status}
+                continue
+            await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
+            answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+        return {"results": answers}
 
     @app.post("/v1/recall")
     async def recall(body: RecallRequest, ctx: Ctx, s: Svc, response: Response):

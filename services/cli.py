@@ -87,7 +87,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         if args.target in ("qdrant", "all"):
             bar, update = _progress_bar("qdrant generation")
             with bar:
-                gen = await rebuild_qdrant(settings, update, switch=not args.no_switch)
+                gen = await rebuild_qdrant(settings, update, switch=not args.no_switch, optimize=args.optimize)
             print(f"qdrant: generation {gen} built" + ("" if args.no_switch else "; memlane serve switches to it"))
 
     asyncio.run(go())
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("rebuild", help="build new projection generations from the log, then switch over")
     r.add_argument("--target", choices=["redis", "qdrant", "all"], default="all")
     r.add_argument("--no-switch", action="store_true", help="build but leave readers on the current generation")
+    r.add_argument("--optimize", action="store_true", help="build the Qdrant HNSW index before switching (slow, faster search)")
     r.set_defaults(fn=cmd_rebuild)
 
     rp = sub.add_parser("replay", help="replay a range of event offsets into a named Redis generation")

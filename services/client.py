@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,3 +148,9 @@ class TurnPublisher:
 
     async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded) -> None:
         await self.producer.send_and_wait(self.topic, encode(event), key=TURNS.key_bytes(event))
+
+    async def publish_many(self, events: list[TurnCommitted | TurnRolledBack | SessionEnded]) -> None:
+        """Publishes in order without waiting for each acknowledgement (the idempotent
+        producer keeps each partition's order), then waits for them all."""
+        futs = [await self.producer.send(self.topic, encode(e), key=TURNS.key_bytes(e)) for e in events]
+        await asyncio.gather(*futs)

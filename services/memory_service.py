@@ -24,7 +24,7 @@ from events.topics import COMMANDS, USAGE
 from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
 from projections.qdrant_index import EdgeIndex, SearchFilter
-from projections.records import encode_cursor, sort_score
+from projections.records import CursorError, encode_cursor, sort_score
 from services.recall_render import pinned_within_budget, render
 from projections.redis_records import RedisRecords
 from services.auth import Principal
@@ -148,8 +148,12 @@ class MemoryService:
         after: str | None = None,
         mode: str | None = None,
         min_score: float | None = None,
+        dense: list[float] | None = None,
+        cfg: AgentConfig | None = None,
     ) -> SearchResult:
-        cfg = await self.config(ctx.tenant, ctx.agent)
+        """`dense` and `cfg`: the query's vector and the agent's configuration, when the
+        caller has them already (`search_many`)."""
+        cfg = cfg or await self.config(ctx.tenant, ctx.agent)
         limit = limit or cfg.memory.search.max_results
         scopes = self.readable_scopes(cfg, ctx.session)
         if ids:
@@ -169,7 +173,10 @@ class MemoryService:
         )
         mode = mode or cfg.memory.search.mode
         min_score = cfg.memory.search.min_score if min_score is None else min_score
-        dense = None if mode == "lexical" else await self._embed_query(ctx, query)
+        if mode == "lexical":
+            dense = None
+        elif dense is None:
+            dense = await self._embed_query(ctx, query)
         hits = await asyncio.to_thread(self.index.search, f, dense, query, limit, mode, min_score)
         recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
         by_id = {r.id: r for r in recs}
@@ -181,6 +188,51 @@ class MemoryService:
             and self.visible(by_id[h.record_id], ctx, scopes)
         ]
         return SearchResult(out, None)
+
+    async def search_many(self, searches: list[tuple[Context, dict[str, Any]]]) -> list[SearchResult | ApiError]:
+        """Several searches, each with its own context, as `search` would run them one by one.
+
+        The queries that need a vector are embedded in one embedder call: one model request
+        (or one ONNX batch) instead of one per query is what makes a batch cheap. A search
+        that fails with an ApiError gets it in its place; the others still answer.
+        """
+        cfgs: dict[tuple[str, str], AgentConfig] = {}
+        for ctx, _ in searches:
+            if (ctx.tenant, ctx.agent) not in cfgs:
+                cfgs[(ctx.tenant, ctx.agent)] = await self.config(ctx.tenant, ctx.agent)
+
+        def needs_vector(ctx: Context, kw: dict[str, Any]) -> bool:
+            mode = kw.get("mode") or cfgs[(ctx.tenant, ctx.agent)].memory.search.mode
+            return bool(kw.get("query")) and not kw.get("ids") and mode != "lexical"
+
+        todo = [i for i, (ctx, kw) in enumerate(searches) if needs_vector(ctx, kw)]
+        vectors: dict[int, list[float]] = {}
+        if todo:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            # Each distinct text once: short replies ("ok", "Noted.") repeat across sessions.
+            texts = list(dict.fromkeys(searches[i][1]["query"] for i in todo))
+            by_text = dict(zip(texts, await asyncio.to_thread(self.embedder.embed, texts)))
+            ms = (loop.time() - t0) * 1000
+            for i in todo:
+                vectors[i] = by_text[searches[i][1]["query"]]
+                ctx, kw = searches[i]
+                # One usage record per query, as a single search records it.
+                await self.record_usage(
+                    ModelUsage(**self._usage_base(ctx), purpose="embed", model=self.embedder.model_id,
+                               input_tokens=len(kw["query"].split()), latency_ms=ms)
+                )
+
+        async def one(i: int) -> SearchResult | ApiError:
+            ctx, kw = searches[i]
+            try:
+                return await self.search(ctx, **kw, dense=vectors.get(i), cfg=cfgs[(ctx.tenant, ctx.agent)])
+            except ApiError as e:
+                return e
+            except CursorError as e:
+                return ApiError("VALIDATION_FAILED", "after", f"after: {e}", 422)
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(searches)))))
 
     async def _embed_query(self, ctx: Context, query: str) -> list[float]:
         t0 = asyncio.get_running_loop().time()

@@ -44,7 +44,7 @@ from events.usage import CandidateRefused
 from workers import extraction_review as review
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed
-from workers.runtime import DeadLetter, Out, Processor, Transient
+from workers.runtime import DeadLetter, Out, Processor, Transient, release_key
 
 log = structlog.get_logger()
 NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")
@@ -111,7 +111,10 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
 
 class ApiReader:
     """What the worker reads through the HTTP API, as the agent's operator: the agent's
-    configuration and its most similar memories. It never opens the index itself."""
+    configuration and its most similar memories. It never opens the index itself.
+
+    Similar-memory searches of concurrent reviews go out together (`SearchBatcher`), each
+    with its own agent and session, to `/v1/memory/search/batch`."""
 
     def __init__(self, settings) -> None:
         self.ttl = settings.config_cache_s
@@ -122,6 +125,8 @@ class ApiReader:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
         )
         self.configs: dict[str, tuple[float, AgentConfig]] = {}
+        self.fetching: dict[str, asyncio.Future] = {}
+        self.searches = SearchBatcher(self._search_batch)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -142,30 +147,101 @@ class ApiReader:
         hit = self.configs.get(key)
         if hit and time.monotonic() - hit[0] < self.ttl:
             return hit[1]
-        cfg = AgentConfig.model_validate(await self._call("GET", "/v1/config", {"X-Tenant": tenant, "X-Agent": agent}))
+        # One request per agent at a time: when the entry expires, every review of that agent
+        # in flight (hundreds in a backlog) misses at once, and as many requests queued on
+        # the connection pool cost the worker more CPU than the reviews themselves.
+        fetch = self.fetching.get(key)
+        if fetch is None:
+            fetch = self.fetching[key] = asyncio.ensure_future(self._fetch_config(key, tenant, agent))
+        return await asyncio.shield(fetch)
+
+    async def _fetch_config(self, key: str, tenant: str, agent: str) -> AgentConfig:
+        try:
+            cfg = AgentConfig.model_validate(await self._call("GET", "/v1/config", {"X-Tenant": tenant, "X-Agent": agent}))
+        finally:
+            self.fetching.pop(key, None)
         self.configs[key] = (time.monotonic(), cfg)
         if len(self.configs) > 10_000:
             self.configs.pop(next(iter(self.configs)))
         return cfg
 
     async def similar(self, turn: TurnCommitted, queries: list[str]) -> list[MemoryRecord]:
-        headers = {"X-Tenant": turn.tenant, "X-Agent": turn.agent}
-        if turn.session:
-            headers["X-Session"] = turn.session
-        if turn.preview:
-            headers["X-Preview"] = "true"
-
-        async def one(q: str) -> list[MemoryRecord]:
-            body = {"query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}
-            data = await self._call("POST", "/v1/memory/search", headers, json=body)
-            return [MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}) for r in data["records"]]
-
-        found = await asyncio.gather(*(one(q) for q in queries))
+        ctx = {"tenant": turn.tenant, "agent": turn.agent, "session": turn.session, "preview": turn.preview}
+        found = await asyncio.gather(
+            *(self.searches.search({**ctx, "query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}) for q in queries)
+        )
         # Interleave by rank, so each message's best match gets a handle before anyone's third.
         out: list[MemoryRecord] = []
         for rank in range(review.SIMILAR_PER_MESSAGE):
             out.extend(f[rank] for f in found if len(f) > rank)
         return out
+
+    async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | Exception]:
+        data = await self._call("POST", "/v1/memory/search/batch", {}, json={"searches": items})
+        out: list[list[MemoryRecord] | Exception] = []
+        for res in data["results"]:
+            if "error" in res:
+                out.append(SearchFailed(f"search answered {res.get('status')}: {res['error'].get('message')}"))
+            else:
+                out.append([MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}) for r in res["records"]])
+        return out
+
+
+class SearchFailed(Exception):
+    """The API refused one search of a batch (not a transient failure)."""
+
+
+class SearchBatcher:
+    """Collects the searches that concurrent reviews ask for into batch requests.
+
+    Why: a review searches once per window message, and every search costs an HTTP round
+    trip and a query embedding in the API. Sent together, they cost one request and one
+    embedding call. Searches queue while `max_in_flight` batches are out, so batches grow
+    with load and an idle worker still sends its search at once.
+    """
+
+    def __init__(self, send, max_items: int = 100, max_in_flight: int = 4) -> None:
+        self.send = send
+        self.max_items = max_items
+        self.max_in_flight = max_in_flight
+        self.pending: list[tuple[dict[str, Any], asyncio.Future]] = []
+        self.in_flight: set[asyncio.Task] = set()
+        self.scheduled = False
+
+    async def search(self, item: dict[str, Any]) -> list[MemoryRecord]:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((item, fut))
+        if not self.scheduled:
+            # Flush on the next loop turn: searches that other tasks are about to ask for in
+            # this same turn join the batch.
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        while self.pending and len(self.in_flight) < self.max_in_flight:
+            batch, self.pending = self.pending[: self.max_items], self.pending[self.max_items :]
+            task = asyncio.create_task(self._send(batch))
+            self.in_flight.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.in_flight.discard(task)
+        self._flush()
+
+    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        try:
+            results = await self.send([item for item, _ in batch])
+        except Exception as e:  # a transient failure fails each search; each turn retries
+            results = [e] * len(batch)
+        for (_, fut), res in zip(batch, results):
+            if fut.done():  # its review was cancelled
+                continue
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
 
 
 def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
@@ -253,6 +329,10 @@ class ExtractionProcessor(Processor):
             return []
         msgs = [review.compact(m) for m in turn.messages if review.reviewable(m)]
         due = await self.state.observe(partition, session_key(turn), offset, msgs, cfg.memory.extraction)
+        # The cadence state is all that orders a session's turns: the next turn's window
+        # depends on this one's facts, never on its review (whose proposals only apply after
+        # the batch commits). Retried, `observe` gives the same answer (offset-indexed).
+        release_key()
         ctx = dict(event_id=turn.event_id, turn=turn.turn, agent=turn.agent, session=turn.session, offset=offset)
         if not due.due:
             log.info("review_not_due", since=due.since, every=str(cfg.memory.extraction.every), **ctx)

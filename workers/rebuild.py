@@ -129,8 +129,14 @@ async def replay_redis(
         await store.aclose()
 
 
-async def rebuild_qdrant(settings: Settings, progress: Progress | None = None, switch: bool = True) -> int:
-    """Build the next Edge shard generation beside the live one; `memlane serve` swaps to it."""
+async def rebuild_qdrant(
+    settings: Settings, progress: Progress | None = None, switch: bool = True, optimize: bool = False
+) -> int:
+    """Build the next Edge shard generation beside the live one; `memlane serve` swaps to it.
+
+    `optimize` builds the HNSW index before the switch: slow to build (minutes per 100k
+    points on 2 cores), about 4x faster filtered queries at 200k points.
+    """
     old = current_generation(settings)
     gen = old + 1
     path = shard_path(settings, gen)
@@ -143,6 +149,9 @@ async def rebuild_qdrant(settings: Settings, progress: Progress | None = None, s
     try:
         projection = QdrantProjection(settings, index, vector_cache=None)
         await projection.run(until_caught_up=True, progress=progress)
+        if optimize:
+            log.info("qdrant_optimizing", points=index.count())
+            await asyncio.to_thread(index.shard.optimize)
         points = index.count()
     finally:
         index.close()

@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import signal
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -39,6 +40,21 @@ TRANSIENT = (
     OSError,
 )
 POISON_ATTEMPTS = 3
+
+
+# Set by the runner while a `concurrent_keys` processor handles a message: calling it lets
+# the key's next message start (see `release_key`).
+_RELEASE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("release_key", default=None)
+
+
+def release_key() -> None:
+    """Called by a `concurrent_keys` processor once the order-sensitive part of a message is
+    done: the key's next message may start while this one finishes (its outputs still go
+    out in offset order). Only for work that gives the same result if the message is then
+    retried after its successors started (idempotent, offset-indexed state)."""
+    release = _RELEASE.get()
+    if release is not None:
+        release()
 
 
 class Transient(Exception):
@@ -72,8 +88,10 @@ class Processor:
     name = "processor"
     sources: tuple[str, ...] = ()
     transactional = False
-    # Messages of different keys in one batch may be processed concurrently (in key order
-    # within a key). For processors that wait on I/O per message, such as model calls.
+    # Messages of different keys may be processed concurrently (in key order within a
+    # key), across all the partitions one poll returned; their outputs and offsets then
+    # commit together. For processors that wait on I/O per message, such as model calls.
+    # A key's next message may start early when the processor calls `release_key()`.
     concurrent_keys = False
 
     def __init__(self, settings: Settings) -> None:
@@ -91,7 +109,8 @@ class Processor:
         raise NotImplementedError
 
     async def batch_done(self) -> list[Out]:
-        """Called after a partition batch is processed and before its offsets commit.
+        """Called after a partition batch (for `concurrent_keys` processors: a poll's
+        batches) is processed and before its offsets commit.
 
         Returns more outputs to send with the batch (for processors that work in batches).
         """
@@ -137,40 +156,63 @@ class Runner:
         log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
         try:
             while not self.stopping.is_set():
-                batches = await self.consumer.getmany(timeout_ms=300, max_records=500)
-                for tp, msgs in batches.items():
-                    if msgs:
-                        await self._handle(tp, msgs)
+                batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
+                if self.processor.concurrent_keys:
+                    # Partitions one after another would leave a processor that waits on I/O
+                    # idle behind the slowest key of each partition; a key lives in one
+                    # partition, so all of a poll's keys can run at once.
+                    if batches:
+                        await self._handle(batches)
+                else:
+                    for tp, msgs in batches.items():
+                        await self._handle({tp: msgs})
         finally:
             await self.consumer.stop()
             await self.processor.stop()
             await self.producer.stop()
             log.info("worker_stopped", worker=self.processor.name, processed=self.processed)
 
-    async def _handle(self, tp: TopicPartition, msgs: list[Any]) -> None:
-        source = self._registry_name(tp.topic)
-        outs: list[Out] = []
+    async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Processes the batches, then commits their outputs and next offsets at once.
+
+        Several partitions in one Kafka transaction are still all-or-nothing. `max_records`
+        bounds the whole poll, so no partition's uncommitted span grows past it.
+        """
+        msgs = [m for ms in batches.values() for m in ms]
+        results: list[list[Out]] = [[] for _ in msgs]
         if self.processor.concurrent_keys and len(msgs) > 1:
-            results: list[list[Out]] = [[] for _ in msgs]
-            by_key: dict[bytes, list[int]] = {}
+            by_key: dict[tuple[str, int, bytes], list[int]] = {}
             for i, m in enumerate(msgs):
-                by_key.setdefault(m.key or b"", []).append(i)
+                by_key.setdefault((m.topic, m.partition, m.key or b""), []).append(i)
+
+            async def one(i: int, released: asyncio.Event) -> None:
+                _RELEASE.set(released.set)
+                try:
+                    results[i] = await self._one(msgs[i])
+                finally:
+                    released.set()
 
             async def one_key(idx: list[int]) -> None:
+                # In key order: each message starts once the previous one released the key
+                # (or finished); a key's messages then overlap on their slow, order-free part.
+                tasks = []
                 for i in idx:
-                    results[i] = await self._one(source, msgs[i])
+                    released = asyncio.Event()
+                    tasks.append(asyncio.create_task(one(i, released)))
+                    await released.wait()
+                await asyncio.gather(*tasks)
 
             await asyncio.gather(*(one_key(idx) for idx in by_key.values()))
-            for r in results:
-                outs.extend(r)
         else:
-            for m in msgs:
-                outs.extend(await self._one(source, m))
+            for i, m in enumerate(msgs):
+                results[i] = await self._one(m)
+        outs = [o for r in results for o in r]
         outs.extend(await self._retrying(self.processor.batch_done, "batch_done") or [])
-        await self._commit(tp, msgs[-1].offset + 1, outs)
+        await self._commit({tp: ms[-1].offset + 1 for tp, ms in batches.items()}, outs)
         self.processed += len(msgs)
 
-    async def _one(self, source: str, m: Any) -> list[Out]:
+    async def _one(self, m: Any) -> list[Out]:
+        source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
         try:
             value = decode(source, m.value)
@@ -221,14 +263,14 @@ class Runner:
         for f in futs:
             await f
 
-    async def _commit(self, tp: TopicPartition, next_offset: int, outs: list[Out]) -> None:
+    async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
         if self.processor.transactional:
             async with self.producer.transaction():
                 await self._send_all(outs)
-                await self.producer.send_offsets_to_transaction({tp: next_offset}, self.group)
+                await self.producer.send_offsets_to_transaction(offsets, self.group)
             return
         await self._send_all(outs)
-        await self.consumer.commit({tp: next_offset})
+        await self.consumer.commit(offsets)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -6,6 +6,7 @@ import json
 import uuid
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 
@@ -71,6 +72,33 @@ async def test_session_scope_never_leaves_its_session(stack, new_agent):
         assert [f.record.id for f in (await s2.search_memory(None))[0]] == [shared["id"]]
         assert all(f.record.id != private["id"] for f in (await s2.search_memory("overdrawn account 4471"))[0])
         await refused(s2.read_memory(private["id"]), 404, "NOT_FOUND")
+
+
+async def test_batch_search_answers_each_item_as_a_single_search(stack, agent_pair, settings):
+    (tenant_a, agent_a, key_a), (_, agent_b, _) = agent_pair
+    async with MemlaneClient(stack.api_url, key_a, session="s1") as a:
+        private = await a.add_memory("Invoice 9081 is disputed")
+        shared = await a.add_memory("Invoices go to the finance desk", scope="AGENT")
+
+    async def batch(key: str, searches: list[dict]) -> list[dict]:
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as http:
+            r = await http.post("/v1/memory/search/batch", json={"searches": searches})
+            assert r.status_code == 200, r.text
+            return r.json()["results"]
+
+    def ids(res: dict) -> set[str]:
+        return {r["id"] for r in res["records"]}
+
+    q = {"query": "invoice 9081 disputed finance desk", "mode": "lexical"}
+    own_s1, own_s2, other = await batch(key_a, [{**q, "session": "s1"}, {**q, "session": "s2"}, {**q, "agent": agent_b}])
+    assert ids(own_s1) == {private["id"], shared["id"]}
+    assert ids(own_s2) == {shared["id"]}  # session scope never leaves its session
+    assert other["status"] == 403 and other["error"]["code"] == "FORBIDDEN"  # a key cannot act for another agent
+    # An operator names the agent per item, as with X-Tenant / X-Agent.
+    (op,) = await batch(settings.operator_key, [{**q, "tenant": tenant_a, "agent": agent_a, "session": "s1"}])
+    assert ids(op) == {private["id"], shared["id"]}
+    (anon,) = await batch(settings.operator_key, [{**q, "agent": agent_a}])
+    assert anon["error"]["code"] == "VALIDATION_FAILED"  # an operator must name the tenant
 
 
 async def test_live_turns_never_see_preview_records(stack, new_agent):

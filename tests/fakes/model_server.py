@@ -14,6 +14,7 @@ Unrouted requests get `default` (no candidates). Every chat request is kept in
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -164,7 +165,15 @@ class FakeModel:
             dim = int(body.get("dimensions") or 384)
             with self._lock:
                 self.embedding_calls += 1
-            data = [{"object": "embedding", "index": i, "embedding": hashed_embedding(t, dim)} for i, t in enumerate(inputs)]
+            # The openai package asks for base64 (packed float32) by default, as the real API
+            # allows; answering with lists instead makes the client build a Python object per
+            # float, which would dominate what the benchmarks measure.
+            b64 = body.get("encoding_format") == "base64"
+            data = [
+                {"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if b64 else v}
+                for i, v in enumerate(hashed_embedding(t, dim) for t in inputs)
+            ]
             tokens = sum(len(t) for t in inputs) // 4
             return {"object": "list", "data": data, "model": body.get("model", "fake"), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
