@@ -5,17 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from events.base import Ident, Message_
 from events.config import AgentConfig
-from events.record import (
-    MAX_CONTENT_BYTES,
-    MAX_SUMMARY_BYTES,
-    Provenance,
-    Scope,
-    check_utf8_limit,
-)
+from events.record import Content, Provenance, Scope, Summary
 
 
 class _CommandBase(Message_):
@@ -32,8 +26,8 @@ class _CommandBase(Message_):
 class AddMemory(_CommandBase):
     type: Literal["AddMemory"] = "AddMemory"
     record_id: Ident | None = None
-    summary: Annotated[str, Field(min_length=1)]
-    content: str = ""
+    summary: Summary
+    content: Content = ""
     kind: Annotated[str, Field(min_length=1, max_length=64)] = "fact"
     labels: dict[str, str] = {}
     scope: Scope | None = None
@@ -46,16 +40,6 @@ class AddMemory(_CommandBase):
     metadata: dict[str, Any] = {}
     observed_at: datetime | None = None
     valid_from: datetime | None = None
-
-    @field_validator("summary")
-    @classmethod
-    def _summary_limit(cls, v: str) -> str:
-        return check_utf8_limit(v, MAX_SUMMARY_BYTES, "summary")
-
-    @field_validator("content")
-    @classmethod
-    def _content_limit(cls, v: str) -> str:
-        return check_utf8_limit(v, MAX_CONTENT_BYTES, "content")
 
 
 class DeleteMemory(_CommandBase):

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field
 
 from events.base import Ident, Message_
 
@@ -42,6 +42,15 @@ def check_utf8_limit(value: str, limit: int, what: str) -> str:
     return value
 
 
+def _limit(limit: int, what: str):
+    return AfterValidator(lambda v: check_utf8_limit(v, limit, what))
+
+
+# Limits are in UTF-8 bytes, as stored, not in characters.
+Summary = Annotated[str, Field(min_length=1), _limit(MAX_SUMMARY_BYTES, "summary")]
+Content = Annotated[str, _limit(MAX_CONTENT_BYTES, "content")]
+
+
 class Provenance(Message_):
     """Who and what caused a change, so anyone can answer 'why is this here?'."""
 
@@ -69,8 +78,8 @@ class MemoryRecord(Message_):
     scope: Scope
     session: Ident | None = None
     kind: Annotated[str, Field(min_length=1, max_length=64)]
-    summary: Annotated[str, Field(min_length=1)]
-    content: str = ""
+    summary: Summary
+    content: Content = ""
     metadata: dict[str, Any] = {}
     labels: dict[str, str] = {}
     key: str | None = None
@@ -88,16 +97,6 @@ class MemoryRecord(Message_):
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
     superseded_at: datetime | None = None
-
-    @field_validator("summary")
-    @classmethod
-    def _summary_limit(cls, v: str) -> str:
-        return check_utf8_limit(v, MAX_SUMMARY_BYTES, "summary")
-
-    @field_validator("content")
-    @classmethod
-    def _content_limit(cls, v: str) -> str:
-        return check_utf8_limit(v, MAX_CONTENT_BYTES, "content")
 
     @property
     def text(self) -> str:

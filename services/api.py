@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.codec import from_validation_error
-
 from events.config import AgentConfig
 from events.record import Scope
 from projections.embedder import make_embedder

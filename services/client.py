@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from dataclasses import dataclass
 from typing import Any
 

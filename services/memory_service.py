@@ -25,9 +25,9 @@ from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
 from projections.qdrant_index import EdgeIndex, SearchFilter
 from projections.records import CursorError, encode_cursor, sort_score
-from services.recall_render import pinned_within_budget, render
 from projections.redis_records import RedisRecords
 from services.auth import Principal
+from services.recall_render import pinned_within_budget, render
 from services.settings import Settings
 
 STATUS_BY_CODE = {
@@ -353,7 +353,11 @@ class MemoryService:
 
     async def add(self, ctx: Context, wait: bool = True, **fields: Any) -> dict[str, Any]:
         await self._check_tool(ctx, "add_memory")
-        cmd = AddMemory(
+        return await self._submit(self._command(AddMemory, ctx, session=ctx.session, **fields), wait)
+
+    def _command(self, cls: type, ctx: Context, **fields: Any) -> Any:
+        """A command spoken for `ctx`: its agent, its turn, its provenance."""
+        return cls(
             command_id=fields.pop("command_id", None) or str(uuid.uuid4()),
             tenant=ctx.tenant,
             agent=ctx.agent,
@@ -361,53 +365,21 @@ class MemoryService:
             provenance=self._provenance(ctx),
             turn_ref=ctx.turn_ref,
             preview=ctx.preview,
-            session=ctx.session,
             **fields,
         )
-        return await self._submit(cmd, wait)
 
     async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "delete_memory")
-        cmd = DeleteMemory(
-            command_id=str(uuid.uuid4()),
-            tenant=ctx.tenant,
-            agent=ctx.agent,
-            issued_at=utcnow(),
-            provenance=self._provenance(ctx),
-            turn_ref=ctx.turn_ref,
-            preview=ctx.preview,
-            record_id=rid,
-            session=ctx.session,
-        )
-        return await self._submit(cmd, wait)
+        return await self._submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait)
 
     async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
-        cls = PinMemory if pinned else UnpinMemory
-        cmd = cls(
-            command_id=str(uuid.uuid4()),
-            tenant=ctx.tenant,
-            agent=ctx.agent,
-            issued_at=utcnow(),
-            provenance=self._provenance(ctx),
-            turn_ref=ctx.turn_ref,
-            preview=ctx.preview,
-            record_id=rid,
-        )
-        return await self._submit(cmd, wait)
+        return await self._submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid), wait)
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
         if ctx.principal.role != "operator":
             raise ApiError("FORBIDDEN", None, "only an operator key can change an agent's configuration", 403)
-        cmd = ConfigureAgent(
-            command_id=str(uuid.uuid4()),
-            tenant=ctx.tenant,
-            agent=ctx.agent,
-            issued_at=utcnow(),
-            provenance=self._provenance(ctx),
-            config=config,
-        )
-        return await self._submit(cmd, wait)
+        return await self._submit(self._command(ConfigureAgent, ctx, config=config), wait)
 
     async def _submit(self, cmd: Any, wait: bool) -> dict[str, Any]:
         fut = self.projection.wait_for(cmd.command_id) if wait else None
@@ -418,7 +390,7 @@ class MemoryService:
             return {"command_id": cmd.command_id, "status": "accepted"}
         try:
             events = await asyncio.wait_for(fut, timeout=30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApiError(
                 "TIMEOUT", None, f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
             ) from None

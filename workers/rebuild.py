@@ -7,6 +7,7 @@ over once it has caught up with the live generation.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import structlog

@@ -15,8 +15,9 @@ import contextvars
 import os
 import signal
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -118,7 +119,7 @@ class Processor:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, runner: "Runner") -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
 
     async def on_partitions_revoked(self, revoked):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
@@ -22,7 +22,7 @@ from workers.kafka_io import ensure_topics
 from workers.qdrant_projection import QdrantProjection
 
 N = 3000
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
