@@ -65,6 +65,8 @@ class TurnResolved(_EventBase):
     type: Literal["TurnResolved"] = "TurnResolved"
     turn_ref: str
     committed: bool
+    # No outcome came within the turn timeout: the ledger gave up on the turn.
+    timed_out: bool = False
 
 
 class WriteDiscarded(_EventBase):

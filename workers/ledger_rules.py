@@ -46,6 +46,7 @@ from events.record import MemoryRecord, Scope, Status
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
+TURN_TIMEOUT = timedelta(minutes=10)
 CHARS_PER_TOKEN = 4
 LIVE = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
 
@@ -105,6 +106,36 @@ def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
 def decide(state: LedgerState, cmd: Any) -> list[Any]:
     """The events `cmd` produces. Event ids are `cmd.command_id` plus a position."""
     ak = agent_key(cmd.tenant, cmd.agent)
+    expired = _expire_turns(state, ak, cmd)
+    if expired:
+        state = _scratch(state)
+        for e in expired:
+            evolve(state, e)
+    events = expired + _decide(state, ak, cmd)
+    return [e.model_copy(update={"event_id": event_id(cmd.command_id, i)}) for i, e in enumerate(events)]
+
+
+def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
+    """Writes staged on a turn whose outcome never came are discarded after TURN_TIMEOUT.
+
+    Time is the command's own `issued_at`, so a replay decides exactly the same.
+    """
+    out: list[Any] = []
+    prefix = f"{ak}|"
+    for key in [k for k in state.staged if k.startswith(prefix)]:
+        writes = [decode("memlane.memory.commands", raw) for raw in state.staged[key]]
+        if not writes or cmd.issued_at - writes[0].issued_at < TURN_TIMEOUT:
+            continue
+        ref = key[len(prefix) :]
+        if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
+            continue  # the outcome itself arrived: let it decide
+        out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
+        reason = f"turn timed out: no outcome within {int(TURN_TIMEOUT.total_seconds())} s"
+        out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
+    return out
+
+
+def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     events: list[Any] = []
     try:
         if isinstance(cmd, ConfigureAgent):
@@ -124,7 +155,7 @@ def decide(state: LedgerState, cmd: Any) -> list[Any]:
             _apply_write(state, ak, cmd, events)
     except Rejected as r:
         events = [_rejection(cmd, r)]
-    return [e.model_copy(update={"event_id": event_id(cmd.command_id, i)}) for i, e in enumerate(events)]
+    return events
 
 
 def _base(cls: type, cmd: Any, **fields: Any) -> Any:
@@ -447,7 +478,8 @@ def evolve(state: LedgerState, event: Any) -> None:
     if isinstance(event, AgentConfigured):
         state.configs[ak] = event.config.model_dump(mode="json")
     elif isinstance(event, TurnResolved):
-        state.turns[f"{ak}|{event.turn_ref}"] = "committed" if event.committed else "rolled_back"
+        outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
+        state.turns[f"{ak}|{event.turn_ref}"] = outcome
         state.staged.pop(f"{ak}|{event.turn_ref}", None)
     elif isinstance(event, WriteStaged):
         key = f"{ak}|{event.turn_ref}"

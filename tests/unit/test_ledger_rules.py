@@ -279,3 +279,30 @@ def test_disabled_memory_refuses_writes():
 def test_sessionless_agent_must_use_agent_scope(field):
     with pytest.raises(ValueError, match="without sessions"):
         AgentConfig.model_validate({"has_sessions": False, "memory": {"scope": {field: ["session"]}}})
+
+
+def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
+    from workers.ledger_rules import TURN_TIMEOUT
+
+    led = Ledger()
+    led.add("staged then forgotten", turn_ref="x:9:1")
+    later = led.add("an unrelated write", issued_at=NOW + TURN_TIMEOUT + timedelta(seconds=1))
+    assert [e.type for e in later] == ["TurnResolved", "WriteDiscarded", "RecordAdded"]
+    assert later[0].timed_out and not later[0].committed
+    assert later[1].reason == "turn timed out: no outcome within 600 s"
+    assert len({e.event_id for e in later}) == 3
+    # The late outcome changes nothing; a late write of that turn is discarded.
+    assert _turn(led, True, ref="x:9:1") == []
+    e = only(led.add("late", turn_ref="x:9:1"), "WriteDiscarded")
+    assert "timed_out" in e.reason
+    assert [r["summary"] for r in led.state.records.values()] == ["an unrelated write"]
+
+
+def test_a_turn_within_the_timeout_still_commits():
+    from workers.ledger_rules import TURN_TIMEOUT
+
+    led = Ledger()
+    led.add("staged", turn_ref="x:8:1")
+    events = led.run(TurnOutcome(command_id=nid(), tenant="t", agent="a", issued_at=NOW + TURN_TIMEOUT / 2,
+                                 turn_ref="x:8:1", committed=True))
+    assert [e.type for e in events] == ["TurnResolved", "RecordAdded"]
