@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from events.codec import ContractError, decode
 from events.topics import TURNS
@@ -31,6 +31,7 @@ from projections.history_index import HistoryIndex, event_parts
 from projections.history_rules import kept_events
 from projections.qdrant_index import read_checkpoint, write_checkpoint
 from services.settings import Settings
+from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
 
@@ -82,24 +83,10 @@ class HistoryQdrantProjection:
     async def run(self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None) -> None:
         s = self.settings
         tps = [TopicPartition(s.topic(TURNS.name), p) for p in range(TURNS.partitions)]
-        c = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-            max_poll_records=1000,
-            fetch_max_wait_ms=100,
-        )
+        c = reader(s)
         await c.start()
         try:
-            c.assign(tps)
-            for tp in tps:
-                nxt = self.ckpt.get(f"{tp.topic}:{tp.partition}")
-                if nxt is None:
-                    await c.seek_to_beginning(tp)
-                else:
-                    c.seek(tp, nxt)
+            await seek_to_checkpoints(c, tps, self.ckpt)
             end = await c.end_offsets(tps)
             total = sum(end.values())
             dirty, last_flush = False, time.monotonic()

@@ -66,6 +66,30 @@ def consumer(settings: Settings, *topics: str, group: str | None) -> AIOKafkaCon
     )
 
 
+def reader(settings: Settings, max_poll_records: int = 1000) -> AIOKafkaConsumer:
+    """A group-less consumer for processes that own their partitions and their checkpoints."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_poll_records=max_poll_records,
+        fetch_max_wait_ms=100,
+    )
+
+
+async def seek_to_checkpoints(c: AIOKafkaConsumer, tps: list, ckpt: dict[str, int]) -> None:
+    """Resume each partition after its checkpoint (`topic:partition` -> next offset)."""
+    c.assign(tps)
+    for tp in tps:
+        nxt = ckpt.get(f"{tp.topic}:{tp.partition}")
+        if nxt is None:
+            await c.seek_to_beginning(tp)
+        else:
+            c.seek(tp, nxt)
+
+
 def dlq_headers(topic: str, partition: int, offset: int, error: str, attempt: int) -> list[tuple[str, bytes]]:
     return [
         ("source_topic", topic.encode()),

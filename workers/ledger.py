@@ -13,10 +13,11 @@ from collections import OrderedDict
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from events.codec import decode, encode
 from events.topics import COMMANDS, EVENTS
+from workers.kafka_io import reader
 from workers.ledger_rules import LedgerState, decide, evolve
 from workers.runtime import Out, Processor
 
@@ -49,12 +50,7 @@ class LedgerProcessor(Processor):
     async def _recover(self, partition: int) -> None:
         state, seen = LedgerState(), OrderedDict()
         topic = self.settings.topic(EVENTS.name)
-        c = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            group_id=None,
-        )
+        c = reader(self.settings, max_poll_records=2000)
         await c.start()
         n = 0
         try:

@@ -27,6 +27,7 @@ from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
+from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
 
@@ -136,17 +137,6 @@ class QdrantProjection:
 
     # ------------------------------------------------------------------ the loop
 
-    def _consumer(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-            max_poll_records=2000,
-            fetch_max_wait_ms=100,
-        )
-
     async def run(
         self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None
     ) -> None:
@@ -154,7 +144,7 @@ class QdrantProjection:
         s = self.settings
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
-        c = self._consumer()
+        c = reader(s, max_poll_records=2000)
         await c.start()
         try:
             if until_caught_up or not self.ckpt:
@@ -170,13 +160,7 @@ class QdrantProjection:
     async def _follow(self, c, tps, until_caught_up, progress, events=None) -> None:
         s = self.settings
         vectors_topic = s.topic(VECTORS.name)
-        c.assign(tps)
-        for tp in tps:
-            nxt = self.ckpt.get(f"{tp.topic}:{tp.partition}")
-            if nxt is None:
-                await c.seek_to_beginning(tp)
-            else:
-                c.seek(tp, nxt)
+        await seek_to_checkpoints(c, tps, self.ckpt)
         watch = events or tps
         end = await c.end_offsets(watch)
         total = sum(end.values())

@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from events.codec import ContractError, decode
 from events.topics import EVENTS
 from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from services.settings import Settings
+from workers.kafka_io import reader
 from workers.qdrant_projection import QdrantProjection, current_generation, set_generation, shard_path
 
 log = structlog.get_logger()
@@ -33,14 +34,7 @@ async def _apply_range(
 ) -> int:
     """Apply events with start <= offset < stop (per partition) to `store`."""
     topic = settings.topic(EVENTS.name)
-    c = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        max_poll_records=5000,
-        fetch_max_wait_ms=100,
-    )
+    c = reader(settings, max_poll_records=5000)
     await c.start()
     applied = 0
     try:
