@@ -239,7 +239,8 @@ class Runner:
             topic=f"{source}.dlq",
             key=m.key or b"",
             value=m.value or b"",
-            headers=tuple(dlq_headers(m.topic, m.partition, m.offset, error, attempt)),
+            # Each consumer group parks what it cannot handle, so the header says which one did.
+            headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode())),
         )
 
     async def _retrying(self, fn, what: str) -> None:
