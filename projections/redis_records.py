@@ -140,12 +140,21 @@ class RedisRecords:
         return MemoryRecord.model_validate_json(raw) if raw else None
 
     async def get_many(self, tenant, agent, rids: list[str]) -> list[MemoryRecord]:
-        out = []
-        for rid in rids:
-            r = await self.get(tenant, agent, rid)
-            if r:
-                out.append(r)
-        return out
+        """Current versions of `rids`, in order, skipping unknown ids: two round trips in all."""
+        if not rids:
+            return []
+        gen = await self.generation()
+        keys = [self._keys(gen, tenant, agent, rid)[0] for rid in rids]
+        async with self.r.pipeline(transaction=False) as pipe:
+            for k in keys:
+                pipe.hget(k, "cur")
+            currents = await pipe.execute()
+        found = [(k, cur) for k, cur in zip(keys, currents) if cur is not None]
+        async with self.r.pipeline(transaction=False) as pipe:
+            for k, cur in found:
+                pipe.hget(k, f"v:{cur}")
+            raws = await pipe.execute()
+        return [MemoryRecord.model_validate_json(raw) for raw in raws if raw]
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
         key = self._keys(await self.generation(), tenant, agent, rid)[0]
