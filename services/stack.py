@@ -84,6 +84,15 @@ class Stack:
         self.procs.clear()
 
 
+def free_port() -> int:
+    """A loopback port nobody holds right now (for test and benchmark stacks)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def stack_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(overrides)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from services.settings import ROOT, Settings
-from services.stack import Stack, stack_env
+from services.stack import Stack, free_port, stack_env
 
 
 def figure(name: str, value: float, unit: str, n: int, **extra) -> None:
@@ -31,14 +31,6 @@ def percentile(xs: list[float], p: float) -> float:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -18,7 +18,6 @@ import base64
 import hashlib
 import json
 import re
-import socket
 import threading
 import time
 from collections import deque
@@ -29,6 +28,8 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from services.stack import free_port
 
 
 @dataclass
@@ -63,12 +64,6 @@ class Route:
     match: str
     answers: deque = field(default_factory=deque)
     hits: int = 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hashed_embedding(text: str, dim: int) -> list[float]:

@@ -3,7 +3,6 @@ backoff, commits no offset past the failure, and catches up with nothing lost or
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,17 +14,11 @@ from events.record import MemoryRecord, Status
 from events.topics import EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
-from services.stack import Stack, stack_env
+from services.stack import Stack, free_port, stack_env
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics
 
 T0 = datetime(2026, 2, 1, tzinfo=UTC)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrivateRedis:
