@@ -45,6 +45,20 @@ class _TurnBase(Message_):
     preview: bool = False
     occurred_at: datetime
 
+    def provenance(self, source: Any) -> Any:
+        """Provenance of a change this turn caused (`source` is an events.record.Source)."""
+        from events.record import Provenance
+
+        return Provenance(
+            source=source,
+            execution_id=self.execution_id,
+            invocation=self.invocation,
+            agent_version=self.agent_version,
+            session=self.session,
+            turn=self.turn,
+            modified_by=f"agent:{self.agent}",
+        )
+
     @property
     def turn_ref(self) -> str:
         """Identifies one attempt of one turn: writes made during it wait on its outcome."""

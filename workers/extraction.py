@@ -37,7 +37,7 @@ from events.base import utcnow
 from events.codec import encode
 from events.commands import AddMemory, TurnOutcome
 from events.config import AgentConfig
-from events.record import MemoryRecord, Provenance, Source
+from events.record import MemoryRecord, Source
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused
@@ -54,18 +54,6 @@ def command_id(event_id: str, part: str) -> str:
     return str(uuid.uuid5(NAMESPACE, f"{event_id}/{part}"))
 
 
-def provenance(turn: TurnCommitted | TurnRolledBack, source: Source) -> Provenance:
-    return Provenance(
-        source=source,
-        execution_id=turn.execution_id,
-        invocation=turn.invocation,
-        agent_version=turn.agent_version,
-        session=turn.session,
-        turn=turn.turn,
-        modified_by=f"agent:{turn.agent}",
-    )
-
-
 def tool_writes(turn: TurnCommitted) -> list[AddMemory]:
     """add_memory calls the agent made during the turn, as commands staged on the turn."""
     out = []
@@ -80,7 +68,7 @@ def tool_writes(turn: TurnCommitted) -> list[AddMemory]:
                         tenant=turn.tenant,
                         agent=turn.agent,
                         issued_at=turn.occurred_at,
-                        provenance=provenance(turn, Source.TOOL).model_copy(
+                        provenance=turn.provenance(Source.TOOL).model_copy(
                             update={"source_message_ids": [msg.id]}
                         ),
                         turn_ref=turn.turn_ref,
@@ -101,7 +89,7 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
         tenant=turn.tenant,
         agent=turn.agent,
         issued_at=turn.occurred_at or utcnow(),
-        provenance=provenance(turn, Source.TOOL),
+        provenance=turn.provenance(Source.TOOL),
         turn_ref=turn.turn_ref,
         preview=turn.preview,
         committed=committed,

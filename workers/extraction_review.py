@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.commands import AddMemory, DeleteMemory
 from events.config import AgentConfig
-from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Provenance, Scope, Source
+from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope, Source
 from events.turns import Message, TurnCommitted
 from workers import write_filter
 from workers.model_client import Malformed, parse_json_object
@@ -255,17 +255,8 @@ def to_commands(
     shown_ids = {m["id"] for m in shown}
     out = Decided()
     pv = prompt_version(cfg)
-    base_prov = Provenance(
-        source=Source.EXTRACTION,
-        execution_id=turn.execution_id,
-        invocation=turn.invocation,
-        agent_version=turn.agent_version,
-        session=turn.session,
-        turn=turn.turn,
-        modified_by=f"agent:{turn.agent}",
-        model=model,
-        prompt_version=pv,
-        candidates=handles.provenance(),
+    base_prov = turn.provenance(Source.EXTRACTION).model_copy(
+        update={"model": model, "prompt_version": pv, "candidates": handles.provenance()}
     )
     default_scope = "session" if "session" in allowed_scopes(cfg, turn.session) else "agent"
     for i, c in enumerate(answer.candidates):
