@@ -9,7 +9,18 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from events.record import MemoryRecord
-from projections.qdrant_index import DENSE, SPARSE, Hit, Mode, SearchFilter, payload_of, point_id, rank
+from projections.qdrant_index import (
+    DENSE,
+    KEYWORD_FIELDS,
+    SPARSE,
+    Hit,
+    Mode,
+    SearchFilter,
+    filter_terms,
+    payload_of,
+    point_id,
+    rank,
+)
 
 
 class ClientIndex:
@@ -27,10 +38,10 @@ class ClientIndex:
             )
             client.create_payload_index(
                 collection,
-                "agent",
+                "owner",
                 models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
             )
-            for f in ("tenant", "scope", "session", "kind", "labels", "record_id", "visibility", "shadowed"):
+            for f in KEYWORD_FIELDS:
                 client.create_payload_index(collection, f, models.PayloadSchemaType.KEYWORD)
             client.create_payload_index(collection, "created_ms", models.PayloadSchemaType.INTEGER)
 
@@ -72,36 +83,12 @@ class ClientIndex:
         self.client.close()
 
     def _filter(self, f: SearchFilter) -> models.Filter:
-        must: list[Any] = [
-            models.FieldCondition(key="agent", match=models.MatchValue(value=f.agent)),
-            models.FieldCondition(key="tenant", match=models.MatchValue(value=f.tenant)),
-        ]
-        should: list[Any] = []
-        if "AGENT" in f.scopes:
-            should.append(models.FieldCondition(key="scope", match=models.MatchValue(value="AGENT")))
-        if "SESSION" in f.scopes and f.session:
-            should.append(
-                models.Filter(
-                    must=[
-                        models.FieldCondition(key="scope", match=models.MatchValue(value="SESSION")),
-                        models.FieldCondition(key="session", match=models.MatchValue(value=f.session)),
-                    ]
-                )
-            )
-        if not should:
-            must.append(models.FieldCondition(key="record_id", match=models.MatchValue(value="\x00none")))
-        must_not: list[Any] = []
-        if f.preview:
-            must_not.append(models.FieldCondition(key="shadowed", match=models.MatchValue(value="yes")))
-        else:
-            must.append(models.FieldCondition(key="visibility", match=models.MatchValue(value="live")))
-        if f.kind:
-            must.append(models.FieldCondition(key="kind", match=models.MatchValue(value=f.kind)))
-        for k, v in f.labels:
-            must.append(models.FieldCondition(key="labels", match=models.MatchValue(value=f"{k}={v}")))
-        if f.ids:
-            must.append(models.FieldCondition(key="record_id", match=models.MatchAny(any=list(f.ids))))
-        return models.Filter(must=must, should=should or None, must_not=must_not or None)
+        def cond(key: str, value: str | list[str]) -> models.FieldCondition:
+            match = models.MatchAny(any=value) if isinstance(value, list) else models.MatchValue(value=value)
+            return models.FieldCondition(key=key, match=match)
+
+        must, must_not = filter_terms(f)
+        return models.Filter(must=[cond(*t) for t in must], must_not=[cond(*t) for t in must_not])
 
     def search(
         self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode = "hybrid",

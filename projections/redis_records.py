@@ -82,6 +82,27 @@ class RedisRecords:
     async def switch_generation(self, gen: int) -> None:
         await self.r.set(f"{self.root}generation", gen)
 
+    async def generations(self) -> list[int]:
+        """Generations that hold a checkpoint, ascending."""
+        gens = set()
+        async for key in self.r.scan_iter(f"{self.root}g*:ckpt", count=10_000):
+            head = key[len(self.root) + 1 :].split(":")[0]
+            if head.isdigit():
+                gens.add(int(head))
+        return sorted(gens)
+
+    async def drop_generation(self, gen: int) -> int:
+        """Delete a generation's keys, in batches so Redis keeps serving meanwhile."""
+        dropped, batch = 0, []
+        async for key in self.r.scan_iter(f"{self._ns(gen)}:*", count=10_000):
+            batch.append(key)
+            if len(batch) >= 5_000:
+                dropped += await self.r.unlink(*batch)
+                batch = []
+        if batch:
+            dropped += await self.r.unlink(*batch)
+        return dropped
+
     def _ns(self, gen: int) -> str:
         return f"{self.root}g{gen}"
 

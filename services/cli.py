@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from functools import partial
 
 from services.logging import configure
 from services.settings import get_settings
@@ -61,34 +62,44 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(label: str):
+def _progress_bars(labels: list[str]):
+    """One bar per label; `update(label, done, total)` moves it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn(), transient=False)
-    task = bar.add_task(label, total=None)
-    return bar, lambda done, total: bar.update(task, completed=done, total=total)
+    tasks = {label: bar.add_task(label, total=None) for label in labels}
+    return bar, lambda label, done, total: bar.update(tasks[label], completed=done, total=total)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from workers.kafka_io import wait_for_broker
-    from workers.rebuild import rebuild_qdrant, rebuild_redis
+    from workers.rebuild import rebuild_all, rebuild_qdrant, rebuild_redis
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
+    switch = not args.no_switch
+    after = {
+        "redis": "" if not switch else " and switched to",
+        "qdrant": "" if not switch else "; memlane serve switches to it",
+    }
 
     async def go():
         await wait_for_broker(settings)
-        if args.target in ("redis", "all"):
-            bar, update = _progress_bar("redis generation")
+        if args.target == "all":
+            bar, updates = _progress_bars(["redis", "qdrant"])
             with bar:
-                gen = await rebuild_redis(settings, update, switch=not args.no_switch)
-            print(f"redis: generation {gen} built" + ("" if args.no_switch else " and switched to"))
-        if args.target in ("qdrant", "all"):
-            bar, update = _progress_bar("qdrant generation")
+                gens = await rebuild_all(settings, updates, switch=switch, optimize=args.optimize)
+        else:
+            bar, updates = _progress_bars([args.target])
             with bar:
-                gen = await rebuild_qdrant(settings, update, switch=not args.no_switch, optimize=args.optimize)
-            print(f"qdrant: generation {gen} built" + ("" if args.no_switch else "; memlane serve switches to it"))
+                if args.target == "redis":
+                    gens = {"redis": await rebuild_redis(settings, partial(updates, "redis"), switch=switch)}
+                else:
+                    gens = {"qdrant": await rebuild_qdrant(settings, partial(updates, "qdrant"), switch=switch,
+                                                           optimize=args.optimize)}
+        for target, gen in gens.items():
+            print(f"{target}: generation {gen} built{after[target]}")
 
     asyncio.run(go())
     return 0
@@ -117,10 +128,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     async def go():
         await wait_for_broker(settings)
-        bar, update = _progress_bar(f"replay into generation {args.generation}")
+        label = f"replay into generation {args.generation}"
+        bar, updates = _progress_bars([label])
         with bar:
             n = await replay_redis(settings, args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
-                                   update)
+                                   partial(updates, label))
         print(f"replayed {n} events into redis generation {args.generation}")
 
     asyncio.run(go())

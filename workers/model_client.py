@@ -24,7 +24,6 @@ from typing import Any, Generic, TypeVar
 import openai
 import structlog
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletion
 
 from events.base import utcnow
 from events.usage import ModelUsage
@@ -64,6 +63,21 @@ class Answer(Generic[T]):
     attempts: int = 1
 
 
+def _http_client() -> Any:
+    """The HTTP client under the openai package: aiohttp's when it is installed.
+
+    Why: the default httpx pool probes every idle keep-alive connection's socket each time a
+    request starts or ends. A worker with hundreds of reviews in flight keeps hundreds of
+    connections, and those probes cost more CPU than the rest of a review. aiohttp's pool
+    hands out a connection without probing the others. Same requests, errors and timeouts
+    (the openai package maps aiohttp's exceptions to its own).
+    """
+    try:
+        return openai.DefaultAioHttpClient()
+    except (AttributeError, RuntimeError):  # an openai without aiohttp support, or no aiohttp
+        return None
+
+
 def make_openai(settings: Settings) -> AsyncOpenAI:
     # The client's own retries are off: ours are bounded, logged and recorded as usage.
     return AsyncOpenAI(
@@ -71,6 +85,7 @@ def make_openai(settings: Settings) -> AsyncOpenAI:
         api_key=settings.openai_api_key or "not-needed",
         max_retries=0,
         timeout=settings.model_timeout_s,
+        http_client=_http_client(),
     )
 
 
@@ -87,13 +102,31 @@ def _retryable(e: Exception) -> str | None:
 
 
 def answer_text(resp: Any) -> str:
-    """The JSON the model produced: a tool call's arguments, else the message content."""
-    if not resp.choices:
+    """The JSON the model produced: a tool call's arguments, else the message content.
+
+    `resp` is the response body as JSON (a dict): the wire format, not the openai package's
+    typed objects, whose construction cost more CPU than the rest of the answer handling.
+    """
+    if isinstance(resp, str | bytes):  # a server that did not say its body is JSON
+        try:
+            resp = json.loads(resp)
+        except ValueError:
+            raise Malformed("the response is not JSON") from None
+    if not isinstance(resp, dict):
+        raise Malformed(f"the response is a JSON {type(resp).__name__}, not an object")
+    choices = resp.get("choices")
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise Malformed("the response has no choices")
-    msg = resp.choices[0].message
-    if msg.tool_calls:
-        return msg.tool_calls[0].function.arguments or ""
-    return msg.content or ""
+    msg = choices[0].get("message")
+    if not isinstance(msg, dict):
+        raise Malformed("the response's first choice has no message")
+    calls = msg.get("tool_calls")
+    if calls and isinstance(calls, list):
+        fn = calls[0].get("function") if isinstance(calls[0], dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        return args if isinstance(args, str) else ""
+    content = msg.get("content")
+    return content if isinstance(content, str) else ""
 
 
 class ModelClient:
@@ -127,9 +160,11 @@ class ModelClient:
                 # already in wire format, and `create` walks it (the JSON schema included)
                 # against the typed parameters on every call, which cost more CPU than the rest
                 # of a review. Errors, timeouts and the parsed answer are the same.
+                # `cast_to=object`: the answer as parsed JSON, without building the typed
+                # ChatCompletion (`answer_text` and `_usage` read the few fields they need).
                 resp = await self.client.post(
                     "/chat/completions",
-                    cast_to=ChatCompletion,
+                    cast_to=object,
                     body={
                         "model": self.model,
                         "messages": messages,
@@ -177,7 +212,8 @@ class ModelClient:
             return Answer(value, usage, attempt)
 
     def _usage(self, ctx: CallContext, purpose: str, attempt: int, t0: float, resp: Any, error: str | None) -> ModelUsage:
-        u = getattr(resp, "usage", None)
+        body = resp if isinstance(resp, dict) else {}
+        u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
         return ModelUsage(
             usage_id=str(uuid.uuid5(USAGE_NS, f"{ctx.id_seed}/{purpose}/{attempt}")),
             tenant=ctx.tenant,
@@ -187,13 +223,17 @@ class ModelClient:
             execution_id=ctx.execution_id,
             turn=ctx.turn,
             purpose=purpose,
-            model=getattr(resp, "model", None) or self.model,
-            input_tokens=getattr(u, "prompt_tokens", 0) or 0,
-            output_tokens=getattr(u, "completion_tokens", 0) or 0,
+            model=body.get("model") if isinstance(body.get("model"), str) and body.get("model") else self.model,
+            input_tokens=_count(u.get("prompt_tokens")),
+            output_tokens=_count(u.get("completion_tokens")),
             latency_ms=round((time.perf_counter() - t0) * 1000, 2),
             ok=error is None,
             error=error,
         )
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
 
 def parse_json_object(text: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
+from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
@@ -194,6 +195,7 @@ class QdrantProjection:
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
                     batch.positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
                 batch.seen += len(msgs)
+            settle_heap()
             await land()
             if batch.seen:
                 inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
@@ -203,8 +205,10 @@ class QdrantProjection:
             done = all(pos[tp] >= end[tp] for tp in watch)
             if done or not batch.seen:
                 await land()
-            # Flushing is what makes a checkpoint safe, and it is costly: at most once a second.
-            if dirty and (done or time.monotonic() - last_flush > 1.0 or not batch.seen):
+            # Flushing is what makes a checkpoint safe, and it is costly: at most once a
+            # second when live, and rarely while catching up (a crash then replays more).
+            every = 1.0 if self.caught_up.is_set() else 30.0
+            if dirty and (done or time.monotonic() - last_flush > every or not batch.seen):
                 await land()
                 await asyncio.to_thread(self._save_checkpoint)
                 dirty, last_flush = False, time.monotonic()

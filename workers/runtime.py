@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events.codec import ContractError, decode
 from services.settings import Settings
+from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
 
 log = structlog.get_logger()
@@ -167,6 +168,8 @@ class Runner:
                 else:
                     for tp, msgs in batches.items():
                         await self._handle({tp: msgs})
+                if batches:
+                    settle_heap()
         finally:
             await self.consumer.stop()
             await self.processor.stop()

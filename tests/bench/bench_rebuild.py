@@ -60,15 +60,18 @@ def _log_items(settings: Settings):
 
 
 def _rebuild_child(prefix: str, data_dir: str) -> dict:
-    """Run both rebuilds in a child process, so its peak RSS is the projection's alone."""
+    """Rebuild in a child process (as `memlane rebuild` does), so peak RSS is the rebuild's alone.
+
+    First each projection alone, then both at once as `memlane rebuild` runs them."""
     code = f"""
 import asyncio, json, time
 from services.settings import Settings
-from workers.rebuild import rebuild_redis, rebuild_qdrant
+from workers.rebuild import rebuild_all, rebuild_redis, rebuild_qdrant
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r})
 t0 = time.perf_counter(); asyncio.run(rebuild_redis(s)); t1 = time.perf_counter()
 asyncio.run(rebuild_qdrant(s)); t2 = time.perf_counter()
-print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1}}))
+asyncio.run(rebuild_all(s)); t3 = time.perf_counter()
+print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1, "both_s": t3 - t2}}))
 """
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -126,9 +129,8 @@ async def run() -> None:
     await _produce(settings, _log_items(settings))
     progress(f"wrote {RECORDS} records and their vectors to the log in {time.perf_counter() - t0:.1f} s")
     r = await asyncio.to_thread(_rebuild_child, prefix, data_dir)
-    total = r["redis_s"] + r["qdrant_s"]
-    figure("rebuild_records_per_s", RECORDS / total, "records/s", RECORDS,
-           redis_s=round(r["redis_s"], 2), qdrant_s=round(r["qdrant_s"], 2))
+    figure("rebuild_records_per_s", RECORDS / r["both_s"], "records/s", RECORDS, both_s=round(r["both_s"], 2),
+           note="Redis and Qdrant rebuilt at once, one process each, as `memlane rebuild` does")
     figure("rebuild_redis_records_per_s", RECORDS / r["redis_s"], "records/s", RECORDS)
     figure("rebuild_qdrant_records_per_s", RECORDS / r["qdrant_s"], "records/s", RECORDS)
     figure("projection_peak_rss_mb", r["peak_rss_mb"], "MB", RECORDS)

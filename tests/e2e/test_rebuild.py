@@ -42,3 +42,28 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
         await c.add_memory("Rebuilds keep the pipeline live", kind="fact")
         hits, _ = await c.search_memory("pipeline live", mode="lexical")
         assert hits and hits[0].record.summary == "Rebuilds keep the pipeline live"
+
+
+async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, settings, new_agent):
+    from projections.redis_records import RedisRecords
+    from workers.qdrant_projection import qdrant_root
+
+    _, _, key = await new_agent()
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        await c.add_memory("Generations come and go", kind="fact")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild"], env=stack.env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    try:
+        live = await store.generation()
+        assert live >= 3
+        assert await store.generations() == [live - 1, live]
+        stale = [k async for k in store.r.scan_iter(f"{store.root}g{live - 2}:*", count=10_000)]
+        assert stale == []
+    finally:
+        await store.aclose()
+    shards = sorted(p.name for p in qdrant_root(settings).glob("memory-g*") if p.is_dir())
+    current = int((qdrant_root(settings) / "CURRENT").read_text())
+    assert shards == sorted([f"memory-g{current - 1}", f"memory-g{current}"])
