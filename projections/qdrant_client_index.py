@@ -35,15 +35,17 @@ class ClientIndex:
                 collection,
                 vectors_config={DENSE: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
                 sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+                hnsw_config=models.HnswConfigDiff(m=0, payload_m=16),  # as EdgeIndex: a graph per agent
             )
             client.create_payload_index(
                 collection,
                 "owner",
-                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
+                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True, enable_hnsw=True),
             )
             for f in KEYWORD_FIELDS:
-                client.create_payload_index(collection, f, models.PayloadSchemaType.KEYWORD)
-            client.create_payload_index(collection, "created_ms", models.PayloadSchemaType.INTEGER)
+                client.create_payload_index(
+                    collection, f, models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, enable_hnsw=False)
+                )
 
     @classmethod
     def connect(cls, url: str | None, collection: str, path: str | None = None) -> ClientIndex:
@@ -75,6 +77,9 @@ class ClientIndex:
 
     def count(self) -> int:
         return self.client.count(self.collection, exact=True).count
+
+    def optimize(self) -> None:
+        """A server indexes on its own schedule; local mode has no index to build."""
 
     def flush(self) -> None:
         """Writes are acknowledged durably by the server (wait=True)."""

@@ -26,12 +26,12 @@ from qdrant_edge import (
     FieldCondition,
     Filter,
     Fusion,
+    HnswIndexConfig,
     KeywordIndexParams,
     MatchAny,
     MatchValue,
     Memory,
     Modifier,
-    PayloadSchemaType,
     Point,
     Prefetch,
     Query,
@@ -92,7 +92,7 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
     return p
 
 
-# Keyword payload indexes besides the tenant key "owner"; "created_ms" is an integer index.
+# Keyword payload indexes besides the tenant key "owner" ("created_ms" is only read back).
 KEYWORD_FIELDS = ("reach", "kind", "labels", "record_id", "preview", "shadowed")
 Term = tuple[str, "str | list[str]"]
 
@@ -140,15 +140,22 @@ class EdgeIndex:
                     # every upsert for nothing.
                     wal_enabled=False,
                     payload_memory=Memory.Cached,
+                    # Every search filters on one agent, so no global graph (m=0): optimize()
+                    # builds a graph per agent large enough to need one (Qdrant's multitenancy
+                    # recipe), which is what makes 1M-point shards affordable to index.
+                    hnsw_config=HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
                 ),
             )
             self._create_indexes()
 
     def _create_indexes(self) -> None:
-        self.shard.update(UpdateOperation.create_field_index("owner", KeywordIndexParams(is_tenant=True)))
+        # Only the tenant key gets HNSW links (one graph per agent); other filters are
+        # plain payload lookups inside an agent's points.
+        self.shard.update(
+            UpdateOperation.create_field_index("owner", KeywordIndexParams(is_tenant=True, enable_hnsw=True))
+        )
         for f in KEYWORD_FIELDS:
-            self.shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
-        self.shard.update(UpdateOperation.create_field_index("created_ms", PayloadSchemaType.Integer))
+            self.shard.update(UpdateOperation.create_field_index(f, KeywordIndexParams(enable_hnsw=False)))
 
     # ------------------------------------------------------------------ write side
 
@@ -175,6 +182,11 @@ class EdgeIndex:
         with self._lock:
             flag = "yes" if shadowed else "no"
             self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
+
+    def optimize(self) -> None:
+        """Build the per-agent HNSW graphs and merge segments: slow, offline work."""
+        with self._lock:
+            self.shard.optimize()
 
     def flush(self) -> None:
         with self._lock:

@@ -141,7 +141,7 @@ async def rebuild_qdrant(
         await projection.run(until_caught_up=True, progress=progress)
         if optimize:
             log.info("qdrant_optimizing", points=index.count())
-            await asyncio.to_thread(index.shard.optimize)
+            await asyncio.to_thread(index.optimize)
         points = index.count()
     finally:
         index.close()

@@ -34,8 +34,9 @@ def median(xs: list[float]) -> float:
 
 
 @contextmanager
-def bench_stack(name: str, api: bool = True, workers: tuple[str, ...] | None = None):
-    run_id = f"bench{name}{uuid.uuid4().hex[:6]}"
+def bench_stack(name: str, api: bool = True, workers: tuple[str, ...] | None = None, keep: bool = False):
+    """A private stack; `keep` reuses one deployment (topics, Redis keys, index) across runs."""
+    run_id = f"bench{name}" if keep else f"bench{name}{uuid.uuid4().hex[:6]}"
     data = ROOT / ".run" / run_id
     port = free_port()
     settings = Settings(topic_prefix=f"{run_id}.", data_dir=data, api_port=port)

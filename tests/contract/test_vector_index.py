@@ -96,3 +96,13 @@ def test_delete_and_shadow(index):
     index.set_shadowed("live", True)
     assert search(index, "gamma", "lexical", flt(preview=True)) == []
     assert search(index, "gamma", "lexical") == ["live"]
+
+
+def test_an_optimized_index_still_answers_each_agent_alone(index):
+    """Without a global graph (m=0), optimize() must leave every agent searchable, large or small."""
+    big = [rec(f"big{i}", f"Order {i} shipped to warehouse {i % 7}", minute=i) for i in range(300)]
+    small = [rec("small1", "Order 12 shipped to warehouse 5", agent="b")]
+    put(index, *big, *small)
+    index.optimize()
+    assert search(index, "Order 12 shipped to warehouse 5")[0] == "big12"
+    assert search(index, "Order 12 shipped to warehouse 5", "vector", f=flt(agent="b")) == ["small1"]
