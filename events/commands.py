@@ -58,6 +58,23 @@ class UnpinMemory(_CommandBase):
     record_id: Ident
 
 
+class EditMemory(_CommandBase):
+    """An operator's edit (seed 004). Different text makes a successor that replaces the
+    record; the same text changes nothing, so a PENDING or CONFLICT record stays so."""
+
+    type: Literal["EditMemory"] = "EditMemory"
+    record_id: Ident
+    summary: Summary | None = None
+    content: Content | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class SweepExpired(_CommandBase):
+    """Tombstones the agent's live records whose `expires_at` is at or before `issued_at`."""
+
+    type: Literal["SweepExpired"] = "SweepExpired"
+
+
 class TurnOutcome(_CommandBase):
     """Forwarded by the extraction worker so the ledger never reads `memlane.turns`."""
 
@@ -72,6 +89,6 @@ class ConfigureAgent(_CommandBase):
 
 
 Command = Annotated[
-    AddMemory | DeleteMemory | PinMemory | UnpinMemory | TurnOutcome | ConfigureAgent,
+    AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | TurnOutcome | ConfigureAgent,
     Field(discriminator="type"),
 ]

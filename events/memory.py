@@ -23,6 +23,9 @@ class _EventBase(Message_):
     agent: Ident
     occurred_at: datetime
     provenance: Provenance = Provenance()
+    # False on all but the last event a command produced: a reader that waits for a
+    # command's outcome waits for this one.
+    last: bool = True
 
 
 class _RecordEvent(_EventBase):
@@ -41,6 +44,12 @@ class RecordSuperseded(_RecordEvent):
 
 class RecordDeleted(_RecordEvent):
     type: Literal["RecordDeleted"] = "RecordDeleted"
+
+
+class RecordExpired(_RecordEvent):
+    """A sweep tombstoned a live record past its `expires_at`: status DELETED."""
+
+    type: Literal["RecordExpired"] = "RecordExpired"
 
 
 class RecordPinned(_RecordEvent):
@@ -88,8 +97,18 @@ class CommandRejected(_EventBase):
 
 
 MemoryEvent = Annotated[
-    RecordAdded | RecordSuperseded | RecordDeleted | RecordPinned | RecordUnpinned | WriteStaged | TurnResolved | WriteDiscarded | AgentConfigured | CommandRejected,
+    RecordAdded
+    | RecordSuperseded
+    | RecordDeleted
+    | RecordExpired
+    | RecordPinned
+    | RecordUnpinned
+    | WriteStaged
+    | TurnResolved
+    | WriteDiscarded
+    | AgentConfigured
+    | CommandRejected,
     Field(discriminator="type"),
 ]
 
-RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordPinned, RecordUnpinned)
+RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordExpired, RecordPinned, RecordUnpinned)

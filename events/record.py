@@ -98,6 +98,11 @@ class MemoryRecord(Message_):
     recorded_at: datetime | None = None
     superseded_at: datetime | None = None
 
+    def in_force(self, now: datetime) -> bool:
+        """ACTIVE and not past its expiry. A sweep tombstones expired records later;
+        reads stop serving them at once."""
+        return self.status is Status.ACTIVE and (self.expires_at is None or self.expires_at > now)
+
     @property
     def text(self) -> str:
         """What gets embedded and indexed."""

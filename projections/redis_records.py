@@ -217,5 +217,14 @@ class RedisRecords:
         raw = await self.r.get(f"{self._ns(await self.generation())}:config:{tenant}/{agent}")
         return AgentConfig.model_validate_json(raw) if raw else None
 
+    async def agents(self) -> list[tuple[str, str]]:
+        """(tenant, agent) of every agent with a configuration or listed records."""
+        ns, found = self._ns(await self.generation()), set()
+        for kind in ("list", "config"):
+            async for key in self.r.scan_iter(f"{ns}:{kind}:*", count=10_000):
+                tenant, _, agent = key[len(f"{ns}:{kind}:") :].partition("/")
+                found.add((tenant, agent))
+        return sorted(found)
+
     async def aclose(self) -> None:
         await self.r.aclose()

@@ -7,6 +7,7 @@ shard belongs to one process (DESIGN.md, "Real components").
 
 import asyncio
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import structlog
@@ -75,8 +76,15 @@ class AddRequest(_Body):
     replaces: str | None = None
     key: str | None = None
     confidence: float | None = None
+    expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
     metadata: dict[str, Any] = {}
     command_id: str | None = None
+
+
+class EditRequest(_Body):
+    summary: str | None = None
+    content: str | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class KeyRequest(_Body):
@@ -383,6 +391,11 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     @app.delete("/v1/memory/{rid}")
     async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True):
         return await s.delete(ctx, rid, wait=wait)
+
+    @app.patch("/v1/memory/{rid}")
+    async def edit_memory(rid: str, body: EditRequest, ctx: Ctx, s: Svc, wait: bool = True):
+        """Operator edit (seed 004): new text makes a successor; the same text changes nothing."""
+        return await s.edit(ctx, rid, wait=wait, **body.model_dump(exclude_none=True))
 
     @app.post("/v1/memory/{rid}/pin")
     async def pin_memory(rid: str, ctx: Ctx, s: Svc):

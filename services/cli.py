@@ -139,6 +139,36 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from events.base import utcnow
+    from workers.kafka_io import wait_for_broker
+    from workers.sweep import sweep
+
+    settings = get_settings()
+    configure(settings.log_level, service="cli")
+    try:
+        at = datetime.fromisoformat(args.at) if args.at else utcnow()
+    except ValueError:
+        print(f"memlane sweep: --at must be an ISO 8601 time such as 2026-12-01T00:00:00+00:00, not {args.at!r}",
+              file=sys.stderr)
+        return 2
+    if at.tzinfo is None:
+        print("memlane sweep: --at needs a time zone, such as +00:00", file=sys.stderr)
+        return 2
+
+    async def go():
+        await wait_for_broker(settings)
+        bar, updates = _progress_bars(["agents swept"])
+        with bar:
+            n = await sweep(settings, at, partial(updates, "agents swept"))
+        print(f"sent expiry sweeps as of {at.isoformat()} for {n} agents; the ledger tombstones what expired")
+
+    asyncio.run(go())
+    return 0
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import os
 
@@ -186,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--from-offset", default=None, help="first offset, e.g. 1200 or 0=10,3=200 (default: start)")
     rp.add_argument("--to-offset", default=None, help="offset to stop before (default: the end)")
     rp.set_defaults(fn=cmd_replay)
+
+    sw = sub.add_parser("sweep", help="tombstone expired records of every agent (run nightly)")
+    sw.add_argument("--at", default=None, help="sweep as of this ISO 8601 time (default: now)")
+    sw.set_defaults(fn=cmd_sweep)
 
     m = sub.add_parser("mcp", help="serve the memory tools over MCP (stdio) for one agent key")
     m.add_argument("--key", default=None, help="agent API key (default: MEMLANE_API_KEY)")

@@ -118,6 +118,10 @@ class MemlaneClient:
     async def delete_memory(self, rid: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/memory/{rid}")
 
+    async def edit_memory(self, rid: str, **fields: Any) -> dict[str, Any]:
+        """Operator keys only: new text makes a successor record."""
+        return await self._call("PATCH", f"/v1/memory/{rid}", json=fields)
+
     async def pin(self, rid: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/memory/{rid}/pin")
 

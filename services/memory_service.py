@@ -17,9 +17,9 @@ from aiokafka import AIOKafkaProducer
 
 from events.base import utcnow
 from events.codec import encode
-from events.commands import AddMemory, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
+from events.commands import AddMemory, ConfigureAgent, DeleteMemory, EditMemory, PinMemory, UnpinMemory
 from events.config import AgentConfig
-from events.record import MemoryRecord, Provenance, Scope, Source, Status
+from events.record import MemoryRecord, Provenance, Scope, Source
 from events.topics import COMMANDS, USAGE
 from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
@@ -158,7 +158,7 @@ class MemoryService:
         scopes = self.readable_scopes(cfg, ctx.session)
         if ids:
             found = await self.records.get_many(ctx.tenant, ctx.agent, ids[:100])
-            keep = [r for r in found if self.visible(r, ctx, scopes) and r.status is Status.ACTIVE]
+            keep = [r for r in found if self.visible(r, ctx, scopes) and r.in_force(utcnow())]
             return SearchResult([(r, None) for r in keep], None)
         if not query:
             return await self._list(ctx, scopes, kind, labels or {}, limit, after)
@@ -179,14 +179,9 @@ class MemoryService:
             dense = await self._embed_query(ctx, query)
         hits = await asyncio.to_thread(self.index.search, f, dense, query, limit, mode, min_score)
         recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
-        by_id = {r.id: r for r in recs}
-        out = [
-            (by_id[h.record_id], h.score)
-            for h in hits
-            if h.record_id in by_id
-            and by_id[h.record_id].status is Status.ACTIVE
-            and self.visible(by_id[h.record_id], ctx, scopes)
-        ]
+        now = utcnow()
+        by_id = {r.id: r for r in recs if r.in_force(now) and self.visible(r, ctx, scopes)}
+        out = [(by_id[h.record_id], h.score) for h in hits if h.record_id in by_id]
         return SearchResult(out, None)
 
     async def search_many(self, searches: list[tuple[Context, dict[str, Any]]]) -> list[SearchResult | ApiError]:
@@ -282,8 +277,10 @@ class MemoryService:
         cfg = await self.config(ctx.tenant, ctx.agent)
         if not cfg.memory.enabled:
             return RecallResult([], [], render([], []), [], [], [])
-        pinned_all = [r for r in await self.records.pinned(ctx.tenant, ctx.agent) if self.visible(
-            r, ctx, self.readable_scopes(cfg, ctx.session))]
+        scopes, now = self.readable_scopes(cfg, ctx.session), utcnow()
+        pinned_all = [
+            r for r in await self.records.pinned(ctx.tenant, ctx.agent) if r.in_force(now) and self.visible(r, ctx, scopes)
+        ]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2)
         key = f"{self.records.root}recalled:{ctx.tenant}/{ctx.agent}:{conversation}"
@@ -300,9 +297,11 @@ class MemoryService:
         return RecallResult(pinned, fresh, render(pinned, [r for r, _ in fresh]), [], [], [])
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
+        now = utcnow()
+
         def wanted(r: MemoryRecord) -> bool:
             return (
-                r.status is Status.ACTIVE
+                r.in_force(now)
                 and self.visible(r, ctx, scopes)
                 and (not kind or r.kind == kind)
                 and all(r.labels.get(k) == v for k, v in labels.items())
@@ -371,6 +370,11 @@ class MemoryService:
     async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "delete_memory")
         return await self._submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait)
+
+    async def edit(self, ctx: Context, rid: str, wait: bool = True, **fields: Any) -> dict[str, Any]:
+        if ctx.principal.role != "operator":
+            raise ApiError("FORBIDDEN", None, "only an operator key can edit a record; agents replace them", 403)
+        return await self._submit(self._command(EditMemory, ctx, record_id=rid, **fields), wait)
 
     async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")

@@ -24,7 +24,9 @@ from events.commands import (
     AddMemory,
     ConfigureAgent,
     DeleteMemory,
+    EditMemory,
     PinMemory,
+    SweepExpired,
     TurnOutcome,
     UnpinMemory,
 )
@@ -34,6 +36,7 @@ from events.memory import (
     CommandRejected,
     RecordAdded,
     RecordDeleted,
+    RecordExpired,
     RecordPinned,
     RecordSuperseded,
     RecordUnpinned,
@@ -112,7 +115,10 @@ def decide(state: LedgerState, cmd: Any) -> list[Any]:
         for e in expired:
             evolve(state, e)
     events = expired + _decide(state, ak, cmd)
-    return [e.model_copy(update={"event_id": event_id(cmd.command_id, i)}) for i, e in enumerate(events)]
+    n = len(events)
+    return [
+        e.model_copy(update={"event_id": event_id(cmd.command_id, i), "last": i == n - 1}) for i, e in enumerate(events)
+    ]
 
 
 def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
@@ -262,6 +268,10 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
         _delete(state, ak, cmd, events)
     elif isinstance(cmd, (PinMemory, UnpinMemory)):
         _pin(state, ak, cmd, events)
+    elif isinstance(cmd, EditMemory):
+        _edit(state, ak, cmd, events)
+    elif isinstance(cmd, SweepExpired):
+        _sweep(state, ak, cmd, events)
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
@@ -277,7 +287,7 @@ def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
     return cmd.scope
 
 
-def _new_record(state: LedgerState, ak: str, cmd: AddMemory) -> MemoryRecord:
+def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = False) -> MemoryRecord:
     cfg = config_of(state, ak)
     if not cfg.memory.enabled:
         raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
@@ -290,7 +300,8 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory) -> MemoryRecord:
     for name in cmd.labels:
         if name not in cfg.memory.labels:
             raise Rejected("VALIDATION_FAILED", f"labels.{name}", f"label {name!r} is not declared in memory.labels")
-    scope = _scope_for(cfg, cmd)
+    # An operator edits records of any scope; the agent writes only what scope.write allows.
+    scope = cmd.scope if operator and cmd.scope else _scope_for(cfg, cmd)
     if scope is Scope.SESSION and not cmd.session:
         raise Rejected("VALIDATION_FAILED", "session", "session scope requires a session")
     if cmd.pinned and cfg.memory.pinned is None:
@@ -336,8 +347,8 @@ def _visible(r: MemoryRecord, cmd: Any) -> bool:
     return True
 
 
-def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list) -> None:
-    rec = _new_record(state, ak, cmd)
+def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
+    rec = _new_record(state, ak, cmd, operator)
     if get_record(state, ak, rec.id):
         raise Rejected("DUPLICATE_ID", "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(ak) or {"live": 0, "pinned_chars": 0}
@@ -390,6 +401,62 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list) -> None:
         events.append(_base(RecordSuperseded, cmd, record=superseded))
     # A preview write that names a live record shadows it and leaves it untouched.
     events.append(_base(RecordAdded, cmd, record=rec))
+
+
+def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
+    """Seed 004: an edit bypasses the write-time filter; the same text changes nothing (a
+    PENDING or CONFLICT record stays out of the prompt); new text makes a successor."""
+    old = get_record(state, ak, cmd.record_id)
+    if old is None or not _visible(old, cmd):
+        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    if old.status not in LIVE:
+        raise Rejected("NOT_LIVE", "record_id", f"record {old.id} is {old.status.value}; only a live record can be edited")
+    summary = old.summary if cmd.summary is None else cmd.summary
+    content = old.content if cmd.content is None else cmd.content
+    metadata = old.metadata if cmd.metadata is None else cmd.metadata
+    if (summary, content, metadata) == (old.summary, old.content, old.metadata):
+        events.append(_base(RecordAdded, cmd, record=old, merged=True))
+        return
+    successor = AddMemory(
+        command_id=cmd.command_id,
+        tenant=cmd.tenant,
+        agent=cmd.agent,
+        issued_at=cmd.issued_at,
+        provenance=cmd.provenance,
+        preview=old.preview,
+        summary=summary,
+        content=content,
+        metadata=metadata,
+        kind=old.kind,
+        labels=old.labels,
+        scope=old.scope,
+        session=old.session,
+        pinned=old.pinned,
+        replaces=old.id,
+        key=old.key,
+        confidence=old.confidence,
+        expires_at=old.expires_at,
+    )
+    _add(state, ak, successor, events, operator=True)
+
+
+def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
+    """Tombstone live records past `expires_at`, as of the command's own time."""
+    for rid in sorted((state.stats.get(ak) or {}).get("live_ids", [])):
+        r = get_record(state, ak, rid)
+        if r is None or r.status not in LIVE or r.expires_at is None or r.expires_at > cmd.issued_at:
+            continue
+        expired = r.model_copy(
+            update={
+                "version": r.version + 1,
+                "status": Status.DELETED,
+                "pinned": False,
+                "modified": cmd.issued_at,
+                "valid_to": r.valid_to or r.expires_at,
+                "provenance": cmd.provenance,
+            }
+        )
+        events.append(_base(RecordExpired, cmd, record=expired))
 
 
 def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
@@ -495,11 +562,18 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
     if prev and prev.version >= r.version:
         return
     stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
+    # The live ids (at most LIVE_FACT_CAP per agent, plus previews) are what a sweep checks.
+    live_ids = set(stats.get("live_ids", ()))
     if prev:
         stats["live"] -= prev.status in LIVE
         stats["pinned_chars"] -= pin_line_chars(prev) if prev.pinned else 0
     stats["live"] += r.status in LIVE
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
+    if r.status in LIVE:
+        live_ids.add(r.id)
+    else:
+        live_ids.discard(r.id)
+    stats["live_ids"] = sorted(live_ids)
     state.stats[ak] = stats
     state.records[key] = r.model_dump(mode="json")
     dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"

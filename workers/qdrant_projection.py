@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class QdrantProjection:
         # content hash -> {record id: (record, command id, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
         self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
+        self.parked_commands: Counter[str] = Counter()  # command id -> its events still parked
         # Vectors read before their event: never evicted, so no record is stranded.
         self.unused: set[str] = set()
         self.versions: dict[str, int] = {}
@@ -63,20 +64,26 @@ class QdrantProjection:
     def wait_for(self, command_id: str) -> asyncio.Future:
         """Resolves with the command's events once they are searchable."""
         fut = asyncio.get_running_loop().create_future()
-        if command_id in self.done_commands:
+        if self._complete(command_id):
             fut.set_result(self.done_commands[command_id])
         else:
             self.waiters.setdefault(command_id, []).append(fut)
         return fut
+
+    def _complete(self, cid: str) -> bool:
+        """A command is done once its last event is in and none of its events is parked."""
+        events = self.done_commands.get(cid)
+        return bool(events) and not self.parked_commands[cid] and any(e.last for e in events)
 
     def _command_done(self, event: Any) -> None:
         cid = event.command_id
         self.done_commands.setdefault(cid, []).append(event)
         while len(self.done_commands) > 50_000:
             self.done_commands.popitem(last=False)
-        for fut in self.waiters.pop(cid, []):
-            if not fut.done():
-                fut.set_result(self.done_commands[cid])
+        if self._complete(cid):
+            for fut in self.waiters.pop(cid, []):
+                if not fut.done():
+                    fut.set_result(self.done_commands[cid])
 
     # ------------------------------------------------------------------ folding
 
@@ -91,6 +98,7 @@ class QdrantProjection:
             self.unused.add(msg.content_hash)  # its event is still ahead in the log
         for r, event in waiting.values():
             self.parked_at.pop(r.id, None)
+            self._unpark(event)
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
@@ -104,7 +112,10 @@ class QdrantProjection:
             return
         self.versions[r.id] = r.version
         if r.id in self.parked_at:  # a newer version replaces one still waiting for its vector
-            self.parked.get(self.parked_at.pop(r.id), {}).pop(r.id, None)
+            _, stale = self.parked.get(self.parked_at.pop(r.id), {}).pop(r.id, (None, None))
+            if stale is not None:
+                self._unpark(stale)
+                batch.done.append(stale)
         batch.upserts.pop(r.id, None)
         batch.deletes.discard(r.id)
         if r.preview and r.replaces:
@@ -119,9 +130,15 @@ class QdrantProjection:
         if vec is None:
             self.parked.setdefault(h, {})[r.id] = (r, e)
             self.parked_at[r.id] = h
+            self.parked_commands[e.command_id] += 1
             return
         batch.upserts[r.id] = (r, vec)
         batch.done.append(e)
+
+    def _unpark(self, event: Any) -> None:
+        self.parked_commands[event.command_id] -= 1
+        if self.parked_commands[event.command_id] <= 0:
+            del self.parked_commands[event.command_id]
 
     def _write(self, batch: _Batch) -> None:
         self.index.upsert([(r, vec.tolist()) for r, vec in batch.upserts.values()])

@@ -306,3 +306,69 @@ def test_a_turn_within_the_timeout_still_commits():
     events = led.run(TurnOutcome(command_id=nid(), tenant="t", agent="a", issued_at=NOW + TURN_TIMEOUT / 2,
                                  turn_ref="x:8:1", committed=True))
     assert [e.type for e in events] == ["TurnResolved", "RecordAdded"]
+
+
+# --------------------------------------------------------------------------- operator edits and sweeps
+
+
+def edit(led, rid, **kw):
+    from events import EditMemory
+    from events.record import Provenance, Source
+
+    return led.run(EditMemory(command_id=nid(), tenant="t", agent="a", issued_at=kw.pop("issued_at", NOW),
+                              record_id=rid, provenance=Provenance(source=Source.OPERATOR), **kw))
+
+
+def sweep(led, at):
+    from events import SweepExpired
+
+    return led.run(SweepExpired(command_id=nid(), tenant="t", agent="a", issued_at=at))
+
+
+def test_an_edit_with_new_text_makes_a_successor_that_supersedes():
+    led = Ledger()
+    old = only(led.add("Deploys happen on Fridays"), "RecordAdded").record
+    superseded, added = edit(led, old.id, summary="Deploys happen on Thursdays")
+    assert (superseded.type, superseded.record.status, superseded.record.replaced_by) == (
+        "RecordSuperseded", Status.SUPERSEDED, added.record.id)
+    assert added.record.replaces == old.id and added.record.summary == "Deploys happen on Thursdays"
+    assert added.record.provenance.source.value == "OPERATOR" and added.record.session == "s1"
+
+
+def test_an_edit_with_the_same_text_changes_nothing_so_a_conflict_stays_out():
+    led = Ledger()
+    only(led.add("Plan is gold", key="plan"), "RecordAdded")
+    conflict = only(led.add("Plan is silver", key="plan"), "RecordAdded").record
+    assert conflict.status is Status.CONFLICT
+    e = only(edit(led, conflict.id, summary="Plan is silver"), "RecordAdded")
+    assert e.merged and e.record == conflict
+
+
+def test_an_operator_edits_a_scope_the_agent_may_not_write():
+    led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]})
+    rec = only(led.add("Shared runbook lives in the wiki", scope="AGENT"), "RecordAdded").record
+    led.run(ConfigureAgent(command_id=nid(), tenant="t", agent="a", issued_at=NOW,
+                           config=AgentConfig.model_validate({"memory": {"scope": {"read": ["session"]}}})))
+    _, added = edit(led, rec.id, summary="Shared runbook lives in the handbook")
+    assert added.record.scope.value == "AGENT"
+
+
+def test_editing_a_deleted_record_is_refused():
+    led = Ledger()
+    rec = only(led.add(), "RecordAdded").record
+    led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=rec.id, session="s1"))
+    e = only(edit(led, rec.id, summary="New text"), "CommandRejected")
+    assert (e.code, e.field) == ("NOT_LIVE", "record_id") and "only a live record can be edited" in e.reason
+
+
+def test_a_sweep_tombstones_exactly_the_expired_live_records():
+    led = Ledger()
+    short = only(led.add("Promo code valid this week", expires_at=NOW + timedelta(days=7)), "RecordAdded").record
+    long = only(led.add("Customer prefers email"), "RecordAdded").record
+    assert sweep(led, NOW + timedelta(days=6)) == []
+    e = only(sweep(led, NOW + timedelta(days=7)), "RecordExpired")
+    assert (e.record.id, e.record.status, e.record.version) == (short.id, Status.DELETED, 2)
+    assert e.record.valid_to == short.expires_at
+    assert sweep(led, NOW + timedelta(days=8)) == []  # already a tombstone
+    assert [x.record.id for x in sweep(led, NOW + timedelta(days=181))] == [long.id]
+    assert led.state.stats["t/a"]["live"] == 0
