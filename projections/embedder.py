@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future
 from functools import cached_property
 from importlib import resources
 from typing import Protocol
@@ -34,11 +37,23 @@ def content_hash(text: str) -> str:
 
 
 class OnnxMiniLM:
+    """`cache_size`: vectors of that many recent texts are kept (0: none).
+
+    Why a cache: in the API process, the extraction worker's similarity queries are the
+    window messages of a turn, and the history projection embeds the same messages when it
+    folds that turn. Cached, each text is embedded once, whichever asks first; a text that
+    one thread is embedding is waited for by another, not embedded twice.
+    """
+
     model_id = MODEL_ID
     dim = DIM
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, cache_size: int = 0) -> None:
         self._threads = threads or int(os.environ.get("MEMLANE_EMBED_THREADS", "0")) or None
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # content hash -> float32 vector
+        self._computing: dict[str, Future] = {}
+        self._lock = threading.Lock()
 
     @cached_property
     def _session(self):
@@ -66,17 +81,58 @@ class OnnxMiniLM:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
+        if not self._cache_size:
+            return self._embed(texts).tolist()
+        keys = [content_hash(t) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        mine: dict[str, str] = {}  # texts this call embeds
+        theirs: dict[str, Future] = {}  # texts another thread is embedding
+        with self._lock:
+            for k, t in zip(keys, texts):
+                if k in found or k in mine or k in theirs:
+                    continue
+                if (v := self._cache.get(k)) is not None:
+                    self._cache.move_to_end(k)
+                    found[k] = v
+                elif (f := self._computing.get(k)) is not None:
+                    theirs[k] = f
+                else:
+                    mine[k] = t
+                    self._computing[k] = Future()
+        if mine:
+            try:
+                vecs = self._embed(list(mine.values()))
+            except BaseException as e:
+                with self._lock:
+                    futs = [self._computing.pop(k) for k in mine]
+                for f in futs:
+                    f.set_exception(e)
+                raise
+            with self._lock:
+                futs = []
+                for k, v in zip(mine, vecs):
+                    self._cache[k] = found[k] = v
+                    futs.append(self._computing.pop(k))
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            for f, v in zip(futs, vecs):
+                f.set_result(v)
+        for k, f in theirs.items():
+            found[k] = f.result()
+        return [found[k].tolist() for k in keys]
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Float32 unit vectors, one row per text."""
         # Batch texts of similar length: padding a short text to a long one's length costs
         # attention work that is then thrown away.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out: list[list[float]] = [[] for _ in texts]
+        out = np.empty((len(texts), DIM), dtype=np.float32)
         for start in range(0, len(order), 32):
             idx = order[start : start + 32]
-            for i, vec in zip(idx, self._embed_batch([texts[i] for i in idx])):
-                out[i] = vec
+            out[idx] = self._embed_batch([texts[i] for i in idx])
         return out
 
-    def _embed_batch(self, texts: Sequence[str]) -> list[list[float]]:
+    def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         encs = self._tokenizer.encode_batch(list(texts))
         ids = np.array([e.ids for e in encs], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
@@ -88,11 +144,14 @@ class OnnxMiniLM:
         m = mask[..., None].astype(np.float32)
         pooled = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
         pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-        return pooled.astype(np.float32).tolist()
+        return pooled.astype(np.float32)
 
 
-def make_embedder(settings) -> Embedder:
-    """The embedder the settings choose: `MEMLANE_EMBEDDINGS=openai` or the local default."""
+def make_embedder(settings, cache_size: int = 4096) -> Embedder:
+    """The embedder the settings choose: `MEMLANE_EMBEDDINGS=openai` or the local default.
+
+    `cache_size`: recent texts whose local vectors are kept (`OnnxMiniLM`), for a process
+    that embeds the same texts for several readers (the API: queries and history)."""
     if settings.embeddings == "openai":
         from projections.openai_embedder import OpenAIEmbedder
 
@@ -101,7 +160,7 @@ def make_embedder(settings) -> Embedder:
         )
     if settings.embeddings != "local":
         raise ValueError(f"embeddings: {settings.embeddings!r} is not one of 'local', 'openai'")
-    return OnnxMiniLM()
+    return OnnxMiniLM(cache_size=cache_size)
 
 
 def embedder_model_id(settings) -> str:

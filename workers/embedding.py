@@ -30,7 +30,7 @@ class EmbeddingWorker(Processor):
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
-        self.embedder = embedder or make_embedder(settings)
+        self.embedder = embedder or make_embedder(settings, cache_size=0)  # it keeps its own cache
         self.cache: OrderedDict[str, list[float]] = OrderedDict()
         self.todo: dict[str, str] = {}
 

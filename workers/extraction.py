@@ -186,9 +186,14 @@ class SearchBatcher:
     trip and a query embedding in the API. Sent together, they cost one request and one
     embedding call. Searches queue while `max_in_flight` batches are out, so batches grow
     with load and an idle worker still sends its search at once.
+
+    Batches stay small (32 searches, 2 out at a time): a poll's reviews all ask at once,
+    and the API answers concurrent batches interleaved, so a few large batches made every
+    review wait for the last answer. Small ones in turn let the first reviews call the
+    model while the API works on the next batch, and the API's per-batch cost is small.
     """
 
-    def __init__(self, send, max_items: int = 100, max_in_flight: int = 4) -> None:
+    def __init__(self, send, max_items: int = 32, max_in_flight: int = 2) -> None:
         self.send = send
         self.max_items = max_items
         self.max_in_flight = max_in_flight

@@ -20,8 +20,10 @@ still finds the review that precedes it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from events.config import EveryMessages, ExtractionConfig
 
@@ -46,10 +48,77 @@ def _off(field: str) -> int:
     return int(field[2:])
 
 
+class PipelineBatcher:
+    """Sends the Redis commands that concurrent reviews ask for in one pipeline.
+
+    Why: a worker with hundreds of turns in flight read and wrote each session's state in
+    two round trips per turn, and the client's per-call overhead cost more CPU than the
+    commands. Calls made in the same event-loop turn share a pipeline; while `max_in_flight`
+    pipelines are out, calls queue, so pipelines grow with load and an idle worker still
+    sends at once. Each caller gets its own commands' results (or its own error); a
+    `transaction` pipeline is one MULTI/EXEC, so each caller's commands stay atomic.
+    """
+
+    def __init__(self, redis, transaction: bool, max_in_flight: int = 2, max_calls: int = 500) -> None:
+        self.redis = redis
+        self.transaction = transaction
+        self.max_in_flight = max_in_flight
+        self.max_calls = max_calls
+        self.pending: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future]] = []
+        self.in_flight: set[asyncio.Task] = set()
+        self.scheduled = False
+
+    async def run(self, commands: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """`commands`: (pipeline method name, arguments) pairs; returns their results."""
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((commands, fut))
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        while self.pending and len(self.in_flight) < self.max_in_flight:
+            batch, self.pending = self.pending[: self.max_calls], self.pending[self.max_calls :]
+            task = asyncio.create_task(self._send(batch))
+            self.in_flight.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.in_flight.discard(task)
+        self._flush()
+
+    async def _send(self, batch: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future]]) -> None:
+        try:
+            pipe = self.redis.pipeline(transaction=self.transaction)
+            for commands, _ in batch:
+                for name, args in commands:
+                    getattr(pipe, name)(*args)
+            results = await pipe.execute(raise_on_error=False)
+        except Exception as e:  # the whole pipeline failed (Redis unreachable): every caller retries
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        at = 0
+        for commands, fut in batch:
+            mine, at = results[at : at + len(commands)], at + len(commands)
+            if fut.done():  # its turn was cancelled
+                continue
+            err = next((r for r in mine if isinstance(r, Exception)), None)
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(mine)
+
+
 class ReviewState:
     def __init__(self, redis, namespace: str = "") -> None:
         self.redis = redis
         self.namespace = namespace
+        self.reads = PipelineBatcher(redis, transaction=False)
+        self.writes = PipelineBatcher(redis, transaction=True)
 
     def key(self, partition: int, session_key: str) -> str:
         return f"{self.namespace}memlane:extraction:{partition}:{session_key}"
@@ -58,7 +127,7 @@ class ReviewState:
         self, partition: int, session_key: str, offset: int, messages: list[dict[str, str]], cfg: ExtractionConfig
     ) -> Due:
         key = self.key(partition, session_key)
-        raw = await self.redis.hgetall(key)
+        (raw,) = await self.reads.run([("hgetall", (key,))])
         fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
         reviews = sorted(_off(f) for f in fields if f.startswith("r:"))
         last = max((r for r in reviews if r < offset), default=-1)
@@ -69,15 +138,14 @@ class ReviewState:
         pending.extend(messages)
         since = len(pending)
         due = decide_due(cfg, since)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(key, f"t:{offset}", json.dumps(messages))
+        writes: list[tuple[str, tuple[Any, ...]]] = [("hset", (key, f"t:{offset}", json.dumps(messages)))]
         if due:
-            pipe.hset(key, f"r:{offset}", "1")
+            writes.append(("hset", (key, f"r:{offset}", "1")))
         floor = max((r for r in reviews if r < offset - MAX_UNCOMMITTED), default=None)
         if floor is not None:
             stale = [f for f in fields if _off(f) < floor]
             if stale:
-                pipe.hdel(key, *stale)
-        pipe.expire(key, TTL_S)
-        await pipe.execute()
+                writes.append(("hdel", (key, *stale)))
+        writes.append(("expire", (key, TTL_S)))
+        await self.writes.run(writes)
         return Due(due, pending, since)
