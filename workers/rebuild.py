@@ -174,7 +174,7 @@ async def rebuild_all(
     optimize: bool = False,
 ) -> dict[str, int]:
     """Rebuild Redis and Qdrant at once, each in its own process: both are CPU-bound
-    Python folds of the same log, so on two cores this halves the wall time.
+    Python folds of the same log, so on two cores the wall time is the slower one's.
     `progress(target, done, total)` hears from both. Returns each target's generation."""
     import multiprocessing
     import queue as queues
