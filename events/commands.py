@@ -70,9 +70,11 @@ class EditMemory(_CommandBase):
 
 
 class SweepExpired(_CommandBase):
-    """Tombstones the agent's live records whose `expires_at` is at or before `issued_at`."""
+    """Tombstones those of `record_ids` that are live and expired at `issued_at`. The ids
+    come from the projection's expiry index; the ledger checks each one itself."""
 
     type: Literal["SweepExpired"] = "SweepExpired"
+    record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
 class TurnOutcome(_CommandBase):

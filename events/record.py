@@ -68,6 +68,10 @@ class Provenance(Message_):
     source_message_ids: list[str] = []
 
 
+# Statuses that count toward the live-fact cap and can expire (seed 004).
+LIVE = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
+
+
 class MemoryRecord(Message_):
     id: Ident
     version: Annotated[int, Field(ge=1)]

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from events.memory import RECORD_EVENTS
-from events.record import MemoryRecord, Status
-
-LISTED = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
+from events.record import LIVE, MemoryRecord, Status
 
 
 def listed(r: MemoryRecord) -> bool:
     """Listing omits deleted and superseded records, except preview deletions (seed 000)."""
-    return r.status in LISTED or (r.preview and r.status is Status.DELETED)
+    return r.status in LIVE or (r.preview and r.status is Status.DELETED)
 
 
 def sort_score(r: MemoryRecord) -> float:

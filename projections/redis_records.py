@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 
 from events.config import AgentConfig
 from events.memory import RECORD_EVENTS, AgentConfigured
-from events.record import MemoryRecord, Status
+from events.record import LIVE, MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON list of
-# [agent key, record id, version, snapshot json, sort score, listed 0/1, pinned 0/1];
+# [agent key, record id, version, snapshot json, sort score, listed 0/1, pinned 0/1,
+# expiry ms of a live record or -1];
 # ARGV[3]: JSON object {checkpoint field: next offset}. Keys are derived in the script,
 # so this needs a single Redis node (not Cluster).
 APPLY = """
@@ -35,6 +36,8 @@ for _, it in ipairs(cjson.decode(ARGV[2])) do
     local lk, pk = ns .. ':list:' .. it[1], ns .. ':pinned:' .. it[1]
     if it[6] == 1 then redis.call('ZADD', lk, it[5], it[2]) else redis.call('ZREM', lk, it[2]) end
     if it[7] == 1 then redis.call('ZADD', pk, it[5], it[2]) else redis.call('ZREM', pk, it[2]) end
+    local xm = it[1] .. '|' .. it[2]
+    if it[8] >= 0 then redis.call('ZADD', ns .. ':expiry', it[8], xm) else redis.call('ZREM', ns .. ':expiry', xm) end
     applied = applied + 1
   end
 end
@@ -136,6 +139,7 @@ class RedisRecords:
                         sort_score(r),
                         int(listed(r)),
                         int(r.pinned and r.status is Status.ACTIVE),
+                        int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1,
                     ]
                 )
             elif isinstance(e, AgentConfigured):
@@ -217,14 +221,16 @@ class RedisRecords:
         raw = await self.r.get(f"{self._ns(await self.generation())}:config:{tenant}/{agent}")
         return AgentConfig.model_validate_json(raw) if raw else None
 
-    async def agents(self) -> list[tuple[str, str]]:
-        """(tenant, agent) of every agent with a configuration or listed records."""
-        ns, found = self._ns(await self.generation()), set()
-        for kind in ("list", "config"):
-            async for key in self.r.scan_iter(f"{ns}:{kind}:*", count=10_000):
-                tenant, _, agent = key[len(f"{ns}:{kind}:") :].partition("/")
-                found.add((tenant, agent))
-        return sorted(found)
+    async def expired(self, at_ms: int) -> dict[tuple[str, str], list[str]]:
+        """Live records whose expiry is at or before `at_ms`, by (tenant, agent): what a
+        sweep asks the ledger to tombstone."""
+        out: dict[tuple[str, str], list[str]] = {}
+        ns = self._ns(await self.generation())
+        for member in await self.r.zrangebyscore(f"{ns}:expiry", "-inf", at_ms):
+            ak, _, rid = member.partition("|")
+            tenant, _, agent = ak.partition("/")
+            out.setdefault((tenant, agent), []).append(rid)
+        return out
 
     async def aclose(self) -> None:
         await self.r.aclose()

@@ -160,10 +160,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     async def go():
         await wait_for_broker(settings)
-        bar, updates = _progress_bars(["agents swept"])
+        bar, updates = _progress_bars(["expired records"])
         with bar:
-            n = await sweep(settings, at, partial(updates, "agents swept"))
-        print(f"sent expiry sweeps as of {at.isoformat()} for {n} agents; the ledger tombstones what expired")
+            n = await sweep(settings, at, partial(updates, "expired records"))
+        print(f"sent expiry sweeps as of {at.isoformat()} naming {n} records; the ledger tombstones them")
 
     asyncio.run(go())
     return 0

@@ -17,6 +17,7 @@ from aiokafka import TopicPartition
 
 from events.codec import decode, encode
 from events.topics import COMMANDS, EVENTS
+from workers.heap import settle_heap
 from workers.kafka_io import reader
 from workers.ledger_rules import LedgerState, decide, evolve
 from workers.runtime import Out, Processor
@@ -58,6 +59,7 @@ class LedgerProcessor(Processor):
             c.assign([tp])
             await c.seek_to_beginning(tp)
             end = (await c.end_offsets([tp]))[tp]
+            next_report = 100_000
             while await c.position(tp) < end:
                 batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
                 for m in batch.get(tp, []):
@@ -65,10 +67,14 @@ class LedgerProcessor(Processor):
                     evolve(state, event)
                     seen.setdefault(event.command_id, []).append(m.value)
                     n += 1
+                while len(seen) > PROCESSED_MEMORY:
+                    seen.popitem(last=False)
+                settle_heap()
+                if n >= next_report:
+                    log.info("ledger_recovering", partition=partition, events=n, of=end)
+                    next_report += 100_000
         finally:
             await c.stop()
-        while len(seen) > PROCESSED_MEMORY:
-            seen.popitem(last=False)
         self.states[partition], self.processed[partition] = state, seen
         log.info("ledger_recovered", partition=partition, events=n, records=len(state.records))
 

@@ -44,14 +44,13 @@ from events.memory import (
     WriteDiscarded,
     WriteStaged,
 )
-from events.record import MemoryRecord, Scope, Status
+from events.record import LIVE, MemoryRecord, Scope, Status
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
 TURN_TIMEOUT = timedelta(minutes=10)
 CHARS_PER_TOKEN = 4
-LIVE = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
 
 
 @dataclass
@@ -441,8 +440,8 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
 
 
 def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
-    """Tombstone live records past `expires_at`, as of the command's own time."""
-    for rid in sorted((state.stats.get(ak) or {}).get("live_ids", [])):
+    """Tombstone the named live records past `expires_at`, as of the command's own time."""
+    for rid in dict.fromkeys(cmd.record_ids):
         r = get_record(state, ak, rid)
         if r is None or r.status not in LIVE or r.expires_at is None or r.expires_at > cmd.issued_at:
             continue
@@ -562,18 +561,11 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
     if prev and prev.version >= r.version:
         return
     stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
-    # The live ids (at most LIVE_FACT_CAP per agent, plus previews) are what a sweep checks.
-    live_ids = set(stats.get("live_ids", ()))
     if prev:
         stats["live"] -= prev.status in LIVE
         stats["pinned_chars"] -= pin_line_chars(prev) if prev.pinned else 0
     stats["live"] += r.status in LIVE
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
-    if r.status in LIVE:
-        live_ids.add(r.id)
-    else:
-        live_ids.discard(r.id)
-    stats["live_ids"] = sorted(live_ids)
     state.stats[ak] = stats
     state.records[key] = r.model_dump(mode="json")
     dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"

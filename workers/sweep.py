@@ -1,4 +1,5 @@
-"""The expiry sweep: one `SweepExpired` command per agent, decided by the ledger.
+"""The expiry sweep: the Redis projection's expiry index names the candidates, the
+ledger decides, one `SweepExpired` command per agent and batch of ids.
 
 Run it nightly (`memlane sweep`). Reads stop serving expired records at once; the sweep
 turns them into tombstones in the log, so history and rebuilds show when they went.
@@ -16,33 +17,39 @@ from projections.redis_records import RedisRecords
 from services.settings import Settings
 from workers.kafka_io import producer
 
+BATCH = 500
+
 
 async def sweep(settings: Settings, at: datetime, progress: Callable[[int, int], None] | None = None) -> int:
-    """Sends a sweep as of `at` for every known agent; returns how many were sent.
-
-    The command id names the agent and the time, so running the same sweep twice sends
-    the same commands, and the ledger decides them the same way."""
+    """Sends sweeps as of `at` for every record the index says has expired; returns how
+    many records were named. A command id names the agent, the time and the batch's first
+    id, so running the same sweep twice sends the same commands."""
     store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     try:
-        agents = await store.agents()
+        expired = await store.expired(int(at.timestamp() * 1000))
     finally:
         await store.aclose()
+    total, done = sum(len(ids) for ids in expired.values()), 0
     p = producer(settings)
     await p.start()
     try:
         stamp = at.strftime("%Y%m%dT%H%M%SZ")
-        for i, (tenant, agent) in enumerate(agents, 1):
-            cmd = SweepExpired(
-                command_id=f"sweep:{tenant}:{agent}:{stamp}",
-                tenant=tenant,
-                agent=agent,
-                issued_at=at,
-                provenance=Provenance(source=Source.OPERATOR, modified_by="sweep"),
-            )
-            await p.send(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
-            if progress:
-                progress(i, len(agents))
+        for (tenant, agent), ids in sorted(expired.items()):
+            for i in range(0, len(ids), BATCH):
+                chunk = sorted(ids)[i : i + BATCH]
+                cmd = SweepExpired(
+                    command_id=f"sweep:{stamp}:{tenant}:{agent}:{chunk[0]}",
+                    tenant=tenant,
+                    agent=agent,
+                    issued_at=at,
+                    record_ids=chunk,
+                    provenance=Provenance(source=Source.OPERATOR, modified_by="sweep"),
+                )
+                await p.send(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
         await p.flush()
     finally:
         await p.stop()
-    return len(agents)
+    return total

@@ -43,7 +43,7 @@ async def test_the_sweep_tombstones_expired_records_through_the_ledger(stack, ne
         proc = subprocess.run([sys.executable, "-m", "services.cli", "sweep", "--at", at.isoformat()],
                               env=stack.env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "sent expiry sweeps" in proc.stdout
+        assert "sent expiry sweeps" in proc.stdout and "naming 0 records" not in proc.stdout
 
         async def swept():
             return (await c.read_memory(promo["id"])).status.value == "DELETED"

@@ -319,10 +319,10 @@ def edit(led, rid, **kw):
                               record_id=rid, provenance=Provenance(source=Source.OPERATOR), **kw))
 
 
-def sweep(led, at):
+def sweep(led, at, *ids):
     from events import SweepExpired
 
-    return led.run(SweepExpired(command_id=nid(), tenant="t", agent="a", issued_at=at))
+    return led.run(SweepExpired(command_id=nid(), tenant="t", agent="a", issued_at=at, record_ids=list(ids)))
 
 
 def test_an_edit_with_new_text_makes_a_successor_that_supersedes():
@@ -361,14 +361,15 @@ def test_editing_a_deleted_record_is_refused():
     assert (e.code, e.field) == ("NOT_LIVE", "record_id") and "only a live record can be edited" in e.reason
 
 
-def test_a_sweep_tombstones_exactly_the_expired_live_records():
+def test_a_sweep_tombstones_exactly_the_expired_live_records_it_names():
     led = Ledger()
     short = only(led.add("Promo code valid this week", expires_at=NOW + timedelta(days=7)), "RecordAdded").record
     long = only(led.add("Customer prefers email"), "RecordAdded").record
-    assert sweep(led, NOW + timedelta(days=6)) == []
-    e = only(sweep(led, NOW + timedelta(days=7)), "RecordExpired")
+    both = (short.id, long.id, "no-such-record")
+    assert sweep(led, NOW + timedelta(days=6), *both) == []  # the ledger checks each candidate itself
+    e = only(sweep(led, NOW + timedelta(days=7), *both), "RecordExpired")
     assert (e.record.id, e.record.status, e.record.version) == (short.id, Status.DELETED, 2)
     assert e.record.valid_to == short.expires_at
-    assert sweep(led, NOW + timedelta(days=8)) == []  # already a tombstone
-    assert [x.record.id for x in sweep(led, NOW + timedelta(days=181))] == [long.id]
+    assert sweep(led, NOW + timedelta(days=8), short.id) == []  # already a tombstone
+    assert [x.record.id for x in sweep(led, NOW + timedelta(days=181), *both)] == [long.id]
     assert led.state.stats["t/a"]["live"] == 0
