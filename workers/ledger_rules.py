@@ -2,7 +2,7 @@
 
 `decide(state, command)` returns the events a command produces; `evolve(state, event)`
 folds one event into the state. The ledger worker is these two functions plus Kafka.
-The state is a handful of mappings (faust tables in the worker, dicts in tests), all
+The state is a handful of mappings of frozen models, folded from the ledger's own events, all
 keyed under `tenant/agent` so one agent can never address another agent's records.
 
 Everything here is deterministic in the command: ids and timestamps derive from the
@@ -55,11 +55,11 @@ CHARS_PER_TOKEN = 4
 
 @dataclass
 class LedgerState:
-    records: MutableMapping[str, Any] = field(default_factory=dict)  # agent/rid -> record dict
+    records: MutableMapping[str, MemoryRecord] = field(default_factory=dict)  # agent/rid -> record (frozen)
     index: MutableMapping[str, str] = field(default_factory=dict)  # agent|text:h / agent|key:k -> rid
     staged: MutableMapping[str, list] = field(default_factory=dict)  # agent|turn_ref -> [command dicts]
     turns: MutableMapping[str, str] = field(default_factory=dict)  # agent|turn_ref -> outcome
-    configs: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> config dict
+    configs: MutableMapping[str, AgentConfig] = field(default_factory=dict)  # agent -> config (frozen)
     stats: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> {live, pinned_chars}
 
 
@@ -93,13 +93,11 @@ def pin_line_chars(r: MemoryRecord) -> int:
 
 
 def config_of(state: LedgerState, ak: str) -> AgentConfig:
-    raw = state.configs.get(ak)
-    return AgentConfig.model_validate(raw) if raw else AgentConfig()
+    return state.configs.get(ak) or AgentConfig()
 
 
 def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
-    raw = state.records.get(f"{ak}/{rid}")
-    return MemoryRecord.model_validate(raw) if raw else None
+    return state.records.get(f"{ak}/{rid}")
 
 
 # --------------------------------------------------------------------------- decide
@@ -182,7 +180,7 @@ def _rejection(cmd: Any, r: Rejected) -> CommandRejected:
 def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
     old = state.configs.get(ak)
     if old:
-        changed = label_numbers_kept(AgentConfig.model_validate(old), cmd.config)
+        changed = label_numbers_kept(old, cmd.config)
         if changed:
             raise Rejected(
                 "VALIDATION_FAILED",
@@ -542,7 +540,7 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
 def evolve(state: LedgerState, event: Any) -> None:
     ak = agent_key(event.tenant, event.agent)
     if isinstance(event, AgentConfigured):
-        state.configs[ak] = event.config.model_dump(mode="json")
+        state.configs[ak] = event.config
     elif isinstance(event, TurnResolved):
         outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
         state.turns[f"{ak}|{event.turn_ref}"] = outcome
@@ -556,8 +554,7 @@ def evolve(state: LedgerState, event: Any) -> None:
 
 def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
     key = f"{ak}/{r.id}"
-    prev_raw = state.records.get(key)
-    prev = MemoryRecord.model_validate(prev_raw) if prev_raw else None
+    prev = state.records.get(key)
     if prev and prev.version >= r.version:
         return
     stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
@@ -567,7 +564,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
     stats["live"] += r.status in LIVE
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
     state.stats[ak] = stats
-    state.records[key] = r.model_dump(mode="json")
+    state.records[key] = r
     dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
     text_key = f"{ak}|text:{dup_scope}:{normalized_hash(r.summary, r.content)}"
     key_key = f"{ak}|key:{r.kind}:{r.key}" if r.key else None

@@ -250,7 +250,7 @@ def test_preview_replace_shadows_and_leaves_the_live_record():
     e = only(led.add("preview fact", replaces=live.id, preview=True), "RecordAdded")
     assert e.record.preview and e.record.replaces == live.id
     stored = led.state.records[f"t/a/{live.id}"]
-    assert stored["status"] == "ACTIVE" and stored["version"] == 1
+    assert stored.status is Status.ACTIVE and stored.version == 1
 
 
 def test_preview_delete_writes_a_preview_tombstone():
@@ -259,7 +259,7 @@ def test_preview_delete_writes_a_preview_tombstone():
     e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=live.id,
                                   preview=True)), "RecordDeleted")
     assert e.record.preview and e.record.status is Status.DELETED and e.record.replaces == live.id
-    assert led.state.records[f"t/a/{live.id}"]["status"] == "ACTIVE"
+    assert led.state.records[f"t/a/{live.id}"].status is Status.ACTIVE
 
 
 def test_live_turn_cannot_touch_a_preview_record():
@@ -295,7 +295,7 @@ def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
     assert _turn(led, True, ref="x:9:1") == []
     e = only(led.add("late", turn_ref="x:9:1"), "WriteDiscarded")
     assert "timed_out" in e.reason
-    assert [r["summary"] for r in led.state.records.values()] == ["an unrelated write"]
+    assert [r.summary for r in led.state.records.values()] == ["an unrelated write"]
 
 
 def test_a_turn_within_the_timeout_still_commits():
