@@ -92,8 +92,11 @@ def pin_line_chars(r: MemoryRecord) -> int:
     return len(r.summary) + len(r.id) + 3
 
 
+DEFAULT_CONFIG = AgentConfig()  # frozen, so one instance serves every unconfigured agent
+
+
 def config_of(state: LedgerState, ak: str) -> AgentConfig:
-    return state.configs.get(ak) or AgentConfig()
+    return state.configs.get(ak) or DEFAULT_CONFIG
 
 
 def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
