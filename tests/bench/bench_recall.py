@@ -89,7 +89,10 @@ async def _measure(stack, key: str, suffix: str) -> None:
     run = uuid.uuid4().hex[:8]  # recall skips what a conversation already saw: fresh ones each run
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=30) as h:
         for q in range(QUERIES + 10):
-            body = {"conversation": f"c{q}-{run}", "text": f"what about the {WORDS[q % 12]} {WORDS[(q * 7) % 12]}?"}
+            # Every text distinct (the run id too): a repeated text would hit the API's
+            # embedding cache, and the figure must include a real query embedding.
+            text = f"what about the {WORDS[q % 12]} {WORDS[(q * 7) % 12]} of request {q} {run}?"
+            body = {"conversation": f"c{q}-{run}", "text": text}
             t = time.perf_counter()
             r = await h.post("/v1/recall", json=body)
             ms = (time.perf_counter() - t) * 1000
@@ -108,7 +111,7 @@ async def _measure(stack, key: str, suffix: str) -> None:
 
         async def worker(w: int, count: int) -> None:
             for q in range(count):
-                body = {"conversation": f"w{w}-{q}-{run}", "text": f"{WORDS[(w + q) % 12]} note"}
+                body = {"conversation": f"w{w}-{q}-{run}", "text": f"{WORDS[(w + q) % 12]} note {w} {q} {run}"}
                 (await h.post("/v1/recall", json=body)).raise_for_status()
 
         t = time.perf_counter()
