@@ -25,7 +25,7 @@ from tests.bench.common import figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel, Reply
 
-TURNS = 300
+TURNS = 1500  # several polls and commits: a few hundred turns end in 2-3 bursts, a noisy rate
 SESSIONS = 50
 LATENCY_TURNS = 20
 USER = re.compile(r'role="user">\n(.*?)\n</message>', re.S)
