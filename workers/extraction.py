@@ -333,8 +333,8 @@ class ExtractionProcessor(Processor):
         shown = review.window(due.pending)
         if not shown:
             return []
-        queries = [m["content"] for m in shown]
-        handles = review.Handles.of(await self.api.similar(turn, queries))
+        queries = review.search_queries(shown)
+        handles = review.Handles.of(await self.api.similar(turn, queries) if queries else [])
         call = CallContext(turn.tenant, turn.agent, turn.session, turn.execution_id, turn.turn, f"{turn.event_id}/{turn.attempt}")
         messages = review.build_messages(cfg, turn.session, shown, handles)
         try:

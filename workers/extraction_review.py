@@ -156,6 +156,18 @@ class Handles:
         return [f"{h}={r.id}" for h, r in self.records.items()]
 
 
+MIN_QUERY_WORDS = 3
+
+
+def search_queries(shown: list[dict[str, str]]) -> list[str]:
+    """What to look up similar memories for: each shown message with something to find.
+
+    An acknowledgement ("Noted.", "ok") states no fact, so searching for it only costs a
+    query embedding and a search per turn; the same text twice is searched once."""
+    texts = (m["content"] for m in shown)
+    return list(dict.fromkeys(t for t in texts if len(t.split()) >= MIN_QUERY_WORDS))
+
+
 def allowed_scopes(cfg: AgentConfig, session: str | None) -> list[str]:
     write = cfg.memory.scope.write
     return [s for s in ("session", "agent") if s in write and (s == "agent" or session)]

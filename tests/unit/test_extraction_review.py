@@ -96,3 +96,11 @@ def test_prompt_uses_custom_instructions_and_never_shows_ids():
     assert msgs[0]["content"].startswith("ONLY COLOURS") and r.DEFAULT_INSTRUCTIONS not in msgs[0]["content"]
     assert "[1] (fact, session) fact 1" in msgs[1]["content"] and "rec-1" not in msgs[1]["content"]
     assert r.prompt_version(cfg) != r.prompt_version(AgentConfig())
+
+
+def test_acknowledgements_and_repeats_are_not_searched():
+    shown = [{"id": "m1", "role": "user", "content": "My invoice number is INV-2231"},
+             {"id": "m2", "role": "assistant", "content": "Noted."},
+             {"id": "m3", "role": "user", "content": "My invoice number is INV-2231"},
+             {"id": "m4", "role": "assistant", "content": "ok thanks"}]
+    assert r.search_queries(shown) == ["My invoice number is INV-2231"]
