@@ -42,6 +42,7 @@ from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused
 from workers import extraction_review as review
+from workers.batching import MicroBatcher
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime import DeadLetter, Out, Processor, Transient, release_key
@@ -101,7 +102,7 @@ class ApiReader:
     """What the worker reads through the HTTP API, as the agent's operator: the agent's
     configuration and its most similar memories. It never opens the index itself.
 
-    Similar-memory searches of concurrent reviews go out together (`SearchBatcher`), each
+    Similar-memory searches of concurrent reviews go out together (`MicroBatcher`), each
     with its own agent and session, to `/v1/memory/search/batch`."""
 
     def __init__(self, settings) -> None:
@@ -114,7 +115,12 @@ class ApiReader:
         )
         self.configs: dict[str, tuple[float, AgentConfig]] = {}
         self.fetching: dict[str, asyncio.Future] = {}
-        self.searches = SearchBatcher(self._search_batch)
+        # Small batches, 2 out at a time: a poll's reviews all ask at once, and the API
+        # answers concurrent batches interleaved, so a few large batches made every review
+        # wait for the last answer; small ones let the first reviews call the model sooner.
+        self.searches: MicroBatcher[dict[str, Any], list[MemoryRecord]] = MicroBatcher(
+            self._search_batch, max_items=32, max_in_flight=2
+        )
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -156,7 +162,7 @@ class ApiReader:
     async def similar(self, turn: TurnCommitted, queries: list[str]) -> list[MemoryRecord]:
         ctx = {"tenant": turn.tenant, "agent": turn.agent, "session": turn.session, "preview": turn.preview}
         found = await asyncio.gather(
-            *(self.searches.search({**ctx, "query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}) for q in queries)
+            *(self.searches.submit({**ctx, "query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}) for q in queries)
         )
         # Interleave by rank, so each message's best match gets a handle before anyone's third.
         out: list[MemoryRecord] = []
@@ -177,64 +183,6 @@ class ApiReader:
 
 class SearchFailed(Exception):
     """The API refused one search of a batch (not a transient failure)."""
-
-
-class SearchBatcher:
-    """Collects the searches that concurrent reviews ask for into batch requests.
-
-    Why: a review searches once per window message, and every search costs an HTTP round
-    trip and a query embedding in the API. Sent together, they cost one request and one
-    embedding call. Searches queue while `max_in_flight` batches are out, so batches grow
-    with load and an idle worker still sends its search at once.
-
-    Batches stay small (32 searches, 2 out at a time): a poll's reviews all ask at once,
-    and the API answers concurrent batches interleaved, so a few large batches made every
-    review wait for the last answer. Small ones in turn let the first reviews call the
-    model while the API works on the next batch, and the API's per-batch cost is small.
-    """
-
-    def __init__(self, send, max_items: int = 32, max_in_flight: int = 2) -> None:
-        self.send = send
-        self.max_items = max_items
-        self.max_in_flight = max_in_flight
-        self.pending: list[tuple[dict[str, Any], asyncio.Future]] = []
-        self.in_flight: set[asyncio.Task] = set()
-        self.scheduled = False
-
-    async def search(self, item: dict[str, Any]) -> list[MemoryRecord]:
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((item, fut))
-        if not self.scheduled:
-            # Flush on the next loop turn: searches that other tasks are about to ask for in
-            # this same turn join the batch.
-            self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return await fut
-
-    def _flush(self) -> None:
-        self.scheduled = False
-        while self.pending and len(self.in_flight) < self.max_in_flight:
-            batch, self.pending = self.pending[: self.max_items], self.pending[self.max_items :]
-            task = asyncio.create_task(self._send(batch))
-            self.in_flight.add(task)
-            task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self.in_flight.discard(task)
-        self._flush()
-
-    async def _send(self, batch: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
-        try:
-            results = await self.send([item for item, _ in batch])
-        except Exception as e:  # a transient failure fails each search; each turn retries
-            results = [e] * len(batch)
-        for (_, fut), res in zip(batch, results):
-            if fut.done():  # its review was cancelled
-                continue
-            if isinstance(res, BaseException):
-                fut.set_exception(res)
-            else:
-                fut.set_result(res)
 
 
 def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:

@@ -20,12 +20,12 @@ still finds the review that precedes it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from events.config import EveryMessages, ExtractionConfig
+from workers.batching import MicroBatcher
 
 MAX_UNCOMMITTED = 500  # the runner's max records per partition batch (one transaction)
 TTL_S = 30 * 24 * 3600
@@ -48,77 +48,37 @@ def _off(field: str) -> int:
     return int(field[2:])
 
 
-class PipelineBatcher:
-    """Sends the Redis commands that concurrent reviews ask for in one pipeline.
+Commands = list[tuple[str, tuple[Any, ...]]]  # (pipeline method name, arguments)
 
-    Why: a worker with hundreds of turns in flight read and wrote each session's state in
-    two round trips per turn, and the client's per-call overhead cost more CPU than the
-    commands. Calls made in the same event-loop turn share a pipeline; while `max_in_flight`
-    pipelines are out, calls queue, so pipelines grow with load and an idle worker still
-    sends at once. Each caller gets its own commands' results (or its own error); a
-    `transaction` pipeline is one MULTI/EXEC, so each caller's commands stay atomic.
-    """
 
-    def __init__(self, redis, transaction: bool, max_in_flight: int = 2, max_calls: int = 500) -> None:
-        self.redis = redis
-        self.transaction = transaction
-        self.max_in_flight = max_in_flight
-        self.max_calls = max_calls
-        self.pending: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future]] = []
-        self.in_flight: set[asyncio.Task] = set()
-        self.scheduled = False
+def pipelined(redis, transaction: bool) -> MicroBatcher[Commands, list[Any]]:
+    """Concurrent reviews' Redis commands in one pipeline, each caller's results its own.
 
-    async def run(self, commands: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """`commands`: (pipeline method name, arguments) pairs; returns their results."""
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((commands, fut))
-        if not self.scheduled:
-            self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return await fut
+    Two round trips per turn cost more client CPU than the commands themselves. A
+    `transaction` pipeline is one MULTI/EXEC, so each caller's commands stay atomic."""
 
-    def _flush(self) -> None:
-        self.scheduled = False
-        while self.pending and len(self.in_flight) < self.max_in_flight:
-            batch, self.pending = self.pending[: self.max_calls], self.pending[self.max_calls :]
-            task = asyncio.create_task(self._send(batch))
-            self.in_flight.add(task)
-            task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self.in_flight.discard(task)
-        self._flush()
-
-    async def _send(self, batch: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future]]) -> None:
-        try:
-            pipe = self.redis.pipeline(transaction=self.transaction)
-            for commands, _ in batch:
-                for name, args in commands:
-                    getattr(pipe, name)(*args)
-            results = await pipe.execute(raise_on_error=False)
-        except Exception as e:  # the whole pipeline failed (Redis unreachable): every caller retries
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(e)
-            return
+    async def send(batch: list[Commands]) -> list[list[Any] | BaseException]:
+        pipe = redis.pipeline(transaction=transaction)
+        for commands in batch:
+            for name, args in commands:
+                getattr(pipe, name)(*args)
+        results = await pipe.execute(raise_on_error=False)
+        out: list[list[Any] | BaseException] = []
         at = 0
-        for commands, fut in batch:
+        for commands in batch:
             mine, at = results[at : at + len(commands)], at + len(commands)
-            if fut.done():  # its turn was cancelled
-                continue
-            err = next((r for r in mine if isinstance(r, Exception)), None)
-            if err is not None:
-                fut.set_exception(err)
-            else:
-                fut.set_result(mine)
+            out.append(next((r for r in mine if isinstance(r, Exception)), mine))
+        return out
+
+    return MicroBatcher(send, max_items=500)
 
 
 class ReviewState:
     def __init__(self, redis, namespace: str = "") -> None:
         self.redis = redis
         self.namespace = namespace
-        self.reads = PipelineBatcher(redis, transaction=False)
-        self.writes = PipelineBatcher(redis, transaction=True)
+        self.reads = pipelined(redis, transaction=False)
+        self.writes = pipelined(redis, transaction=True)
 
     def key(self, partition: int, session_key: str) -> str:
         return f"{self.namespace}memlane:extraction:{partition}:{session_key}"
@@ -127,7 +87,7 @@ class ReviewState:
         self, partition: int, session_key: str, offset: int, messages: list[dict[str, str]], cfg: ExtractionConfig
     ) -> Due:
         key = self.key(partition, session_key)
-        (raw,) = await self.reads.run([("hgetall", (key,))])
+        (raw,) = await self.reads.submit([("hgetall", (key,))])
         fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
         reviews = sorted(_off(f) for f in fields if f.startswith("r:"))
         last = max((r for r in reviews if r < offset), default=-1)
@@ -138,7 +98,7 @@ class ReviewState:
         pending.extend(messages)
         since = len(pending)
         due = decide_due(cfg, since)
-        writes: list[tuple[str, tuple[Any, ...]]] = [("hset", (key, f"t:{offset}", json.dumps(messages)))]
+        writes: Commands = [("hset", (key, f"t:{offset}", json.dumps(messages)))]
         if due:
             writes.append(("hset", (key, f"r:{offset}", "1")))
         floor = max((r for r in reviews if r < offset - MAX_UNCOMMITTED), default=None)
@@ -147,5 +107,5 @@ class ReviewState:
             if stale:
                 writes.append(("hdel", (key, *stale)))
         writes.append(("expire", (key, TTL_S)))
-        await self.writes.run(writes)
+        await self.writes.submit(writes)
         return Due(due, pending, since)
