@@ -121,21 +121,26 @@ def _offsets(spec: str | None) -> dict[int, int] | None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from workers.kafka_io import wait_for_broker
-    from workers.rebuild import replay_redis
+    from workers.rebuild import replay_qdrant, replay_redis
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
+    replay = replay_redis if args.target == "redis" else replay_qdrant
 
     async def go():
         await wait_for_broker(settings)
-        label = f"replay into generation {args.generation}"
+        label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:
-            n = await replay_redis(settings, args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
-                                   partial(updates, label))
-        print(f"replayed {n} events into redis generation {args.generation}")
+            n = await replay(settings, args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
+                             partial(updates, label))
+        print(f"replayed {n} events into {args.target} generation {args.generation}")
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except ValueError as e:
+        print(f"memlane replay: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -211,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--optimize", action="store_true", help="build the Qdrant HNSW index before switching (slow, faster search)")
     r.set_defaults(fn=cmd_rebuild)
 
-    rp = sub.add_parser("replay", help="replay a range of event offsets into a named Redis generation")
+    rp = sub.add_parser("replay", help="replay a range of event offsets into a named projection generation")
+    rp.add_argument("--target", choices=["redis", "qdrant"], default="redis")
     rp.add_argument("--generation", type=int, required=True, help="target generation number")
     rp.add_argument("--from-offset", default=None, help="first offset, e.g. 1200 or 0=10,3=200 (default: start)")
     rp.add_argument("--to-offset", default=None, help="offset to stop before (default: the end)")

@@ -156,9 +156,13 @@ class QdrantProjection:
     # ------------------------------------------------------------------ the loop
 
     async def run(
-        self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None
+        self,
+        until_caught_up: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        stop: dict[int, int] | None = None,
     ) -> None:
-        """Follow the topics. A rebuild passes `until_caught_up` and reads all vectors first."""
+        """Follow the topics. A rebuild passes `until_caught_up` and reads all vectors first;
+        a replay also passes `stop`, the event offset to end before, per partition."""
         s = self.settings
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
@@ -171,16 +175,18 @@ class QdrantProjection:
                 # already went by. Afterwards vectors trail their events and a cache will do.
                 self._bound, self.vector_cache = self.vector_cache, None
                 await self._follow(c, vtps, until_caught_up=True, progress=None)
-            await self._follow(c, etps + vtps, until_caught_up, progress, events=etps)
+            await self._follow(c, etps + vtps, until_caught_up, progress, events=etps, stop=stop)
         finally:
             await c.stop()
 
-    async def _follow(self, c, tps, until_caught_up, progress, events=None) -> None:
+    async def _follow(self, c, tps, until_caught_up, progress, events=None, stop=None) -> None:
         s = self.settings
         vectors_topic = s.topic(VECTORS.name)
         await seek_to_checkpoints(c, tps, self.ckpt)
         watch = events or tps
         end = await c.end_offsets(watch)
+        limit = {tp: min(end[tp], stop[tp.partition]) for tp in watch if stop and tp.partition in stop}
+        end.update(limit)
         total = sum(end.values())
         dirty, last_flush = False, time.monotonic()
         inflight: tuple[asyncio.Task, _Batch] | None = None
@@ -202,6 +208,9 @@ class QdrantProjection:
             batch = _Batch()
             for tp, msgs in (await c.getmany(timeout_ms=200, max_records=2000)).items():
                 for m in msgs:
+                    if tp in limit and m.offset >= limit[tp]:
+                        c.pause(tp)  # a replay's range ends here
+                        break
                     try:
                         if tp.topic == vectors_topic:
                             self._on_vector(decode(VECTORS.name, m.value), batch)

@@ -123,6 +123,32 @@ async def replay_redis(
         await store.aclose()
 
 
+async def replay_qdrant(
+    settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    progress: Progress | None = None,
+) -> int:
+    """Fold events into Qdrant generation `generation`, from its checkpoint up to `stop`.
+
+    A point keeps no version (each payload key costs every upsert), so a replay only ever
+    moves a generation forward: `start` is for a generation that holds no events yet."""
+    events_topic = settings.topic(EVENTS.name) + ":"
+    index = EdgeIndex(shard_path(settings, generation))
+    try:
+        projection = QdrantProjection(settings, index, vector_cache=None)
+        held = {k: v for k, v in projection.ckpt.items() if k.startswith(events_topic)}
+        if start and held:
+            raise ValueError(
+                f"qdrant generation {generation} already holds events up to its checkpoint; a replay continues "
+                "from there: leave out --from-offset, or replay into a new generation"
+            )
+        # Vectors from the start of their topic: a record may join a vector written long before.
+        projection.ckpt = held | {f"{events_topic}{p}": o for p, o in (start or {}).items()}
+        await projection.run(until_caught_up=True, progress=progress, stop=stop)
+        return projection.applied
+    finally:
+        index.close()
+
+
 async def rebuild_qdrant(
     settings: Settings, progress: Progress | None = None, switch: bool = True, optimize: bool = False
 ) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 
 import httpx
 
@@ -67,3 +68,35 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
     shards = sorted(p.name for p in qdrant_root(settings).glob("memory-g*") if p.is_dir())
     current = int((qdrant_root(settings) / "CURRENT").read_text())
     assert shards == sorted([f"memory-g{current - 1}", f"memory-g{current}"])
+
+
+async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settings, new_agent):
+    from projections.qdrant_index import EdgeIndex
+    from workers.qdrant_projection import shard_path
+
+    _, _, key = await new_agent()
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        await c.add_memory("Replays fill a generation up to an offset", kind="fact")
+    gen = 90 + int(uuid.uuid4().int % 1000)
+
+    def replay(*extra):
+        return subprocess.run([sys.executable, "-m", "services.cli", "replay", "--target", "qdrant",
+                               "--generation", str(gen), *extra], env=stack.env, capture_output=True, text=True,
+                              timeout=300)
+
+    def points():
+        index = EdgeIndex(shard_path(settings, gen))
+        try:
+            return index.count()
+        finally:
+            index.close()
+
+    first = replay("--to-offset", "0")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert points() == 0
+    rest = replay()
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    live = httpx.get(f"{stack.api_url}/health").json()["projection"]["points"]
+    assert points() == live > 0
+    backwards = replay("--from-offset", "0")
+    assert backwards.returncode == 2 and "a replay continues from there" in backwards.stderr
