@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -160,7 +161,7 @@ class EdgeIndex:
 
     # ------------------------------------------------------------------ write side
 
-    def upsert(self, items: list[tuple[MemoryRecord, list[float]]]) -> None:
+    def upsert(self, items: list[tuple[MemoryRecord, Sequence[float]]]) -> None:
         points = [
             Point(
                 point_id(r.id),

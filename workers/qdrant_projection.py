@@ -9,6 +9,7 @@ The checkpoint is a file next to the shard, written after the shard is flushed.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import time
 from collections import Counter, OrderedDict
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -45,7 +45,7 @@ class QdrantProjection:
         self._bound = vector_cache
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
-        self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.vectors: OrderedDict[str, array.array] = OrderedDict()
         # content hash -> {record id: (record, command id, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
         self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
@@ -90,7 +90,7 @@ class QdrantProjection:
     def _on_vector(self, msg: Any, batch: _Batch) -> None:
         if msg.model != self.model_id:
             return
-        vec = msg.array()
+        vec = msg.floats()
         self.vectors[msg.content_hash] = vec
         self.vectors.move_to_end(msg.content_hash)
         waiting = self.parked.pop(msg.content_hash, {})
@@ -141,7 +141,7 @@ class QdrantProjection:
             del self.parked_commands[event.command_id]
 
     def _write(self, batch: _Batch) -> None:
-        self.index.upsert([(r, vec.tolist()) for r, vec in batch.upserts.values()])
+        self.index.upsert(list(batch.upserts.values()))
         self.index.delete(list(batch.deletes))
         for rid in batch.shadows:
             try:
@@ -289,7 +289,7 @@ class QdrantProjection:
 
 class _Batch:
     def __init__(self) -> None:
-        self.upserts: dict[str, tuple[MemoryRecord, np.ndarray]] = {}
+        self.upserts: dict[str, tuple[MemoryRecord, array.array]] = {}
         self.deletes: set[str] = set()
         self.shadows: list[str] = []
         self.done: list[Any] = []
