@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from aiohttp import web
 
 from services.stack import free_port
 
@@ -88,7 +86,8 @@ class FakeModel:
         self.embedding_calls = 0
         self.default: Any = Reply({"candidates": []})
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ scripting
@@ -138,58 +137,68 @@ class FakeModel:
             "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(content) // 4, "total_tokens": (prompt_chars + len(content)) // 4},
         }
 
-    def app(self) -> FastAPI:
-        app = FastAPI()
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        answer = self._next(body)
+        while isinstance(answer, Delay):
+            await asyncio.sleep(answer.seconds)
+            answer = answer.then if answer.then is not None else self._default(body)
+        if isinstance(answer, Status):
+            kind = "rate_limit_exceeded" if answer.code == 429 else "server_error"
+            return web.json_response({"error": {"message": answer.message, "type": kind, "code": kind}},
+                                     status=answer.code)
+        return web.json_response(self._completion(body, answer))
 
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request):
-            body = await request.json()
-            answer = self._next(body)
-            while isinstance(answer, Delay):
-                await asyncio.sleep(answer.seconds)
-                answer = answer.then if answer.then is not None else self._default(body)
-            if isinstance(answer, Status):
-                kind = "rate_limit_exceeded" if answer.code == 429 else "server_error"
-                return JSONResponse({"error": {"message": answer.message, "type": kind, "code": kind}}, status_code=answer.code)
-            return JSONResponse(self._completion(body, answer))
-
-        @app.post("/v1/embeddings")
-        async def embeddings(request: Request):
-            body = await request.json()
-            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-            dim = int(body.get("dimensions") or 384)
-            with self._lock:
-                self.embedding_calls += 1
-            # The openai package asks for base64 (packed float32) by default, as the real API
-            # allows; answering with lists instead makes the client build a Python object per
-            # float, which would dominate what the benchmarks measure.
-            b64 = body.get("encoding_format") == "base64"
-            data = [
-                {"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if b64 else v}
-                for i, v in enumerate(hashed_embedding(t, dim) for t in inputs)
-            ]
-            tokens = sum(len(t) for t in inputs) // 4
-            return {"object": "list", "data": data, "model": body.get("model", "fake"), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-        return app
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        dim = int(body.get("dimensions") or 384)
+        with self._lock:
+            self.embedding_calls += 1
+        # The openai package asks for base64 (packed float32) by default, as the real API
+        # allows; answering with lists instead makes the client build a Python object per
+        # float, which would dominate what the benchmarks measure.
+        b64 = body.get("encoding_format") == "base64"
+        data = [
+            {"object": "embedding", "index": i,
+             "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if b64 else v}
+            for i, v in enumerate(hashed_embedding(t, dim) for t in inputs)
+        ]
+        tokens = sum(len(t) for t in inputs) // 4
+        return web.json_response(
+            {"object": "list", "data": data, "model": body.get("model", "fake"),
+             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> FakeModel:
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="fake-model", daemon=True)
+        """Serves on its own thread and loop. aiohttp rather than a full web framework: the
+        benchmarks share two cores with it, and what they measure is memlane, not the fake."""
+        started = threading.Event()
+
+        async def serve() -> None:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/v1/embeddings", self._embeddings)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
+            started.set()
+            try:
+                await self._stopped.wait()
+            finally:
+                await runner.cleanup()
+
+        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="fake-model", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"fake model server did not start on port {self.port}")
-            time.sleep(0.02)
+        if not started.wait(timeout=15):
+            raise RuntimeError(f"fake model server did not start on port {self.port}")
         return self
 
     def stop(self) -> None:
-        if self._server:
-            self._server.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread:
             self._thread.join(timeout=10)
