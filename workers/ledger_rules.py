@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from events.codec import decode, encode
@@ -446,17 +446,7 @@ def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None
         r = get_record(state, ak, rid)
         if r is None or r.status not in LIVE or r.expires_at is None or r.expires_at > cmd.issued_at:
             continue
-        expired = r.model_copy(
-            update={
-                "version": r.version + 1,
-                "status": Status.DELETED,
-                "pinned": False,
-                "modified": cmd.issued_at,
-                "valid_to": r.valid_to or r.expires_at,
-                "provenance": cmd.provenance,
-            }
-        )
-        events.append(_base(RecordExpired, cmd, record=expired))
+        events.append(_base(RecordExpired, cmd, record=_tombstone(r, cmd, valid_to=r.expires_at)))
 
 
 def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
@@ -489,17 +479,21 @@ def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> Non
         tomb = _new_preview_tombstone(r, cmd)
         events.append(_base(RecordDeleted, cmd, record=tomb))
         return
-    deleted = r.model_copy(
+    events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
+
+
+def _tombstone(r: MemoryRecord, cmd: Any, valid_to: datetime) -> MemoryRecord:
+    """The record's next version, DELETED: it stays readable in history, never recalled."""
+    return r.model_copy(
         update={
             "version": r.version + 1,
             "status": Status.DELETED,
             "pinned": False,
             "modified": cmd.issued_at,
-            "valid_to": r.valid_to or cmd.issued_at,
+            "valid_to": r.valid_to or valid_to,
             "provenance": cmd.provenance,
         }
     )
-    events.append(_base(RecordDeleted, cmd, record=deleted))
 
 
 def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
