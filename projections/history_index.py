@@ -16,19 +16,11 @@ from typing import Any, Literal
 from qdrant_edge import (
     Bm25,
     Bm25Config,
-    Distance,
-    EdgeConfig,
-    EdgeShard,
-    EdgeSparseVectorParams,
-    EdgeVectorParams,
     FieldCondition,
     Filter,
     Fusion,
-    KeywordIndexParams,
     MatchAny,
     MatchValue,
-    Modifier,
-    PayloadSchemaType,
     Point,
     Prefetch,
     Query,
@@ -37,9 +29,9 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.history_rules import HistoryFilter, KeptEvent, point_id, split_parts
 
-DENSE, SPARSE = "dense", "bm25"
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
 # A small k lets the top of each list dominate. On LoCoMo (bench `history`) k=2 gave
@@ -90,23 +82,11 @@ class HistoryIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
-        self.path.mkdir(parents=True, exist_ok=True)
-        if (self.path / "edge_config.json").exists():
-            self.shard = EdgeShard.load(str(self.path))
-        else:
-            self.shard = EdgeShard.create(
-                str(self.path),
-                EdgeConfig(
-                    vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
-                    sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-                ),
-            )
-            # The session is the tenant key: every history search stays inside one.
-            self.shard.update(UpdateOperation.create_field_index("session", KeywordIndexParams(is_tenant=True)))
-            for f in ("tenant", "agent", "kind", "visibility", "execution_id", "event_id"):
-                self.shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
-            for f in ("turn", "occurred_ms"):
-                self.shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Integer))
+        # The session is the tenant key: every history search stays inside one.
+        self.shard = open_shard(
+            self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id"),
+            ("turn", "occurred_ms"),
+        )
 
     # ------------------------------------------------------------------ write side
 

@@ -19,20 +19,11 @@ from typing import Any, Literal
 from qdrant_edge import (
     Bm25,
     Bm25Config,
-    Distance,
-    EdgeConfig,
-    EdgeShard,
-    EdgeSparseVectorParams,
-    EdgeVectorParams,
     FieldCondition,
     Filter,
     Fusion,
-    HnswIndexConfig,
-    KeywordIndexParams,
     MatchAny,
     MatchValue,
-    Memory,
-    Modifier,
     Point,
     Prefetch,
     Query,
@@ -41,8 +32,8 @@ from qdrant_edge import (
 )
 
 from events.record import MemoryRecord, Status
+from projections.edge_shard import DENSE, SPARSE, open_shard
 
-DENSE, SPARSE = "dense", "bm25"
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
 
@@ -128,36 +119,7 @@ class EdgeIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
-        self.path.mkdir(parents=True, exist_ok=True)
-        if (self.path / "edge_config.json").exists():
-            self.shard = EdgeShard.load(str(self.path))
-        else:
-            self.shard = EdgeShard.create(
-                str(self.path),
-                EdgeConfig(
-                    vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
-                    sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-                    # The log is this shard's write-ahead log: a checkpoint is written only
-                    # after flush(), so a crash replays from it. A WAL would cost ~15% of
-                    # every upsert for nothing.
-                    wal_enabled=False,
-                    payload_memory=Memory.Cached,
-                    # Every search filters on one agent, so no global graph (m=0): optimize()
-                    # builds a graph per agent large enough to need one (Qdrant's multitenancy
-                    # recipe), which is what makes 1M-point shards affordable to index.
-                    hnsw_config=HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
-                ),
-            )
-            self._create_indexes()
-
-    def _create_indexes(self) -> None:
-        # Only the tenant key gets HNSW links (one graph per agent); other filters are
-        # plain payload lookups inside an agent's points.
-        self.shard.update(
-            UpdateOperation.create_field_index("owner", KeywordIndexParams(is_tenant=True, enable_hnsw=True))
-        )
-        for f in KEYWORD_FIELDS:
-            self.shard.update(UpdateOperation.create_field_index(f, KeywordIndexParams(enable_hnsw=False)))
+        self.shard = open_shard(self.path, dim, "owner", KEYWORD_FIELDS)
 
     # ------------------------------------------------------------------ write side
 
