@@ -26,9 +26,6 @@ class VectorComputed(Message_):
         arr = np.asarray(vector, dtype="<f4")
         return cls(model=model, content_hash=content_hash, dim=arr.shape[0], dense_b64=base64.b64encode(arr.tobytes()).decode())
 
-    def array(self) -> np.ndarray:
-        return np.frombuffer(base64.b64decode(self.dense_b64), dtype="<f4")
-
     def floats(self) -> array.array:
         """The vector as a compact float32 array: Qdrant Edge takes it a third faster than
         a list, and it costs no numpy round trip."""
