@@ -8,6 +8,7 @@ from Redis.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -39,7 +40,15 @@ Mode = Literal["hybrid", "lexical", "vector"]
 
 
 def point_id(record_id: str) -> str:
-    return str(uuid.uuid5(POINT_NS, record_id))
+    """uuid5(POINT_NS, record_id), spelled out: `uuid.uuid5` costs a rebuild ~7 µs a point."""
+    h = bytearray(hashlib.sha1(_NS_BYTES + record_id.encode()).digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50
+    h[8] = (h[8] & 0x3F) | 0x80
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+_NS_BYTES = POINT_NS.bytes
 
 
 def label_terms(labels: dict[str, str]) -> list[str]:

@@ -12,42 +12,65 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from events.config import AgentConfig
-from events.memory import RECORD_EVENTS, AgentConfigured
+from events.lean import as_lean
 from events.record import LIVE, MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
-# One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON list of
-# [agent key, record id, version, snapshot json, sort score, listed 0/1, pinned 0/1,
-# expiry ms of a live record or -1];
-# ARGV[3]: JSON object {checkpoint field: next offset}. Keys are derived in the script,
-# so this needs a single Redis node (not Cluster).
+# One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
+# field: next offset}; then 7 arguments per event: agent key, record id, version, the
+# event's raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or
+# -1. Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more
+# than the writes. Keys are derived in the script, so this needs a single Redis node.
 APPLY = """
 local ns = ARGV[1]
 local applied = 0
-for _, it in ipairs(cjson.decode(ARGV[2])) do
-  local rk = ns .. ':rec:' .. it[1] .. ':' .. it[2]
-  local ver = it[3]
-  redis.call('HSETNX', rk, 'v:' .. ver, it[4])
+for i = 3, #ARGV, 7 do
+  local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local rk = ns .. ':rec:' .. ak .. ':' .. rid
   local cur = tonumber(redis.call('HGET', rk, 'cur') or '0')
   if ver > cur then
-    redis.call('HSET', rk, 'cur', ver)
-    local lk, pk = ns .. ':list:' .. it[1], ns .. ':pinned:' .. it[1]
-    if it[6] == 1 then redis.call('ZADD', lk, it[5], it[2]) else redis.call('ZREM', lk, it[2]) end
-    if it[7] == 1 then redis.call('ZADD', pk, it[5], it[2]) else redis.call('ZREM', pk, it[2]) end
-    local xm = it[1] .. '|' .. it[2]
-    if it[8] >= 0 then redis.call('ZADD', ns .. ':expiry', it[8], xm) else redis.call('ZREM', ns .. ':expiry', xm) end
+    redis.call('HSET', rk, 'v:' .. ver, ARGV[i + 3], 'cur', ver)
+    local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+    local member = ak .. '|' .. rid
+    -- A first version has no earlier listing, pin or expiry to take back.
+    if flags % 2 == 1 then redis.call('ZADD', ns .. ':list:' .. ak, score, rid)
+    elseif cur > 0 then redis.call('ZREM', ns .. ':list:' .. ak, rid) end
+    if flags >= 2 then redis.call('ZADD', ns .. ':pinned:' .. ak, score, rid)
+    elseif cur > 0 then redis.call('ZREM', ns .. ':pinned:' .. ak, rid) end
+    if expiry >= 0 then redis.call('ZADD', ns .. ':expiry', expiry, member)
+    elseif cur > 0 then redis.call('ZREM', ns .. ':expiry', member) end
     applied = applied + 1
+  else
+    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
   end
 end
 local ck = ns .. ':ckpt'
-for field, nxt in pairs(cjson.decode(ARGV[3])) do
+for field, nxt in pairs(cjson.decode(ARGV[2])) do
   local cur = tonumber(redis.call('HGET', ck, field) or '-1')
   if nxt > cur then redis.call('HSET', ck, field, nxt) end
 end
 return applied
 """
+
+
+def snapshot(raw: str) -> MemoryRecord:
+    """The record a stored version holds: the raw event that made it (generations built
+    before events were stored whole hold the bare record)."""
+    try:
+        return _STORED.validate_json(raw).record
+    except ValidationError:
+        return MemoryRecord.model_validate_json(raw)
+
+
+class _Stored(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    record: MemoryRecord
+
+
+_STORED = TypeAdapter(_Stored)
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -71,6 +94,7 @@ class RedisRecords:
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
         self._apply = client.register_script(APPLY)
+        self._registered: set[int] = set()
 
     @classmethod
     def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
@@ -86,16 +110,13 @@ class RedisRecords:
         await self.r.set(f"{self.root}generation", gen)
 
     async def generations(self) -> list[int]:
-        """Generations that hold a checkpoint, ascending."""
-        gens = set()
-        async for key in self.r.scan_iter(f"{self.root}g*:ckpt", count=10_000):
-            head = key[len(self.root) + 1 :].split(":")[0]
-            if head.isdigit():
-                gens.add(int(head))
-        return sorted(gens)
+        """Generations that hold events, ascending. A registry, not a SCAN: scanning walks
+        every key in the database, other deployments' too."""
+        return sorted(int(g) for g in await self.r.smembers(f"{self.root}generations"))
 
     async def drop_generation(self, gen: int) -> int:
         """Delete a generation's keys, in batches so Redis keeps serving meanwhile."""
+        await self.r.srem(f"{self.root}generations", gen)
         dropped, batch = 0, []
         async for key in self.r.scan_iter(f"{self._ns(gen)}:*", count=10_000):
             batch.append(key)
@@ -122,31 +143,31 @@ class RedisRecords:
         The view and its checkpoints change in one script call: either both or neither.
         """
         gen = await self.generation()
+        if gen not in self._registered:
+            await self.r.sadd(f"{self.root}generations", gen)
+            self._registered.add(gen)
         ns = self._ns(gen)
-        items, ckpt, configs = [], {}, []
+        args: list[Any] = [ns, "{}"]
+        ckpt: dict[str, int] = {}
+        configs = []
         for i, e in enumerate(events):
             if positions:
                 field, nxt = positions[i]
                 ckpt[field] = max(nxt, ckpt.get(field, 0))
-            if isinstance(e, RECORD_EVENTS):
-                r = e.record
-                items.append(
-                    [
-                        f"{r.tenant}/{r.agent}",
-                        r.id,
-                        r.version,
-                        r.model_dump_json(),
-                        sort_score(r),
-                        int(listed(r)),
-                        int(r.pinned and r.status is Status.ACTIVE),
-                        int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1,
-                    ]
-                )
-            elif isinstance(e, AgentConfigured):
-                configs.append((f"{ns}:config:{e.tenant}/{e.agent}", e.config.model_dump_json()))
+            e = as_lean(e)
+            r = e.record
+            if r is not None:
+                expiry = int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1
+                flags = int(listed(r)) + 2 * int(r.pinned and r.status is Status.ACTIVE)
+                args += (f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry)
+            elif e.type == "AgentConfigured":
+                full = e.full()
+                configs.append((f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()))
         if configs:
             await self.r.mset(dict(configs))
-        await self._apply(args=[ns, json.dumps(items), json.dumps(ckpt) if ckpt else "{}"])
+        if ckpt:
+            args[1] = json.dumps(ckpt)
+        await self._apply(args=args)
 
     async def checkpoints(self, gen: int | None = None) -> dict[str, int]:
         gen = gen if gen is not None else await self.generation()
@@ -162,7 +183,7 @@ class RedisRecords:
             if version is None:
                 return None
         raw = await self.r.hget(key, f"v:{version}")
-        return MemoryRecord.model_validate_json(raw) if raw else None
+        return snapshot(raw) if raw else None
 
     async def get_many(self, tenant, agent, rids: list[str]) -> list[MemoryRecord]:
         """Current versions of `rids`, in order, skipping unknown ids: two round trips in all."""
@@ -179,13 +200,13 @@ class RedisRecords:
             for k, cur in found:
                 pipe.hget(k, f"v:{cur}")
             raws = await pipe.execute()
-        return [MemoryRecord.model_validate_json(raw) for raw in raws if raw]
+        return [snapshot(raw) for raw in raws if raw]
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
         key = self._keys(await self.generation(), tenant, agent, rid)[0]
         raw = await self.r.hgetall(key)
         versions = sorted((int(k[2:]) for k in raw if k.startswith("v:")), reverse=True)
-        return [MemoryRecord.model_validate_json(raw[f"v:{v}"]) for v in versions]
+        return [snapshot(raw[f"v:{v}"]) for v in versions]
 
     async def page(self, tenant, agent, limit, after=None, ascending=False) -> Page:
         gen = await self.generation()

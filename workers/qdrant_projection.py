@@ -20,9 +20,8 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from events.codec import ContractError, decode
-from events.memory import RECORD_EVENTS
-from events.record import MemoryRecord
+from events.codec import ContractError
+from events.lean import LeanEvent, LeanRecord, LeanVector, decode_lean, decode_lean_vector
 from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
@@ -46,15 +45,15 @@ class QdrantProjection:
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
         self.vectors: OrderedDict[str, array.array] = OrderedDict()
-        # content hash -> {record id: (record, command id, event)} waiting for that vector
-        self.parked: dict[str, dict[str, tuple[MemoryRecord, Any]]] = {}
+        # content hash -> {record id: (record, event)} waiting for that vector
+        self.parked: dict[str, dict[str, tuple[LeanRecord, LeanEvent]]] = {}
         self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
         self.parked_commands: Counter[str] = Counter()  # command id -> its events still parked
         # Vectors read before their event: never evicted, so no record is stranded.
         self.unused: set[str] = set()
         self.versions: dict[str, int] = {}
         self.waiters: dict[str, list[asyncio.Future]] = {}
-        self.done_commands: OrderedDict[str, list] = OrderedDict()
+        self.done_commands: OrderedDict[str, list[LeanEvent]] = OrderedDict()
         self.applied = 0
         self.stopping = asyncio.Event()
         self.caught_up = asyncio.Event()
@@ -62,32 +61,43 @@ class QdrantProjection:
     # ------------------------------------------------------------------ read-your-writes
 
     def wait_for(self, command_id: str) -> asyncio.Future:
-        """Resolves with the command's events once they are searchable."""
+        """Resolves with the command's (full) events once they are searchable. Call it
+        before sending the command: only commands someone waits for are tracked."""
         fut = asyncio.get_running_loop().create_future()
-        if self._complete(command_id):
-            fut.set_result(self.done_commands[command_id])
-        else:
-            self.waiters.setdefault(command_id, []).append(fut)
+        self.waiters.setdefault(command_id, []).append(fut)
+        fut.add_done_callback(lambda f: self._forget(command_id, f) if f.cancelled() else None)
         return fut
+
+    def _forget(self, cid: str, fut: asyncio.Future) -> None:
+        """A caller gave up (timed out): drop its waiter and, if it was the last, the command."""
+        left = [f for f in self.waiters.get(cid, []) if f is not fut]
+        if left:
+            self.waiters[cid] = left
+        else:
+            self.waiters.pop(cid, None)
+            self.done_commands.pop(cid, None)
 
     def _complete(self, cid: str) -> bool:
         """A command is done once its last event is in and none of its events is parked."""
         events = self.done_commands.get(cid)
         return bool(events) and not self.parked_commands[cid] and any(e.last for e in events)
 
-    def _command_done(self, event: Any) -> None:
+    def _command_done(self, event: LeanEvent) -> None:
         cid = event.command_id
+        if cid not in self.waiters:
+            return
         self.done_commands.setdefault(cid, []).append(event)
         while len(self.done_commands) > 50_000:
             self.done_commands.popitem(last=False)
         if self._complete(cid):
-            for fut in self.waiters.pop(cid, []):
+            events = [e.full() for e in self.done_commands.pop(cid)]
+            for fut in self.waiters.pop(cid):
                 if not fut.done():
-                    fut.set_result(self.done_commands[cid])
+                    fut.set_result(events)
 
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, msg: Any, batch: _Batch) -> None:
+    def _on_vector(self, msg: LeanVector, batch: _Batch) -> None:
         if msg.model != self.model_id:
             return
         vec = msg.floats()
@@ -102,11 +112,11 @@ class QdrantProjection:
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
-    def _on_event(self, e: Any, batch: _Batch) -> None:
-        if not isinstance(e, RECORD_EVENTS):
+    def _on_event(self, e: LeanEvent, batch: _Batch) -> None:
+        r = e.record
+        if r is None:
             batch.done.append(e)
             return
-        r = e.record
         if r.version <= self.versions.get(r.id, 0):
             batch.done.append(e)  # a duplicate or an older version: already reflected
             return
@@ -135,7 +145,7 @@ class QdrantProjection:
         batch.upserts[r.id] = (r, vec)
         batch.done.append(e)
 
-    def _unpark(self, event: Any) -> None:
+    def _unpark(self, event: LeanEvent) -> None:
         self.parked_commands[event.command_id] -= 1
         if self.parked_commands[event.command_id] <= 0:
             del self.parked_commands[event.command_id]
@@ -213,9 +223,9 @@ class QdrantProjection:
                         break
                     try:
                         if tp.topic == vectors_topic:
-                            self._on_vector(decode(VECTORS.name, m.value), batch)
+                            self._on_vector(decode_lean_vector(m.value), batch)
                         else:
-                            self._on_event(decode(EVENTS.name, m.value), batch)
+                            self._on_event(decode_lean(m.value), batch)
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
@@ -289,10 +299,10 @@ class QdrantProjection:
 
 class _Batch:
     def __init__(self) -> None:
-        self.upserts: dict[str, tuple[MemoryRecord, array.array]] = {}
+        self.upserts: dict[str, tuple[LeanRecord, array.array]] = {}
         self.deletes: set[str] = set()
         self.shadows: list[str] = []
-        self.done: list[Any] = []
+        self.done: list[LeanEvent] = []
         self.positions: dict[str, int] = {}
         self.seen = 0
 

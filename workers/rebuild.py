@@ -15,7 +15,8 @@ from pathlib import Path
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError, decode
+from events.codec import ContractError
+from events.lean import decode_lean
 from events.topics import EVENTS
 from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
@@ -59,7 +60,7 @@ async def _apply_range(
                     if m.offset >= stop_at[tp]:
                         break
                     try:
-                        events.append(decode(EVENTS.name, m.value))
+                        events.append(decode_lean(m.value))
                         positions.append((f"{topic}:{tp.partition}", m.offset + 1))
                     except ContractError as e:
                         log.warning("rebuild_skipped_message", partition=tp.partition, offset=m.offset, error=str(e))

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.lean import decode_lean
 from events.topics import EVENTS
 from projections.redis_records import RedisRecords
 from workers.runtime import Out, Processor
@@ -29,6 +30,9 @@ class RedisProjection(Processor):
         self.positions: list[tuple[str, int]] = []
         self.assignment: set[TopicPartition] = set()
         self.generation: int | None = None
+
+    def decode(self, source: str, data: bytes) -> Any:
+        return decode_lean(data)
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         self.assignment = set(consumer.assignment())

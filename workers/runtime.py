@@ -99,6 +99,10 @@ class Processor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
+    def decode(self, source: str, data: bytes) -> Any:
+        """The message as `process` takes it; raises `ContractError` for the DLQ."""
+        return decode(source, data)
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -219,7 +223,7 @@ class Runner:
         source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
         try:
-            value = decode(source, m.value)
+            value = self.processor.decode(source, m.value)
         except ContractError as e:
             log.warning("poison_message", error=str(e), field=e.field, **ctx)
             return [self._dlq(source, m, str(e), 1)]

@@ -59,6 +59,12 @@ def _log_items(settings: Settings):
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 
 
+def _bench_redis_url() -> str:
+    """A database of its own: dropping a generation scans the database's keys, and the
+    dev Redis also holds the recall bench's million records."""
+    return Settings().redis_url.rsplit("/", 1)[0] + "/1"
+
+
 def _rebuild_child(prefix: str, data_dir: str) -> dict:
     """Rebuild in a child process (as `memlane rebuild` does), so peak RSS is the rebuild's alone.
 
@@ -67,7 +73,7 @@ def _rebuild_child(prefix: str, data_dir: str) -> dict:
 import asyncio, json, time
 from services.settings import Settings
 from workers.rebuild import rebuild_all, rebuild_redis, rebuild_qdrant
-s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r})
+s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 t0 = time.perf_counter(); asyncio.run(rebuild_redis(s)); t1 = time.perf_counter()
 asyncio.run(rebuild_qdrant(s)); t2 = time.perf_counter()
 asyncio.run(rebuild_all(s)); t3 = time.perf_counter()
@@ -141,7 +147,7 @@ async def run() -> None:
 async def _drop_namespace(settings: Settings) -> None:
     import redis.asyncio as aioredis
 
-    r = aioredis.from_url(settings.redis_url)
+    r = aioredis.from_url(_bench_redis_url())
     async for batch in _chunks(r.scan_iter(f"ml:{settings.topic_prefix}*", count=10_000), 10_000):
         await r.delete(*batch)
     await r.aclose()
