@@ -33,10 +33,17 @@ start() {
   mkdir -p "$RUN"
   redis-server --bind 127.0.0.1 --port "$PORT" --dir "$RUN" --pidfile "$PIDFILE" \
     --daemonize yes --logfile "$RUN/redis.log" --appendonly yes --save "" >/dev/null
-  for _ in $(seq 1 50); do
-    if redis-cli -p "$PORT" ping 2>/dev/null | grep -q PONG; then
+  # A large append-only file takes a while to load; Redis answers LOADING meanwhile.
+  local said_loading=""
+  for _ in $(seq 1 600); do
+    local reply; reply="$(redis-cli -p "$PORT" ping 2>&1 || true)"
+    if [[ "$reply" == PONG ]]; then
       log "ready on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"))"; return
     fi
+    if [[ "$reply" == LOADING* && -z "$said_loading" ]]; then
+      log "loading its data set from $RUN; waiting"; said_loading=1
+    fi
+    if [[ -f "$PIDFILE" ]] && ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then break; fi
     sleep 0.2
   done
   log "redis did not answer PING; see $RUN/redis.log"; exit 1
