@@ -110,3 +110,33 @@ async def test_poison_turn_goes_to_the_dlq_and_the_worker_keeps_going(stack, set
             return hits
 
         assert (await eventually(found))[0].record.summary == "Fact after the poison pill"
+
+
+async def test_poison_event_goes_to_the_dlq_and_the_redis_projection_keeps_going(stack, settings, publisher, new_agent):
+    """The projection reads lean views of events; what they refuse still goes to the DLQ."""
+    tenant, agent, key = await new_agent()
+    topic = settings.topic("memlane.memory.events")
+    await publisher.producer.send_and_wait(topic, b'{"type": "RecordAdded", "command_id": "c"}', key=b"poison-event")
+    consumer = AIOKafkaConsumer(
+        f"{topic}.dlq", bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    try:
+        parked: dict[str, dict[str, str]] = {}  # consumer group -> headers
+
+        async def parked_by_the_projection():
+            for ms in (await consumer.getmany(timeout_ms=500)).values():
+                for m in ms:
+                    if m.key == b"poison-event":
+                        headers = {k: v.decode() for k, v in m.headers}
+                        parked[headers["consumer_group"].rsplit(".", 1)[-1]] = headers
+            return parked.get("redis-projection")
+
+        headers = await eventually(parked_by_the_projection)
+        assert headers["source_topic"] == topic and "record" in headers["error"]
+    finally:
+        await consumer.stop()
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        added = await c.add_memory("Written after the poison event", kind="fact")
+        listed = await c.list_memory()
+        assert [r["id"] for r in listed["records"]] == [added["id"]]
