@@ -9,6 +9,7 @@ the projection's checkpoint together: the tracking record lives with the view.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -56,6 +57,9 @@ return applied
 """
 
 
+READ_GENERATION_TTL_S = 1.0
+
+
 def snapshot(raw: str) -> MemoryRecord:
     """The record a stored version holds: the raw event that made it (generations built
     before events were stored whole hold the bare record)."""
@@ -95,6 +99,7 @@ class RedisRecords:
         self.root = f"ml:{namespace}"
         self._apply = client.register_script(APPLY)
         self._registered: set[int] = set()
+        self._read_gen: tuple[int, float] | None = None
 
     @classmethod
     def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
@@ -105,6 +110,15 @@ class RedisRecords:
             return self.fixed_generation
         g = await self.r.get(f"{self.root}generation")
         return int(g) if g else 1
+
+    async def _read_generation(self) -> int:
+        """The generation reads use, looked up at most once a second: a read saves a round
+        trip, and after a switch the previous generation is kept, so reading it for a
+        moment longer is safe. Writes always look it up (`generation`)."""
+        now = time.monotonic()
+        if self._read_gen is None or now - self._read_gen[1] > READ_GENERATION_TTL_S:
+            self._read_gen = (await self.generation(), now)
+        return self._read_gen[0]
 
     async def switch_generation(self, gen: int) -> None:
         await self.r.set(f"{self.root}generation", gen)
@@ -177,7 +191,7 @@ class RedisRecords:
     # ------------------------------------------------------------------ read side
 
     async def get(self, tenant, agent, rid, version=None) -> MemoryRecord | None:
-        key = self._keys(await self.generation(), tenant, agent, rid)[0]
+        key = self._keys(await self._read_generation(), tenant, agent, rid)[0]
         if version is None:
             version = await self.r.hget(key, "cur")
             if version is None:
@@ -189,7 +203,7 @@ class RedisRecords:
         """Current versions of `rids`, in order, skipping unknown ids: two round trips in all."""
         if not rids:
             return []
-        gen = await self.generation()
+        gen = await self._read_generation()
         keys = [self._keys(gen, tenant, agent, rid)[0] for rid in rids]
         async with self.r.pipeline(transaction=False) as pipe:
             for k in keys:
@@ -203,13 +217,13 @@ class RedisRecords:
         return [snapshot(raw) for raw in raws if raw]
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
-        key = self._keys(await self.generation(), tenant, agent, rid)[0]
+        key = self._keys(await self._read_generation(), tenant, agent, rid)[0]
         raw = await self.r.hgetall(key)
         versions = sorted((int(k[2:]) for k in raw if k.startswith("v:")), reverse=True)
         return [snapshot(raw[f"v:{v}"]) for v in versions]
 
     async def page(self, tenant, agent, limit, after=None, ascending=False) -> Page:
-        gen = await self.generation()
+        gen = await self._read_generation()
         key = self._keys(gen, tenant, agent, "-")[1]
         cur = decode_cursor(after) if after else None
         picked: list[tuple[float, str]] = []
@@ -234,19 +248,19 @@ class RedisRecords:
         return Page(records, nxt)
 
     async def pinned(self, tenant, agent) -> list[MemoryRecord]:
-        key = self._keys(await self.generation(), tenant, agent, "-")[2]
+        key = self._keys(await self._read_generation(), tenant, agent, "-")[2]
         rids = await self.r.zrange(key, 0, -1)
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
 
     async def config(self, tenant: str, agent: str) -> AgentConfig | None:
-        raw = await self.r.get(f"{self._ns(await self.generation())}:config:{tenant}/{agent}")
+        raw = await self.r.get(f"{self._ns(await self._read_generation())}:config:{tenant}/{agent}")
         return AgentConfig.model_validate_json(raw) if raw else None
 
     async def expired(self, at_ms: int) -> dict[tuple[str, str], list[str]]:
         """Live records whose expiry is at or before `at_ms`, by (tenant, agent): what a
         sweep asks the ledger to tombstone."""
         out: dict[tuple[str, str], list[str]] = {}
-        ns = self._ns(await self.generation())
+        ns = self._ns(await self._read_generation())
         for member in await self.r.zrangebyscore(f"{ns}:expiry", "-inf", at_ms):
             ak, _, rid = member.partition("|")
             tenant, _, agent = ak.partition("/")

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_json
 
 from events.codec import from_validation_error
 from events.config import AgentConfig
@@ -91,6 +92,14 @@ class KeyRequest(_Body):
     tenant: str
     agent: str | None = None
     role: Literal["agent", "helper", "operator"] = "agent"
+
+
+class FastJSONResponse(JSONResponse):
+    """The same compact UTF-8 JSON, written by pydantic-core: the stdlib encoder was a tenth
+    of a search batch's handling (32 searches, their records and scores)."""
+
+    def render(self, content: Any) -> bytes:
+        return to_json(content)
 
 
 def record_out(r, score: float | None = None) -> dict[str, Any]:
@@ -304,7 +313,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
         res = await s.search(ctx, **body.model_dump())
         await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
-        return JSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
+        return FastJSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
 
     @app.post("/v1/memory/search/batch")
     async def search_memory_batch(
@@ -351,7 +360,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                 continue
             await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
             answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
-        return JSONResponse({"results": answers})
+        return FastJSONResponse({"results": answers})
 
     @app.post("/v1/recall")
     async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
@@ -364,7 +373,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             "blocks": res.blocks,
             "rendered": res.rendered,
         }
-        return JSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
+        return FastJSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
 
     @app.post("/v1/memory", status_code=201)
     async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):

@@ -10,7 +10,9 @@ import structlog
 
 def configure(level: str = "INFO", service: str = "memlane") -> None:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
-    for noisy in ("aiokafka", "kafka", "httpx", "uvicorn.access"):
+    # httpx2 is the HTTP client under openai: a line per model or embedding request, at
+    # hundreds per second, cost the extraction worker more CPU than its own logging.
+    for noisy in ("aiokafka", "kafka", "httpx", "httpx2", "httpcore", "httpcore2", "uvicorn.access"):
         logging.getLogger(noisy).setLevel("WARNING")
     structlog.configure(
         processors=[

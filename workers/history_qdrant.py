@@ -34,6 +34,7 @@ from services.settings import Settings
 from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
+FLUSH_EVERY_S = 5.0
 
 
 def history_shard_path(settings: Settings, generation: int = 1) -> Path:
@@ -58,8 +59,10 @@ class HistoryQdrantProjection:
         keys = [content_hash(t) for t in texts]
         todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in self.cache}
         if isinstance(self.embedder, OnnxMiniLM):
-            # One text per call: with the int8 MiniLM on this CPU, padded batches measured
-            # about 3x slower than single texts (35 vs 110 texts/s on one thread).
+            # One text per call: on conversation texts (LoCoMo) padded batches measured no
+            # faster, often slower, than single texts, and the history bench indexed ~7% fewer
+            # turns per second with them. One call per text also holds the embedder's claim
+            # on one text at a time, so a search never waits behind a whole fold.
             vecs = [self.embedder.embed([t])[0] for t in todo.values()]
         else:  # a remote embedder: one request per batch
             vecs = self.embedder.embed(list(todo.values()))
@@ -112,8 +115,11 @@ class HistoryQdrantProjection:
                     dirty = True
                 pos = {tp: await c.position(tp) for tp in tps}
                 done = all(pos[tp] >= end[tp] for tp in tps)
-                # Flushing is what makes a checkpoint safe, and it is costly: at most once a second.
-                if dirty and (not positions or time.monotonic() - last_flush > 1.0):
+                # Flushing is what makes a checkpoint safe, and it is costly (it grows with the
+                # shard: ~0.1 s of CPU each on a bench-sized one), so it runs every few seconds,
+                # not on each pause of the stream; a crash replays those seconds' turns, which
+                # upsert the same point ids.
+                if dirty and time.monotonic() - last_flush > FLUSH_EVERY_S:
                     await asyncio.to_thread(self._save_checkpoint)
                     dirty, last_flush = False, time.monotonic()
                 if progress:

@@ -9,7 +9,7 @@ a command's events and its input offset commit in one Kafka transaction.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import structlog
@@ -37,6 +37,10 @@ class LedgerProcessor(Processor):
         super().__init__(settings)
         self.states: dict[int, LedgerState] = {}
         self.processed: dict[int, OrderedDict[str, list[bytes]]] = {}
+        # What the current batch decided, for its summary line.
+        self.decided = 0
+        self.kinds: Counter[str] = Counter()
+        self.rejections: Counter[str] = Counter()
 
     async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
@@ -91,17 +95,23 @@ class LedgerProcessor(Processor):
             return [Out(EVENTS.name, key, raw) for raw in seen[cmd.command_id]]
         events = decide(state, cmd)
         outs = [Out(EVENTS.name, key, encode(e)) for e in events]
-        for e in events:
-            log.info(
-                "ledger_event",
-                kind=e.type,
-                event_id=e.event_id,
-                command_id=cmd.command_id,
-                agent=cmd.agent,
-                partition=partition,
-                offset=offset,
-                **({"reason": e.reason} if e.type == "CommandRejected" else {}),
-            )
+        # Per command at debug level, and a summary per batch (`batch_done`): a line per event
+        # was a sixth of the ledger's CPU at a few hundred turns per second, and the events
+        # themselves, with their provenance, are in the log.
+        rejected = [e.reason for e in events if e.type == "CommandRejected"]
+        log.debug(
+            "ledger_decided",
+            kinds=[e.type for e in events],
+            event_ids=[e.event_id for e in events],
+            command_id=cmd.command_id,
+            agent=cmd.agent,
+            partition=partition,
+            offset=offset,
+            **({"reasons": rejected} if rejected else {}),
+        )
+        self.decided += 1
+        self.kinds.update(e.type for e in events)
+        self.rejections.update(rejected)
         # Fold last: nothing above may fail after the state has moved.
         for e, o in zip(events, outs):
             evolve(state, e)
@@ -109,3 +119,9 @@ class LedgerProcessor(Processor):
         if len(seen) > PROCESSED_MEMORY:
             seen.popitem(last=False)
         return outs
+
+    async def batch_done(self) -> list[Out]:
+        if self.decided:
+            log.info("ledger_batch", commands=self.decided, events=dict(self.kinds), rejected=dict(self.rejections))
+            self.decided, self.kinds, self.rejections = 0, Counter(), Counter()
+        return []

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from pydantic_core import from_json, to_json
 
 from services.stack import free_port
 
@@ -64,7 +65,12 @@ class Route:
     hits: int = 0
 
 
-def hashed_embedding(text: str, dim: int) -> list[float]:
+def _dumps(data: Any) -> str:
+    # pydantic-core's JSON writer: the fake shares the benchmark's two cores with memlane.
+    return to_json(data).decode()
+
+
+def hashed_embedding(text: str, dim: int) -> np.ndarray:
     """Bag-of-words hashing: texts sharing words get similar vectors, deterministically."""
     v = np.zeros(dim, dtype=np.float32)
     for w in re.findall(r"\w+", text.lower()):
@@ -74,7 +80,7 @@ def hashed_embedding(text: str, dim: int) -> list[float]:
     if n == 0:
         v[0] = 1.0
         n = 1.0
-    return (v / n).tolist()
+    return v / n
 
 
 class FakeModel:
@@ -103,10 +109,13 @@ class FakeModel:
             return [r for r in self.requests if match in json.dumps(r)]
 
     def _next(self, body: dict[str, Any]) -> Any:
-        text = json.dumps(body)
         with self._lock:
             self.requests.append(body)
-            for route in self.routes:
+            routes = list(self.routes)
+        # Serialized only to match routes: a benchmark's unrouted requests skip it.
+        text = json.dumps(body) if routes else ""
+        with self._lock:
+            for route in routes:
                 if route.match in text:
                     route.hits += 1
                     return route.answers.popleft() if route.answers else self._default(body)
@@ -138,7 +147,7 @@ class FakeModel:
         }
 
     async def _chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = from_json(await request.read())
         answer = self._next(body)
         while isinstance(answer, Delay):
             await asyncio.sleep(answer.seconds)
@@ -147,10 +156,10 @@ class FakeModel:
             kind = "rate_limit_exceeded" if answer.code == 429 else "server_error"
             return web.json_response({"error": {"message": answer.message, "type": kind, "code": kind}},
                                      status=answer.code)
-        return web.json_response(self._completion(body, answer))
+        return web.json_response(self._completion(body, answer), dumps=_dumps)
 
     async def _embeddings(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = from_json(await request.read())
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         dim = int(body.get("dimensions") or 384)
         with self._lock:
@@ -161,13 +170,14 @@ class FakeModel:
         b64 = body.get("encoding_format") == "base64"
         data = [
             {"object": "embedding", "index": i,
-             "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if b64 else v}
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64 else v.tolist()}
             for i, v in enumerate(hashed_embedding(t, dim) for t in inputs)
         ]
         tokens = sum(len(t) for t in inputs) // 4
         return web.json_response(
             {"object": "list", "data": data, "model": body.get("model", "fake"),
-             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+            dumps=_dumps,
         )
 
     # ------------------------------------------------------------------ lifecycle
