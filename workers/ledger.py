@@ -20,7 +20,7 @@ from events.topics import COMMANDS, EVENTS
 from workers.heap import settle_heap
 from workers.kafka_io import reader
 from workers.ledger_rules import LedgerState, decide, evolve
-from workers.runtime import Out, Processor
+from workers.runtime import Out, Processor, Stopping
 
 log = structlog.get_logger()
 
@@ -65,6 +65,9 @@ class LedgerProcessor(Processor):
             end = (await c.end_offsets([tp]))[tp]
             next_report = 100_000
             while await c.position(tp) < end:
+                if self.stopping.is_set():
+                    log.info("ledger_recovery_stopped", partition=partition, events=n, of=end)
+                    return
                 batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
                 for m in batch.get(tp, []):
                     event = decode(EVENTS.name, m.value)
@@ -86,6 +89,8 @@ class LedgerProcessor(Processor):
         state = self.states.get(partition)
         if state is None:
             await self._recover(partition)
+            if partition not in self.states:
+                raise Stopping(f"ledger stopped while recovering partition {partition}")
             state = self.states[partition]
         seen = self.processed[partition]
         key = EVENTS.key_bytes(cmd)

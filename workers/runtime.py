@@ -63,6 +63,11 @@ class Transient(Exception):
     """Raised by a processor when a dependency is down and the message must wait."""
 
 
+class Stopping(Exception):
+    """Raised by a processor that gave up on a message because the worker is stopping:
+    the batch stays uncommitted, for the partition's next owner."""
+
+
 @dataclass(frozen=True)
 class Out:
     topic: str  # registry name, without the settings prefix
@@ -98,6 +103,9 @@ class Processor:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # Set on SIGTERM/SIGINT (shared with the runner): long work such as a recovery
+        # checks it and gives up, and what it had not committed goes to the next owner.
+        self.stopping = asyncio.Event()
 
     def decode(self, source: str, data: bytes) -> Any:
         """The message as `process` takes it; raises `ContractError` for the DLQ."""
@@ -140,7 +148,7 @@ class Runner:
         self.processor = processor
         self.settings = settings
         self.group = group or f"{settings.group_prefix}.{settings.topic_prefix}{processor.name}"
-        self.stopping = asyncio.Event()
+        self.stopping = processor.stopping
         self.consumer: Any = None
         self.producer: Any = None
         self.processed = 0
@@ -163,15 +171,20 @@ class Runner:
         try:
             while not self.stopping.is_set():
                 batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
-                if self.processor.concurrent_keys:
-                    # Partitions one after another would leave a processor that waits on I/O
-                    # idle behind the slowest key of each partition; a key lives in one
-                    # partition, so all of a poll's keys can run at once.
-                    if batches:
-                        await self._handle(batches)
-                else:
-                    for tp, msgs in batches.items():
-                        await self._handle({tp: msgs})
+                if self.stopping.is_set():
+                    break  # stopped during the poll (a rebalance, a recovery): leave it uncommitted
+                try:
+                    if self.processor.concurrent_keys:
+                        # Partitions one after another would leave a processor that waits on I/O
+                        # idle behind the slowest key of each partition; a key lives in one
+                        # partition, so all of a poll's keys can run at once.
+                        if batches:
+                            await self._handle(batches)
+                    else:
+                        for tp, msgs in batches.items():
+                            await self._handle({tp: msgs})
+                except Stopping:
+                    break
                 if batches:
                     settle_heap()
         finally:
@@ -232,6 +245,8 @@ class Runner:
             try:
                 result = await self.processor.process(source, m.partition, m.offset, value)
                 return [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
+            except Stopping:
+                raise
             except (Transient, *TRANSIENT) as e:
                 await self._backoff(attempt, e, ctx)
                 attempt += 1
