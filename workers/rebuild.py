@@ -135,7 +135,7 @@ async def replay_qdrant(
     events_topic = settings.topic(EVENTS.name) + ":"
     index = EdgeIndex(shard_path(settings, generation))
     try:
-        projection = QdrantProjection(settings, index, vector_cache=None)
+        projection = QdrantProjection(settings, index, vector_cache=None, serving=False)
         held = {k: v for k, v in projection.ckpt.items() if k.startswith(events_topic)}
         if start and held:
             raise ValueError(
@@ -164,7 +164,7 @@ async def rebuild_qdrant(
     _remove_shard(path)
     index = EdgeIndex(path)
     try:
-        projection = QdrantProjection(settings, index, vector_cache=None)
+        projection = QdrantProjection(settings, index, vector_cache=None, serving=False)
         await projection.run(until_caught_up=True, progress=progress)
         if optimize:
             log.info("qdrant_optimizing", points=index.count())
