@@ -20,12 +20,13 @@ from events.topics import COMMANDS, EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedder import MODEL_ID, content_hash
 from services.settings import ROOT, Settings
-from tests.bench.common import figure, progress
+from tests.bench.common import figure, median, progress
 from workers.kafka_io import ensure_topics
 
 RECORDS = 100_000
 AGENTS = 500
 COMMANDS_N = 20_000
+BOTH_RUNS = 3  # the two-process rebuild is the noisiest figure on a shared 2-core machine
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -76,8 +77,10 @@ from workers.rebuild import rebuild_all, rebuild_redis, rebuild_qdrant
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 t0 = time.perf_counter(); asyncio.run(rebuild_redis(s)); t1 = time.perf_counter()
 asyncio.run(rebuild_qdrant(s)); t2 = time.perf_counter()
-asyncio.run(rebuild_all(s)); t3 = time.perf_counter()
-print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1, "both_s": t3 - t2}}))
+both = []
+for _ in range({BOTH_RUNS}):
+    t3 = time.perf_counter(); asyncio.run(rebuild_all(s)); both.append(time.perf_counter() - t3)
+print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1, "both_s": both}}))
 """
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -135,8 +138,10 @@ async def run() -> None:
     await _produce(settings, _log_items(settings))
     progress(f"wrote {RECORDS} records and their vectors to the log in {time.perf_counter() - t0:.1f} s")
     r = await asyncio.to_thread(_rebuild_child, prefix, data_dir)
-    figure("rebuild_records_per_s", RECORDS / r["both_s"], "records/s", RECORDS, both_s=round(r["both_s"], 2),
-           note="Redis and Qdrant rebuilt at once, one process each, as `memlane rebuild` does")
+    runs = [round(RECORDS / b) for b in r["both_s"]]
+    figure("rebuild_records_per_s", median(runs), "records/s", RECORDS, runs=runs,
+           note=f"median of {BOTH_RUNS}: Redis and Qdrant rebuilt at once, one process each, as `memlane rebuild` "
+                "does (switching over and dropping the generation before last)")
     figure("rebuild_redis_records_per_s", RECORDS / r["redis_s"], "records/s", RECORDS)
     figure("rebuild_qdrant_records_per_s", RECORDS / r["qdrant_s"], "records/s", RECORDS)
     figure("projection_peak_rss_mb", r["peak_rss_mb"], "MB", RECORDS)
