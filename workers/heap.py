@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def settle_heap() -> None:
@@ -15,3 +17,18 @@ def settle_heap() -> None:
     """
     gc.collect(1)
     gc.freeze()
+
+
+@contextmanager
+def collected_between_batches() -> Iterator[None]:
+    """For a fold that calls `settle_heap` after every batch and serves nothing meanwhile
+    (a rebuild, a replay): no automatic collections inside a batch either. A batch makes
+    tens of thousands of short-lived objects, and the young-generation passes they trigger
+    cost a rebuild ~10% of its time; the batch's cycles are still collected after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -21,7 +21,7 @@ from events.topics import EVENTS
 from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from services.settings import Settings
-from workers.heap import settle_heap
+from workers.heap import collected_between_batches, settle_heap
 from workers.kafka_io import reader
 from workers.qdrant_projection import QdrantProjection, current_generation, set_generation, shard_path
 
@@ -84,7 +84,8 @@ async def rebuild_redis(settings: Settings, progress: Progress | None = None, sw
         gen = max([old, *await live.generations()]) + 1
         new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
         try:
-            applied = await _apply_range(settings, new, None, None, progress)
+            with collected_between_batches():
+                applied = await _apply_range(settings, new, None, None, progress)
             # Caught up: reach at least where the live generation's worker has got to.
             live_ckpt = await live.checkpoints(old)
             while True:
@@ -119,7 +120,8 @@ async def replay_redis(
 ) -> int:
     store = RedisRecords.from_url(settings.redis_url, generation=generation, namespace=settings.topic_prefix)
     try:
-        return await _apply_range(settings, store, start, stop, progress)
+        with collected_between_batches():
+            return await _apply_range(settings, store, start, stop, progress)
     finally:
         await store.aclose()
 
@@ -144,7 +146,8 @@ async def replay_qdrant(
             )
         # Vectors from the start of their topic: a record may join a vector written long before.
         projection.ckpt = held | {f"{events_topic}{p}": o for p, o in (start or {}).items()}
-        await projection.run(until_caught_up=True, progress=progress, stop=stop)
+        with collected_between_batches():
+            await projection.run(until_caught_up=True, progress=progress, stop=stop)
         return projection.applied
     finally:
         index.close()
@@ -165,7 +168,8 @@ async def rebuild_qdrant(
     index = EdgeIndex(path)
     try:
         projection = QdrantProjection(settings, index, vector_cache=None, serving=False)
-        await projection.run(until_caught_up=True, progress=progress)
+        with collected_between_batches():
+            await projection.run(until_caught_up=True, progress=progress)
         if optimize:
             log.info("qdrant_optimizing", points=index.count())
             await asyncio.to_thread(index.optimize)
