@@ -31,6 +31,7 @@ from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
 LIVE_FLUSH_S = 5.0
+INLINE_WRITES = 32  # points; more go to a worker thread while serving
 
 
 class QdrantProjection:
@@ -44,9 +45,11 @@ class QdrantProjection:
     ) -> None:
         self.settings = settings
         self.index = index
-        # Serving searches from the same process: writes go to a worker thread, so the event
-        # loop gets a turn between Edge calls (which hold the GIL). A rebuild serves nothing,
-        # and writing inline spares it the GIL hand-offs: ~15% faster.
+        # Serving searches from the same process: large writes go to a worker thread, so the
+        # event loop gets a turn between Edge calls (which hold the GIL). A rebuild serves
+        # nothing, and writing inline spares it the GIL hand-offs: ~15% faster. Small writes
+        # (most live batches hold a turn's few events, often none to index) stay inline too:
+        # they block the loop for less than the thread hop costs.
         self.serving = serving
         # Must match the embedder's model id, or no vector ever joins a record.
         self.model_id = model_id or embedder_model_id(settings)
@@ -245,7 +248,7 @@ class QdrantProjection:
             settle_heap()
             await land()
             if batch.seen:
-                if self.serving:
+                if self.serving and batch.writes() > INLINE_WRITES:
                     inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
                 else:
                     self._write(batch)
@@ -321,6 +324,9 @@ class _Batch:
         self.done: list[LeanEvent] = []
         self.positions: dict[str, int] = {}
         self.seen = 0
+
+    def writes(self) -> int:
+        return len(self.upserts) + len(self.deletes) + len(self.shadows)
 
 
 def qdrant_root(settings: Settings) -> Path:
