@@ -21,7 +21,7 @@ from events.topics import COMMANDS
 from projections.embedder import OnnxMiniLM
 from services.client import MemlaneClient, TurnPublisher
 from services.settings import ROOT
-from tests.bench.common import figure, median, percentile, progress
+from tests.bench.common import discard, figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel, Reply
 
@@ -117,6 +117,7 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> None:
             figure(f"extraction_turns_per_s_2_workers{suffix}", two, "turns/s", TURNS, ratio_to_1_worker=round(two / one, 3))
     finally:
         stack.stop()
+    discard(settings)
 
 
 async def run() -> None:

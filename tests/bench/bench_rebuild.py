@@ -20,7 +20,7 @@ from events.topics import COMMANDS, EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedder import MODEL_ID, content_hash
 from services.settings import ROOT, Settings
-from tests.bench.common import figure, median, progress
+from tests.bench.common import discard, figure, median, progress
 from workers.kafka_io import ensure_topics
 
 RECORDS = 100_000
@@ -91,7 +91,8 @@ print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1, "both_s": both}}))
 
 
 async def _ledger_throughput() -> None:
-    settings = Settings(topic_prefix=f"benchledger{uuid.uuid4().hex[:6]}.")
+    prefix = f"benchledger{uuid.uuid4().hex[:6]}."
+    settings = Settings(topic_prefix=prefix, data_dir=ROOT / ".run" / prefix.rstrip("."))
     await ensure_topics(settings)
     cmds = [
         AddMemory(command_id=f"c{i}", tenant="bench", agent=f"agent{i % 200}", issued_at=T0, session="s",
@@ -127,6 +128,7 @@ async def _ledger_throughput() -> None:
         proc.wait()
     secs = max((last - first) / 1000, 1e-3)
     figure("ledger_commands_per_s", COMMANDS_N / secs, "commands/s", COMMANDS_N)
+    discard(settings)
 
 
 async def run() -> None:
@@ -146,6 +148,7 @@ async def run() -> None:
     figure("rebuild_qdrant_records_per_s", RECORDS / r["qdrant_s"], "records/s", RECORDS)
     figure("projection_peak_rss_mb", r["peak_rss_mb"], "MB", RECORDS)
     await _drop_namespace(settings)
+    discard(settings)
     await _ledger_throughput()
 
 
