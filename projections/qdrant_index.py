@@ -1,7 +1,8 @@
 """Qdrant Edge adapter: one point per live record, dense + BM25 sparse vectors.
 
-The point id is uuid5(record id). The payload carries what searches filter on, with
-payload indexes (the agent indexed as the tenant key). Only ACTIVE records are points:
+A record id that is a UUID (the ledger's are) is its point id; any other id is hashed to
+one (uuid5) and kept in the payload. The payload carries only what searches filter on,
+with payload indexes (the agent indexed as the tenant key). Only ACTIVE records are points:
 superseded, deleted, pending and conflicting records leave the index but stay readable
 from Redis.
 """
@@ -12,6 +13,7 @@ import hashlib
 import json
 import threading
 import uuid
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +41,38 @@ POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
 
 
-def point_id(record_id: str) -> str:
+def hashed_point_id(record_id: str) -> uuid.UUID:
     """uuid5(POINT_NS, record_id), spelled out: `uuid.uuid5` costs a rebuild ~7 µs a point."""
     h = bytearray(hashlib.sha1(_NS_BYTES + record_id.encode()).digest()[:16])
     h[6] = (h[6] & 0x0F) | 0x50
     h[8] = (h[8] & 0x3F) | 0x80
-    x = h.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    return uuid.UUID(bytes=bytes(h))
+
+
+def point_id(record_id: str) -> tuple[uuid.UUID, bool]:
+    """(the record's point id, whether the id must be kept in the payload to map back)."""
+    try:
+        u = uuid.UUID(record_id)
+        if str(u) == record_id:
+            return u, False
+    except ValueError:
+        pass
+    return hashed_point_id(record_id), True
+
+
+def hit_record_id(point: Any) -> str:
+    return point.payload.get("record_id") or str(point.id)
 
 
 _NS_BYTES = POINT_NS.bytes
+
+
+def shard_of(agent_key: str | bytes, shards: int) -> int:
+    """The memory shard of an agent ("tenant/agent", the events' Kafka key): stable
+    across processes and releases, so a rebuild and the API agree on it."""
+    if shards == 1:
+        return 0
+    return zlib.crc32(agent_key if isinstance(agent_key, bytes) else agent_key.encode()) % shards
 
 
 def label_terms(labels: dict[str, str]) -> list[str]:
@@ -71,21 +95,19 @@ class SearchFilter:
 class Hit:
     record_id: str
     score: float
-    created_ms: int
-    payload: dict[str, Any]
 
 
-def payload_of(r: MemoryRecord) -> dict[str, Any]:
-    # Every payload key costs ~6 µs to hand to Qdrant, so a point carries only what search
+def payload_of(r: MemoryRecord, keep_id: bool) -> dict[str, Any]:
+    # Every payload key costs ~5 µs to hand to Qdrant, so a point carries only what search
     # filters on, folded into few keys; absent flags mean "no". Flags are keyword strings:
     # the Edge bindings turn a Python bool in MatchValue into an integer.
     p: dict[str, Any] = {
         "owner": f"{r.tenant}/{r.agent}",
         "reach": "AGENT" if r.scope.value == "AGENT" else f"SESSION/{r.session}",
         "kind": r.kind,
-        "record_id": r.id,
-        "created_ms": int(r.created.timestamp() * 1000),
     }
+    if keep_id:
+        p["record_id"] = r.id
     if r.labels:
         p["labels"] = label_terms(r.labels)
     if r.preview:
@@ -93,8 +115,8 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
     return p
 
 
-# Keyword payload indexes besides the tenant key "owner". "record_id" and "created_ms"
-# are only read back (reads by id go to Redis): an index costs every upsert ~6 µs.
+# Keyword payload indexes besides the tenant key "owner". "record_id" is only read back
+# (reads by id go to Redis): an index costs every upsert ~6 µs.
 KEYWORD_FIELDS = ("reach", "kind", "labels", "preview", "shadowed")
 Term = tuple[str, "str | list[str]"]
 
@@ -116,9 +138,16 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
 
 
 def rank(hits: list[Hit], limit: int) -> list[Hit]:
-    """Best score first; newer records win ties."""
-    hits.sort(key=lambda h: (-round(h.score, 9), -h.created_ms))
-    return hits[:limit]
+    """The best `limit` hits by score, and any tied with the last of them: a point keeps no
+    age, so the caller breaks ties once it has the records (newer first) and cuts."""
+    hits.sort(key=lambda h: -round(h.score, 9))
+    if len(hits) <= limit or limit <= 0:
+        return hits[:max(limit, 0)]
+    last = round(hits[limit - 1].score, 9)
+    end = limit
+    while end < len(hits) and round(hits[end].score, 9) == last:
+        end += 1
+    return hits[:end]
 
 
 class EdgeIndex:
@@ -128,19 +157,23 @@ class EdgeIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
+        # Shards made before UUID record ids became point ids hash every id.
+        marker = self.path / "memlane-point-ids"
+        self.hash_ids = (self.path / "edge_config.json").exists() and not marker.exists()
         self.shard = open_shard(self.path, dim, "owner", KEYWORD_FIELDS)
+        if not self.hash_ids:
+            marker.write_text("a UUID record id is its point id\n")
+
+    def _id(self, record_id: str) -> tuple[uuid.UUID, bool]:
+        return (hashed_point_id(record_id), True) if self.hash_ids else point_id(record_id)
 
     # ------------------------------------------------------------------ write side
 
     def upsert(self, items: list[tuple[MemoryRecord, Sequence[float]]]) -> None:
-        points = [
-            Point(
-                point_id(r.id),
-                {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)},
-                payload_of(r),
-            )
-            for r, vec in items
-        ]
+        points = []
+        for r, vec in items:
+            pid, keep_id = self._id(r.id)
+            points.append(Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)}, payload_of(r, keep_id)))
         if points:
             with self._lock:
                 self.shard.update(UpdateOperation.upsert_points(points))
@@ -148,13 +181,13 @@ class EdgeIndex:
     def delete(self, record_ids: list[str]) -> None:
         if record_ids:
             with self._lock:
-                self.shard.update(UpdateOperation.delete_points([point_id(i) for i in record_ids]))
+                self.shard.update(UpdateOperation.delete_points([self._id(i)[0] for i in record_ids]))
 
     def set_shadowed(self, record_id: str, shadowed: bool) -> None:
         """A preview record that replaces or deletes a live one hides it from preview turns."""
         with self._lock:
             flag = "yes" if shadowed else "no"
-            self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
+            self.shard.update(UpdateOperation.set_payload([self._id(record_id)[0]], {"shadowed": flag}))
 
     def optimize(self) -> None:
         """Build the per-agent HNSW graphs and merge segments: slow, offline work."""
@@ -216,7 +249,7 @@ class EdgeIndex:
             )
         with self._lock:
             points = self.shard.query(req)
-        return rank([Hit(p.payload["record_id"], p.score, p.payload["created_ms"], p.payload) for p in points], limit)
+        return rank([Hit(hit_record_id(p), p.score) for p in points], limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

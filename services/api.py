@@ -21,7 +21,6 @@ from events.codec import from_validation_error
 from events.config import AgentConfig
 from events.record import Scope
 from projections.embedder import make_embedder
-from projections.qdrant_index import EdgeIndex
 from projections.records import CursorError
 from projections.redis_records import RedisRecords
 from projections.redis_records import connect as connect_redis
@@ -29,7 +28,7 @@ from services.auth import KeyStore, Principal
 from services.memory_service import EMBED_MS, ApiError, Context, MemoryService
 from services.settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
-from workers.qdrant_projection import QdrantProjection, current_generation, shard_path
+from workers.memory_shards import MemoryShards, current_generation
 
 log = structlog.get_logger()
 
@@ -112,28 +111,26 @@ def record_out(r, score: float | None = None) -> dict[str, Any]:
 
 
 class ShardOwner:
-    """Owns the Edge shard of the current generation and its projection task.
+    """Owns the memory shards of the current generation and their projection task.
 
     `memlane rebuild` fills the next generation beside this one and moves the pointer;
-    the owner then opens the new shard, lets its projection catch up, and swaps.
+    the owner then opens the new shards, lets their projections catch up, and swaps.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.generation = 0
-        self.index: EdgeIndex | None = None
-        self.projection: QdrantProjection | None = None
+        self.memory: MemoryShards | None = None
         self.task: asyncio.Task | None = None
         self.on_swap = None
 
     async def open(self, generation: int) -> None:
-        index = EdgeIndex(shard_path(self.settings, generation))
-        projection = QdrantProjection(self.settings, index)
-        task = asyncio.create_task(projection.run(), name=f"qdrant-projection-g{generation}")
-        old = (self.index, self.projection, self.task)
+        memory = MemoryShards(self.settings, generation)
+        task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
+        old = (self.memory, self.task)
         if old[0] is not None:
-            await projection.caught_up.wait()
-        self.index, self.projection, self.task, self.generation = index, projection, task, generation
+            await memory.caught_up()
+        self.memory, self.task, self.generation = memory, task, generation
         if self.on_swap:
             self.on_swap(self)
         if old[0] is not None:
@@ -148,17 +145,17 @@ class ShardOwner:
                 await self.open(gen)
 
     @staticmethod
-    async def _stop(index, projection, task) -> None:
-        projection.stopping.set()
+    async def _stop(memory: MemoryShards, task: asyncio.Task) -> None:
+        memory.stop()
         try:
             await asyncio.wait_for(task, 5)
         except Exception:
             task.cancel()
-        index.close()
+        memory.close()
 
     async def close(self) -> None:
-        if self.index is not None:
-            await self._stop(self.index, self.projection, self.task)
+        if self.memory is not None:
+            await self._stop(self.memory, self.task)
 
 
 class Extension:
@@ -195,8 +192,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         await prod.start()
         embedder = make_embedder(settings)
         await asyncio.to_thread(embedder.embed, ["warm up"])
-        service = MemoryService(settings, RedisRecords(redis_client, namespace=settings.topic_prefix), shards.index, embedder, prod, shards.projection)
-        shards.on_swap = lambda owner: service.use_shard(owner.index, owner.projection)
+        service = MemoryService(settings, RedisRecords(redis_client, namespace=settings.topic_prefix), shards.memory, embedder, prod)
+        shards.on_swap = lambda owner: service.use_shards(owner.memory)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key)
@@ -290,7 +287,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         shards = request.app.state.shards
         return {
             "status": "ok",
-            "projection": {**shards.projection.status(), "generation": shards.generation},
+            "projection": {**shards.memory.status(), "generation": shards.generation},
             "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
         }
 

@@ -74,7 +74,7 @@ def _progress_bars(labels: list[str]):
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from workers.kafka_io import wait_for_broker
-    from workers.rebuild import rebuild_all, rebuild_qdrant, rebuild_redis
+    from workers.rebuild import rebuild_all
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -86,18 +86,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     async def go():
         await wait_for_broker(settings)
-        if args.target == "all":
-            bar, updates = _progress_bars(["redis", "qdrant"])
-            with bar:
-                gens = await rebuild_all(settings, updates, switch=switch, optimize=args.optimize)
-        else:
-            bar, updates = _progress_bars([args.target])
-            with bar:
-                if args.target == "redis":
-                    gens = {"redis": await rebuild_redis(settings, partial(updates, "redis"), switch=switch)}
-                else:
-                    gens = {"qdrant": await rebuild_qdrant(settings, partial(updates, "qdrant"), switch=switch,
-                                                           optimize=args.optimize)}
+        targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
+        bar, updates = _progress_bars(list(targets))
+        with bar:
+            gens = await rebuild_all(settings, updates, switch=switch, optimize=args.optimize, targets=targets)
         for target, gen in gens.items():
             print(f"{target}: generation {gen} built{after[target]}")
 

@@ -11,7 +11,7 @@ import asyncio
 import contextvars
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -23,12 +23,15 @@ from events.record import MemoryRecord, Provenance, Scope, Source
 from events.topics import COMMANDS, USAGE
 from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
-from projections.qdrant_index import EdgeIndex, SearchFilter
+from projections.qdrant_index import SearchFilter
 from projections.records import CursorError, encode_cursor, sort_score
 from projections.redis_records import RedisRecords
 from services.auth import Principal
 from services.recall_render import pinned_within_budget, render
 from services.settings import Settings
+
+if TYPE_CHECKING:
+    from workers.memory_shards import MemoryShards
 
 STATUS_BY_CODE = {
     "VALIDATION_FAILED": 422,
@@ -104,14 +107,16 @@ class _Ranked:
     min_score: float
     dense: list[float] | None
 
-    def run(self, index: EdgeIndex) -> list[Any]:
+    def run(self, index: MemoryShards) -> list[Any]:
         return index.search(self.filter, self.dense, self.query, self.limit, self.mode, self.min_score)
 
     def result(self, hits: list[Any], records: dict[str, MemoryRecord], now: Any) -> SearchResult:
-        """The hits whose current record is in force and visible to the caller, in rank order."""
-        ok = {h.record_id for h in hits if (r := records.get(h.record_id)) is not None
-              and r.in_force(now) and MemoryService.visible(r, self.ctx, self.scopes)}
-        return SearchResult([(records[h.record_id], h.score) for h in hits if h.record_id in ok], None)
+        """The hits whose current record is in force and visible to the caller, best score
+        first and newer records first among equals, cut to the limit."""
+        kept = [(r, h.score) for h in hits if (r := records.get(h.record_id)) is not None
+                and r.in_force(now) and MemoryService.visible(r, self.ctx, self.scopes)]
+        kept.sort(key=lambda rs: (-round(rs[1], 9), -rs[0].created.timestamp()))
+        return SearchResult(kept[:self.limit], None)
 
 
 class MemoryService:
@@ -119,20 +124,18 @@ class MemoryService:
         self,
         settings: Settings,
         records: RedisRecords,
-        index: EdgeIndex,
+        memory: MemoryShards,
         embedder: Embedder,
         producer: AIOKafkaProducer,
-        projection: Any,
     ) -> None:
         self.settings = settings
         self.records = records
-        self.index = index
+        self.memory = memory
         self.embedder = embedder
         self.producer = producer
-        self.projection = projection
 
-    def use_shard(self, index: EdgeIndex, projection: Any) -> None:
-        self.index, self.projection = index, projection
+    def use_shards(self, memory: MemoryShards) -> None:
+        self.memory = memory
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()
@@ -188,7 +191,7 @@ class MemoryService:
         q = self._ranked(ctx, cfg, query, kind, labels, limit, mode, min_score, dense)
         if q.mode != "lexical" and q.dense is None:
             q.dense = await self._embed_query(ctx, query)
-        hits = await asyncio.to_thread(q.run, self.index)
+        hits = await asyncio.to_thread(q.run, self.memory)
         recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
         return q.result(hits, {r.id: r for r in recs}, utcnow())
 
@@ -260,7 +263,7 @@ class MemoryService:
             if kw.get("query") and not kw.get("ids"):
                 args = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 ranked[i] = self._ranked(ctx, cfgs[(ctx.tenant, ctx.agent)], kw["query"], dense=vectors.get(i), **args)
-        hits = await asyncio.to_thread(lambda: {i: q.run(self.index) for i, q in ranked.items()})
+        hits = await asyncio.to_thread(lambda: {i: q.run(self.memory) for i, q in ranked.items()})
         wanted: dict[tuple[str, str], dict[str, None]] = {}
         for i, q in ranked.items():
             wanted.setdefault((q.ctx.tenant, q.ctx.agent), {}).update(dict.fromkeys(h.record_id for h in hits[i]))
@@ -439,7 +442,7 @@ class MemoryService:
         return await self._submit(self._command(ConfigureAgent, ctx, config=config), wait)
 
     async def _submit(self, cmd: Any, wait: bool) -> dict[str, Any]:
-        fut = self.projection.wait_for(cmd.command_id) if wait else None
+        fut = self.memory.wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
         await self.producer.send_and_wait(
             self.settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd)
         )

@@ -14,17 +14,16 @@ import asyncio
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from events.codec import ContractError
-from events.lean import LeanEvent, LeanRecord, LeanVector, decode_lean, decode_lean_vector
+from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
-from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
+from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, shard_of, write_checkpoint
 from services.settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
@@ -42,9 +41,14 @@ class QdrantProjection:
         model_id: str | None = None,
         vector_cache: int | None = 50_000,
         serving: bool = True,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         self.settings = settings
         self.index = index
+        # This projection folds the agents of shard `shard` of `shards` (by event key) and
+        # skips the rest undecoded: a rebuild runs one process per shard.
+        self.shard, self.shards = shard, shards
         # Serving searches from the same process: large writes go to a worker thread, so the
         # event loop gets a turn between Edge calls (which hold the GIL). A rebuild serves
         # nothing, and writing inline spares it the GIL hand-offs: ~15% faster. Small writes
@@ -57,7 +61,9 @@ class QdrantProjection:
         self._bound = vector_cache
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
-        self.vectors: OrderedDict[str, array.array] = OrderedDict()
+        # Vectors are kept as read and decoded when a record joins one: a shard's rebuild
+        # reads every vector but joins only its own agents' records.
+        self.vectors: OrderedDict[str, array.array | bytes] = OrderedDict()
         # content hash -> {record id: (record, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[LeanRecord, LeanEvent]]] = {}
         self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
@@ -110,20 +116,39 @@ class QdrantProjection:
 
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, msg: LeanVector, batch: _Batch) -> None:
-        if msg.model != self.model_id:
+    def _on_vector(self, key: bytes | None, value: bytes, batch: _Batch) -> None:
+        if key is None:  # the topic is keyed "model/hash"; a keyless message says so itself
+            msg = decode_lean_vector(value)
+            model, h, held = msg.model, msg.content_hash, msg.floats()
+        else:
+            model, _, h = key.decode().rpartition("/")
+            held = value
+        if model != self.model_id:
             return
-        vec = msg.floats()
-        self.vectors[msg.content_hash] = vec
-        self.vectors.move_to_end(msg.content_hash)
-        waiting = self.parked.pop(msg.content_hash, {})
-        if not waiting:
-            self.unused.add(msg.content_hash)  # its event is still ahead in the log
+        self.vectors[h] = held
+        self.vectors.move_to_end(h)
+        if h not in self.parked:
+            self.unused.add(h)  # its event is still ahead in the log
+            return
+        vec = self._vector(h)
+        if vec is None:
+            return
+        waiting = self.parked.pop(h)
         for r, event in waiting.values():
             self.parked_at.pop(r.id, None)
             self._unpark(event)
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
+
+    def _mine(self, key: bytes | None, value: bytes) -> LeanEvent | None:
+        """The event if it belongs to this projection's shard; others stay undecoded."""
+        if self.shards == 1:
+            return decode_lean(value)
+        if key is not None:
+            return decode_lean(value) if shard_of(key, self.shards) == self.shard else None
+        e = decode_lean(value)  # keyless (not written by the ledger): its record names the agent
+        r = e.record
+        return e if r is None or shard_of(f"{r.tenant}/{r.agent}", self.shards) == self.shard else None
 
     def _on_event(self, e: LeanEvent, batch: _Batch) -> None:
         r = e.record
@@ -148,7 +173,7 @@ class QdrantProjection:
             batch.done.append(e)
             return
         h = content_hash(r.text)
-        vec = self.vectors.get(h)
+        vec = self._vector(h)
         self.unused.discard(h)
         if vec is None:
             self.parked.setdefault(h, {})[r.id] = (r, e)
@@ -157,6 +182,24 @@ class QdrantProjection:
             return
         batch.upserts[r.id] = (r, vec)
         batch.done.append(e)
+
+    def _vector(self, h: str) -> array.array | None:
+        """The vector of content hash `h`, decoded on first use; None if absent or bad."""
+        held = self.vectors.get(h)
+        if not isinstance(held, bytes):
+            return held
+        try:
+            msg = decode_lean_vector(held)
+            if (msg.model, msg.content_hash) != (self.model_id, h):
+                raise ContractError("content_hash", f"the message key names {self.model_id}/{h}, the value "
+                                    f"{msg.model}/{msg.content_hash}")
+        except ContractError as err:
+            # Records wait for a good vector; the embedding worker owns its DLQ.
+            log.warning("projection_skipped_vector", content_hash=h, error=str(err))
+            del self.vectors[h]
+            return None
+        vec = self.vectors[h] = msg.floats()
+        return vec
 
     def _unpark(self, event: LeanEvent) -> None:
         self.parked_commands[event.command_id] -= 1
@@ -237,9 +280,9 @@ class QdrantProjection:
                         break
                     try:
                         if tp.topic == vectors_topic:
-                            self._on_vector(decode_lean_vector(m.value), batch)
-                        else:
-                            self._on_event(decode_lean(m.value), batch)
+                            self._on_vector(m.key, m.value, batch)
+                        elif (event := self._mine(m.key, m.value)) is not None:
+                            self._on_event(event, batch)
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
@@ -327,27 +370,3 @@ class _Batch:
 
     def writes(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.shadows)
-
-
-def qdrant_root(settings: Settings) -> Path:
-    return Path(settings.data_dir) / "qdrant"
-
-
-def current_generation(settings: Settings) -> int:
-    try:
-        return int((qdrant_root(settings) / "CURRENT").read_text())
-    except FileNotFoundError:
-        return 1
-
-
-def set_generation(settings: Settings, gen: int) -> None:
-    root = qdrant_root(settings)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / "CURRENT.tmp"
-    tmp.write_text(str(gen))
-    tmp.replace(root / "CURRENT")
-
-
-def shard_path(settings: Settings, generation: int | None = None) -> Path:
-    gen = current_generation(settings) if generation is None else generation
-    return qdrant_root(settings) / f"memory-g{gen}"

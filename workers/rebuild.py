@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 from aiokafka import TopicPartition
@@ -23,7 +22,8 @@ from projections.redis_records import RedisRecords
 from services.settings import Settings
 from workers.heap import collected_between_batches, settle_heap
 from workers.kafka_io import reader
-from workers.qdrant_projection import QdrantProjection, current_generation, set_generation, shard_path
+from workers.memory_shards import current_generation, generation_path, set_generation, shard_paths
+from workers.qdrant_projection import QdrantProjection
 
 log = structlog.get_logger()
 Progress = Callable[[int, int], None]
@@ -130,72 +130,104 @@ async def replay_qdrant(
     settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
-    """Fold events into Qdrant generation `generation`, from its checkpoint up to `stop`.
+    """Fold events into Qdrant generation `generation`, shard after shard, from each
+    shard's checkpoint up to `stop`.
 
     A point keeps no version (each payload key costs every upsert), so a replay only ever
     moves a generation forward: `start` is for a generation that holds no events yet."""
     events_topic = settings.topic(EVENTS.name) + ":"
-    index = EdgeIndex(shard_path(settings, generation))
+    paths = shard_paths(settings, generation)
+    applied = 0
+    for k, path in enumerate(paths):
+        index = EdgeIndex(path)
+        try:
+            projection = QdrantProjection(settings, index, vector_cache=None, serving=False, shard=k, shards=len(paths))
+            held = {key: v for key, v in projection.ckpt.items() if key.startswith(events_topic)}
+            if start and held:
+                raise ValueError(
+                    f"qdrant generation {generation} already holds events up to its checkpoint; a replay continues "
+                    "from there: leave out --from-offset, or replay into a new generation"
+                )
+            # Vectors from the start of their topic: a record may join a vector written long before.
+            projection.ckpt = held | {f"{events_topic}{p}": o for p, o in (start or {}).items()}
+            with collected_between_batches():
+                await projection.run(until_caught_up=True, progress=_share(progress, k, len(paths)), stop=stop)
+            applied += projection.applied
+        finally:
+            index.close()
+    return applied
+
+
+def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
+    """Progress of shard k of n folded one after another, as a share of the whole."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(k * total + done, n * total)
+
+
+async def _build_shard(settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool) -> int:
+    """Fold shard k of generation `gen` from offset 0 until caught up; returns its points.
+
+    `optimize` builds the HNSW index too: slow to build (minutes per 100k points on 2
+    cores), about 4x faster filtered queries at 200k points."""
+    paths = shard_paths(settings, gen)
+    index = EdgeIndex(paths[k])
     try:
-        projection = QdrantProjection(settings, index, vector_cache=None, serving=False)
-        held = {k: v for k, v in projection.ckpt.items() if k.startswith(events_topic)}
-        if start and held:
-            raise ValueError(
-                f"qdrant generation {generation} already holds events up to its checkpoint; a replay continues "
-                "from there: leave out --from-offset, or replay into a new generation"
-            )
-        # Vectors from the start of their topic: a record may join a vector written long before.
-        projection.ckpt = held | {f"{events_topic}{p}": o for p, o in (start or {}).items()}
+        projection = QdrantProjection(settings, index, vector_cache=None, serving=False, shard=k, shards=len(paths))
         with collected_between_batches():
-            await projection.run(until_caught_up=True, progress=progress, stop=stop)
-        return projection.applied
+            await projection.run(until_caught_up=True, progress=progress)
+        if optimize:
+            log.info("qdrant_optimizing", shard=k, points=index.count())
+            await asyncio.to_thread(index.optimize)
+        return index.count()
     finally:
         index.close()
+
+
+def _next_qdrant_generation(settings: Settings) -> tuple[int, int]:
+    """(live generation, an empty next one with the configured shard count)."""
+    old = current_generation(settings)
+    shutil.rmtree(generation_path(settings, old + 1), ignore_errors=True)
+    shard_paths(settings, old + 1)
+    return old, old + 1
+
+
+def _switch_qdrant(settings: Settings, old: int, gen: int, points: int, switch: bool) -> None:
+    if switch:
+        set_generation(settings, gen)
+        # `serve` may still read the previous generation until it swaps: only older ones go.
+        for stale in range(1, old):
+            shutil.rmtree(generation_path(settings, stale), ignore_errors=True)
+            generation_path(settings, stale).with_name(f"memory-g{stale}.checkpoint.json").unlink(missing_ok=True)
+    log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
 
 
 async def rebuild_qdrant(
     settings: Settings, progress: Progress | None = None, switch: bool = True, optimize: bool = False
 ) -> int:
-    """Build the next Edge shard generation beside the live one; `memlane serve` swaps to it.
-
-    `optimize` builds the HNSW index before the switch: slow to build (minutes per 100k
-    points on 2 cores), about 4x faster filtered queries at 200k points.
-    """
-    old = current_generation(settings)
-    gen = old + 1
-    path = shard_path(settings, gen)
-    _remove_shard(path)
-    index = EdgeIndex(path)
-    try:
-        projection = QdrantProjection(settings, index, vector_cache=None, serving=False)
-        with collected_between_batches():
-            await projection.run(until_caught_up=True, progress=progress)
-        if optimize:
-            log.info("qdrant_optimizing", points=index.count())
-            await asyncio.to_thread(index.optimize)
-        points = index.count()
-    finally:
-        index.close()
-    if switch:
-        set_generation(settings, gen)
-        # `serve` may still read the previous shard until it swaps: only older ones go.
-        for stale in range(1, old):
-            _remove_shard(shard_path(settings, stale))
-    log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
+    """Build the next generation beside the live one, in this process, shard after shard
+    (`rebuild_all` builds them in parallel); `memlane serve` swaps to it."""
+    old, gen = _next_qdrant_generation(settings)
+    n = len(shard_paths(settings, gen))
+    points = 0
+    for k in range(n):
+        points += await _build_shard(settings, gen, k, _share(progress, k, n), optimize)
+    _switch_qdrant(settings, old, gen, points, switch)
     return gen
 
 
-def _rebuild_in_child(target: str, settings: Settings, queue, switch: bool, optimize: bool) -> int:
+def _rebuild_in_child(job: tuple[str, int], settings: Settings, queue, switch: bool, optimize: bool, gen: int) -> int:
     from services.logging import configure
 
-    configure(settings.log_level, service=f"rebuild.{target}")
+    target, k = job
+    configure(settings.log_level, service=f"rebuild.{target}" + (f".s{k}" if target == "qdrant" else ""))
 
     def report(done: int, total: int) -> None:
-        queue.put((target, done, total))
+        queue.put((job, done, total))
 
     if target == "redis":
         return asyncio.run(rebuild_redis(settings, report, switch=switch))
-    return asyncio.run(rebuild_qdrant(settings, report, switch=switch, optimize=optimize))
+    return asyncio.run(_build_shard(settings, gen, k, report, optimize))
 
 
 async def rebuild_all(
@@ -203,36 +235,44 @@ async def rebuild_all(
     progress: Callable[[str, int, int], None] | None = None,
     switch: bool = True,
     optimize: bool = False,
+    targets: tuple[str, ...] = ("redis", "qdrant"),
 ) -> dict[str, int]:
-    """Rebuild Redis and Qdrant at once, each in its own process: both are CPU-bound
-    Python folds of the same log, so on two cores the wall time is the slower one's.
-    `progress(target, done, total)` hears from both. Returns each target's generation."""
+    """Rebuild Redis and each Qdrant shard at once, each in its own process: they are
+    CPU-bound Python folds of the same log, so the cores share the work.
+    `progress(target, done, total)` hears from all. Returns each target's generation."""
     import multiprocessing
     import queue as queues
     from concurrent.futures import ProcessPoolExecutor
 
+    jobs: list[tuple[str, int]] = [("redis", 0)] if "redis" in targets else []
+    old = gen = 0
+    if "qdrant" in targets:
+        old, gen = _next_qdrant_generation(settings)
+        jobs += [("qdrant", k) for k in range(len(shard_paths(settings, gen)))]
     ctx = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
-    with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as pool:
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    with ctx.Manager() as manager, ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
         q = manager.Queue()
-        futures = {
-            t: loop.run_in_executor(pool, _rebuild_in_child, t, settings, q, switch, optimize)
-            for t in ("redis", "qdrant")
-        }
+        futures = {j: loop.run_in_executor(pool, _rebuild_in_child, j, settings, q, switch, optimize, gen) for j in jobs}
         pending = set(futures.values())
         while pending:
             # Wake for a finished rebuild or, at the latest, to show progress.
             _, pending = await asyncio.wait(pending, timeout=0.25)
             while True:
                 try:
-                    update = q.get_nowait()
+                    job, done, total = q.get_nowait()
                 except queues.Empty:
                     break
+                seen[job] = (done, total)
                 if progress:
-                    progress(*update)
-        return {t: f.result() for t, f in futures.items()}
-
-
-def _remove_shard(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    path.with_name(f"{path.name}.checkpoint.json").unlink(missing_ok=True)
+                    mine = [v for j, v in seen.items() if j[0] == job[0]]
+                    progress(job[0], sum(d for d, _ in mine), sum(t for _, t in mine))
+        results = {j: f.result() for j, f in futures.items()}
+    built = {}
+    if "redis" in targets:
+        built["redis"] = results[("redis", 0)]
+    if "qdrant" in targets:
+        _switch_qdrant(settings, old, gen, sum(v for j, v in results.items() if j[0] == "qdrant"), switch)
+        built["qdrant"] = gen
+    return built

@@ -22,6 +22,7 @@ from projections.embedder import MODEL_ID, content_hash
 from services.settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from workers.kafka_io import ensure_topics
+from workers.ledger_rules import event_id, record_id_for
 
 RECORDS = 100_000
 AGENTS = 500
@@ -53,9 +54,10 @@ def _log_items(settings: Settings):
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
         yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v)
-        r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
+        # Ids and event ids as the ledger makes them (UUIDs: a point id needs no payload copy).
+        r = MemoryRecord(id=record_id_for(f"c{i}"), version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
                          tenant="bench", agent=agent, scope="AGENT", kind="fact", summary=text)
-        e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
+        e = RecordAdded(event_id=event_id(f"c{i}", 0), command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
                         record=r)
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 

@@ -27,7 +27,7 @@ from services.client import MemlaneClient
 from services.settings import Settings
 from tests.bench.bench_rebuild import _produce
 from tests.bench.common import bench_stack, figure, percentile, progress
-from workers.qdrant_projection import current_generation
+from workers.memory_shards import current_generation
 from workers.rebuild import rebuild_qdrant
 
 AGENT_RECORDS = 100_000

@@ -81,12 +81,22 @@ def test_filters_isolate_agent_session_preview_kind_and_labels(index):
     assert search(index, "alpha", "lexical", flt(scopes=())) == []
 
 
-def test_newer_wins_ties_and_upsert_replaces(index):
+def test_ties_at_the_cut_are_kept_and_upsert_replaces(index):
     put(index, rec("old", "alpha code red", minute=1), rec("new", "alpha code blue", minute=2))
-    assert search(index, "alpha", "lexical") == ["new", "old"]
+    # Equal scores: a point keeps no age, so both come back even past the limit, and the
+    # memory service orders them (newer first) once it has the records.
+    assert sorted(search(index, "alpha", "lexical", limit=1)) == ["new", "old"]
     put(index, rec("old", "beta only now", minute=1, version=2))
     assert search(index, "alpha", "lexical") == ["new"]
     assert index.count() == 2
+
+
+def test_uuid_record_ids_map_back_from_points(index):
+    rid = str(uuid.uuid4())
+    put(index, rec(rid, "delta fact"), rec("not-a-uuid", "delta fact too"))
+    assert sorted(search(index, "delta", "lexical")) == sorted([rid, "not-a-uuid"])
+    index.delete([rid])
+    assert search(index, "delta", "lexical") == ["not-a-uuid"]
 
 
 def test_delete_and_shadow(index):

@@ -161,6 +161,8 @@ async def test_newer_records_win_ties(stack, new_agent):
         hits = (await c.search_memory("alpha", mode="lexical"))[0]
         assert hits[0].score == hits[1].score
         assert [h.record.id for h in hits] == [newer["id"], older["id"]]
+        # The tie is broken before the cut, not by whichever point the index returned first.
+        assert [h.record.id for h in (await c.search_memory("alpha", mode="lexical", limit=1))[0]] == [newer["id"]]
 
 
 async def test_listing_pages_newest_first_with_a_cursor(stack, new_agent):

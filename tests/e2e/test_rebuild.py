@@ -47,7 +47,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
 
 async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, settings, new_agent):
     from projections.redis_records import RedisRecords
-    from workers.qdrant_projection import qdrant_root
+    from workers.memory_shards import qdrant_root
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -72,7 +72,7 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
 
 async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settings, new_agent):
     from projections.qdrant_index import EdgeIndex
-    from workers.qdrant_projection import shard_path
+    from workers.memory_shards import shard_paths
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -85,11 +85,14 @@ async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settin
                               timeout=300)
 
     def points():
-        index = EdgeIndex(shard_path(settings, gen))
-        try:
-            return index.count()
-        finally:
-            index.close()
+        total = 0
+        for path in shard_paths(settings, gen):
+            index = EdgeIndex(path)
+            try:
+                total += index.count()
+            finally:
+                index.close()
+        return total
 
     first = replay("--to-offset", "0")
     assert first.returncode == 0, first.stderr[-2000:]

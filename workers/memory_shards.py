@@ -1,0 +1,104 @@
+"""The memory index of a generation: one Edge shard, and its projection, per shard of agents.
+
+Agents are split by a stable hash of their event key, so each shard's projection folds
+its own agents and skips the others undecoded, and a rebuild folds the shards in parallel
+processes. A search or a read-your-writes wait goes to its agent's shard; no query spans
+two agents, so none spans two shards.
+
+On disk: `qdrant/CURRENT` names the generation readers use; `qdrant/memory-g<N>/` holds
+its shard count (`SHARDS`), the shards `s<k>/` and their checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter, shard_of
+from services.settings import Settings
+from workers.qdrant_projection import QdrantProjection
+
+
+def qdrant_root(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "qdrant"
+
+
+def current_generation(settings: Settings) -> int:
+    try:
+        return int((qdrant_root(settings) / "CURRENT").read_text())
+    except FileNotFoundError:
+        return 1
+
+
+def set_generation(settings: Settings, gen: int) -> None:
+    root = qdrant_root(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / "CURRENT.tmp"
+    tmp.write_text(str(gen))
+    tmp.replace(root / "CURRENT")
+
+
+def generation_path(settings: Settings, generation: int | None = None) -> Path:
+    gen = current_generation(settings) if generation is None else generation
+    return qdrant_root(settings) / f"memory-g{gen}"
+
+
+def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]:
+    """The shard directories of a generation. A new generation takes the configured
+    count and keeps it; one made before sharding (itself an Edge shard) is one shard."""
+    root = generation_path(settings, generation)
+    if (root / "edge_config.json").exists():
+        return [root]
+    count = root / "SHARDS"
+    if not count.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / "SHARDS.tmp"
+        tmp.write_text(str(settings.memory_shards))
+        tmp.replace(count)
+    return [root / f"s{k}" for k in range(int(count.read_text()))]
+
+
+class MemoryShards:
+    """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
+
+    def __init__(self, settings: Settings, generation: int, **projection_args: Any) -> None:
+        paths = shard_paths(settings, generation)
+        self.projections = [
+            QdrantProjection(settings, EdgeIndex(p), shard=k, shards=len(paths), **projection_args)
+            for k, p in enumerate(paths)
+        ]
+
+    def of(self, tenant: str, agent: str) -> QdrantProjection:
+        return self.projections[shard_of(f"{tenant}/{agent}", len(self.projections))]
+
+    def search(self, f: SearchFilter, dense: list[float] | None, text: str, limit: int,
+               mode: Mode = "hybrid", min_score: float = 0.0) -> list[Hit]:
+        return self.of(f.tenant, f.agent).index.search(f, dense, text, limit, mode, min_score)
+
+    def wait_for(self, command_id: str, tenant: str, agent: str) -> asyncio.Future:
+        return self.of(tenant, agent).wait_for(command_id)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(p.run() for p in self.projections))
+
+    async def caught_up(self) -> None:
+        await asyncio.gather(*(p.caught_up.wait() for p in self.projections))
+
+    def stop(self) -> None:
+        for p in self.projections:
+            p.stopping.set()
+
+    def close(self) -> None:
+        for p in self.projections:
+            p.index.close()
+
+    def status(self) -> dict[str, Any]:
+        each = [p.status() for p in self.projections]
+        return {
+            "points": sum(s["points"] for s in each),
+            "parked": sum(s["parked"] for s in each),
+            "caught_up": all(s["caught_up"] for s in each),
+            "applied": sum(s["applied"] for s in each),
+            "shards": len(each),
+        }
