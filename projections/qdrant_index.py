@@ -13,12 +13,12 @@ import hashlib
 import json
 import threading
 import uuid
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aiokafka.partitioner import murmur2
 from qdrant_edge import (
     Bm25,
     Bm25Config,
@@ -35,6 +35,7 @@ from qdrant_edge import (
 )
 
 from events.record import MemoryRecord, Status
+from events.topics import EVENTS
 from projections.edge_shard import DENSE, SPARSE, open_shard
 
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
@@ -68,11 +69,15 @@ _NS_BYTES = POINT_NS.bytes
 
 
 def shard_of(agent_key: str | bytes, shards: int) -> int:
-    """The memory shard of an agent ("tenant/agent", the events' Kafka key): stable
-    across processes and releases, so a rebuild and the API agree on it."""
-    if shards == 1:
-        return 0
-    return zlib.crc32(agent_key if isinstance(agent_key, bytes) else agent_key.encode()) % shards
+    """The memory shard of an agent ("tenant/agent"): shard k holds the agents of the event
+    partitions p with p % shards == k. The events are keyed by agent and partitioned by
+    Kafka's default partitioner (murmur2), so this is the partition they are written to."""
+    key = agent_key if isinstance(agent_key, bytes) else agent_key.encode()
+    return (murmur2(key) & 0x7FFFFFFF) % EVENTS.partitions % shards
+
+
+def shard_partitions(shard: int, shards: int) -> list[int]:
+    return [p for p in range(EVENTS.partitions) if p % shards == shard]
 
 
 def label_terms(labels: dict[str, str]) -> list[str]:

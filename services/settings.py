@@ -45,10 +45,11 @@ class Settings(BaseSettings):
     # How long the extraction worker trusts an agent's configuration read from the API.
     config_cache_s: float = 2.0
     turn_timeout_s: float = 600.0
-    # The memory index is split by agent into this many Edge shards, so a rebuild folds
-    # them in parallel processes. A generation keeps the count it was built with: a new
-    # count takes effect with the next `memlane rebuild qdrant`.
-    memory_shards: int = Field(default=2, ge=1, le=64)
+    # The memory index is split by agent into this many Edge shards (each takes its share
+    # of the 8 event partitions), so a rebuild folds them in parallel processes. A
+    # generation keeps the count it was built with: a new count takes effect with the next
+    # `memlane rebuild qdrant`.
+    memory_shards: int = Field(default=2, ge=1, le=8)
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:

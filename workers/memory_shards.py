@@ -1,7 +1,7 @@
 """The memory index of a generation: one Edge shard, and its projection, per shard of agents.
 
-Agents are split by a stable hash of their event key, so each shard's projection folds
-its own agents and skips the others undecoded, and a rebuild folds the shards in parallel
+Agents are split by the event partition they are written to, so each shard's projection
+reads only its own partitions of the log, and a rebuild folds the shards in parallel
 processes. A search or a read-your-writes wait goes to its agent's shard; no query spans
 two agents, so none spans two shards.
 

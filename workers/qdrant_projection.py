@@ -23,7 +23,7 @@ from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
-from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, shard_of, write_checkpoint
+from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, shard_partitions, write_checkpoint
 from services.settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
@@ -46,9 +46,9 @@ class QdrantProjection:
     ) -> None:
         self.settings = settings
         self.index = index
-        # This projection folds the agents of shard `shard` of `shards` (by event key) and
-        # skips the rest undecoded: a rebuild runs one process per shard.
-        self.shard, self.shards = shard, shards
+        # This projection folds the event partitions of shard `shard` of `shards`: a
+        # rebuild runs one process per shard.
+        self.partitions = shard_partitions(shard, shards)
         # Serving searches from the same process: large writes go to a worker thread, so the
         # event loop gets a turn between Edge calls (which hold the GIL). A rebuild serves
         # nothing, and writing inline spares it the GIL hand-offs: ~15% faster. Small writes
@@ -140,16 +140,6 @@ class QdrantProjection:
             batch.upserts[r.id] = (r, vec)
             batch.done.append(event)
 
-    def _mine(self, key: bytes | None, value: bytes) -> LeanEvent | None:
-        """The event if it belongs to this projection's shard; others stay undecoded."""
-        if self.shards == 1:
-            return decode_lean(value)
-        if key is not None:
-            return decode_lean(value) if shard_of(key, self.shards) == self.shard else None
-        e = decode_lean(value)  # keyless (not written by the ledger): its record names the agent
-        r = e.record
-        return e if r is None or shard_of(f"{r.tenant}/{r.agent}", self.shards) == self.shard else None
-
     def _on_event(self, e: LeanEvent, batch: _Batch) -> None:
         r = e.record
         if r is None:
@@ -230,7 +220,7 @@ class QdrantProjection:
         """Follow the topics. A rebuild passes `until_caught_up` and reads all vectors first;
         a replay also passes `stop`, the event offset to end before, per partition."""
         s = self.settings
-        etps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+        etps = [TopicPartition(s.topic(EVENTS.name), p) for p in self.partitions]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
         c = reader(s, max_poll_records=2000)
         await c.start()
@@ -281,8 +271,8 @@ class QdrantProjection:
                     try:
                         if tp.topic == vectors_topic:
                             self._on_vector(m.key, m.value, batch)
-                        elif (event := self._mine(m.key, m.value)) is not None:
-                            self._on_event(event, batch)
+                        else:
+                            self._on_event(decode_lean(m.value), batch)
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Callable
 
 import structlog
@@ -216,18 +217,23 @@ async def rebuild_qdrant(
     return gen
 
 
-def _rebuild_in_child(job: tuple[str, int], settings: Settings, queue, switch: bool, optimize: bool, gen: int) -> int:
+_progress_queue = None  # a shard process's line back to the parent (set by `_child_init`)
+
+
+def _child_init(settings: Settings, queue) -> None:
+    global _progress_queue
     from services.logging import configure
 
-    target, k = job
-    configure(settings.log_level, service=f"rebuild.{target}" + (f".s{k}" if target == "qdrant" else ""))
+    configure(settings.log_level, service="rebuild.qdrant")
+    _progress_queue = queue
 
-    def report(done: int, total: int) -> None:
-        queue.put((job, done, total))
 
-    if target == "redis":
-        return asyncio.run(rebuild_redis(settings, report, switch=switch))
-    return asyncio.run(_build_shard(settings, gen, k, report, optimize))
+def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool) -> int:
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    points = asyncio.run(_build_shard(settings, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize))
+    log.info("qdrant_shard_built", shard=k, points=points, wall_s=round(time.perf_counter() - t0, 2),
+             cpu_s=round(time.process_time() - cpu0, 2))
+    return points
 
 
 async def rebuild_all(
@@ -237,42 +243,46 @@ async def rebuild_all(
     optimize: bool = False,
     targets: tuple[str, ...] = ("redis", "qdrant"),
 ) -> dict[str, int]:
-    """Rebuild Redis and each Qdrant shard at once, each in its own process: they are
-    CPU-bound Python folds of the same log, so the cores share the work.
-    `progress(target, done, total)` hears from all. Returns each target's generation."""
+    """Rebuild Redis and the Qdrant shards at once: each shard in a process of its own
+    and Redis in this one. They are CPU-bound Python folds of the same log, so the cores
+    share the work. `progress(target, done, total)` hears from all. Returns each
+    target's generation."""
     import multiprocessing
     import queue as queues
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs: list[tuple[str, int]] = [("redis", 0)] if "redis" in targets else []
-    old = gen = 0
-    if "qdrant" in targets:
-        old, gen = _next_qdrant_generation(settings)
-        jobs += [("qdrant", k) for k in range(len(shard_paths(settings, gen)))]
+    def report(target: str) -> Progress | None:
+        return (lambda done, total: progress(target, done, total)) if progress else None
+
+    built: dict[str, int] = {}
+    if "qdrant" not in targets:
+        built["redis"] = await rebuild_redis(settings, report("redis"), switch=switch)
+        return built
+    old, gen = _next_qdrant_generation(settings)
+    n = len(shard_paths(settings, gen))
     ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    seen: dict[int, tuple[int, int]] = {}
     loop = asyncio.get_running_loop()
-    seen: dict[tuple[str, int], tuple[int, int]] = {}
-    with ctx.Manager() as manager, ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
-        q = manager.Queue()
-        futures = {j: loop.run_in_executor(pool, _rebuild_in_child, j, settings, q, switch, optimize, gen) for j in jobs}
-        pending = set(futures.values())
+    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
+        shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, gen, k, optimize) for k in range(n)]
+        redis = asyncio.ensure_future(rebuild_redis(settings, report("redis"), switch=switch)) if "redis" in targets \
+            else None
+        pending = set(shards) | ({redis} if redis else set())
         while pending:
-            # Wake for a finished rebuild or, at the latest, to show progress.
+            # Wake for a finished rebuild or, at the latest, to show the shards' progress.
             _, pending = await asyncio.wait(pending, timeout=0.25)
             while True:
                 try:
-                    job, done, total = q.get_nowait()
+                    k, done, total = q.get_nowait()
                 except queues.Empty:
                     break
-                seen[job] = (done, total)
+                seen[k] = (done, total)
                 if progress:
-                    mine = [v for j, v in seen.items() if j[0] == job[0]]
-                    progress(job[0], sum(d for d, _ in mine), sum(t for _, t in mine))
-        results = {j: f.result() for j, f in futures.items()}
-    built = {}
-    if "redis" in targets:
-        built["redis"] = results[("redis", 0)]
-    if "qdrant" in targets:
-        _switch_qdrant(settings, old, gen, sum(v for j, v in results.items() if j[0] == "qdrant"), switch)
-        built["qdrant"] = gen
+                    progress("qdrant", sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
+        points = sum(f.result() for f in shards)
+        if redis:
+            built["redis"] = redis.result()
+    _switch_qdrant(settings, old, gen, points, switch)
+    built["qdrant"] = gen
     return built

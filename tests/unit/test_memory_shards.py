@@ -1,0 +1,24 @@
+"""The API routes an agent's searches to the shard that folds the agent's event partitions."""
+
+from __future__ import annotations
+
+from aiokafka.partitioner import DefaultPartitioner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from events.topics import EVENTS
+from projections.qdrant_index import shard_of, shard_partitions
+
+
+@given(tenant=st.text(min_size=1, max_size=20), agent=st.text(min_size=1, max_size=40), shards=st.integers(1, 8))
+def test_an_agent_shard_holds_the_partition_its_events_are_written_to(tenant, agent, shards):
+    key = f"{tenant}/{agent}".encode()
+    partitions = list(range(EVENTS.partitions))
+    written_to = DefaultPartitioner()(key, partitions, partitions)
+    assert written_to in shard_partitions(shard_of(key, shards), shards)
+
+
+def test_shards_split_the_partitions_between_them():
+    for shards in range(1, EVENTS.partitions + 1):
+        owned = [p for k in range(shards) for p in shard_partitions(k, shards)]
+        assert sorted(owned) == list(range(EVENTS.partitions))
