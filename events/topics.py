@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.partitioner import murmur2
+
 
 def agent_key(m: Any) -> str:
     return f"{m.tenant}/{m.agent}"
@@ -33,6 +35,11 @@ class Topic:
 
     def key_bytes(self, message: Any) -> bytes:
         return self.key(message).encode()
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition Kafka's default partitioner (murmur2, as aiokafka's and Java's
+        producers use) writes `key` to."""
+        return (murmur2(key) & 0x7FFFFFFF) % self.partitions
 
 
 # Over-partitioned from the start: adding partitions later remaps keys.

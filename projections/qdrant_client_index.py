@@ -17,7 +17,6 @@ from projections.qdrant_index import (
     Mode,
     SearchFilter,
     filter_terms,
-    hit_record_id,
     payload_of,
     point_id,
     rank,
@@ -59,22 +58,22 @@ class ClientIndex:
     def upsert(self, items: list[tuple[MemoryRecord, list[float]]]) -> None:
         if not items:
             return
-        points = []
-        for r, vec in items:
-            pid, keep_id = point_id(r.id)
-            points.append(models.PointStruct(
-                id=str(pid),
+        points = [
+            models.PointStruct(
+                id=point_id(r.id),
                 vector={DENSE: list(vec), SPARSE: self._sparse(self.bm25.embed_document(r.text))},
-                payload=payload_of(r, keep_id),
-            ))
+                payload=payload_of(r),
+            )
+            for r, vec in items
+        ]
         self.client.upsert(self.collection, points, wait=True)
 
     def delete(self, record_ids: list[str]) -> None:
         if record_ids:
-            self.client.delete(self.collection, models.PointIdsList(points=[str(point_id(i)[0]) for i in record_ids]))
+            self.client.delete(self.collection, models.PointIdsList(points=[point_id(i) for i in record_ids]))
 
     def set_shadowed(self, record_id: str, shadowed: bool) -> None:
-        self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"}, [str(point_id(record_id)[0])])
+        self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"}, [point_id(record_id)])
 
     def count(self) -> int:
         return self.client.count(self.collection, exact=True).count
@@ -120,4 +119,4 @@ class ClientIndex:
                 limit=depth,
                 with_payload=True,
             )
-        return rank([Hit(hit_record_id(p), p.score) for p in res.points], limit)
+        return rank([Hit(p.payload["record_id"], p.score) for p in res.points], limit)

@@ -1,8 +1,8 @@
 """Qdrant Edge adapter: one point per live record, dense + BM25 sparse vectors.
 
-A record id that is a UUID (the ledger's are) is its point id; any other id is hashed to
-one (uuid5) and kept in the payload. The payload carries only what searches filter on,
-with payload indexes (the agent indexed as the tenant key). Only ACTIVE records are points:
+The point id is uuid5(record id). The payload carries what searches filter on, with
+payload indexes (the agent indexed as the tenant key), and the record id to map back.
+Only ACTIVE records are points:
 superseded, deleted, pending and conflicting records leave the index but stay readable
 from Redis.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from aiokafka.partitioner import murmur2
 from qdrant_edge import (
     Bm25,
     Bm25Config,
@@ -35,49 +34,22 @@ from qdrant_edge import (
 )
 
 from events.record import MemoryRecord, Status
-from events.topics import EVENTS
 from projections.edge_shard import DENSE, SPARSE, open_shard
 
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
 
 
-def hashed_point_id(record_id: str) -> uuid.UUID:
+def point_id(record_id: str) -> str:
     """uuid5(POINT_NS, record_id), spelled out: `uuid.uuid5` costs a rebuild ~7 µs a point."""
     h = bytearray(hashlib.sha1(_NS_BYTES + record_id.encode()).digest()[:16])
     h[6] = (h[6] & 0x0F) | 0x50
     h[8] = (h[8] & 0x3F) | 0x80
-    return uuid.UUID(bytes=bytes(h))
-
-
-def point_id(record_id: str) -> tuple[uuid.UUID, bool]:
-    """(the record's point id, whether the id must be kept in the payload to map back)."""
-    try:
-        u = uuid.UUID(record_id)
-        if str(u) == record_id:
-            return u, False
-    except ValueError:
-        pass
-    return hashed_point_id(record_id), True
-
-
-def hit_record_id(point: Any) -> str:
-    return point.payload.get("record_id") or str(point.id)
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 _NS_BYTES = POINT_NS.bytes
-
-
-def shard_of(agent_key: str | bytes, shards: int) -> int:
-    """The memory shard of an agent ("tenant/agent"): shard k holds the agents of the event
-    partitions p with p % shards == k. The events are keyed by agent and partitioned by
-    Kafka's default partitioner (murmur2), so this is the partition they are written to."""
-    key = agent_key if isinstance(agent_key, bytes) else agent_key.encode()
-    return (murmur2(key) & 0x7FFFFFFF) % EVENTS.partitions % shards
-
-
-def shard_partitions(shard: int, shards: int) -> list[int]:
-    return [p for p in range(EVENTS.partitions) if p % shards == shard]
 
 
 def label_terms(labels: dict[str, str]) -> list[str]:
@@ -102,17 +74,17 @@ class Hit:
     score: float
 
 
-def payload_of(r: MemoryRecord, keep_id: bool) -> dict[str, Any]:
+def payload_of(r: MemoryRecord) -> dict[str, Any]:
     # Every payload key costs ~5 µs to hand to Qdrant, so a point carries only what search
-    # filters on, folded into few keys; absent flags mean "no". Flags are keyword strings:
-    # the Edge bindings turn a Python bool in MatchValue into an integer.
+    # filters on, folded into few keys, and the record id; absent flags mean "no". Flags
+    # are keyword strings: the Edge bindings turn a Python bool in MatchValue into an
+    # integer. No age: the memory service breaks score ties once it has the records.
     p: dict[str, Any] = {
         "owner": f"{r.tenant}/{r.agent}",
         "reach": "AGENT" if r.scope.value == "AGENT" else f"SESSION/{r.session}",
         "kind": r.kind,
+        "record_id": r.id,
     }
-    if keep_id:
-        p["record_id"] = r.id
     if r.labels:
         p["labels"] = label_terms(r.labels)
     if r.preview:
@@ -162,23 +134,15 @@ class EdgeIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
-        # Shards made before UUID record ids became point ids hash every id.
-        marker = self.path / "memlane-point-ids"
-        self.hash_ids = (self.path / "edge_config.json").exists() and not marker.exists()
         self.shard = open_shard(self.path, dim, "owner", KEYWORD_FIELDS)
-        if not self.hash_ids:
-            marker.write_text("a UUID record id is its point id\n")
-
-    def _id(self, record_id: str) -> tuple[uuid.UUID, bool]:
-        return (hashed_point_id(record_id), True) if self.hash_ids else point_id(record_id)
 
     # ------------------------------------------------------------------ write side
 
     def upsert(self, items: list[tuple[MemoryRecord, Sequence[float]]]) -> None:
-        points = []
-        for r, vec in items:
-            pid, keep_id = self._id(r.id)
-            points.append(Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)}, payload_of(r, keep_id)))
+        points = [
+            Point(point_id(r.id), {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)}, payload_of(r))
+            for r, vec in items
+        ]
         if points:
             with self._lock:
                 self.shard.update(UpdateOperation.upsert_points(points))
@@ -186,13 +150,13 @@ class EdgeIndex:
     def delete(self, record_ids: list[str]) -> None:
         if record_ids:
             with self._lock:
-                self.shard.update(UpdateOperation.delete_points([self._id(i)[0] for i in record_ids]))
+                self.shard.update(UpdateOperation.delete_points([point_id(i) for i in record_ids]))
 
     def set_shadowed(self, record_id: str, shadowed: bool) -> None:
         """A preview record that replaces or deletes a live one hides it from preview turns."""
         with self._lock:
             flag = "yes" if shadowed else "no"
-            self.shard.update(UpdateOperation.set_payload([self._id(record_id)[0]], {"shadowed": flag}))
+            self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
 
     def optimize(self) -> None:
         """Build the per-agent HNSW graphs and merge segments: slow, offline work."""
@@ -254,7 +218,7 @@ class EdgeIndex:
             )
         with self._lock:
             points = self.shard.query(req)
-        return rank([Hit(hit_record_id(p), p.score) for p in points], limit)
+        return rank([Hit(p.payload["record_id"], p.score) for p in points], limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

@@ -57,6 +57,55 @@ return applied
 """
 
 
+# A rebuild's generation has one writer until it is switched to, so the writer keeps the
+# versions itself: the script skips the version read, and collects each sorted set's
+# changes into one ZADD and one ZREM per key instead of one call per event (a third of
+# the rebuild's Redis CPU). 8 arguments per event: APPLY's 7, then the version this writer
+# last wrote for the record (0: none), or -1 for an event older than that.
+APPLY_SOLE = """
+local ns = ARGV[1]
+local applied = 0
+local changes = {}
+local function put(key, member, score)
+  local t = changes[key]
+  if not t then t = {}; changes[key] = t end
+  t[member] = score
+end
+for i = 3, #ARGV, 8 do
+  local ak, rid, ver, prev = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 7]
+  local rk = ns .. ':rec:' .. ak .. ':' .. rid
+  if prev == '-1' then
+    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
+  else
+    redis.call('HSET', rk, 'v:' .. ver, ARGV[i + 3], 'cur', ver)
+    local later, score, flags, expiry = prev ~= '0', ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
+    if flags % 2 == 1 then put(ns .. ':list:' .. ak, rid, score)
+    elseif later then put(ns .. ':list:' .. ak, rid, false) end
+    if flags >= 2 then put(ns .. ':pinned:' .. ak, rid, score)
+    elseif later then put(ns .. ':pinned:' .. ak, rid, false) end
+    if expiry ~= '-1' then put(ns .. ':expiry', ak .. '|' .. rid, expiry)
+    elseif later then put(ns .. ':expiry', ak .. '|' .. rid, false) end
+    applied = applied + 1
+  end
+end
+for key, members in pairs(changes) do
+  local add, rem = {}, {}
+  for m, score in pairs(members) do
+    if score then add[#add + 1] = score; add[#add + 1] = m else rem[#rem + 1] = m end
+  end
+  -- unpack() is bounded by Lua's stack: a few thousand arguments per call
+  for j = 1, #add, 4000 do redis.call('ZADD', key, unpack(add, j, math.min(j + 3999, #add))) end
+  for j = 1, #rem, 4000 do redis.call('ZREM', key, unpack(rem, j, math.min(j + 3999, #rem))) end
+end
+local ck = ns .. ':ckpt'
+for field, nxt in pairs(cjson.decode(ARGV[2])) do
+  local cur = tonumber(redis.call('HGET', ck, field) or '-1')
+  if nxt > cur then redis.call('HSET', ck, field, nxt) end
+end
+return applied
+"""
+
+
 READ_GENERATION_TTL_S = 1.0
 
 
@@ -92,18 +141,24 @@ def connect(url: str) -> aioredis.Redis:
 
 
 class RedisRecords:
-    def __init__(self, client: aioredis.Redis, generation: int | None = None, namespace: str = "") -> None:
+    def __init__(
+        self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", sole_writer: bool = False
+    ) -> None:
         self.r = client
         self.fixed_generation = generation
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
-        self._apply = client.register_script(APPLY)
+        # sole_writer: nothing else writes this (fixed, new) generation; see APPLY_SOLE.
+        self._written: dict[str, int] | None = {} if sole_writer else None
+        self._apply = client.register_script(APPLY_SOLE if sole_writer else APPLY)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
 
     @classmethod
-    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
-        return cls(connect(url), generation, namespace)
+    def from_url(
+        cls, url: str, generation: int | None = None, namespace: str = "", sole_writer: bool = False
+    ) -> RedisRecords:
+        return cls(connect(url), generation, namespace, sole_writer)
 
     async def generation(self) -> int:
         if self.fixed_generation is not None:
@@ -173,7 +228,14 @@ class RedisRecords:
             if r is not None:
                 expiry = int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1
                 flags = int(listed(r)) + 2 * int(r.pinned and r.status is Status.ACTIVE)
-                args += (f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry)
+                ak = f"{r.tenant}/{r.agent}"
+                args += (ak, r.id, r.version, e.raw, sort_score(r), flags, expiry)
+                if self._written is not None:
+                    key = f"{ak}:{r.id}"
+                    prev = self._written.get(key, 0)
+                    if r.version > prev:
+                        self._written[key] = r.version
+                    args.append(prev if r.version > prev else -1)
             elif e.type == "AgentConfigured":
                 full = e.full()
                 configs.append((f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()))

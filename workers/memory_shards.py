@@ -15,7 +15,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter, shard_of
+from events.topics import EVENTS
+from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
 from services.settings import Settings
 from workers.qdrant_projection import QdrantProjection
 
@@ -37,6 +38,16 @@ def set_generation(settings: Settings, gen: int) -> None:
     tmp = root / "CURRENT.tmp"
     tmp.write_text(str(gen))
     tmp.replace(root / "CURRENT")
+
+
+def shard_of(tenant: str, agent: str, shards: int) -> int:
+    """The shard of an agent: the one that owns the event partition its events go to
+    (events are keyed by agent, so co-partitioned with its commands)."""
+    return EVENTS.partition_of(f"{tenant}/{agent}".encode()) % shards
+
+
+def shard_partitions(shard: int, shards: int) -> list[int]:
+    return [p for p in range(EVENTS.partitions) if p % shards == shard]
 
 
 def generation_path(settings: Settings, generation: int | None = None) -> Path:
@@ -65,12 +76,12 @@ class MemoryShards:
     def __init__(self, settings: Settings, generation: int, **projection_args: Any) -> None:
         paths = shard_paths(settings, generation)
         self.projections = [
-            QdrantProjection(settings, EdgeIndex(p), shard=k, shards=len(paths), **projection_args)
+            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), **projection_args)
             for k, p in enumerate(paths)
         ]
 
     def of(self, tenant: str, agent: str) -> QdrantProjection:
-        return self.projections[shard_of(f"{tenant}/{agent}", len(self.projections))]
+        return self.projections[shard_of(tenant, agent, len(self.projections))]
 
     def search(self, f: SearchFilter, dense: list[float] | None, text: str, limit: int,
                mode: Mode = "hybrid", min_score: float = 0.0) -> list[Hit]:

@@ -23,7 +23,7 @@ from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.topics import EVENTS, VECTORS
 from projections.embedder import content_hash, embedder_model_id
-from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, shard_partitions, write_checkpoint
+from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
@@ -38,17 +38,15 @@ class QdrantProjection:
         self,
         settings: Settings,
         index: EdgeIndex,
+        partitions: list[int] | None = None,
         model_id: str | None = None,
         vector_cache: int | None = 50_000,
         serving: bool = True,
-        shard: int = 0,
-        shards: int = 1,
     ) -> None:
         self.settings = settings
         self.index = index
-        # This projection folds the event partitions of shard `shard` of `shards`: a
-        # rebuild runs one process per shard.
-        self.partitions = shard_partitions(shard, shards)
+        # The event partitions whose records this index holds (a shard's; all by default).
+        self.partitions = list(range(EVENTS.partitions)) if partitions is None else partitions
         # Serving searches from the same process: large writes go to a worker thread, so the
         # event loop gets a turn between Edge calls (which hold the GIL). A rebuild serves
         # nothing, and writing inline spares it the GIL hand-offs: ~15% faster. Small writes

@@ -23,7 +23,7 @@ from projections.redis_records import RedisRecords
 from services.settings import Settings
 from workers.heap import collected_between_batches, settle_heap
 from workers.kafka_io import reader
-from workers.memory_shards import current_generation, generation_path, set_generation, shard_paths
+from workers.memory_shards import current_generation, generation_path, set_generation, shard_partitions, shard_paths
 from workers.qdrant_projection import QdrantProjection
 
 log = structlog.get_logger()
@@ -83,7 +83,8 @@ async def rebuild_redis(settings: Settings, progress: Progress | None = None, sw
     try:
         old = await live.generation()
         gen = max([old, *await live.generations()]) + 1
-        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
+        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix,
+                                    sole_writer=True)
         try:
             with collected_between_batches():
                 applied = await _apply_range(settings, new, None, None, progress)
@@ -142,7 +143,7 @@ async def replay_qdrant(
     for k, path in enumerate(paths):
         index = EdgeIndex(path)
         try:
-            projection = QdrantProjection(settings, index, vector_cache=None, serving=False, shard=k, shards=len(paths))
+            projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None, serving=False)
             held = {key: v for key, v in projection.ckpt.items() if key.startswith(events_topic)}
             if start and held:
                 raise ValueError(
@@ -174,7 +175,7 @@ async def _build_shard(settings: Settings, gen: int, k: int, progress: Progress 
     paths = shard_paths(settings, gen)
     index = EdgeIndex(paths[k])
     try:
-        projection = QdrantProjection(settings, index, vector_cache=None, serving=False, shard=k, shards=len(paths))
+        projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None, serving=False)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
         if optimize:

@@ -91,14 +91,6 @@ def test_ties_at_the_cut_are_kept_and_upsert_replaces(index):
     assert index.count() == 2
 
 
-def test_uuid_record_ids_map_back_from_points(index):
-    rid = str(uuid.uuid4())
-    put(index, rec(rid, "delta fact"), rec("not-a-uuid", "delta fact too"))
-    assert sorted(search(index, "delta", "lexical")) == sorted([rid, "not-a-uuid"])
-    index.delete([rid])
-    assert search(index, "delta", "lexical") == ["not-a-uuid"]
-
-
 def test_delete_and_shadow(index):
     put(index, rec("live", "gamma fact"), rec("gone", "gamma fact too"))
     index.delete(["gone"])

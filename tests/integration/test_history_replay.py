@@ -75,7 +75,7 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
         await _fold_redis(settings, gen)
         store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen)
         got = await store.get_many(tenant, agent, "s1", list(expected) + ["never"])
-        await store.r.delete(*[k async for k in store.r.scan_iter(f"{store.ns}:*")])
+        await store.r.delete(*[k async for k in store.r.scan_iter(f"{store.ns}:*", count=10_000)])
         await store.aclose()
         assert {e.id: e for e in got} == expected
 

@@ -49,7 +49,7 @@ async def test_copy_cold_start_and_retry_agree(settings):
         assert not warm.known
         assert await decide(warm, "s", 30) == first[6]
     finally:
-        keys = [k async for k in r.scan_iter(f"{ns}*")]
+        keys = [k async for k in r.scan_iter(f"{ns}*", count=10_000)]
         if keys:
             await r.delete(*keys)
         await r.aclose()

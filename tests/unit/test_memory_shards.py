@@ -7,15 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events.topics import EVENTS
-from projections.qdrant_index import shard_of, shard_partitions
+from workers.memory_shards import shard_of, shard_partitions
 
 
 @given(tenant=st.text(min_size=1, max_size=20), agent=st.text(min_size=1, max_size=40), shards=st.integers(1, 8))
 def test_an_agent_shard_holds_the_partition_its_events_are_written_to(tenant, agent, shards):
-    key = f"{tenant}/{agent}".encode()
     partitions = list(range(EVENTS.partitions))
-    written_to = DefaultPartitioner()(key, partitions, partitions)
-    assert written_to in shard_partitions(shard_of(key, shards), shards)
+    written_to = DefaultPartitioner()(f"{tenant}/{agent}".encode(), partitions, partitions)
+    assert written_to in shard_partitions(shard_of(tenant, agent, shards), shards)
 
 
 def test_shards_split_the_partitions_between_them():
