@@ -106,6 +106,15 @@ return applied
 """
 
 
+# One SCAN page of a pattern, unlinked where it is found. ARGV: cursor, pattern.
+DROP_PAGE = """
+local page = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', 10000)
+local keys = page[2]
+for j = 1, #keys, 4000 do redis.call('UNLINK', unpack(keys, j, math.min(j + 3999, #keys))) end
+return {page[1], #keys}
+"""
+
+
 READ_GENERATION_TTL_S = 1.0
 
 
@@ -151,6 +160,7 @@ class RedisRecords:
         # sole_writer: nothing else writes this (fixed, new) generation; see APPLY_SOLE.
         self._written: dict[str, int] | None = {} if sole_writer else None
         self._apply = client.register_script(APPLY_SOLE if sole_writer else APPLY)
+        self._drop_page = client.register_script(DROP_PAGE)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
 
@@ -184,17 +194,15 @@ class RedisRecords:
         return sorted(int(g) for g in await self.r.smembers(f"{self.root}generations"))
 
     async def drop_generation(self, gen: int) -> int:
-        """Delete a generation's keys, in batches so Redis keeps serving meanwhile."""
+        """Delete a generation's keys a scan page at a time, so Redis keeps serving
+        meanwhile; the keys never travel to this process."""
         await self.r.srem(f"{self.root}generations", gen)
-        dropped, batch = 0, []
-        async for key in self.r.scan_iter(f"{self._ns(gen)}:*", count=10_000):
-            batch.append(key)
-            if len(batch) >= 5_000:
-                dropped += await self.r.unlink(*batch)
-                batch = []
-        if batch:
-            dropped += await self.r.unlink(*batch)
-        return dropped
+        dropped, cursor = 0, "0"
+        while True:
+            cursor, n = await self._drop_page(args=[cursor, f"{self._ns(gen)}:*"])
+            dropped += n
+            if cursor == "0":
+                return dropped
 
     def _ns(self, gen: int) -> str:
         return f"{self.root}g{gen}"

@@ -13,7 +13,7 @@ import array
 import asyncio
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -29,6 +29,7 @@ from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
 
 log = structlog.get_logger()
+Also = Callable[[list[LeanEvent], list[tuple[str, int]]], Awaitable[None]]
 LIVE_FLUSH_S = 5.0
 INLINE_WRITES = 32  # points; more go to a worker thread while serving
 
@@ -42,6 +43,7 @@ class QdrantProjection:
         model_id: str | None = None,
         vector_cache: int | None = 50_000,
         serving: bool = True,
+        also: Also | None = None,
     ) -> None:
         self.settings = settings
         self.index = index
@@ -53,6 +55,10 @@ class QdrantProjection:
         # (most live batches hold a turn's few events, often none to index) stay inline too:
         # they block the loop for less than the thread hop costs.
         self.serving = serving
+        # Another view folded from the same pass over the events, each batch with its
+        # checkpoint positions: a rebuild's shard process also fills its agents' Redis
+        # records, so each event is read and decoded once.
+        self.also = also
         # Must match the embedder's model id, or no vector ever joins a record.
         self.model_id = model_id or embedder_model_id(settings)
         self.vector_cache = vector_cache  # None: keep every vector (a rebuild reads them all first)
@@ -270,12 +276,18 @@ class QdrantProjection:
                         if tp.topic == vectors_topic:
                             self._on_vector(m.key, m.value, batch)
                         else:
-                            self._on_event(decode_lean(m.value), batch)
+                            event = decode_lean(m.value)
+                            self._on_event(event, batch)
+                            if self.also:
+                                batch.events.append(event)
+                                batch.event_positions.append((f"{tp.topic}:{tp.partition}", m.offset + 1))
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
                     batch.positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
                 batch.seen += len(msgs)
+            if batch.events:
+                await self.also(batch.events, batch.event_positions)
             settle_heap()
             await land()
             if batch.seen:
@@ -354,6 +366,8 @@ class _Batch:
         self.shadows: list[str] = []
         self.done: list[LeanEvent] = []
         self.positions: dict[str, int] = {}
+        self.events: list[LeanEvent] = []  # for `also`
+        self.event_positions: list[tuple[str, int]] = []
         self.seen = 0
 
     def writes(self) -> int:

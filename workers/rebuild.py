@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 from aiokafka import TopicPartition
@@ -78,16 +78,35 @@ async def _apply_range(
     return applied
 
 
-async def rebuild_redis(settings: Settings, progress: Progress | None = None, switch: bool = True) -> int:
+async def rebuild_redis(
+    settings: Settings,
+    progress: Progress | None = None,
+    switch: bool = True,
+    fill: Callable[[int], Awaitable[int]] | None = None,
+) -> int:
+    """Fill the next Redis generation from offset 0, catch up with the live one, switch.
+
+    `fill(generation)`, when given, does the pass from offset 0 elsewhere (the shard
+    processes of `rebuild_all`) and returns the events it applied."""
     live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    dropping: asyncio.Future | None = None
     try:
         old = await live.generation()
         gen = max([old, *await live.generations()]) + 1
+        # Generations older than the live one are read by no one: drop them while the new
+        # one fills. The live one stays, to switch back to.
+        stale = [g for g in await live.generations() if g < old] if switch else []
+        dropping = asyncio.ensure_future(asyncio.gather(*(live.drop_generation(g) for g in stale)))
+        # The writer of a pass of its own keeps the versions; after other processes' pass
+        # the catch-up reads them from Redis.
         new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix,
-                                    sole_writer=True)
+                                    sole_writer=fill is None)
         try:
-            with collected_between_batches():
-                applied = await _apply_range(settings, new, None, None, progress)
+            if fill is None:
+                with collected_between_batches():
+                    applied = await _apply_range(settings, new, None, None, progress)
+            else:
+                applied = await fill(gen)
             # Caught up: reach at least where the live generation's worker has got to.
             live_ckpt = await live.checkpoints(old)
             while True:
@@ -101,18 +120,16 @@ async def rebuild_redis(settings: Settings, progress: Progress | None = None, sw
                     break
                 start = {p: mine.get(f"{settings.topic(EVENTS.name)}:{p}", 0) for p in behind}
                 applied += await _apply_range(settings, new, start, behind, None)
-            dropped = []
             if switch:
                 await live.switch_generation(gen)
-                # The previous generation stays, to switch back to; older ones go.
-                dropped = [g for g in await live.generations() if g < old]
-                for g in dropped:
-                    await live.drop_generation(g)
-            log.info("redis_rebuilt", generation=gen, previous=old, events=applied, switched=switch, dropped=dropped)
+            await dropping
+            log.info("redis_rebuilt", generation=gen, previous=old, events=applied, switched=switch, dropped=stale)
             return gen
         finally:
             await new.aclose()
     finally:
+        if dropping and not dropping.done():
+            dropping.cancel()
         await live.aclose()
 
 
@@ -167,23 +184,40 @@ def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
     return lambda done, total: progress(k * total + done, n * total)
 
 
-async def _build_shard(settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool) -> int:
-    """Fold shard k of generation `gen` from offset 0 until caught up; returns its points.
+async def _build_shard(
+    settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
+) -> tuple[int, int]:
+    """Fold shard k of generation `gen` from offset 0 until caught up, and with `redis_gen`
+    the Redis records of the shard's agents into that generation in the same pass.
+    Returns (points, events applied to Redis).
 
     `optimize` builds the HNSW index too: slow to build (minutes per 100k points on 2
     cores), about 4x faster filtered queries at 200k points."""
     paths = shard_paths(settings, gen)
     index = EdgeIndex(paths[k])
+    # A shard's agents are its own, so this process is their records' only writer.
+    store = None if redis_gen is None else RedisRecords.from_url(
+        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix, sole_writer=True)
+    applied = 0
+
+    async def also(events: list, positions: list[tuple[str, int]]) -> None:
+        nonlocal applied
+        await store.apply(events, positions)
+        applied += len(events)
+
     try:
-        projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None, serving=False)
+        projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None,
+                                      serving=False, also=also if store else None)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
         if optimize:
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
-        return index.count()
+        return index.count(), applied
     finally:
         index.close()
+        if store:
+            await store.aclose()
 
 
 def _next_qdrant_generation(settings: Settings) -> tuple[int, int]:
@@ -213,7 +247,7 @@ async def rebuild_qdrant(
     n = len(shard_paths(settings, gen))
     points = 0
     for k in range(n):
-        points += await _build_shard(settings, gen, k, _share(progress, k, n), optimize)
+        points += (await _build_shard(settings, gen, k, _share(progress, k, n), optimize))[0]
     _switch_qdrant(settings, old, gen, points, switch)
     return gen
 
@@ -225,16 +259,18 @@ def _child_init(settings: Settings, queue) -> None:
     global _progress_queue
     from services.logging import configure
 
-    configure(settings.log_level, service="rebuild.qdrant")
+    configure(settings.log_level, service="rebuild.shard")
     _progress_queue = queue
 
 
-def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool) -> int:
+def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool, redis_gen: int | None) -> tuple[int, int]:
     t0, cpu0 = time.perf_counter(), time.process_time()
-    points = asyncio.run(_build_shard(settings, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize))
-    log.info("qdrant_shard_built", shard=k, points=points, wall_s=round(time.perf_counter() - t0, 2),
+    points, events = asyncio.run(
+        _build_shard(settings, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
+    )
+    log.info("shard_rebuilt", shard=k, points=points, redis_events=events, wall_s=round(time.perf_counter() - t0, 2),
              cpu_s=round(time.process_time() - cpu0, 2))
-    return points
+    return points, events
 
 
 async def rebuild_all(
@@ -244,10 +280,10 @@ async def rebuild_all(
     optimize: bool = False,
     targets: tuple[str, ...] = ("redis", "qdrant"),
 ) -> dict[str, int]:
-    """Rebuild Redis and the Qdrant shards at once: each shard in a process of its own
-    and Redis in this one. They are CPU-bound Python folds of the same log, so the cores
-    share the work. `progress(target, done, total)` hears from all. Returns each
-    target's generation."""
+    """Rebuild the targets from the log, each memory shard in a process of its own, which
+    folds its agents into both projections in one pass: the cores share the work, and
+    each event is read and decoded once. `progress(target, done, total)` hears from all.
+    Returns each target's generation."""
     import multiprocessing
     import queue as queues
     from concurrent.futures import ProcessPoolExecutor
@@ -255,35 +291,43 @@ async def rebuild_all(
     def report(target: str) -> Progress | None:
         return (lambda done, total: progress(target, done, total)) if progress else None
 
-    built: dict[str, int] = {}
     if "qdrant" not in targets:
-        built["redis"] = await rebuild_redis(settings, report("redis"), switch=switch)
-        return built
+        return {"redis": await rebuild_redis(settings, report("redis"), switch=switch)}
     old, gen = _next_qdrant_generation(settings)
     n = len(shard_paths(settings, gen))
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    seen: dict[int, tuple[int, int]] = {}
-    loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
-        shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, gen, k, optimize) for k in range(n)]
-        redis = asyncio.ensure_future(rebuild_redis(settings, report("redis"), switch=switch)) if "redis" in targets \
-            else None
-        pending = set(shards) | ({redis} if redis else set())
-        while pending:
-            # Wake for a finished rebuild or, at the latest, to show the shards' progress.
-            _, pending = await asyncio.wait(pending, timeout=0.25)
-            while True:
-                try:
-                    k, done, total = q.get_nowait()
-                except queues.Empty:
-                    break
-                seen[k] = (done, total)
-                if progress:
-                    progress("qdrant", sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
-        points = sum(f.result() for f in shards)
-        if redis:
-            built["redis"] = redis.result()
+    points = 0
+
+    async def run_shards(redis_gen: int | None) -> int:
+        nonlocal points
+        ctx = multiprocessing.get_context("spawn")
+        q = ctx.Queue()
+        seen: dict[int, tuple[int, int]] = {}
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
+            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, gen, k, optimize, redis_gen)
+                      for k in range(n)]
+            pending = set(shards)
+            while pending:
+                # Wake for a finished shard or, at the latest, to show progress.
+                _, pending = await asyncio.wait(pending, timeout=0.25)
+                while True:
+                    try:
+                        k, done, total = q.get_nowait()
+                    except queues.Empty:
+                        break
+                    seen[k] = (done, total)
+                    for target in targets:
+                        if progress:
+                            progress(target, sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
+        results = [f.result() for f in shards]
+        points = sum(p for p, _ in results)
+        return sum(e for _, e in results)
+
+    built: dict[str, int] = {}
+    if "redis" in targets:
+        built["redis"] = await rebuild_redis(settings, switch=switch, fill=run_shards)
+    else:
+        await run_shards(None)
     _switch_qdrant(settings, old, gen, points, switch)
     built["qdrant"] = gen
     return built
