@@ -144,9 +144,9 @@ async def run() -> None:
     r = await asyncio.to_thread(_rebuild_child, prefix, data_dir)
     runs = [round(RECORDS / b) for b in r["both_s"]]
     figure("rebuild_records_per_s", median(runs), "records/s", RECORDS, runs=runs,
-           note=f"median of {BOTH_RUNS}: Redis and the Qdrant shards rebuilt at once (Redis in the parent, each "
-                f"shard in a process of its own), as `memlane rebuild` does, switching over and dropping the "
-                f"generation before last")
+           note=f"median of {BOTH_RUNS}: both projections rebuilt as `memlane rebuild` does, each memory shard's "
+                "agents folded into Redis and Qdrant by a process of its own, switching over and dropping the "
+                "generation before last")
     figure("rebuild_redis_records_per_s", RECORDS / r["redis_s"], "records/s", RECORDS)
     figure("rebuild_qdrant_records_per_s", RECORDS / r["qdrant_s"], "records/s", RECORDS)
     figure("projection_peak_rss_mb", r["peak_rss_mb"], "MB", RECORDS)
