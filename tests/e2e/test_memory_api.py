@@ -55,6 +55,22 @@ async def test_an_agent_never_sees_another_agents_memory(stack, agent_pair):
         assert (await a.read_memory(rec["id"])).status.value == "ACTIVE"
 
 
+async def test_each_memory_shard_serves_its_own_agents(stack, settings, new_agent):
+    from workers.memory_shards import shard_of
+
+    assert httpx.get(f"{stack.api_url}/health").json()["projection"]["shards"] == settings.memory_shards == 2
+    by_shard: dict[int, tuple] = {}
+    while len(by_shard) < 2:  # an agent's shard follows from its name: draw until both have one
+        tenant, agent, key = await new_agent()
+        by_shard.setdefault(shard_of(tenant, agent, 2), (tenant, agent, key))
+    for k, (_, agent, key) in by_shard.items():
+        async with MemlaneClient(stack.api_url, key, session="s1") as c:
+            # add_memory returns once the record is searchable: its shard's projection answered.
+            rec = await c.add_memory(f"Shard {k} keeps the notes of {agent}")
+            hits = (await c.search_memory(f"notes of {agent}", mode="lexical"))[0]
+            assert [h.record.id for h in hits] == [rec["id"]]
+
+
 async def test_a_key_cannot_act_for_another_agent(stack, agent_pair):
     (_, agent_a, _), (_, _, key_b) = agent_pair
     async with MemlaneClient(stack.api_url, key_b, agent=agent_a) as c:
