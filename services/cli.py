@@ -73,7 +73,8 @@ def _progress_bars(labels: list[str]):
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from workers.kafka_io import wait_for_broker
+    from events.topics import EVENTS, VECTORS
+    from workers.kafka_io import require_topics, wait_for_broker
     from workers.rebuild import rebuild_all
 
     settings = get_settings()
@@ -86,6 +87,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     async def go():
         await wait_for_broker(settings)
+        await require_topics(settings, [EVENTS, VECTORS])
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
@@ -112,7 +114,8 @@ def _offsets(spec: str | None) -> dict[int, int] | None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from workers.kafka_io import wait_for_broker
+    from events.topics import EVENTS, VECTORS
+    from workers.kafka_io import require_topics, wait_for_broker
     from workers.rebuild import replay_qdrant, replay_redis
 
     settings = get_settings()
@@ -121,6 +124,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     async def go():
         await wait_for_broker(settings)
+        await require_topics(settings, [EVENTS, VECTORS])
         label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:

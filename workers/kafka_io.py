@@ -100,6 +100,23 @@ def dlq_headers(topic: str, partition: int, offset: int, error: str, attempt: in
     ]
 
 
+async def require_topics(settings: Settings, topics: Iterable[Topic]) -> None:
+    """Raise, saying what to do, when a topic a reader needs does not exist (yet)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    missing = [settings.topic(t.name) for t in topics if settings.topic(t.name) not in existing]
+    if missing:
+        raise RuntimeError(
+            f"no topic {', '.join(missing)} on {settings.kafka_bootstrap}: nothing has been written under the topic "
+            f"prefix {settings.topic_prefix!r} yet; start the pipeline (`memlane serve`) or set MEMLANE_TOPIC_PREFIX "
+            "to your deployment's prefix"
+        )
+
+
 async def wait_for_broker(settings: Settings, timeout: float = 60) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:

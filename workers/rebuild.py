@@ -319,6 +319,9 @@ async def rebuild_all(
                     for target in targets:
                         if progress:
                             progress(target, sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
+        failed = [f.exception() for f in shards if f.exception()]
+        if failed:
+            raise failed[0]
         results = [f.result() for f in shards]
         points = sum(p for p, _ in results)
         return sum(e for _, e in results)

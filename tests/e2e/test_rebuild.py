@@ -103,3 +103,12 @@ async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settin
     assert points() == live > 0
     backwards = replay("--from-offset", "0")
     assert backwards.returncode == 2 and "a replay continues from there" in backwards.stderr
+
+
+def test_a_rebuild_of_a_prefix_with_no_topics_says_what_to_do(stack):
+    env = {**stack.env, "MEMLANE_TOPIC_PREFIX": f"nothing{uuid.uuid4().hex[:6]}."}
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "nothing has been written under the topic prefix" in proc.stderr
+    assert "MEMLANE_TOPIC_PREFIX" in proc.stderr and "Traceback" not in proc.stderr
