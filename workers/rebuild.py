@@ -238,20 +238,6 @@ def _switch_qdrant(settings: Settings, old: int, gen: int, points: int, switch: 
     log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
 
 
-async def rebuild_qdrant(
-    settings: Settings, progress: Progress | None = None, switch: bool = True, optimize: bool = False
-) -> int:
-    """Build the next generation beside the live one, in this process, shard after shard
-    (`rebuild_all` builds them in parallel); `memlane serve` swaps to it."""
-    old, gen = _next_qdrant_generation(settings)
-    n = len(shard_paths(settings, gen))
-    points = 0
-    for k in range(n):
-        points += (await _build_shard(settings, gen, k, _share(progress, k, n), optimize))[0]
-    _switch_qdrant(settings, old, gen, points, switch)
-    return gen
-
-
 _progress_queue = None  # a shard process's line back to the parent (set by `_child_init`)
 
 
@@ -316,13 +302,12 @@ async def rebuild_all(
                     except queues.Empty:
                         break
                     seen[k] = (done, total)
-                    for target in targets:
-                        if progress:
+                    if progress:
+                        for target in targets:  # one pass fills both
                             progress(target, sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
-        failed = [f.exception() for f in shards if f.exception()]
-        if failed:
-            raise failed[0]
-        results = [f.result() for f in shards]
+        results = await asyncio.gather(*shards, return_exceptions=True)
+        if errors := [r for r in results if isinstance(r, BaseException)]:
+            raise errors[0]
         points = sum(p for p, _ in results)
         return sum(e for _, e in results)
 

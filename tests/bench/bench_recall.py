@@ -28,7 +28,7 @@ from services.settings import Settings
 from tests.bench.bench_rebuild import _produce
 from tests.bench.common import bench_stack, figure, percentile, progress
 from workers.memory_shards import current_generation
-from workers.rebuild import rebuild_qdrant
+from workers.rebuild import rebuild_all
 
 AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "1000000"))
@@ -145,7 +145,7 @@ async def run() -> None:
             await _measure(stack, key, "_unoptimized")
             # Build the per-agent HNSW graphs offline in the next generation; the server swaps to it.
             t1 = time.perf_counter()
-            await rebuild_qdrant(settings, optimize=True, progress=lambda d, t: None)
+            await rebuild_all(settings, optimize=True, targets=("qdrant",))
             async with httpx.AsyncClient(base_url=stack.api_url) as h:
                 while (await h.get("/health", timeout=30)).json()["projection"]["generation"] < 2:
                     await asyncio.sleep(2)
