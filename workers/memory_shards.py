@@ -73,11 +73,10 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
 class MemoryShards:
     """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
 
-    def __init__(self, settings: Settings, generation: int, **projection_args: Any) -> None:
+    def __init__(self, settings: Settings, generation: int) -> None:
         paths = shard_paths(settings, generation)
         self.projections = [
-            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), **projection_args)
-            for k, p in enumerate(paths)
+            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths))) for k, p in enumerate(paths)
         ]
 
     def of(self, tenant: str, agent: str) -> QdrantProjection:
