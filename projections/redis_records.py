@@ -23,46 +23,10 @@ from projections.records import Page, decode_cursor, encode_cursor, listed, sort
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
 # field: next offset}; then 7 arguments per event: agent key, record id, version, the
 # event's raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or
-# -1. Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more
-# than the writes. Keys are derived in the script, so this needs a single Redis node.
+# -1. Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more than
+# the writes. A batch's sorted-set changes go out as one ZADD and one ZREM per key, not a
+# call per event. Keys are derived in the script, so this needs a single Redis node.
 APPLY = """
-local ns = ARGV[1]
-local applied = 0
-for i = 3, #ARGV, 7 do
-  local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local rk = ns .. ':rec:' .. ak .. ':' .. rid
-  local cur = tonumber(redis.call('HGET', rk, 'cur') or '0')
-  if ver > cur then
-    redis.call('HSET', rk, 'v:' .. ver, ARGV[i + 3], 'cur', ver)
-    local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-    local member = ak .. '|' .. rid
-    -- A first version has no earlier listing, pin or expiry to take back.
-    if flags % 2 == 1 then redis.call('ZADD', ns .. ':list:' .. ak, score, rid)
-    elseif cur > 0 then redis.call('ZREM', ns .. ':list:' .. ak, rid) end
-    if flags >= 2 then redis.call('ZADD', ns .. ':pinned:' .. ak, score, rid)
-    elseif cur > 0 then redis.call('ZREM', ns .. ':pinned:' .. ak, rid) end
-    if expiry >= 0 then redis.call('ZADD', ns .. ':expiry', expiry, member)
-    elseif cur > 0 then redis.call('ZREM', ns .. ':expiry', member) end
-    applied = applied + 1
-  else
-    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
-  end
-end
-local ck = ns .. ':ckpt'
-for field, nxt in pairs(cjson.decode(ARGV[2])) do
-  local cur = tonumber(redis.call('HGET', ck, field) or '-1')
-  if nxt > cur then redis.call('HSET', ck, field, nxt) end
-end
-return applied
-"""
-
-
-# A rebuild's generation has one writer until it is switched to, so the writer keeps the
-# versions itself: the script skips the version read, and collects each sorted set's
-# changes into one ZADD and one ZREM per key instead of one call per event (a third of
-# the rebuild's Redis CPU). 8 arguments per event: APPLY's 7, then the version this writer
-# last wrote for the record (0: none), or -1 for an event older than that.
-APPLY_SOLE = """
 local ns = ARGV[1]
 local applied = 0
 local changes = {}
@@ -71,14 +35,15 @@ local function put(key, member, score)
   if not t then t = {}; changes[key] = t end
   t[member] = score
 end
-for i = 3, #ARGV, 8 do
-  local ak, rid, ver, prev = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 7]
+for i = 3, #ARGV, 7 do
+  local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local rk = ns .. ':rec:' .. ak .. ':' .. rid
-  if prev == '-1' then
-    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
-  else
+  local cur = tonumber(redis.call('HGET', rk, 'cur') or '0')
+  if ver > cur then
     redis.call('HSET', rk, 'v:' .. ver, ARGV[i + 3], 'cur', ver)
-    local later, score, flags, expiry = prev ~= '0', ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
+    local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
+    -- A first version has no earlier listing, pin or expiry to take back.
+    local later = cur > 0
     if flags % 2 == 1 then put(ns .. ':list:' .. ak, rid, score)
     elseif later then put(ns .. ':list:' .. ak, rid, false) end
     if flags >= 2 then put(ns .. ':pinned:' .. ak, rid, score)
@@ -86,6 +51,8 @@ for i = 3, #ARGV, 8 do
     if expiry ~= '-1' then put(ns .. ':expiry', ak .. '|' .. rid, expiry)
     elseif later then put(ns .. ':expiry', ak .. '|' .. rid, false) end
     applied = applied + 1
+  else
+    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
   end
 end
 for key, members in pairs(changes) do
@@ -150,25 +117,19 @@ def connect(url: str) -> aioredis.Redis:
 
 
 class RedisRecords:
-    def __init__(
-        self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", sole_writer: bool = False
-    ) -> None:
+    def __init__(self, client: aioredis.Redis, generation: int | None = None, namespace: str = "") -> None:
         self.r = client
         self.fixed_generation = generation
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
-        # sole_writer: nothing else writes this (fixed, new) generation; see APPLY_SOLE.
-        self._written: dict[str, int] | None = {} if sole_writer else None
-        self._apply = client.register_script(APPLY_SOLE if sole_writer else APPLY)
+        self._apply = client.register_script(APPLY)
         self._drop_page = client.register_script(DROP_PAGE)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
 
     @classmethod
-    def from_url(
-        cls, url: str, generation: int | None = None, namespace: str = "", sole_writer: bool = False
-    ) -> RedisRecords:
-        return cls(connect(url), generation, namespace, sole_writer)
+    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
+        return cls(connect(url), generation, namespace)
 
     async def generation(self) -> int:
         if self.fixed_generation is not None:
@@ -236,14 +197,7 @@ class RedisRecords:
             if r is not None:
                 expiry = int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1
                 flags = int(listed(r)) + 2 * int(r.pinned and r.status is Status.ACTIVE)
-                ak = f"{r.tenant}/{r.agent}"
-                args += (ak, r.id, r.version, e.raw, sort_score(r), flags, expiry)
-                if self._written is not None:
-                    key = f"{ak}:{r.id}"
-                    prev = self._written.get(key, 0)
-                    if r.version > prev:
-                        self._written[key] = r.version
-                    args.append(prev if r.version > prev else -1)
+                args += (f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry)
             elif e.type == "AgentConfigured":
                 full = e.full()
                 configs.append((f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()))

@@ -97,10 +97,7 @@ async def rebuild_redis(
         # one fills. The live one stays, to switch back to.
         stale = [g for g in await live.generations() if g < old] if switch else []
         dropping = asyncio.ensure_future(asyncio.gather(*(live.drop_generation(g) for g in stale)))
-        # The writer of a pass of its own keeps the versions; after other processes' pass
-        # the catch-up reads them from Redis.
-        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix,
-                                    sole_writer=fill is None)
+        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
         try:
             if fill is None:
                 with collected_between_batches():
@@ -195,9 +192,8 @@ async def _build_shard(
     cores), about 4x faster filtered queries at 200k points."""
     paths = shard_paths(settings, gen)
     index = EdgeIndex(paths[k])
-    # A shard's agents are its own, so this process is their records' only writer.
     store = None if redis_gen is None else RedisRecords.from_url(
-        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix, sole_writer=True)
+        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix)
     applied = 0
 
     async def also(events: list, positions: list[tuple[str, int]]) -> None:
