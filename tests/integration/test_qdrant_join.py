@@ -56,3 +56,36 @@ async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
         projection.stopping.set()
         await task
         index.close()
+
+
+async def test_a_bad_vector_is_skipped_and_its_record_waits_for_a_good_one(settings, tmp_path):
+    s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}badvec{uuid.uuid4().hex[:4]}."})
+    await ensure_topics(s)
+    r = MemoryRecord(id="r-bad", version=1, created=T0, modified=T0, tenant="t", agent="a", scope="AGENT",
+                     kind="fact", summary="a fact whose first vector is broken")
+    e = RecordAdded(event_id="e-bad", command_id="c-bad", tenant="t", agent="a", occurred_at=T0, record=r)
+    good = VectorComputed.of(MODEL_ID, content_hash(r.text), np.ones(384, dtype=np.float32))
+    key = VECTORS.key_bytes(good)
+    index = EdgeIndex(tmp_path / "shard")
+    projection = QdrantProjection(s, index)
+    projection.ckpt = {f"{s.topic(VECTORS.name)}:0": 0}  # follow live, not a cold start
+    task = asyncio.create_task(projection.run())
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(s.topic(EVENTS.name), encode(e), key=EVENTS.key_bytes(e))
+        # Vectors are decoded when a record joins one: these two are refused then, by name.
+        await producer.send_and_wait(s.topic(VECTORS.name), b"not json", key=key)
+        other = VectorComputed.of(MODEL_ID, "another-hash", np.ones(384, dtype=np.float32))
+        await producer.send_and_wait(s.topic(VECTORS.name), encode(other), key=key)
+        read_both = f"{s.topic(VECTORS.name)}:{VECTORS.partition_of(key)}"
+        await eventually(lambda: projection.ckpt.get(read_both, 0) >= 2, timeout=30)
+        assert index.count() == 0 and projection.parked_count() == 1
+        await producer.send_and_wait(s.topic(VECTORS.name), encode(good), key=key)
+        await eventually(lambda: index.count() == 1, timeout=30)
+        assert projection.parked_count() == 0
+    finally:
+        await producer.stop()
+        projection.stopping.set()
+        await task
+        index.close()
