@@ -1,9 +1,10 @@
 """Folds memory events, joined with their vectors, into the Qdrant index.
 
-In the embedded default the process that serves search owns the Edge shard, so it runs
-this projection itself over every partition (Kafka Streams' interactive-queries
-pattern). It reads `memlane.vectors` and `memlane.memory.events` and joins them by content
-hash: a record whose vector has not arrived yet is parked until it does. It never embeds.
+In the embedded default the process that serves search owns the Edge shards, so it runs
+one of these projections per shard, each over its shard's event partitions (Kafka
+Streams' interactive-queries pattern; see `workers.memory_shards`). It reads all of
+`memlane.vectors` and joins them with the events by content hash: a record whose vector
+has not arrived yet is parked until it does. It never embeds.
 The checkpoint is a file next to the shard, written after the shard is flushed.
 """
 
