@@ -42,6 +42,11 @@ class Topic:
         return (murmur2(key) & 0x7FFFFFFF) % self.partitions
 
 
+# The header of an event the ledger writes again for a redelivered command. Its original
+# is earlier in the same partition, so a fold in log order has applied it already: a
+# projection skips it (after a restart it no longer knows the record's newer versions).
+REDELIVERED = "memlane-redelivered"
+
 # Over-partitioned from the start: adding partitions later remaps keys.
 TURNS = Topic("memlane.turns", 8, session_key)
 COMMANDS = Topic("memlane.memory.commands", 8, agent_key)

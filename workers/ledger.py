@@ -16,7 +16,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from events.codec import decode, encode
-from events.topics import COMMANDS, EVENTS
+from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers.heap import settle_heap
 from workers.kafka_io import reader
 from workers.ledger_rules import LedgerState, decide, evolve
@@ -97,7 +97,7 @@ class LedgerProcessor(Processor):
         if cmd.command_id in seen:
             # Effectively once: a redelivered command re-emits its stored events, same ids.
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            return [Out(EVENTS.name, key, raw) for raw in seen[cmd.command_id]]
+            return [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[cmd.command_id]]
         events = decide(state, cmd)
         outs = [Out(EVENTS.name, key, encode(e)) for e in events]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
-from events.topics import EVENTS, VECTORS
+from events.topics import EVENTS, REDELIVERED, VECTORS
 from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
@@ -278,7 +278,10 @@ class QdrantProjection:
                             self._on_vector(m.key, m.value, batch)
                         else:
                             event = decode_lean(m.value)
-                            self._on_event(event, batch)
+                            if (REDELIVERED, b"1") in (m.headers or ()):
+                                batch.done.append(event)  # applied at its original offset
+                            else:
+                                self._on_event(event, batch)
                             if self.also:
                                 batch.events.append(event)
                                 batch.event_positions.append((f"{tp.topic}:{tp.partition}", m.offset + 1))

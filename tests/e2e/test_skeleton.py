@@ -140,3 +140,32 @@ async def test_poison_event_goes_to_the_dlq_and_the_redis_projection_keeps_going
         added = await c.add_memory("Written after the poison event", kind="fact")
         listed = await c.list_memory()
         assert [r["id"] for r in listed["records"]] == [added["id"]]
+
+
+async def test_a_redelivered_command_gets_its_events_again_marked_as_such(stack, settings, publisher, new_agent):
+    """Same ids, same bytes, and the header projections use to skip what they applied."""
+    from events import AddMemory, encode
+    from events.topics import COMMANDS, EVENTS, REDELIVERED
+
+    tenant, agent, _ = await new_agent()
+    cmd = AddMemory(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, issued_at=datetime.now(UTC),
+                    summary="Sent twice, stored once", session="s1")
+    for _ in range(2):  # an API retry after a timeout reuses the command id
+        await publisher.producer.send_and_wait(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
+    consumer = AIOKafkaConsumer(settings.topic(EVENTS.name), bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", group_id=None, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        copies = []
+
+        async def both_copies():
+            for ms in (await consumer.getmany(timeout_ms=500)).values():
+                copies.extend(m for m in ms if cmd.command_id.encode() in m.value)
+            return len(copies) >= 2
+
+        await eventually(both_copies)
+        first, second = copies
+        assert first.value == second.value
+        assert (REDELIVERED, b"1") not in first.headers and (REDELIVERED, b"1") in second.headers
+    finally:
+        await consumer.stop()

@@ -13,10 +13,10 @@ from aiokafka import AIOKafkaProducer
 
 from events import RecordAdded, encode
 from events.record import MemoryRecord
-from events.topics import EVENTS, VECTORS
+from events.topics import EVENTS, REDELIVERED, VECTORS
 from events.vectors import VectorComputed
 from projections.embedder import MODEL_ID, content_hash
-from projections.qdrant_index import EdgeIndex
+from projections.qdrant_index import EdgeIndex, SearchFilter
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics
 from workers.qdrant_projection import QdrantProjection
@@ -89,3 +89,49 @@ async def test_a_bad_vector_is_skipped_and_its_record_waits_for_a_good_one(setti
         projection.stopping.set()
         await task
         index.close()
+
+
+async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings, tmp_path):
+    """The ledger writes a redelivered command's events again, after newer versions of
+    their records. A restarted projection no longer knows those versions; the header
+    tells it the event was applied at its original offset."""
+    s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}redeliv{uuid.uuid4().hex[:4]}."})
+    await ensure_topics(s)
+    v1 = MemoryRecord(id="r-re", version=1, created=T0, modified=T0, tenant="t", agent="a", scope="AGENT",
+                      kind="fact", summary="the staging database is venus-db")
+    v2 = v1.model_copy(update={"version": 2, "labels": {"team": "infra"}})  # same text: the vector is shared
+    e1 = RecordAdded(event_id="e-re-1", command_id="c-re-1", tenant="t", agent="a", occurred_at=T0, record=v1)
+    e2 = RecordAdded(event_id="e-re-2", command_id="c-re-2", tenant="t", agent="a", occurred_at=T0, record=v2)
+    vec = VectorComputed.of(MODEL_ID, content_hash(v1.text), np.ones(384, dtype=np.float32))
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await producer.start()
+    events = s.topic(EVENTS.name)
+    try:
+        for e in (e1, e2):
+            await producer.send_and_wait(events, encode(e), key=EVENTS.key_bytes(e))
+        await producer.send_and_wait(s.topic(VECTORS.name), encode(vec), key=VECTORS.key_bytes(vec))
+        first = QdrantProjection(s, EdgeIndex(tmp_path / "shard"))
+        await first.run(until_caught_up=True)  # flushes and checkpoints at the end
+        first.index.close()
+
+        index = EdgeIndex(tmp_path / "shard")  # the restart: same shard and checkpoint, no memory
+        again = QdrantProjection(s, index)
+        again.versions.clear()
+        task = asyncio.create_task(again.run())
+        await again.caught_up.wait()
+        waiter = again.wait_for("c-re-1")
+        # A redelivered first version, its vector also sent again (the cache would hold it).
+        await producer.send_and_wait(events, encode(e1), key=EVENTS.key_bytes(e1), headers=[(REDELIVERED, b"1")])
+        await producer.send_and_wait(s.topic(VECTORS.name), encode(vec), key=VECTORS.key_bytes(vec))
+        assert [ev.event_id for ev in await asyncio.wait_for(waiter, 30)] == ["e-re-1"]
+        vectors_read = f"{s.topic(VECTORS.name)}:{VECTORS.partition_of(VECTORS.key_bytes(vec))}"
+        await eventually(lambda: again.ckpt.get(vectors_read, 0) >= 2, timeout=30)
+        labelled = SearchFilter(tenant="t", agent="a", scopes=("AGENT",), session=None, preview=False,
+                                labels=(("team", "infra"),))
+        assert [h.record_id for h in index.search(labelled, None, "staging database", 5, "lexical")] == ["r-re"]
+        assert again.parked_count() == 0
+    finally:
+        await producer.stop()
+    again.stopping.set()
+    await task
+    index.close()
