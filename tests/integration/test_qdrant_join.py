@@ -25,6 +25,13 @@ N = 3000
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+async def stopped(projection: QdrantProjection, task: asyncio.Task | None) -> None:
+    projection.stopping.set()
+    if task is not None:
+        await task
+    projection.index.close()
+
+
 async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}join{uuid.uuid4().hex[:4]}."})
     await ensure_topics(s)
@@ -53,9 +60,7 @@ async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
         assert projection.parked_count() == 0
         assert len(projection.vectors) <= 50
     finally:
-        projection.stopping.set()
-        await task
-        index.close()
+        await stopped(projection, task)
 
 
 async def test_a_bad_vector_is_skipped_and_its_record_waits_for_a_good_one(settings, tmp_path):
@@ -86,9 +91,7 @@ async def test_a_bad_vector_is_skipped_and_its_record_waits_for_a_good_one(setti
         assert projection.parked_count() == 0
     finally:
         await producer.stop()
-        projection.stopping.set()
-        await task
-        index.close()
+        await stopped(projection, task)
 
 
 async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings, tmp_path):
@@ -106,6 +109,7 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
     events = s.topic(EVENTS.name)
+    again, task = None, None
     try:
         for e in (e1, e2):
             await producer.send_and_wait(events, encode(e), key=EVENTS.key_bytes(e))
@@ -116,7 +120,6 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
 
         index = EdgeIndex(tmp_path / "shard")  # the restart: same shard and checkpoint, no memory
         again = QdrantProjection(s, index)
-        again.versions.clear()
         task = asyncio.create_task(again.run())
         await again.caught_up.wait()
         waiter = again.wait_for("c-re-1")
@@ -132,6 +135,5 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
         assert again.parked_count() == 0
     finally:
         await producer.stop()
-    again.stopping.set()
-    await task
-    index.close()
+        if again:
+            await stopped(again, task)
