@@ -19,6 +19,12 @@ from qdrant_edge import (
 )
 
 DENSE, SPARSE = "dense", "bm25"
+_opened = False
+
+
+def opened_in_this_process() -> bool:
+    """Whether this process has opened a shard, and so started Edge's native threads."""
+    return _opened
 
 
 def open_shard(
@@ -36,6 +42,8 @@ def open_shard(
     log is the shard's write-ahead log, and each projection writes its checkpoint only
     after flush(), so a crash replays from there (a WAL cost ~15% of every upsert).
     """
+    global _opened
+    _opened = True
     path.mkdir(parents=True, exist_ok=True)
     if (path / "edge_config.json").exists():
         return EdgeShard.load(str(path))
