@@ -238,7 +238,7 @@ class RedisRecords:
         """`apply` for a generation that this process alone fills, in log order, for the
         agents it folds (a rebuild's shard). It knows every record's current version
         itself, so the batch's record versions go to Redis as one call of a script that
-        only writes them (about 6 µs of Python and 8 of redis-server per event, against 12
+        only writes them (about 6 µs of Python and 8 of redis-server per event, against 16
         and 20 for `apply`'s script; one pipelined HSET per event costs 19 and 5). The
         sorted sets follow, then the checkpoint, so it never gets ahead of the view; a
         rebuild that fails starts a new generation anyway."""
