@@ -54,4 +54,20 @@ EVENTS = Topic("memlane.memory.events", 8, agent_key, config={"retention.ms": "-
 VECTORS = Topic("memlane.vectors", 4, vector_key, compacted=True, config={"cleanup.policy": "compact"})
 USAGE = Topic("memlane.usage", 4, agent_key)
 
+
+
+def vector_partition(event_partition: int) -> int:
+    """The `memlane.vectors` partition for a record of event partition `event_partition`.
+
+    A vector goes beside the agents whose records need it, not where its key hashes to,
+    so a memory shard reads only its own agents' vectors. A text that records in several
+    partitions share is embedded once and sent to each (compaction keeps one copy per
+    partition)."""
+    return event_partition % VECTORS.partitions
+
+
+def vector_partitions(event_partitions: list[int]) -> list[int]:
+    return sorted({vector_partition(p) for p in event_partitions})
+
+
 TOPICS: dict[str, Topic] = {t.name: t for t in (TURNS, COMMANDS, EVENTS, VECTORS, USAGE)}

@@ -2,9 +2,10 @@
 
 In the embedded default the process that serves search owns the Edge shards, so it runs
 one of these projections per shard, each over its shard's event partitions (Kafka
-Streams' interactive-queries pattern; see `workers.memory_shards`). It reads all of
-`memlane.vectors` and joins them with the events by content hash: a record whose vector
-has not arrived yet is parked until it does. It never embeds.
+Streams' interactive-queries pattern; see `workers.memory_shards`). It reads the
+`memlane.vectors` partitions beside its agents (`events.topics.vector_partition`) and
+joins them with the events by content hash: a record whose vector has not arrived yet
+is parked until it does. It never embeds.
 The checkpoint is a file next to the shard, written after the shard is flushed.
 """
 
@@ -22,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
-from events.topics import EVENTS, REDELIVERED, VECTORS
+from events.topics import EVENTS, REDELIVERED, VECTORS, vector_partitions
 from projections.embedder import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
@@ -66,8 +67,9 @@ class QdrantProjection:
         self._bound = vector_cache
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
-        # Vectors are kept as read and decoded when a record joins one: a shard's rebuild
-        # reads every vector but joins only its own agents' records.
+        # Vectors are kept as read and decoded when a record joins one: a partition can hold
+        # vectors of other shards' agents (when the shard count does not divide the vector
+        # partitions) and of texts no live record has any more.
         self.vectors: OrderedDict[str, array.array | bytes] = OrderedDict()
         # content hash -> {record id: (record, event)} waiting for that vector
         self.parked: dict[str, dict[str, tuple[LeanRecord, LeanEvent]]] = {}
@@ -226,7 +228,7 @@ class QdrantProjection:
         a replay also passes `stop`, the event offset to end before, per partition."""
         s = self.settings
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in self.partitions]
-        vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in range(VECTORS.partitions)]
+        vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in vector_partitions(self.partitions)]
         c = reader(s, max_poll_records=2000)
         await c.start()
         try:

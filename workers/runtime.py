@@ -74,6 +74,7 @@ class Out:
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None  # None: the key's
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,9 @@ class Runner:
 
     async def _send_all(self, outs: Iterable[Out]) -> None:
         futs = [
-            await self.producer.send(self.settings.topic(o.topic), o.value, key=o.key, headers=list(o.headers))
+            await self.producer.send(
+                self.settings.topic(o.topic), o.value, key=o.key, headers=list(o.headers), partition=o.partition
+            )
             for o in outs
         ]
         for f in futs:

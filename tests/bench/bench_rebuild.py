@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from events import AddMemory, RecordAdded, encode
 from events.record import MemoryRecord
-from events.topics import COMMANDS, EVENTS, VECTORS
+from events.topics import COMMANDS, EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
 from projections.embedder import MODEL_ID, content_hash
 from services.settings import ROOT, Settings
@@ -36,8 +36,8 @@ async def _produce(settings: Settings, items) -> None:
                          max_request_size=8 << 20, compression_type=None)
     await p.start()
     try:
-        for i, (topic, key, value) in enumerate(items):
-            await p.send(topic, value, key=key)
+        for i, (topic, key, value, *partition) in enumerate(items):
+            await p.send(topic, value, key=key, partition=partition[0] if partition else None)
             if i % 20_000 == 0:
                 progress(f"produced {i}")
         await p.flush()
@@ -53,13 +53,18 @@ def _log_items(settings: Settings):
         vec = rng.standard_normal(384).astype(np.float32)
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
-        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v)
+        # Beside the agent's events, as the embedding worker writes it.
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of(agent)
         # Ids and event ids as the ledger makes them (UUIDs: a point id needs no payload copy).
         r = MemoryRecord(id=record_id_for(f"c{i}"), version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
                          tenant="bench", agent=agent, scope="AGENT", kind="fact", summary=text)
         e = RecordAdded(event_id=event_id(f"c{i}", 0), command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
                         record=r)
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+
+
+def vector_partition_of(agent: str, tenant: str = "bench") -> int:
+    return vector_partition(EVENTS.partition_of(f"{tenant}/{agent}".encode()))
 
 
 def _bench_redis_url() -> str:

@@ -2,7 +2,7 @@
 synthetic seeded vectors written through the normal projection path (events + vectors
 topics -> Redis and Qdrant).
 
-The loaded deployment (topics, Redis generation, Edge shards under .run/benchrecall<N>) is
+The loaded deployment (topics, Redis generation, Edge shards under .run/bench<DEPLOYMENT>) is
 kept between runs: the first run loads the log (minutes), measures the live unoptimized
 index, then builds the optimized generation as `memlane rebuild --target qdrant --optimize`
 does (tens of minutes at 1M on 2 cores). Later runs measure straight away."""
@@ -25,7 +25,7 @@ from events.vectors import VectorComputed
 from projections.embedder import MODEL_ID, content_hash
 from services.client import MemlaneClient
 from services.settings import Settings
-from tests.bench.bench_rebuild import _produce
+from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
 from workers.memory_shards import current_generation
 from workers.rebuild import rebuild_all
@@ -34,6 +34,8 @@ AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "1000000"))
 OTHER_AGENTS = 900
 QUERIES = 200
+# v2: vectors beside their agents' partitions; a log kept from before would never join.
+DEPLOYMENT = f"recall{TOTAL}v2"
 WARMUP = 50  # a freshly started server faults its shard pages in on the first queries
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORDS = "invoice shipping refund parcel customer account password billing order delivery address contract".split()
@@ -47,7 +49,7 @@ def _items(settings):
         vec = rng.standard_normal(384).astype(np.float32)
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
-        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v)
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of(agent)
         r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0, tenant="bench",
                          agent=agent, scope="AGENT", kind="fact", summary=text)
         e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=T0, record=r)
@@ -125,9 +127,9 @@ async def _measure(stack, key: str, suffix: str) -> None:
 
 async def run() -> None:
     # A kept deployment needs no ledger: left running, it would fold 1M events while we measure.
-    kept = await _logged(Settings(topic_prefix=f"benchrecall{TOTAL}.")) >= TOTAL
+    kept = await _logged(Settings(topic_prefix=f"bench{DEPLOYMENT}.")) >= TOTAL
     workers = ("redis-projection",) if kept else ("ledger", "redis-projection")
-    with bench_stack(f"recall{TOTAL}", workers=workers, keep=True) as (stack, settings):
+    with bench_stack(DEPLOYMENT, workers=workers, keep=True) as (stack, settings):
         async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="big") as op:
             key = await op.issue_key("bench", "big")
             if not kept:
