@@ -9,12 +9,13 @@ caller that needs the full event decodes them then. This halves the decoding cos
 from __future__ import annotations
 
 import array
+import re
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+import msgspec
 
-from events.codec import decode, encode, from_validation_error
+from events.codec import ContractError, decode, encode
 from events.memory import RECORD_EVENTS, MemoryEvent
 from events.record import Scope, Status
 from events.topics import EVENTS
@@ -28,11 +29,12 @@ def _type_name(cls: type) -> str:
 EventType = Literal[tuple(_type_name(c) for c in get_args(get_args(MemoryEvent)[0]))]  # type: ignore[valid-type]
 RECORD_EVENT_TYPES = frozenset(_type_name(c) for c in RECORD_EVENTS)
 
+# msgspec, not pydantic: these are decoded once per event of the log, and msgspec does it
+# in about a third of the time (7.5 -> 2.6 µs for a record event). Unknown fields are ignored.
 
-class LeanRecord(BaseModel):
+
+class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The fields of a `MemoryRecord` that listing, expiry and search filter on."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: str
     version: int
@@ -57,59 +59,66 @@ class LeanRecord(BaseModel):
         return f"{self.summary}\n{self.content}".strip()
 
 
-class LeanEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class LeanEvent(msgspec.Struct, kw_only=True):
     type: EventType
     command_id: str
     last: bool = True
     record: LeanRecord | None = None  # set on record events only
-    raw: bytes = b""
-
-    @model_validator(mode="after")
-    def _record_events_carry_records(self) -> LeanEvent:
-        if (self.record is None) == (self.type in RECORD_EVENT_TYPES):
-            raise ValueError(f"record: {self.type} {'needs' if self.record is None else 'takes no'} record")
-        return self
+    raw: bytes = b""  # the bytes it was decoded from (not a field of the event)
 
     def full(self) -> Any:
         """The complete, validated event."""
         return decode(EVENTS.name, self.raw)
 
 
-class LeanVector(BaseModel):
-    """A `VectorComputed` whose base64 is decoded by pydantic-core, not by Python."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", val_json_bytes="base64")
+class LeanVector(msgspec.Struct, frozen=True):
+    """A `VectorComputed`, its base64 decoded by msgspec."""
 
     type: Literal["VectorComputed"]
     model: str
     content_hash: str
-    dense: bytes = Field(alias="dense_b64")
+    dense: bytes = msgspec.field(name="dense_b64")
 
     def floats(self) -> array.array:
         return float32_array(self.dense)
 
 
-_EVENT = TypeAdapter(LeanEvent)
-_VECTOR = TypeAdapter(LeanVector)
+# Not strict: the contract's pydantic models accept "2" for 2, and so must its views.
+_EVENT = msgspec.json.Decoder(LeanEvent, strict=False)
+_VECTOR = msgspec.json.Decoder(LeanVector, strict=False)
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+
+
+def _contract_error(e: msgspec.MsgspecError) -> ContractError:
+    """The field msgspec names (`$.record.version` -> record.version), as `ContractError`."""
+    if isinstance(e, msgspec.DecodeError) and not isinstance(e, msgspec.ValidationError):
+        return ContractError("$", str(e))
+    m = _AT.match(str(e))
+    msg, path = m["msg"], [p for p in (m["path"] or "").split(".") if p]
+    if missing := _MISSING.match(msg):
+        path.append(missing["name"])
+        msg = "Field required"
+    return ContractError(".".join(path) or "$", msg)
 
 
 def decode_lean(data: bytes) -> LeanEvent:
     """Raises `ContractError` naming the field, as `events.codec.decode` does."""
     try:
-        event = _EVENT.validate_json(data)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+        event = _EVENT.decode(data)
+    except msgspec.MsgspecError as e:
+        raise _contract_error(e) from None
+    if (event.record is None) == (event.type in RECORD_EVENT_TYPES):
+        raise ContractError("record", f"{event.type} {'needs' if event.record is None else 'takes no'} record")
     event.raw = data
     return event
 
 
 def decode_lean_vector(data: bytes) -> LeanVector:
     try:
-        return _VECTOR.validate_json(data)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+        return _VECTOR.decode(data)
+    except msgspec.MsgspecError as e:
+        raise _contract_error(e) from None
 
 
 def as_lean(event: Any) -> LeanEvent:
