@@ -2,6 +2,9 @@
 
 Keys live under a generation namespace `ml:g<N>:`, and `ml:generation` points at the
 one readers use, so a rebuild can fill a new generation and switch over atomically.
+An agent's records share one hash, `rec:<tenant>/<agent>`: field `<record id>` holds the
+current version and `<record id>#<version>` each version. Per-record keys cost Redis
+a key each to create, and dropping a generation had to scan and unlink every one.
 Each event is applied by one Lua script that checks the version and writes the view and
 the projection's checkpoint together: the tracking record lives with the view.
 """
@@ -37,10 +40,10 @@ local function put(key, member, score)
 end
 for i = 3, #ARGV, 7 do
   local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local rk = ns .. ':rec:' .. ak .. ':' .. rid
-  local cur = tonumber(redis.call('HGET', rk, 'cur') or '0')
+  local rk = ns .. ':rec:' .. ak
+  local cur = tonumber(redis.call('HGET', rk, rid) or '0')
   if ver > cur then
-    redis.call('HSET', rk, 'v:' .. ver, ARGV[i + 3], 'cur', ver)
+    redis.call('HSET', rk, rid .. '#' .. ver, ARGV[i + 3], rid, ver)
     local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
     -- A first version has no earlier listing, pin or expiry to take back.
     local later = cur > 0
@@ -52,7 +55,7 @@ for i = 3, #ARGV, 7 do
     elseif later then put(ns .. ':expiry', ak .. '|' .. rid, false) end
     applied = applied + 1
   else
-    redis.call('HSETNX', rk, 'v:' .. ver, ARGV[i + 3])
+    redis.call('HSETNX', rk, rid .. '#' .. ver, ARGV[i + 3])
   end
 end
 for key, members in pairs(changes) do
@@ -70,14 +73,6 @@ for field, nxt in pairs(cjson.decode(ARGV[2])) do
   if nxt > cur then redis.call('HSET', ck, field, nxt) end
 end
 return applied
-"""
-
-
-# `fill`'s record writes, one call per batch: the caller has decided them. ARGV: 4 per
-# record version: key, version field, the event's raw JSON, version.
-PUT_VERSIONS = """
-for i = 1, #ARGV, 4 do redis.call('HSET', ARGV[i], ARGV[i + 1], ARGV[i + 2], 'cur', ARGV[i + 3]) end
-return #ARGV / 4
 """
 
 
@@ -156,10 +151,9 @@ class RedisRecords:
         self.root = f"ml:{namespace}"
         self._apply = client.register_script(APPLY)
         self._drop_page = client.register_script(DROP_PAGE)
-        self._put_versions = client.register_script(PUT_VERSIONS)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
-        self._filled: dict[str, int] = {}  # record key -> current version, for `fill`
+        self._filled: dict[tuple[str, str], int] = {}  # (agent hash, record id) -> version, for `fill`
 
     @classmethod
     def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
@@ -202,10 +196,10 @@ class RedisRecords:
     def _ns(self, gen: int) -> str:
         return f"{self.root}g{gen}"
 
-    def _keys(self, gen: int, tenant: str, agent: str, rid: str) -> list[str]:
+    def _keys(self, gen: int, tenant: str, agent: str) -> list[str]:
         # Must match the key names built inside APPLY.
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
-        return [f"{ns}:rec:{ak}:{rid}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
+        return [f"{ns}:rec:{ak}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
 
     # ------------------------------------------------------------------ write side
 
@@ -237,15 +231,15 @@ class RedisRecords:
     async def fill(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
         """`apply` for a generation that this process alone fills, in log order, for the
         agents it folds (a rebuild's shard). It knows every record's current version
-        itself, so the batch's record versions go to Redis as one call of a script that
-        only writes them (about 6 µs of Python and 8 of redis-server per event, against 16
-        and 20 for `apply`'s script; one pipelined HSET per event costs 19 and 5). The
-        sorted sets follow, then the checkpoint, so it never gets ahead of the view; a
-        rebuild that fails starts a new generation anyway."""
+        itself, so it sends plain commands, one HSET per agent for the batch's versions:
+        no script, whose interpreter cost redis-server more than the writes. The sorted
+        sets follow, then the checkpoint, so it never gets ahead of the view; a rebuild
+        that fails starts a new generation anyway."""
         ns = await self._register()
         pipe = self.r.pipeline(transaction=False)
         changes: dict[str, dict[str, float | None]] = {}
-        configs, puts = [], []
+        versions: dict[str, list[Any]] = {}  # agent hash -> field, value, ...
+        configs = []
         for e in events:
             row = _row(e)
             if row is None:
@@ -253,13 +247,13 @@ class RedisRecords:
                     configs.append(_config_item(ns, e))
                 continue
             ak, rid, ver, raw, score, flags, expiry = row
-            rk = f"{ns}:rec:{ak}:{rid}"
-            cur = self._filled.get(rk, 0)
+            rk = f"{ns}:rec:{ak}"
+            cur = self._filled.get((rk, rid), 0)
             if ver <= cur:
-                pipe.hsetnx(rk, f"v:{ver}", raw)
+                pipe.hsetnx(rk, f"{rid}#{ver}", raw)
                 continue
-            self._filled[rk] = ver
-            puts += (rk, f"v:{ver}", raw, ver)
+            self._filled[rk, rid] = ver
+            versions.setdefault(rk, []).extend((f"{rid}#{ver}", raw, rid, ver))
             later = cur > 0  # a first version has no earlier listing, pin or expiry to take back
             for key, member, on, value in (
                 (f"{ns}:list:{ak}", rid, flags & 1, score),
@@ -268,8 +262,8 @@ class RedisRecords:
             ):
                 if on or later:
                     changes.setdefault(key, {})[member] = value if on else None
-        if puts:
-            await self._put_versions(args=puts, client=pipe)
+        for rk, fields in versions.items():
+            pipe.execute_command("HSET", rk, *fields)
         for key, members in changes.items():
             if add := {m: v for m, v in members.items() if v is not None}:
                 pipe.zadd(key, add)
@@ -289,40 +283,36 @@ class RedisRecords:
     # ------------------------------------------------------------------ read side
 
     async def get(self, tenant, agent, rid, version=None) -> MemoryRecord | None:
-        key = self._keys(await self._read_generation(), tenant, agent, rid)[0]
+        key = self._keys(await self._read_generation(), tenant, agent)[0]
         if version is None:
-            version = await self.r.hget(key, "cur")
+            version = await self.r.hget(key, rid)
             if version is None:
                 return None
-        raw = await self.r.hget(key, f"v:{version}")
+        raw = await self.r.hget(key, f"{rid}#{version}")
         return snapshot(raw) if raw else None
 
     async def get_many(self, tenant, agent, rids: list[str]) -> list[MemoryRecord]:
         """Current versions of `rids`, in order, skipping unknown ids: two round trips in all."""
         if not rids:
             return []
-        gen = await self._read_generation()
-        keys = [self._keys(gen, tenant, agent, rid)[0] for rid in rids]
-        async with self.r.pipeline(transaction=False) as pipe:
-            for k in keys:
-                pipe.hget(k, "cur")
-            currents = await pipe.execute()
-        found = [(k, cur) for k, cur in zip(keys, currents) if cur is not None]
-        async with self.r.pipeline(transaction=False) as pipe:
-            for k, cur in found:
-                pipe.hget(k, f"v:{cur}")
-            raws = await pipe.execute()
+        key = self._keys(await self._read_generation(), tenant, agent)[0]
+        currents = await self.r.hmget(key, rids)
+        fields = [f"{rid}#{cur}" for rid, cur in zip(rids, currents) if cur is not None]
+        raws = await self.r.hmget(key, fields) if fields else []
         return [snapshot(raw) for raw in raws if raw]
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
-        key = self._keys(await self._read_generation(), tenant, agent, rid)[0]
-        raw = await self.r.hgetall(key)
-        versions = sorted((int(k[2:]) for k in raw if k.startswith("v:")), reverse=True)
-        return [snapshot(raw[f"v:{v}"]) for v in versions]
+        """Every version, newest first: versions count up from 1."""
+        key = self._keys(await self._read_generation(), tenant, agent)[0]
+        cur = await self.r.hget(key, rid)
+        if cur is None:
+            return []
+        raws = await self.r.hmget(key, [f"{rid}#{v}" for v in range(int(cur), 0, -1)])
+        return [snapshot(raw) for raw in raws if raw]
 
     async def page(self, tenant, agent, limit, after=None, ascending=False) -> Page:
         gen = await self._read_generation()
-        key = self._keys(gen, tenant, agent, "-")[1]
+        key = self._keys(gen, tenant, agent)[1]
         cur = decode_cursor(after) if after else None
         picked: list[tuple[float, str]] = []
         offset, chunk = 0, limit + 16
@@ -346,7 +336,7 @@ class RedisRecords:
         return Page(records, nxt)
 
     async def pinned(self, tenant, agent) -> list[MemoryRecord]:
-        key = self._keys(await self._read_generation(), tenant, agent, "-")[2]
+        key = self._keys(await self._read_generation(), tenant, agent)[2]
         rids = await self.r.zrange(key, 0, -1)
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
 

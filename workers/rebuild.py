@@ -198,10 +198,14 @@ async def _build_shard(
     store = None if redis_gen is None else RedisRecords.from_url(
         settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix)
     applied = 0
+    filling: asyncio.Future | None = None
 
     async def also(events: list, positions: list[tuple[str, int]]) -> None:
-        nonlocal applied
-        await store.fill(events, positions)
+        # One batch in flight: Redis writes it while this process folds the next into Edge.
+        nonlocal applied, filling
+        if filling:
+            await filling
+        filling = asyncio.ensure_future(store.fill(events, positions))
         applied += len(events)
 
     try:
@@ -209,12 +213,16 @@ async def _build_shard(
                                       serving=False, also=also if store else None)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
+        if filling:
+            await filling
         if optimize:
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
         return index.count(), applied
     finally:
         index.close()
+        if filling and not filling.done():
+            filling.cancel()
         if store:
             await store.aclose()
 

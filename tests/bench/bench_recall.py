@@ -79,7 +79,7 @@ async def _wait_loaded(stack, settings) -> None:
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:
             while True:
                 points = (await h.get("/health")).json()["projection"]["points"]
-                listed = await store.r.zcard(store._keys(await store.generation(), "bench", "big", "-")[1])
+                listed = await store.r.zcard(store._keys(await store.generation(), "bench", "big")[1])
                 if points >= TOTAL and listed >= AGENT_RECORDS:
                     return
                 progress(f"indexed {points}/{TOTAL} in Qdrant, {listed}/{AGENT_RECORDS} of the agent's records in Redis")
