@@ -215,6 +215,12 @@ async def _build_shard(
             await projection.run(until_caught_up=True, progress=progress)
         if filling:
             await filling
+        if parked := projection.parked_count():
+            log.warning("records_without_vectors", shard=k, records=parked,
+                        hint="their vectors are not on this shard's partitions of memlane.vectors, where the "
+                             "embedding worker writes them beside each agent's events; if the log predates that, "
+                             "reset the embedding worker's consumer group to the earliest offsets "
+                             "(kafka-consumer-groups --reset-offsets --to-earliest), let it catch up, and rebuild")
         if optimize:
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
