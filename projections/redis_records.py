@@ -5,6 +5,7 @@ one readers use, so a rebuild can fill a new generation and switch over atomical
 An agent's records share one hash, `rec:<tenant>/<agent>`: field `<record id>` holds the
 current version and `<record id>#<version>` each version. Per-record keys cost Redis
 a key each to create, and dropping a generation had to scan and unlink every one.
+Generations written with per-record keys (before 2026-11-29) read as empty: rebuild.
 Each event is applied by one Lua script that checks the version and writes the view and
 the projection's checkpoint together: the tracking record lives with the view.
 """
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from events.config import AgentConfig
 from events.lean import as_lean
@@ -113,12 +114,8 @@ def _config_item(ns: str, e: Any) -> tuple[str, str]:
 
 
 def snapshot(raw: str) -> MemoryRecord:
-    """The record a stored version holds: the raw event that made it (generations built
-    before events were stored whole hold the bare record)."""
-    try:
-        return _STORED.validate_json(raw).record
-    except ValidationError:
-        return MemoryRecord.model_validate_json(raw)
+    """The record a stored version holds: the raw event that made it."""
+    return _STORED.validate_json(raw).record
 
 
 class _Stored(BaseModel):
