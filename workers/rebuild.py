@@ -266,8 +266,13 @@ _progress_queue = None  # a shard process's line back to the parent (set by `_ch
 
 def _child_init(settings: Settings, queue) -> None:
     global _progress_queue
+    import sys
+
     from services.logging import configure
 
+    # A forked child inherits the parent's streams, which a progress display may have
+    # replaced with proxies that take its lock: log to the real stderr.
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     configure(settings.log_level, service="rebuild.shard")
     _progress_queue = queue
 
