@@ -55,7 +55,6 @@ VECTORS = Topic("memlane.vectors", 4, vector_key, compacted=True, config={"clean
 USAGE = Topic("memlane.usage", 4, agent_key)
 
 
-
 def vector_partition(event_partition: int) -> int:
     """The `memlane.vectors` partition for a record of event partition `event_partition`.
 
