@@ -313,7 +313,9 @@ async def rebuild_all(
 
     async def run_shards(redis_gen: int | None) -> int:
         nonlocal points
-        ctx = multiprocessing.get_context(_start_method())
+        method = _start_method()
+        ctx = multiprocessing.get_context(method)
+        log.info("rebuild_shards_starting", processes=n, start_method=method)
         q = ctx.Queue()
         seen: dict[int, tuple[int, int]] = {}
         loop = asyncio.get_running_loop()

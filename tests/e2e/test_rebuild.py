@@ -52,10 +52,16 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         await c.add_memory("Generations come and go", kind="fact")
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild"], env=stack.env, capture_output=True,
-                              text=True, timeout=300)
+    # The second from a process that has opened an Edge shard: a forked child would wait
+    # forever on Edge's threads, so its shard processes must be spawned.
+    edge_first = ("import pathlib, sys, tempfile; from projections.qdrant_index import EdgeIndex; "
+                  "EdgeIndex(pathlib.Path(tempfile.mkdtemp()) / 'x'); "
+                  "from services.cli import main; sys.exit(main(['rebuild']))")
+    for cmd, method in (([sys.executable, "-m", "services.cli", "rebuild"], "fork"),
+                        ([sys.executable, "-c", edge_first], "spawn")):
+        proc = subprocess.run(cmd, env=stack.env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f'"start_method": "{method}"' in proc.stderr
     store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     try:
         live = await store.generation()
