@@ -23,7 +23,8 @@ _opened = False
 
 
 def opened_in_this_process() -> bool:
-    """Whether this process has opened a shard, and so started Edge's native threads."""
+    """Whether this process has opened a shard, and so started Edge's native threads
+    (forking it is then unsafe: see `workers.rebuild`)."""
     return _opened
 
 

@@ -255,9 +255,9 @@ def _start_method() -> str:
     """"fork" unless this process has used Edge, else "spawn".
 
     A forked child starts at once, with the modules already imported (spawn imports them
-    again: ~0.7 s of CPU per shard). But a child inherits only the forking thread: once
-    Edge's native thread pool has started here, a child's Edge would wait on threads it
-    does not have."""
+    again: ~0.7 s of CPU per shard). But a child inherits only the forking thread, and
+    any lock another thread held at that moment stays held in the child: once Edge's
+    native threads run here (it opened a shard), forking is a gamble, so spawn."""
     return "spawn" if edge_shard.opened_in_this_process() else "fork"
 
 

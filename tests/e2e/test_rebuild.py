@@ -52,8 +52,8 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         await c.add_memory("Generations come and go", kind="fact")
-    # The second from a process that has opened an Edge shard: a forked child would wait
-    # forever on Edge's threads, so its shard processes must be spawned.
+    # The second from a process that has opened an Edge shard: its native threads could
+    # hold a lock at the fork, which a forked child would wait on forever, so spawn.
     edge_first = ("import pathlib, sys, tempfile; from projections.qdrant_index import EdgeIndex; "
                   "EdgeIndex(pathlib.Path(tempfile.mkdtemp()) / 'x'); "
                   "from services.cli import main; sys.exit(main(['rebuild']))")
