@@ -134,6 +134,8 @@ class ShardOwner:
         if self.on_swap:
             self.on_swap(self)
         if old[0] is not None:
+            # Callers that registered on the old shards before the swap hear from them.
+            await old[0].drained(timeout=10)
             await self._stop(*old)
             log.info("qdrant_generation_switched", generation=generation)
 

@@ -95,6 +95,13 @@ class MemoryShards:
     async def caught_up(self) -> None:
         await asyncio.gather(*(p.caught_up.wait() for p in self.projections))
 
+    async def drained(self, timeout: float) -> None:
+        """Until no caller waits on these shards, or `timeout` s. Meanwhile they keep
+        following the log, so a command sent just before a swap still resolves here."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(p.waiters for p in self.projections) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+
     def stop(self) -> None:
         for p in self.projections:
             p.stopping.set()
