@@ -70,13 +70,18 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
     return [root / f"s{k}" for k in range(int(count.read_text()))]
 
 
+# Vectors the serving process keeps as read (about 2.2 KB each), shared among its shards.
+VECTOR_CACHE = 50_000
+
+
 class MemoryShards:
     """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
 
     def __init__(self, settings: Settings, generation: int) -> None:
         paths = shard_paths(settings, generation)
         self.projections = [
-            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths))) for k, p in enumerate(paths)
+            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths))
+            for k, p in enumerate(paths)
         ]
 
     def of(self, tenant: str, agent: str) -> QdrantProjection:
