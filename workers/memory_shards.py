@@ -18,7 +18,7 @@ from typing import Any
 from events.topics import EVENTS
 from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
 from services.settings import Settings
-from workers.qdrant_projection import QdrantProjection
+from workers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 
 
 def qdrant_root(settings: Settings) -> Path:
@@ -70,15 +70,12 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
     return [root / f"s{k}" for k in range(int(count.read_text()))]
 
 
-# Vectors the serving process keeps as read (about 2.2 KB each), shared among its shards.
-VECTOR_CACHE = 50_000
-
-
 class MemoryShards:
     """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
 
     def __init__(self, settings: Settings, generation: int) -> None:
         paths = shard_paths(settings, generation)
+        # The process's vector cache is shared among its shards, not one per shard.
         self.projections = [
             QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths))
             for k, p in enumerate(paths)
@@ -103,8 +100,9 @@ class MemoryShards:
     async def drained(self, timeout: float) -> None:
         """Until no caller waits on these shards, or `timeout` s. Meanwhile they keep
         following the log, so a command sent just before a swap still resolves here."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while any(p.waiters for p in self.projections) and asyncio.get_running_loop().time() < deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(p.waiters for p in self.projections) and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
     def stop(self) -> None:

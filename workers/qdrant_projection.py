@@ -33,6 +33,7 @@ from workers.kafka_io import reader, seek_to_checkpoints
 log = structlog.get_logger()
 Also = Callable[[list[LeanEvent], list[tuple[str, int]]], Awaitable[None]]
 LIVE_FLUSH_S = 5.0
+VECTOR_CACHE = 50_000  # vectors kept as read (about 2.2 KB each) by a serving process
 INLINE_WRITES = 32  # points; more go to a worker thread while serving
 
 
@@ -43,7 +44,7 @@ class QdrantProjection:
         index: EdgeIndex,
         partitions: list[int] | None = None,
         model_id: str | None = None,
-        vector_cache: int | None = 50_000,
+        vector_cache: int | None = VECTOR_CACHE,
         serving: bool = True,
         also: Also | None = None,
     ) -> None:
