@@ -312,8 +312,11 @@ class QdrantProjection:
             # Flushing is what makes a checkpoint safe, and it is costly (~0.1 s of CPU on a
             # busy shard): every few seconds when live, rarely while catching up. A crash
             # replays what came after the last flush; searches never wait for one.
-            every = LIVE_FLUSH_S if self.caught_up.is_set() else 30.0
-            if dirty and (done or time.monotonic() - last_flush > every):
+            # A live projection is caught up after nearly every batch, so reaching the end
+            # flushes only on the way to being caught up (or at the end of a replay).
+            live = self.caught_up.is_set()
+            every = LIVE_FLUSH_S if live else 30.0
+            if dirty and ((done and (until_caught_up or not live)) or time.monotonic() - last_flush > every):
                 await land()
                 await asyncio.to_thread(self._save_checkpoint)
                 dirty, last_flush = False, time.monotonic()

@@ -39,6 +39,11 @@ def echo(body: dict) -> Reply:
                  {"candidates": []})
 
 
+def fact(i: int) -> str:
+    """A turn's user message, and the record the echo model makes of it."""
+    return f"Fact {i}: code {uuid.uuid4().hex[:8]} for s{i % SESSIONS}"
+
+
 async def outcomes_rate(settings, agent: str, n: int) -> float:
     """Turns per second: forwarded outcomes of `agent`, first to last Kafka timestamp."""
     c = AIOKafkaConsumer(settings.topic(COMMANDS.name), bootstrap_servers=settings.kafka_bootstrap,
@@ -66,8 +71,7 @@ async def throughput(stack, settings, pub) -> float:
     # Published without waiting for each acknowledgement: one at a time, the publisher
     # itself capped the rate at a few hundred turns per second on a loaded machine.
     await pub.publish_many([
-        turn(tenant, agent, f"s{i % SESSIONS}", i, f"Fact {i}: code {uuid.uuid4().hex[:8]} for s{i % SESSIONS}", "Noted.")
-        for i in range(TURNS)
+        turn(tenant, agent, f"s{i % SESSIONS}", i, fact(i), "Noted.") for i in range(TURNS)
     ])
     return await outcomes_rate(settings, agent, TURNS)
 
@@ -122,7 +126,8 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> None:
 
 async def run() -> None:
     emb = OnnxMiniLM(threads=1)  # the embedding worker and API run with MEMLANE_EMBED_THREADS=1
-    texts = [f"Fact {i}: the customer prefers option {i % 7} for invoices" for i in range(256)]
+    # The ceiling is measured on the texts the run embeds: its turns' messages.
+    texts = [fact(i) for i in range(256)]
     emb.embed(texts[:8])
     t0 = time.perf_counter()
     emb.embed(texts)
