@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic_core import from_json, to_json
 from qdrant_edge import (
     Bm25,
     Bm25Config,
@@ -69,6 +70,28 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
     }
 
 
+# Payload keys search filters or sorts on. The rest of a part's payload is stored as one
+# JSON string under `doc`: the Edge bindings convert each payload value by trying bool and
+# number before str (~4 us a key), so ten display-only keys cost a history upsert more
+# than its vectors did. A point written before `doc` existed reads as it was.
+FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id")
+
+
+def pack(payload: dict[str, Any]) -> dict[str, Any]:
+    """A part's payload as stored: filtered keys with a value, and `doc` with the rest."""
+    stored = {k: payload[k] for k in FILTERED if payload.get(k) is not None}
+    stored["doc"] = to_json({k: v for k, v in payload.items() if k not in stored}).decode()
+    return stored
+
+
+def unpack(stored: dict[str, Any]) -> dict[str, Any]:
+    if "doc" not in stored:
+        return stored
+    out = {k: v for k, v in stored.items() if k != "doc"}
+    out.update(from_json(stored["doc"]))
+    return out
+
+
 def event_parts(e: KeptEvent) -> list[tuple[str, dict[str, Any]]]:
     """(point id, payload) of each part; texts to embed are `payload["text"]`."""
     texts = split_parts(e.text)
@@ -91,7 +114,7 @@ class HistoryIndex:
     # ------------------------------------------------------------------ write side
 
     def upsert(self, items: list[tuple[str, dict[str, Any], list[float]]]) -> None:
-        points = [Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(p["text"])}, p) for pid, p, vec in items]
+        points = [Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(p["text"])}, pack(p)) for pid, p, vec in items]
         if points:
             with self._lock:
                 self.shard.update(UpdateOperation.upsert_points(points))
@@ -156,6 +179,6 @@ class HistoryIndex:
             )
         with self._lock:
             points = self.shard.query(req)
-        hits = [HistoryHit(p.score, p.payload) for p in points]
+        hits = [HistoryHit(p.score, unpack(p.payload)) for p in points]
         hits.sort(key=lambda h: (-round(h.score, 9), -h.payload["turn"], -h.payload["sequence"], h.payload["part"]))
         return hits[offset : offset + limit]

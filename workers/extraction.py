@@ -124,6 +124,7 @@ class ApiReader:
         self.searches: MicroBatcher[dict[str, Any], list[MemoryRecord]] = MicroBatcher(
             self._search_batch, max_items=32, max_in_flight=2
         )
+        self.requests: Counter[str] = Counter()  # search requests and searches, for the batch summary
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -176,6 +177,8 @@ class ApiReader:
     async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | Exception]:
         # Written and read by pydantic-core's JSON: httpx's `json=` and `.json()` go through
         # the stdlib, several times slower on a batch of 32 searches and their records.
+        self.requests["search_requests"] += 1
+        self.requests["searches"] += len(items)
         data = await self._call(
             "POST", "/v1/memory/search/batch", {"Content-Type": "application/json"}, content=to_json({"searches": items})
         )
@@ -341,6 +344,9 @@ class ExtractionProcessor(Processor):
 
     async def batch_done(self) -> list[Out]:
         if self.tally:
+            if self.api is not None:
+                self.tally.update(self.api.requests)
+                self.api.requests.clear()
             log.info("turns_forwarded", **self.tally)
             self.tally = Counter()
         return []

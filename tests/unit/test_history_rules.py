@@ -120,3 +120,18 @@ def test_a_cursor_continues_only_the_search_that_made_it():
         decode_cursor(c, "fp2")
     with pytest.raises(ValueError, match="^cursor:"):
         decode_cursor("garbage!", "fp1")
+
+
+def test_a_stored_part_reads_back_as_written_and_an_old_one_as_it_was():
+    from projections.history_index import FILTERED, event_parts, pack, unpack
+
+    calls = [ToolCall(id="c1", name="search_memory", arguments={"query": "x"})]
+    t = turn([Message(id="m1", role="user", content="Hi there"), Message(id="m2", role="assistant", content="", tool_calls=calls)])
+    parts = [p for e in kept_events(t) for _, p in event_parts(e)]
+    assert len(parts) == 2
+    for payload in parts + [{**parts[0], "execution_id": None}]:
+        stored = pack(payload)
+        assert set(stored) - {"doc"} <= set(FILTERED)
+        assert ("execution_id" in stored) == (payload["execution_id"] is not None)  # None is not stored as a key
+        assert unpack(stored) == payload
+        assert unpack(payload) == payload
