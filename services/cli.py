@@ -28,11 +28,13 @@ def _load(path: str):
 def cmd_worker(args: argparse.Namespace) -> int:
     import uvloop
 
+    from workers.heap import tune_for_service
     from workers.runtime import run_processor
 
     settings = get_settings()
     configure(settings.log_level, service=f"worker.{args.name}")
     processor = _load(WORKERS[args.name])(settings)
+    tune_for_service()
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
     uvloop.run(run_processor(processor, settings))
@@ -43,12 +45,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from services.api import build_app
+    from workers.heap import tune_for_service
 
     settings = get_settings()
     configure(settings.log_level, service="api")
     host = args.host or settings.api_host
     port = args.port or settings.api_port
-    uvicorn.run(build_app(settings), host=host, port=port, log_config=None, access_log=False)
+    app = build_app(settings)
+    tune_for_service()
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     return 0
 
 
