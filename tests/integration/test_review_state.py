@@ -53,3 +53,28 @@ async def test_copy_cold_start_and_retry_agree(settings):
         if keys:
             await r.delete(*keys)
         await r.aclose()
+
+
+async def test_trimming_keeps_what_a_retry_needs_and_drops_the_rest(settings):
+    r = aioredis.from_url(settings.redis_url)
+    ns = f"{settings.topic_prefix}rs{uuid.uuid4().hex[:6]}."
+    try:
+        warm = ReviewState(r, namespace=ns)
+        decided = {o: await decide(warm, "s", o) for o in range(1200)}
+        assert [o for o in range(12) if decided[o][0]] == [2, 5, 8, 11]
+        key = warm.key(0, "s")
+        fields = sorted(int(f[2:]) for f in (k.decode() for k in await r.hkeys(key)))
+        # The newest review below 1199 - MAX_UNCOMMITTED (500) was at 698: older facts are gone.
+        assert fields[0] == 698
+        facts = warm.known[key]
+        assert facts.turn_offsets[0] == 698 and len(facts.turns) == 502
+        # Any offset of the last uncommitted batch, retried warm or cold, decides as it did.
+        cold = ReviewState(r, namespace=ns)
+        for o in (700, 1000, 1199):
+            assert await decide(warm, "s", o) == decided[o]
+            assert await decide(cold, "s", o) == decided[o]
+    finally:
+        keys = [k async for k in r.scan_iter(f"{ns}*", count=10_000)]
+        if keys:
+            await r.delete(*keys)
+        await r.aclose()
