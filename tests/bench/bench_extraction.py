@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -105,7 +106,9 @@ def wait_assigned(log: Path, count: int, timeout: float = 60) -> None:
     raise RuntimeError(f"extraction workers did not get partitions ({log})")
 
 
-async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> None:
+async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float, Any]:
+    """Runs the figures of one embedder; returns the one-worker rate and the settings whose
+    topics and files the caller discards."""
     run_id = f"benchx{uuid.uuid4().hex[:6]}"
     data = ROOT / ".run" / run_id
     stack, settings = extraction_stack(fake.url, f"{run_id}.", data, 38283, embeddings=embeddings)
@@ -126,21 +129,24 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> None:
             figure(f"extraction_turns_per_s_2_workers{suffix}", two, "turns/s", TURNS, ratio_to_1_worker=round(two / one, 3))
     finally:
         stack.stop()
-    discard(settings)
+    return one, settings
 
 
-def embedder_ceiling(passes: int = 3, size: int = 256) -> float:
+CEILING_PASSES, CEILING_TEXTS = 3, 256
+
+
+def embedder_rates() -> list[float]:
     """Texts per second of one embedder thread (the embedding worker and the API run with
-    MEMLANE_EMBED_THREADS=1), on texts like the run's own: the median of `passes` passes."""
+    MEMLANE_EMBED_THREADS=1), on texts like the run's own, in `CEILING_PASSES` passes."""
     emb = OnnxMiniLM(threads=1)
     emb.embed([fact(i) for i in range(8)])
     rates = []
-    for _ in range(passes):
-        texts = [fact(i) for i in range(size)]
+    for _ in range(CEILING_PASSES):
+        texts = [fact(i) for i in range(CEILING_TEXTS)]
         t0 = time.perf_counter()
         emb.embed(texts)
-        rates.append(size / (time.perf_counter() - t0))
-    return median(rates)
+        rates.append(CEILING_TEXTS / (time.perf_counter() - t0))
+    return rates
 
 
 async def run() -> None:
@@ -148,10 +154,19 @@ async def run() -> None:
     fake.default = echo
     try:
         progress("run 1: embeddings served by the fake server")
-        await one_run(fake, "openai", "")
-        # Measured just before the run it bounds: this machine's speed drifts over minutes.
-        figure("embedder_texts_per_s", embedder_ceiling(), "texts/s", 3 * 256)
+        _, served = await one_run(fake, "openai", "")
+        # Measured just before and just after the run it bounds: this machine's speed
+        # drifts over minutes, and one side alone moved the share by up to a fifth.
+        before = embedder_rates()
         progress("run 2: local ONNX embedder")
-        await one_run(fake, "local", "_local_embed")
+        one, local = await one_run(fake, "local", "_local_embed")
+        after = embedder_rates()
+        # Topics are deleted only now: a deletion keeps the broker busy for a while.
+        discard(served)
+        discard(local)
+        ceiling = median(before + after)
+        figure("embedder_texts_per_s", ceiling, "texts/s", 2 * CEILING_PASSES * CEILING_TEXTS,
+               before=round(median(before), 1), after=round(median(after), 1),
+               one_worker_local_embed_share=round(one / ceiling, 3))
     finally:
         fake.stop()
