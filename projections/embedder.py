@@ -100,6 +100,7 @@ class OnnxMiniLM:
         # of waiting for the whole fold (seconds, on a 1,000-turn backlog).
         for idx in length_batches([len(e.ids) for e in encs]):
             mine: list[str] = []
+            mine_encs = []
             with self._lock:
                 for i in idx:
                     k = todo[i]
@@ -109,12 +110,12 @@ class OnnxMiniLM:
                         theirs[k] = f
                     else:
                         mine.append(k)
+                        mine_encs.append(encs[i])
                         self._computing[k] = Future()
             if not mine:
                 continue
             try:
-                mine_set = set(mine)
-                vecs = self._run([encs[i] for i in idx if todo[i] in mine_set])
+                vecs = self._run(mine_encs)
             except BaseException as e:
                 with self._lock:
                     futs = [self._computing.pop(k) for k in mine]
