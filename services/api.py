@@ -59,6 +59,12 @@ class SearchItem(SearchRequest):
 
 class SearchBatchRequest(_Body):
     searches: Annotated[list[SearchItem], Field(min_length=1, max_length=100)]
+    # A RETRIEVED use is an agent's search whose records reached its model. The extraction
+    # worker's review lookups never reach the agent's model (they are shown to the review's,
+    # and the proposals record the handles shown), so it turns this off; only an operator
+    # key may, so an agent cannot hide its own retrievals.
+    retrieved: bool = Field(True, description="record each search as the agent's RETRIEVED use; "
+                                              "false (operator keys only) for lookups that never reach the agent's model")
 
 
 class RecallRequest(_Body):
@@ -330,6 +336,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         For callers that search for many contexts at once (the extraction worker): the
         queries share one embedding call, and the HTTP round trips collapse into one.
         """
+        if not body.retrieved and p.role != "operator":
+            raise ApiError("FORBIDDEN", "retrieved", "retrieved: only an operator key may set it to false", 403)
         searches: list[tuple[Context, dict[str, Any]]] = []
         answers: list[dict[str, Any] | None] = []
         for item in body.searches:
@@ -357,7 +365,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             if isinstance(res, ApiError):
                 answers[i] = {"error": {"code": res.code, "field": res.field, "message": res.message}, "status": res.status}
                 continue
-            await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
+            if body.retrieved:
+                await s.record_retrieved(ctx, "search_memory", [r for r, _ in res.records])
             answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
         return FastJSONResponse({"results": answers})
 

@@ -184,7 +184,7 @@ class ApiReader:
         self.requests["search_requests"] += 1
         self.requests["searches"] += len(items)
         data = await self._call(
-            "POST", "/v1/memory/search/batch", {"Content-Type": "application/json"}, content=to_json({"searches": items})
+            "POST", "/v1/memory/search/batch", {"Content-Type": "application/json"}, content=to_json({"searches": items, "retrieved": False})
         )
         out: list[list[MemoryRecord] | Exception] = []
         for res in data["results"]:

@@ -8,11 +8,21 @@ running and assigned, so its start-up does not count. The window starts at the f
 and not at the first outcome, because a worker forwards a poll's outcomes together when
 the poll's transaction commits. Starting at the first outcome would leave the first
 poll's work out of the window while still counting its turns.
+
+Each throughput run follows a discarded warm-up of `WARMUP_TURNS` turns: a fresh broker's
+JIT and a fresh worker's connections and caches made the first thousand turns of a run up
+to a third slower than the rest, and that share varied from run to run.
+
+`extraction_worker_cpu_ms_per_turn` is the one worker process's own CPU over the run: what
+a worker costs, apart from the broker, the API and the fake model that share this
+machine's cores with it. 1000 / that figure is the rate one worker with a core to itself
+could sustain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 import uuid
@@ -31,6 +41,7 @@ from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel, Reply
 
 TURNS = 3000  # several polls of up to 500 turns, so the last poll's tail weighs little
+WARMUP_TURNS = 1000
 SESSIONS = 50
 LATENCY_TURNS = 20
 USER = re.compile(r'role="user">\n(.*?)\n</message>', re.S)
@@ -57,10 +68,15 @@ async def outcomes_rate(settings, agent: str, n: int, since: float) -> float:
     await c.start()
     stamps: list[int] = []
     deadline = time.monotonic() + 300
+    # Only outcomes are decoded: decoding every proposal too cost this process, which shares
+    # the machine's cores with the pipeline, about a tenth of a millisecond per turn.
+    mark = b'"TurnOutcome"'
     try:
         while len(stamps) < n and time.monotonic() < deadline:
             for msgs in (await c.getmany(timeout_ms=500)).values():
                 for m in msgs:
+                    if mark not in m.value:
+                        continue
                     cmd = decode(COMMANDS.name, m.value)
                     if cmd.type == "TurnOutcome" and cmd.agent == agent:
                         stamps.append(m.timestamp)
@@ -72,14 +88,20 @@ async def outcomes_rate(settings, agent: str, n: int, since: float) -> float:
     return n / max(max(stamps) / 1000 - since, 1e-3)
 
 
-async def throughput(stack, settings, pub) -> float:
+async def throughput(stack, settings, pub, n: int = TURNS) -> float:
     tenant, agent, _ = await new_agent(stack.api_url, settings.operator_key)
     # Published without waiting for each acknowledgement: one at a time, the publisher
     # itself capped the rate at a few hundred turns per second on a loaded machine.
-    turns = [turn(tenant, agent, f"s{i % SESSIONS}", i, fact(i), "Noted.") for i in range(TURNS)]
+    turns = [turn(tenant, agent, f"s{i % SESSIONS}", i, fact(i), "Noted.") for i in range(n)]
     since = time.time()
     await pub.publish_many(turns)
-    return await outcomes_rate(settings, agent, TURNS, since)
+    return await outcomes_rate(settings, agent, n, since)
+
+
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def latency(stack, settings, pub) -> list[float]:
@@ -120,8 +142,16 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             lat = await latency(stack, settings, pub)
             figure(f"turn_to_record_ms_p50{suffix}", median(lat), "ms", len(lat))
             figure(f"turn_to_record_ms_p95{suffix}", percentile(lat, 95), "ms", len(lat))
+            progress(f"warm-up: {WARMUP_TURNS} turns, not measured")
+            await throughput(stack, settings, pub, WARMUP_TURNS)
+            worker = stack.procs["extraction"].pid
+            cpu0 = cpu_s(worker)
             one = await throughput(stack, settings, pub)
             figure(f"extraction_turns_per_s_1_worker{suffix}", one, "turns/s", TURNS)
+            # Read once every outcome is out: the worker is idle by then.
+            worker_ms = (cpu_s(worker) - cpu0) / TURNS * 1000
+            figure(f"extraction_worker_cpu_ms_per_turn{suffix}", worker_ms, "ms", TURNS,
+                   turns_per_worker_cpu_s=round(1000 / worker_ms, 1))
             stack.procs["extraction-1"] = stack.procs.pop("extraction")
             stack.start("extraction")
             wait_assigned(log, 3)  # the first worker's reassignment and the second worker's

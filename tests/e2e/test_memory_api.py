@@ -117,6 +117,43 @@ async def test_batch_search_answers_each_item_as_a_single_search(stack, agent_pa
     assert anon["error"]["code"] == "VALIDATION_FAILED"  # an operator must name the tenant
 
 
+async def test_review_lookups_are_not_the_agents_retrievals(stack, agent_pair, settings):
+    """`retrieved: false` (the extraction worker's lookups) records no RETRIEVED use, and
+    only an operator key may send it."""
+    (tenant, agent, key), _ = agent_pair
+    async with MemlaneClient(stack.api_url, key, session="s1") as a:
+        await a.add_memory("Parcel 5531 left the depot", scope="AGENT")
+    usage = AIOKafkaConsumer(settings.topic("memlane.usage"), bootstrap_servers=settings.kafka_bootstrap,
+                             auto_offset_reset="earliest", group_id=None)
+    await usage.start()
+    q = {"query": "parcel 5531 depot", "mode": "lexical", "tenant": tenant, "agent": agent}
+    try:
+        async with httpx.AsyncClient(base_url=stack.api_url) as http:
+            op = {"Authorization": f"Bearer {settings.operator_key}"}
+            r = await http.post("/v1/memory/search/batch", headers=op,
+                                json={"searches": [{**q, "session": "lookup"}], "retrieved": False})
+            assert r.status_code == 200 and r.json()["results"][0]["records"], r.text
+            r = await http.post("/v1/memory/search/batch", headers=op, json={"searches": [{**q, "session": "agent"}]})
+            assert r.status_code == 200 and r.json()["results"][0]["records"], r.text
+            r = await http.post("/v1/memory/search/batch", headers={"Authorization": f"Bearer {key}"},
+                                json={"searches": [{"query": "parcel"}], "retrieved": False})
+            assert r.status_code == 403 and r.json()["error"]["field"] == "retrieved", r.text
+
+        seen: list = []
+
+        async def retrieved():
+            batch = await usage.getmany(timeout_ms=500)
+            seen.extend(decode("memlane.usage", m.value) for ms in batch.values() for m in ms)
+            mine = [u for u in seen if u.agent == agent and u.type == "Retrieved"]
+            return mine if any(u.session == "agent" for u in mine) else None
+
+        # Both went to one partition in order, so once the second is read, the first would be too.
+        found = await eventually(retrieved)
+        assert [u.session for u in found] == ["agent"]
+    finally:
+        await usage.stop()
+
+
 async def test_live_turns_never_see_preview_records(stack, new_agent):
     _, _, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
     async with MemlaneClient(stack.api_url, key, session="s1") as live, MemlaneClient(
