@@ -129,12 +129,17 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     out: list[Any] = []
     prefix = f"{ak}|"
     for key in [k for k in state.staged if k.startswith(prefix)]:
-        writes = [decode("memlane.memory.commands", raw) for raw in state.staged[key]]
-        if not writes or cmd.issued_at - writes[0].issued_at < TURN_TIMEOUT:
+        raws = state.staged[key]
+        # Only the first write's age matters; the rest are decoded only for a turn that
+        # timed out. Decoding them all cost every command of a busy agent a decode per
+        # write staged on each of its open turns.
+        first = decode("memlane.memory.commands", raws[0]) if raws else None
+        if first is None or cmd.issued_at - first.issued_at < TURN_TIMEOUT:
             continue
         ref = key[len(prefix) :]
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
+        writes = [first, *(decode("memlane.memory.commands", raw) for raw in raws[1:])]
         out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
         reason = f"turn timed out: no outcome within {int(TURN_TIMEOUT.total_seconds())} s"
         out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)

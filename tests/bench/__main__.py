@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import sys
+
+import uvloop
 
 GROUPS = {
     "pipeline": "tests.bench.bench_pipeline",
@@ -23,7 +24,9 @@ def main(argv: list[str]) -> int:
         return 2
     for name in only or GROUPS:
         module = importlib.import_module(GROUPS[name])
-        asyncio.run(module.run())
+        # uvloop, as memlane's own processes use: the bench's publisher, readers and fake
+        # model share the machine's cores with what they measure.
+        uvloop.run(module.run())
     return 0
 
 

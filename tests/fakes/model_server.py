@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import uvloop
 from aiohttp import web
 from pydantic_core import from_json, to_json
 
@@ -183,8 +184,9 @@ class FakeModel:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> FakeModel:
-        """Serves on its own thread and loop. aiohttp rather than a full web framework: the
-        benchmarks share two cores with it, and what they measure is memlane, not the fake."""
+        """Serves on its own thread and loop. aiohttp on uvloop rather than a full web
+        framework: the benchmarks share two cores with it, and what they measure is memlane,
+        not the fake."""
         started = threading.Event()
 
         async def serve() -> None:
@@ -201,7 +203,7 @@ class FakeModel:
             finally:
                 await runner.cleanup()
 
-        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="fake-model", daemon=True)
+        self._thread = threading.Thread(target=uvloop.run, args=(serve(),), name="fake-model", daemon=True)
         self._thread.start()
         if not started.wait(timeout=15):
             raise RuntimeError(f"fake model server did not start on port {self.port}")

@@ -286,11 +286,12 @@ def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
 
     led = Ledger()
     led.add("staged then forgotten", turn_ref="x:9:1")
+    led.add("staged second", turn_ref="x:9:1", issued_at=NOW + TURN_TIMEOUT / 2)
     later = led.add("an unrelated write", issued_at=NOW + TURN_TIMEOUT + timedelta(seconds=1))
-    assert [e.type for e in later] == ["TurnResolved", "WriteDiscarded", "RecordAdded"]
+    assert [e.type for e in later] == ["TurnResolved", "WriteDiscarded", "WriteDiscarded", "RecordAdded"]
     assert later[0].timed_out and not later[0].committed
-    assert later[1].reason == "turn timed out: no outcome within 600 s"
-    assert len({e.event_id for e in later}) == 3
+    assert later[1].reason == later[2].reason == "turn timed out: no outcome within 600 s"
+    assert len({e.event_id for e in later}) == 4
     # The late outcome changes nothing; a late write of that turn is discarded.
     assert _turn(led, True, ref="x:9:1") == []
     e = only(led.add("late", turn_ref="x:9:1"), "WriteDiscarded")
