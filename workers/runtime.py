@@ -240,8 +240,8 @@ class Runner:
         outs = [o for r in results for o in r]
         outs.extend(await self._retrying(self.processor.batch_done, "batch_done") or [])
         # Committed in the background: the worker polls and processes the next batch
-        # meanwhile. Sending a poll's outputs and ending its transaction took a tenth to a
-        # fifth of a one-worker run, during which nothing else moved.
+        # meanwhile. A commit is mostly round trips to the broker (the outputs, the offsets,
+        # the end of the transaction), during which the worker had nothing else to do.
         await self.settle()
         self.committing = asyncio.create_task(self._commit({tp: ms[-1].offset + 1 for tp, ms in batches.items()}, outs))
         self.processed += len(msgs)
