@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,6 +50,11 @@ NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
 TURN_TIMEOUT = timedelta(minutes=10)
+# How long, in event time, a resolved turn's outcome is remembered: at least this, at most
+# twice. A write or an outcome that names an older turn is treated as if the turn were
+# open (it waits TURN_TIMEOUT, then is discarded). Kept forever, the outcomes grew by one
+# entry per turn for the life of the ledger, and so did its recovery.
+TURN_MEMORY = timedelta(days=1)
 CHARS_PER_TOKEN = 4
 
 
@@ -58,7 +63,10 @@ class LedgerState:
     records: MutableMapping[str, MemoryRecord] = field(default_factory=dict)  # agent/rid -> record (frozen)
     index: MutableMapping[str, str] = field(default_factory=dict)  # agent|text:h / agent|key:k -> rid
     staged: MutableMapping[str, list] = field(default_factory=dict)  # agent|turn_ref -> [command dicts]
-    turns: MutableMapping[str, str] = field(default_factory=dict)  # agent|turn_ref -> outcome
+    open_turns: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)  # agent -> its staged keys
+    turns: MutableMapping[str, str] = field(default_factory=dict)  # agent|turn_ref -> outcome, this window
+    turns_before: Mapping[str, str] = field(default_factory=dict)  # the same, the window before
+    turns_since: datetime | None = None  # event time the current window of `turns` began
     configs: MutableMapping[str, AgentConfig] = field(default_factory=dict)  # agent -> config (frozen)
     stats: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> {live, pinned_chars}
 
@@ -99,6 +107,11 @@ def config_of(state: LedgerState, ak: str) -> AgentConfig:
     return state.configs.get(ak) or DEFAULT_CONFIG
 
 
+def outcome_of(state: LedgerState, key: str) -> str | None:
+    """A resolved turn's outcome (`agent|turn_ref`), if it is still remembered."""
+    return state.turns.get(key) or state.turns_before.get(key)
+
+
 def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
     return state.records.get(f"{ak}/{rid}")
 
@@ -128,8 +141,10 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     """
     out: list[Any] = []
     prefix = f"{ak}|"
-    for key in [k for k in state.staged if k.startswith(prefix)]:
-        raws = state.staged[key]
+    # Only this agent's open turns: scanning every staged key cost each command a pass over
+    # every open turn of every agent of the partition.
+    for key in state.open_turns.get(ak, ()):
+        raws = state.staged.get(key)
         # Only the first write's age matters; the rest are decoded only for a turn that
         # timed out. Decoding them all cost every command of a busy agent a decode per
         # write staged on each of its open turns.
@@ -154,7 +169,7 @@ def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
         elif isinstance(cmd, TurnOutcome):
             _turn_outcome(state, ak, cmd, events)
         elif cmd.turn_ref:
-            outcome = state.turns.get(f"{ak}|{cmd.turn_ref}")
+            outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
             if outcome is None:
                 _validate_write(state, ak, cmd)
                 events.append(_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
@@ -200,7 +215,7 @@ def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -
 
 def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -> None:
     ref = f"{ak}|{cmd.turn_ref}"
-    if ref in state.turns:
+    if outcome_of(state, ref) is not None:
         return  # already resolved: a forwarded outcome seen twice changes nothing
     events.append(_base(TurnResolved, cmd, turn_ref=cmd.turn_ref, committed=cmd.committed))
     # Apply staged writes against a scratch copy, so later writes of the turn see earlier ones
@@ -230,7 +245,10 @@ def _scratch(state: LedgerState) -> LedgerState:
         records=ChainMap({}, state.records),
         index=_Overlay(state.index),
         staged=ChainMap({}, state.staged),
+        open_turns=ChainMap({}, state.open_turns),
         turns=ChainMap({}, state.turns),
+        turns_before=state.turns_before,
+        turns_since=state.turns_since,
         configs=ChainMap({}, state.configs),
         stats=ChainMap({}, state.stats),
     )
@@ -545,11 +563,23 @@ def evolve(state: LedgerState, event: Any) -> None:
         state.configs[ak] = event.config
     elif isinstance(event, TurnResolved):
         outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
-        state.turns[f"{ak}|{event.turn_ref}"] = outcome
-        state.staged.pop(f"{ak}|{event.turn_ref}", None)
+        key = f"{ak}|{event.turn_ref}"
+        if state.turns_since is None:
+            state.turns_since = event.occurred_at
+        elif event.occurred_at - state.turns_since >= TURN_MEMORY:
+            state.turns_before, state.turns, state.turns_since = state.turns, {}, event.occurred_at
+        state.turns[key] = outcome
+        state.staged.pop(key, None)
+        rest = tuple(k for k in state.open_turns.get(ak, ()) if k != key)
+        if rest:
+            state.open_turns[ak] = rest
+        else:
+            state.open_turns.pop(ak, None)
     elif isinstance(event, WriteStaged):
         key = f"{ak}|{event.turn_ref}"
         state.staged[key] = [*(state.staged.get(key) or []), event.command]
+        if key not in state.open_turns.get(ak, ()):
+            state.open_turns[ak] = (*state.open_turns.get(ak, ()), key)
     elif hasattr(event, "record"):
         _store(state, ak, event.record)
 

@@ -309,6 +309,68 @@ def test_a_turn_within_the_timeout_still_commits():
     assert [e.type for e in events] == ["TurnResolved", "RecordAdded"]
 
 
+def _outcome_at(led, at, ref, committed=True, agent="a"):
+    return led.run(TurnOutcome(command_id=nid(), tenant="t", agent=agent, issued_at=at, turn_ref=ref,
+                               committed=committed))
+
+
+def test_resolved_turns_are_remembered_for_a_day_then_forgotten():
+    from workers.ledger_rules import TURN_MEMORY, outcome_of
+
+    led = Ledger()
+    hour = timedelta(hours=1)
+    for i in range(24 * 5):  # five days of event time, a turn an hour
+        _outcome_at(led, NOW + i * hour, f"x:{i}:1")
+    remembered = len(led.state.turns) + len(led.state.turns_before)
+    assert 24 <= remembered <= 2 * 24  # at least TURN_MEMORY, at most twice, not all 120
+    newest = NOW + (24 * 5 - 1) * hour
+    # Every turn resolved within TURN_MEMORY of the newest is still known, so its second
+    # outcome changes nothing; one five days old is not.
+    for i in range(24 * 5):
+        if newest - (NOW + i * hour) < TURN_MEMORY:
+            assert outcome_of(led.state, f"t/a|x:{i}:1") == "committed"
+    assert outcome_of(led.state, "t/a|x:0:1") is None
+    assert _outcome_at(led, newest, f"x:{24 * 5 - 1}:1") == []
+    # A write naming a forgotten turn waits as for an open turn, then times out.
+    only(led.add("very late", turn_ref="x:0:1", issued_at=newest), "WriteStaged")
+
+
+def test_a_replay_of_the_events_rebuilds_the_same_turn_state():
+    """The ledger recovers by folding its events: forgetting must fold the same way."""
+    led = Ledger()
+    log = []
+    for i in range(60):
+        at = NOW + timedelta(hours=i)
+        log += led.add(f"fact {i}", turn_ref=f"x:{i}:1", issued_at=at)
+        if i % 3:  # every third turn never gets an outcome
+            log += _outcome_at(led, at + timedelta(minutes=1), f"x:{i}:1", committed=i % 2 == 0)
+    replayed = LedgerState()
+    for e in log:
+        evolve(replayed, e)
+    assert led.state.turns_before  # the log spans more than one window
+    for name in ("turns", "turns_before", "staged", "open_turns", "records"):
+        assert dict(getattr(replayed, name)) == dict(getattr(led.state, name)), name
+    assert replayed.turns_since == led.state.turns_since
+
+
+def test_an_agents_open_turns_are_its_own():
+    from workers.ledger_rules import TURN_TIMEOUT
+
+    led = Ledger()
+    led.add("a's write", turn_ref="x:1:1")
+    led.run(AddMemory(command_id=nid(), tenant="t", agent="b", issued_at=NOW, summary="b's write", session="s1",
+                      turn_ref="x:2:1"))
+    assert led.state.open_turns == {"t/a": ("t/a|x:1:1",), "t/b": ("t/b|x:2:1",)}
+    # Another agent's late command does not time out a's turn; a's own does.
+    later = NOW + TURN_TIMEOUT * 2
+    assert [e.type for e in led.run(AddMemory(command_id=nid(), tenant="t", agent="b", issued_at=later,
+                                              summary="b again", session="s1"))] == \
+        ["TurnResolved", "WriteDiscarded", "RecordAdded"]
+    assert led.state.open_turns == {"t/a": ("t/a|x:1:1",)}
+    _turn(led, True, ref="x:1:1")
+    assert led.state.open_turns == {} and led.state.staged == {}
+
+
 # --------------------------------------------------------------------------- operator edits and sweeps
 
 
