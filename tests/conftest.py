@@ -57,14 +57,23 @@ def run_id() -> str:
 
 
 @pytest.fixture(scope="session")
-def settings(infra, run_id, tmp_path_factory) -> Settings:
+def settings(infra, run_id, tmp_path_factory):
+    """Every test's topics start with this run's prefix, and are deleted when the run ends:
+    kept, a dev broker gathered thousands of partitions over repeated runs."""
     for k, v in infra.items():
         os.environ[k] = v
-    return Settings(
+    s = Settings(
         topic_prefix=f"{run_id}.",
         data_dir=tmp_path_factory.mktemp("data"),
         api_port=int(os.environ.get("MEMLANE_TEST_API_PORT", "38181")),
     )
+    yield s
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.kafka_io import delete_prefixed_topics
+
+    with ThreadPoolExecutor(1) as pool:  # its own loop, whatever loop this thread has
+        pool.submit(asyncio.run, delete_prefixed_topics(s, run_id)).result()
 
 
 async def eventually(check, timeout: float = 30.0, interval: float = 0.1):

@@ -40,6 +40,21 @@ async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.val
         await admin.close()
 
 
+async def delete_prefixed_topics(settings: Settings, prefix: str) -> list[str]:
+    """Deletes every topic whose name starts with `prefix` (a finished test or bench run's)."""
+    if not prefix:
+        raise ValueError("an empty prefix would name every topic on the broker")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if names:
+            await admin.delete_topics(names)
+        return names
+    finally:
+        await admin.close()
+
+
 def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,

@@ -14,10 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from services.settings import ROOT, Settings
 from services.stack import Stack, free_port, stack_env
+from workers.kafka_io import delete_prefixed_topics
 
 
 def figure(name: str, value: float, unit: str, n: int, **extra) -> None:
@@ -62,18 +61,8 @@ def discard(settings: Settings) -> None:
     """Delete a finished run's topics and files: each run leaves hundreds of MB behind.
     Only after a run that succeeded: a failed one keeps its logs to read."""
 
-    async def drop_topics() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-        await admin.start()
-        try:
-            names = [t for t in await admin.list_topics() if t.startswith(settings.topic_prefix)]
-            if names:
-                await admin.delete_topics(names)
-        finally:
-            await admin.close()
-
     with ThreadPoolExecutor(1) as pool:  # callable from inside a running event loop too
-        pool.submit(asyncio.run, drop_topics()).result()
+        pool.submit(asyncio.run, delete_prefixed_topics(settings, settings.topic_prefix)).result()
     if Path(settings.data_dir).name.startswith("bench"):  # never a deployment's own directory
         shutil.rmtree(settings.data_dir, ignore_errors=True)
     progress(f"discarded {settings.topic_prefix}* topics and {settings.data_dir}")

@@ -40,8 +40,8 @@ def fake():
 
 
 @pytest.fixture(scope="module")
-def xstack(fake, infra, tmp_path_factory):
-    prefix = f"x{uuid.uuid4().hex[:8]}."
+def xstack(fake, infra, settings, tmp_path_factory):
+    prefix = f"{settings.topic_prefix}x{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
     stack, settings = extraction_stack(
         fake.url, prefix, tmp_path_factory.mktemp("xdata"), API_PORT,
         MEMLANE_MODEL_TIMEOUT_S="1.5", MEMLANE_MODEL_RETRIES="2", MEMLANE_MODEL_BACKOFF_S="0.1",

@@ -20,7 +20,7 @@ T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 async def test_stop_during_recovery_leaves_no_state_and_refuses_commands(settings):
-    s = Settings(topic_prefix=f"stop{uuid.uuid4().hex[:6]}.", data_dir=settings.data_dir)
+    s = Settings(topic_prefix=f"{settings.topic_prefix}stop{uuid.uuid4().hex[:6]}.", data_dir=settings.data_dir)
     await ensure_topics(s)
     # A partition's log: three adds as the ledger would have written them.
     state, cmds = LedgerState(), [
