@@ -24,8 +24,36 @@ from workers.runtime import Out, Processor, Stopping
 
 log = structlog.get_logger()
 
-# Commands remembered per partition for idempotent redelivery (API retries reuse ids).
-PROCESSED_MEMORY = 200_000
+# The events of recent commands, per partition, re-sent as they were when a command is
+# redelivered (API retries reuse ids). Bounded by bytes, not by count: 200,000 commands'
+# events came to about 400 MB per partition, most of it whole records.
+PROCESSED_BYTES = 32 * 1024 * 1024
+
+
+class RecentCommands:
+    """Command id -> the raw events it produced, oldest evicted first past `budget` bytes.
+    A command's events are kept or evicted together."""
+
+    def __init__(self, budget: int = PROCESSED_BYTES) -> None:
+        self.budget = budget
+        self.events: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.size = 0
+
+    def __contains__(self, command_id: str) -> bool:
+        return command_id in self.events
+
+    def __getitem__(self, command_id: str) -> list[bytes]:
+        return self.events[command_id]
+
+    def add(self, command_id: str, raw: bytes) -> None:
+        self.events.setdefault(command_id, []).append(raw)
+        self.size += len(raw)
+
+    def evict(self) -> None:
+        """Called between commands, so the newest command is never cut in half."""
+        while self.size > self.budget and len(self.events) > 1:
+            _, raws = self.events.popitem(last=False)
+            self.size -= sum(len(r) for r in raws)
 
 
 class LedgerProcessor(Processor):
@@ -36,7 +64,7 @@ class LedgerProcessor(Processor):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.states: dict[int, LedgerState] = {}
-        self.processed: dict[int, OrderedDict[str, list[bytes]]] = {}
+        self.processed: dict[int, RecentCommands] = {}
         # What the current batch decided, for its summary line.
         self.decided = 0
         self.kinds: Counter[str] = Counter()
@@ -53,7 +81,7 @@ class LedgerProcessor(Processor):
             self.processed.pop(tp.partition, None)
 
     async def _recover(self, partition: int) -> None:
-        state, seen = LedgerState(), OrderedDict()
+        state, seen = LedgerState(), RecentCommands()
         topic = self.settings.topic(EVENTS.name)
         c = reader(self.settings, max_poll_records=2000)
         await c.start()
@@ -72,10 +100,9 @@ class LedgerProcessor(Processor):
                 for m in batch.get(tp, []):
                     event = decode(EVENTS.name, m.value)
                     evolve(state, event)
-                    seen.setdefault(event.command_id, []).append(m.value)
+                    seen.add(event.command_id, m.value)
                     n += 1
-                while len(seen) > PROCESSED_MEMORY:
-                    seen.popitem(last=False)
+                seen.evict()
                 settle_heap()
                 if n >= next_report:
                     log.info("ledger_recovering", partition=partition, events=n, of=end)
@@ -120,9 +147,8 @@ class LedgerProcessor(Processor):
         # Fold last: nothing above may fail after the state has moved.
         for e, o in zip(events, outs):
             evolve(state, e)
-            seen.setdefault(cmd.command_id, []).append(o.value)
-        if len(seen) > PROCESSED_MEMORY:
-            seen.popitem(last=False)
+            seen.add(cmd.command_id, o.value)
+        seen.evict()
         return outs
 
     async def batch_done(self) -> list[Out]:

@@ -1,0 +1,43 @@
+"""The ledger re-sends a redelivered command's events from a byte-bounded memory."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from events import AddMemory
+from events.topics import REDELIVERED
+from services.settings import Settings
+from workers.ledger import LedgerProcessor, RecentCommands
+from workers.ledger_rules import LedgerState
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+@given(st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=4), min_size=1, max_size=60), st.integers(1, 2000))
+def test_recent_commands_stay_within_the_budget_and_whole(commands, budget):
+    recent = RecentCommands(budget)
+    for i, sizes in enumerate(commands):
+        for n in sizes:
+            recent.add(f"c{i}", b"x" * n)
+        recent.evict()
+        # Only the newest command may take the memory over its budget, and it is never cut.
+        assert recent.size <= budget or list(recent.events) == [f"c{i}"]
+        assert recent[f"c{i}"] == [b"x" * n for n in sizes]
+        assert recent.size == sum(len(r) for raws in recent.events.values() for r in raws)
+        # What is kept is a suffix of the commands, oldest first.
+        kept = [int(c[1:]) for c in recent.events]
+        assert kept == list(range(i - len(kept) + 1, i + 1))
+
+
+async def test_a_redelivered_command_gets_its_first_events_back():
+    ledger = LedgerProcessor(Settings())
+    ledger.states[0], ledger.processed[0] = LedgerState(), RecentCommands()
+    cmd = AddMemory(command_id="c1", tenant="t", agent="a", issued_at=NOW, summary="The sky is blue", session="s1")
+    first = await ledger.process("memlane.memory.commands", 0, 0, cmd)
+    again = await ledger.process("memlane.memory.commands", 0, 1, cmd)
+    assert [o.value for o in again] == [o.value for o in first] and first
+    assert all((REDELIVERED, b"1") in o.headers for o in again)
+    assert len(ledger.states[0].records) == 1
