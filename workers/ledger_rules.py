@@ -53,7 +53,7 @@ TURN_TIMEOUT = timedelta(minutes=10)
 # How long, in event time, a resolved turn's outcome is remembered: at least this, at most
 # twice. A write or an outcome that names an older turn is treated as if the turn were
 # open (it waits TURN_TIMEOUT, then is discarded). Kept forever, the outcomes grew by one
-# entry per turn for the life of the ledger, and so did its recovery.
+# entry per turn for the life of the ledger.
 TURN_MEMORY = timedelta(days=1)
 CHARS_PER_TOKEN = 4
 
