@@ -16,10 +16,13 @@ JIT was warm, and the worker's connections and caches start cold too. Each burst
 once the previous one's last record is searchable, so no burst pays for the background
 work (embedding, projections) its predecessor left behind.
 
-`extraction_worker_cpu_ms_per_turn` is the one worker process's own CPU over the run: what
-a worker costs, apart from the broker, the API and the fake model that share this
-machine's cores with it. 1000 / that figure is the rate one worker with a core to itself
-could sustain.
+`pipeline_cpu_ms_per_turn` is the CPU each process used per turn during the one-worker
+bursts (from the first turn published to the last outcome), `by_process`: memlane's
+processes, the broker and Redis when `make up` started them, and the bench with its fake
+model. Its `cores_busy` is that CPU times the rate: how much of the machine the burst used.
+`extraction_worker_cpu_ms_per_turn` is the worker's own part: what a worker costs apart
+from what shares the machine's cores with it. 1000 / it is the rate one worker with a core
+to itself could sustain.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ async def outcomes_rate(settings, agents: set[str], n: int, since: float) -> flo
 class Burst:
     rate: float  # turns per second
     last: list[tuple[str, str, str]]  # per agent: its key, its last turn's session, a word only that turn's record has
+    cpu_ms: dict[str, float]  # per process: CPU ms per turn from the first turn published to the last outcome
 
 
 async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
@@ -115,10 +119,24 @@ async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
         last[agent] = (key, session, texts[i].split()[3])
     # Published without waiting for each acknowledgement: one at a time, the publisher
     # itself capped the rate at a few hundred turns per second on a loaded machine.
+    pids = pipeline_pids(stack)
+    cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     since = time.time()
     await pub.publish_many(turns)
     rate = await outcomes_rate(settings, {a for _, a, _ in agents}, n, since)
-    return Burst(rate, list(last.values()))
+    cpu_ms = {name: (cpu_s(pid) - cpu0[name]) / n * 1000 for name, pid in pids.items()}
+    return Burst(rate, list(last.values()), cpu_ms)
+
+
+def pipeline_pids(stack) -> dict[str, int]:
+    """The stack's processes, the broker and Redis when `make up` started them, and this one."""
+    pids = {name: p.pid for name, p in stack.procs.items()}
+    for name in ("kafka", "redis"):
+        pidfile = ROOT / ".run" / name / f"{name}.pid"
+        if pidfile.exists() and Path(f"/proc/{pidfile.read_text().strip()}").exists():
+            pids[name] = int(pidfile.read_text())
+    pids["bench"] = os.getpid()
+    return pids
 
 
 async def drained(api_url: str, b: Burst, timeout: float = 180) -> None:
@@ -179,19 +197,20 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             figure(f"turn_to_record_ms_p95{suffix}", percentile(lat, 95), "ms", len(lat))
             progress(f"warm-up: {WARMUP_TURNS} turns, not measured")
             await drained(stack.api_url, await burst(stack, settings, pub, WARMUP_TURNS))
-            worker = stack.procs["extraction"].pid
-            ones, worker_ms = [], []
+            bursts = []
             for _ in range(REPEATS):
-                cpu0 = cpu_s(worker)
-                b = await burst(stack, settings, pub)
-                # Read once every outcome is out: the worker is idle by then.
-                worker_ms.append((cpu_s(worker) - cpu0) / TURNS * 1000)
-                ones.append(b.rate)
-                await drained(stack.api_url, b)
+                bursts.append(await burst(stack, settings, pub))
+                await drained(stack.api_url, bursts[-1])
+            ones = [b.rate for b in bursts]
             one = median(ones)
             figure(f"extraction_turns_per_s_1_worker{suffix}", one, "turns/s", TURNS, runs=rounded(ones))
+            worker_ms = [b.cpu_ms["extraction"] for b in bursts]
             figure(f"extraction_worker_cpu_ms_per_turn{suffix}", median(worker_ms), "ms", TURNS, runs=rounded(worker_ms),
                    turns_per_worker_cpu_s=round(1000 / median(worker_ms), 1))
+            totals = [sum(b.cpu_ms.values()) for b in bursts]
+            figure(f"pipeline_cpu_ms_per_turn{suffix}", median(totals), "ms", TURNS, runs=rounded(totals),
+                   cores_busy=round(median(totals) * one / 1000, 2),
+                   by_process={name: round(median([b.cpu_ms[name] for b in bursts]), 2) for name in bursts[0].cpu_ms})
             stack.procs["extraction-1"] = stack.procs.pop("extraction")
             stack.start("extraction")
             wait_assigned(log, 3)  # the first worker's reassignment and the second worker's
