@@ -151,6 +151,15 @@ async def drained(api_url: str, b: Burst, timeout: float = 180) -> None:
                 await asyncio.sleep(0.05)
 
 
+async def measured(stack, settings, pub) -> list[Burst]:
+    """`REPEATS` bursts, each started once the one before is drained."""
+    out = []
+    for _ in range(REPEATS):
+        out.append(await burst(stack, settings, pub))
+        await drained(stack.api_url, out[-1])
+    return out
+
+
 def cpu_s(pid: int) -> float:
     """User and system CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -197,10 +206,7 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             figure(f"turn_to_record_ms_p95{suffix}", percentile(lat, 95), "ms", len(lat))
             progress(f"warm-up: {WARMUP_TURNS} turns, not measured")
             await drained(stack.api_url, await burst(stack, settings, pub, WARMUP_TURNS))
-            bursts = []
-            for _ in range(REPEATS):
-                bursts.append(await burst(stack, settings, pub))
-                await drained(stack.api_url, bursts[-1])
+            bursts = await measured(stack, settings, pub)
             ones = [b.rate for b in bursts]
             one = median(ones)
             figure(f"extraction_turns_per_s_1_worker{suffix}", one, "turns/s", TURNS, runs=rounded(ones))
@@ -214,11 +220,7 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             stack.procs["extraction-1"] = stack.procs.pop("extraction")
             stack.start("extraction")
             wait_assigned(log, 3)  # the first worker's reassignment and the second worker's
-            twos = []
-            for _ in range(REPEATS):
-                b = await burst(stack, settings, pub)
-                twos.append(b.rate)
-                await drained(stack.api_url, b)
+            twos = [b.rate for b in await measured(stack, settings, pub)]
             two = median(twos)
             figure(f"extraction_turns_per_s_2_workers{suffix}", two, "turns/s", TURNS, runs=rounded(twos),
                    ratio_to_1_worker=round(two / one, 3))

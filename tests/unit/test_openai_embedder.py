@@ -27,6 +27,7 @@ def test_rows_come_back_in_input_order_whatever_their_encoding():
         ({"data": []}, "has 0 rows in data; 1 texts were sent"),
         ({"error": "nope"}, "has no rows in data"),
         ({"data": [{"index": 5, "embedding": [1.0, 2.0, 3.0]}]}, "index 5 is not one of 0..0"),
+        ({"data": ["oops"]}, "row is a JSON str, not an object"),
     ],
 )
 def test_a_malformed_answer_is_refused_saying_what_is_wrong(resp, message):
