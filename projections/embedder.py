@@ -192,11 +192,13 @@ def length_batches(lengths: Sequence[int], max_size: int = BATCH_MAX, spread: fl
     return batches
 
 
-def make_embedder(settings, cache_size: int = 4096) -> Embedder:
+def make_embedder(settings, cache_size: int = 20_000) -> Embedder:
     """The embedder the settings choose: `MEMLANE_EMBEDDINGS=openai` or the local default.
 
-    `cache_size`: recent texts whose vectors are kept, for a process
-    that embeds the same texts for several readers (the API: queries and history)."""
+    `cache_size`: recent texts whose vectors are kept, for a process that embeds the same
+    texts for several readers (the API: the review's queries and history folds). It is the
+    API's only vector cache, so it is sized for a history backlog, whose repeated texts
+    (greetings, tool boilerplate) recur thousands of turns apart."""
     if settings.embeddings == "openai":
         from projections.openai_embedder import OpenAIEmbedder
 

@@ -33,15 +33,18 @@ class OpenAIEmbedder:
         self.model_id = f"openai:{model}:{dim}"
         self._client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "not-needed", timeout=timeout, max_retries=3)
         self._cache_size = cache_size
-        self._cache: OrderedDict[str, list[float]] = OrderedDict()  # content hash -> vector
+        # content hash -> float32 vector: a list of Python floats took ~8x the memory.
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not self._cache_size:
-            return self._embed(texts)
+            return self._embed(texts).tolist()
         keys = [content_hash(t) for t in texts]
         with self._lock:
             found = {k: v for k in keys if (v := self._cache.get(k)) is not None}
+            for k in found:
+                self._cache.move_to_end(k)  # least recently used goes first
         todo = dict(zip(keys, texts))
         for k in found:
             todo.pop(k, None)
@@ -52,10 +55,11 @@ class OpenAIEmbedder:
                     self._cache[k] = found[k] = v
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
-        return [found[k] for k in keys]
+        return [found[k].tolist() for k in keys]
 
-    def _embed(self, texts: Sequence[str]) -> list[list[float]]:
-        out: list[list[float]] = []
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Float32 unit vectors, one row per text."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), BATCH):
             chunk = list(texts[start : start + BATCH])
             # The client's low-level post, as the model client does: `embeddings.create`
@@ -71,7 +75,7 @@ class OpenAIEmbedder:
             vecs = vectors_of(resp, len(chunk), self.dim)
             # Cosine search assumes unit vectors; not every server normalises.
             vecs /= np.clip(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12, None)
-            out.extend(vecs.tolist())
+            out[start : start + len(chunk)] = vecs
         return out
 
 
