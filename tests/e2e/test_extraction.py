@@ -13,6 +13,7 @@ import pytest
 from events import AgentConfig, Message, ToolCall, TurnRolledBack
 from events.config import EveryMessages, ExtractionConfig, MemoryConfig, ScopeConfig
 from events.record import Source, Status
+from events.topics import EVENTS
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
@@ -106,6 +107,10 @@ async def test_add_decision_becomes_a_record_with_extraction_provenance(xstack, 
     assert req["response_format"]["type"] == "json_schema"
     user = req["messages"][1]["content"]
     assert "s1-1-0" in user and "s1-1-1" in user and "(none)" in user  # window shown, no memories yet
+    # The outcome reaches the ledger before the proposal, so the proposal applies at once
+    # instead of being staged on the turn.
+    made = [type(e).__name__ for e, _ in await read_topic(xstack[1], EVENTS.name, EVENTS.name) if e.agent == a]
+    assert [n for n in made if n != "AgentConfigured"] == ["TurnResolved", "RecordAdded"]
 
 
 async def test_replace_supersedes_the_handled_record_and_history_shows_it(xstack, fake, pub, agent):
