@@ -77,6 +77,15 @@ class SweepExpired(_CommandBase):
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
+class ExpireTurns(_CommandBase):
+    """Sent by the ledger to itself for an agent with a turn whose writes have waited past
+    the turn timeout at `issued_at`: the ledger discards them as on any of the agent's
+    commands. Without it, an agent that went quiet kept such a turn open (and its writes
+    pending) until its next command."""
+
+    type: Literal["ExpireTurns"] = "ExpireTurns"
+
+
 class TurnOutcome(_CommandBase):
     """Forwarded by the extraction worker so the ledger never reads `memlane.turns`."""
 
@@ -91,6 +100,7 @@ class ConfigureAgent(_CommandBase):
 
 
 Command = Annotated[
-    AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | TurnOutcome | ConfigureAgent,
+    AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
+    | ConfigureAgent,
     Field(discriminator="type"),
 ]

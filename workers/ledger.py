@@ -15,11 +15,12 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.base import utcnow
 from events.codec import decode, encode
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers.heap import settle_heap
 from workers.kafka_io import reader
-from workers.ledger_rules import LedgerState, decide, evolve
+from workers.ledger_rules import LedgerState, decide, evolve, overdue
 from workers.runtime import Out, Processor, Stopping
 
 log = structlog.get_logger()
@@ -61,6 +62,9 @@ class LedgerProcessor(Processor):
     name = "ledger"
     sources = (COMMANDS.name,)
     transactional = True
+    # How often the ledger looks for turns whose writes waited past the turn timeout. A
+    # turn times out one tick after its timeout at most.
+    tick_every = 60.0
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -70,6 +74,8 @@ class LedgerProcessor(Processor):
         self.decided = 0
         self.kinds: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
+        self.clock = utcnow
+        self.asked: set[str] = set()  # ExpireTurns sent and not yet decided
 
     async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
@@ -151,6 +157,20 @@ class LedgerProcessor(Processor):
             seen.add(cmd.command_id, o.value)
         seen.evict()
         return outs
+
+    async def tick(self) -> list[Out]:
+        """An `ExpireTurns` command for each agent with an overdue turn, sent to the ledger's
+        own input: the decision is then a command in the log like any other, and a replay
+        decides it the same. A command already asked for is not asked for again while it
+        waits in the partition (a backlog can hold it longer than a tick)."""
+        now = self.clock()
+        due = [cmd for state in self.states.values() for cmd in overdue(state, now)]
+        self.asked &= {cmd.command_id for cmd in due}
+        new = [cmd for cmd in due if cmd.command_id not in self.asked]
+        if new:
+            log.info("turns_overdue", agents=len(new))
+        self.asked |= {cmd.command_id for cmd in new}
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd)) for cmd in new]
 
     async def batch_done(self) -> list[Out]:
         if self.decided:

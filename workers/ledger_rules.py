@@ -25,6 +25,7 @@ from events.commands import (
     ConfigureAgent,
     DeleteMemory,
     EditMemory,
+    ExpireTurns,
     PinMemory,
     SweepExpired,
     TurnOutcome,
@@ -44,7 +45,7 @@ from events.memory import (
     WriteDiscarded,
     WriteStaged,
 )
-from events.record import LIVE, MemoryRecord, Scope, Status
+from events.record import LIVE, MemoryRecord, Provenance, Scope, Source, Status
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
@@ -134,6 +135,29 @@ def decide(state: LedgerState, cmd: Any) -> list[Any]:
     ]
 
 
+def overdue(state: LedgerState, now: datetime) -> list[ExpireTurns]:
+    """An `ExpireTurns` for each agent with a turn whose first write is `TURN_TIMEOUT` old
+    at `now`. Its id names the agent and that turn, so asking again for the same turn sends
+    the same command."""
+    out = []
+    for keys in state.open_turns.values():
+        for key in keys:
+            raws = state.staged.get(key)
+            first = decode("memlane.memory.commands", raws[0]) if raws else None
+            if first is not None and now - first.issued_at >= TURN_TIMEOUT:
+                out.append(
+                    ExpireTurns(
+                        command_id=f"expire-turns:{uuid.uuid5(NAMESPACE, key)}",
+                        tenant=first.tenant,
+                        agent=first.agent,
+                        issued_at=now,
+                        provenance=Provenance(source=Source.OPERATOR, modified_by="ledger"),
+                    )
+                )
+                break  # one command expires all of the agent's overdue turns
+    return out
+
+
 def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     """Writes staged on a turn whose outcome never came are discarded after TURN_TIMEOUT.
 
@@ -168,6 +192,8 @@ def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
             _configure(state, ak, cmd, events)
         elif isinstance(cmd, TurnOutcome):
             _turn_outcome(state, ak, cmd, events)
+        elif isinstance(cmd, ExpireTurns):
+            pass  # `decide` expires every overdue turn of the agent before any command
         elif cmd.turn_ref:
             outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
             if outcome is None:

@@ -104,6 +104,8 @@ class Processor:
     # commit together. For processors that wait on I/O per message, such as model calls.
     # A key's next message may start early when the processor calls `release_key()`.
     concurrent_keys = False
+    # Seconds between calls of `tick`, polls with messages or not; None: never.
+    tick_every: float | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -132,6 +134,11 @@ class Processor:
 
         Returns more outputs to send with the batch (for processors that work in batches).
         """
+        return []
+
+    async def tick(self) -> list[Out]:
+        """Called every `tick_every` seconds between polls, even when no message comes: for
+        work that time alone makes due. Its outputs commit like a batch's, with no offsets."""
         return []
 
 
@@ -177,6 +184,8 @@ class Runner:
         self.consumer.subscribe([s.topic(t) for t in self.processor.sources], listener=_Listener(self))
         await self.consumer.start()
         log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + (self.processor.tick_every or 0)
         try:
             while not self.stopping.is_set():
                 batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
@@ -196,6 +205,9 @@ class Runner:
                     break
                 if batches:
                     settle_heap()
+                if self.processor.tick_every is not None and loop.time() >= next_tick:
+                    next_tick = loop.time() + self.processor.tick_every
+                    await self._tick()
         finally:
             await self.settle(quiet=True)  # a batch processed in full still commits
             await self.consumer.stop()
@@ -245,6 +257,12 @@ class Runner:
         await self.settle()
         self.committing = asyncio.create_task(self._commit({tp: ms[-1].offset + 1 for tp, ms in batches.items()}, outs))
         self.processed += len(msgs)
+
+    async def _tick(self) -> None:
+        outs = await self._retrying(self.processor.tick, "tick")
+        if outs:
+            await self.settle()
+            self.committing = asyncio.create_task(self._commit({}, outs))
 
     async def settle(self, quiet: bool = False) -> None:
         """Waits for the commit in flight, and raises what it raised.
@@ -324,10 +342,12 @@ class Runner:
         if self.processor.transactional:
             async with self.producer.transaction():
                 await self._send_all(outs)
-                await self.producer.send_offsets_to_transaction(offsets, self.group)
+                if offsets:
+                    await self.producer.send_offsets_to_transaction(offsets, self.group)
             return
         await self._send_all(outs)
-        await self.consumer.commit(offsets)
+        if offsets:
+            await self.consumer.commit(offsets)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

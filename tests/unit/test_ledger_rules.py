@@ -299,6 +299,29 @@ def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
     assert [r.summary for r in led.state.records.values()] == ["an unrelated write"]
 
 
+def test_an_overdue_turn_of_a_quiet_agent_is_expired_by_the_command_the_ledger_sends_itself():
+    from workers.ledger_rules import TURN_TIMEOUT, overdue
+
+    led = Ledger()
+    led.add("staged, then the agent went quiet", turn_ref="x:7:1")
+    led.add("staged on a newer turn", turn_ref="x:7:2", issued_at=NOW + TURN_TIMEOUT / 2)
+    led.run(AddMemory(command_id=nid(), tenant="t", agent="b", issued_at=NOW + TURN_TIMEOUT / 2, session="s1",
+                      summary="another agent's newer turn", turn_ref="y:1:1"))
+    assert overdue(led.state, NOW + TURN_TIMEOUT - timedelta(seconds=1)) == []
+    at = NOW + TURN_TIMEOUT
+    [cmd] = overdue(led.state, at)  # one command per agent, only for the agent that is due
+    assert (cmd.type, cmd.agent, cmd.issued_at) == ("ExpireTurns", "a", at)
+    assert overdue(led.state, at) == [cmd]  # asked again, the same command (same id)
+    events = led.run(cmd)
+    assert [e.type for e in events] == ["TurnResolved", "WriteDiscarded"]
+    assert events[0].turn_ref == "x:7:1" and events[0].timed_out
+    assert overdue(led.state, at) == []
+    # Both remaining turns wait for their outcomes, and each still commits.
+    assert [e.type for e in _outcome_at(led, at, "x:7:2")] == ["TurnResolved", "RecordAdded"]
+    assert [e.type for e in _outcome_at(led, at, "y:1:1", agent="b")] == ["TurnResolved", "RecordAdded"]
+    assert not led.state.open_turns and not led.state.staged
+
+
 def test_a_turn_within_the_timeout_still_commits():
     from workers.ledger_rules import TURN_TIMEOUT
 

@@ -28,12 +28,16 @@ class Echo(Processor):
     async def process(self, source, partition, offset, value):
         return [Out("memlane.commands", b"k", value)]
 
+    async def tick(self):
+        return [Out("memlane.commands", b"k", b"due")]
+
 
 class Commits:
     """Stands in for `Runner._commit`: each commit waits until the test releases it."""
 
     def __init__(self) -> None:
         self.started: list[dict] = []
+        self.outs: list[list[bytes]] = []
         self.ended: list[dict] = []
         self.release: list[asyncio.Future] = []
         self.in_flight = 0
@@ -43,6 +47,7 @@ class Commits:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self.started.append(offsets)
+        self.outs.append([o.value for o in outs])
         done = asyncio.get_running_loop().create_future()
         self.release.append(done)
         try:
@@ -110,3 +115,19 @@ async def test_a_failure_seen_quietly_still_stops_the_next_commit():
     with pytest.raises(RuntimeError, match="broker gone"):
         await r._handle(poll(1))
     assert len(commits.started) == 1
+
+
+async def test_a_tick_commits_its_outputs_without_offsets_after_the_commit_in_flight():
+    r, commits = runner()
+    await asyncio.wait_for(r._handle(poll(0)), 5)
+    await until(lambda: len(commits.started) == 1)
+    tick = asyncio.create_task(r._tick())
+    await asyncio.sleep(0.01)
+    assert not tick.done() and len(commits.started) == 1  # waits for the batch's commit
+    commits.release[0].set_result(None)
+    await tick
+    await until(lambda: len(commits.started) == 2)
+    commits.release[1].set_result(None)
+    await r.settle()
+    assert commits.started == [{TopicPartition("memlane.turns", 0): 1}, {}]
+    assert commits.outs == [[b"v0"], [b"due"]]
