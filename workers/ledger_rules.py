@@ -64,7 +64,8 @@ class LedgerState:
     records: MutableMapping[str, MemoryRecord] = field(default_factory=dict)  # agent/rid -> record (frozen)
     index: MutableMapping[str, str] = field(default_factory=dict)  # agent|text:h / agent|key:k -> rid
     staged: MutableMapping[str, list] = field(default_factory=dict)  # agent|turn_ref -> [command dicts]
-    open_turns: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)  # agent -> its staged keys
+    # agent -> {its staged key: when the turn's first write was issued}; replaced, never mutated
+    open_turns: MutableMapping[str, Mapping[str, datetime]] = field(default_factory=dict)
     turns: MutableMapping[str, str] = field(default_factory=dict)  # agent|turn_ref -> outcome, this window
     turns_before: Mapping[str, str] = field(default_factory=dict)  # the same, the window before
     turns_since: datetime | None = None  # event time the current window of `turns` began
@@ -140,21 +141,20 @@ def overdue(state: LedgerState, now: datetime) -> list[ExpireTurns]:
     at `now`. Its id names the agent and that turn, so asking again for the same turn sends
     the same command."""
     out = []
-    for keys in state.open_turns.values():
-        for key in keys:
-            raws = state.staged.get(key)
-            first = decode("memlane.memory.commands", raws[0]) if raws else None
-            if first is not None and now - first.issued_at >= TURN_TIMEOUT:
-                out.append(
-                    ExpireTurns(
-                        command_id=f"expire-turns:{uuid.uuid5(NAMESPACE, key)}",
-                        tenant=first.tenant,
-                        agent=first.agent,
-                        issued_at=now,
-                        provenance=Provenance(source=Source.OPERATOR, modified_by="ledger"),
-                    )
+    for ak, opened in state.open_turns.items():
+        # One command expires all of the agent's overdue turns; it is named after the oldest.
+        key, first = min(opened.items(), key=lambda kv: kv[1])
+        if now - first >= TURN_TIMEOUT:
+            tenant, agent = ak.split("/", 1)  # an Ident has no "/"
+            out.append(
+                ExpireTurns(
+                    command_id=f"expire-turns:{uuid.uuid5(NAMESPACE, key)}",
+                    tenant=tenant,
+                    agent=agent,
+                    issued_at=now,
+                    provenance=Provenance(source=Source.OPERATOR, modified_by="ledger"),
                 )
-                break  # one command expires all of the agent's overdue turns
+            )
     return out
 
 
@@ -165,20 +165,17 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     """
     out: list[Any] = []
     prefix = f"{ak}|"
-    # Only this agent's open turns: scanning every staged key cost each command a pass over
-    # every open turn of every agent of the partition.
-    for key in state.open_turns.get(ak, ()):
-        raws = state.staged.get(key)
-        # Only the first write's age matters; the rest are decoded only for a turn that
-        # timed out. Decoding them all cost every command of a busy agent a decode per
-        # write staged on each of its open turns.
-        first = decode("memlane.memory.commands", raws[0]) if raws else None
-        if first is None or cmd.issued_at - first.issued_at < TURN_TIMEOUT:
+    # Only this agent's open turns, aged by their first write's time: scanning every staged
+    # key cost each command a pass over every open turn of every agent of the partition, and
+    # decoding writes to age them cost a decode per open turn. Writes are decoded only for
+    # a turn that timed out.
+    for key, first in (state.open_turns.get(ak) or {}).items():
+        if cmd.issued_at - first < TURN_TIMEOUT:
             continue
         ref = key[len(prefix) :]
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
-        writes = [first, *(decode("memlane.memory.commands", raw) for raw in raws[1:])]
+        writes = [decode("memlane.memory.commands", raw) for raw in state.staged.get(key) or []]
         out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
         reason = f"turn timed out: no outcome within {int(TURN_TIMEOUT.total_seconds())} s"
         out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
@@ -596,7 +593,7 @@ def evolve(state: LedgerState, event: Any) -> None:
             state.turns_before, state.turns, state.turns_since = state.turns, {}, event.occurred_at
         state.turns[key] = outcome
         state.staged.pop(key, None)
-        rest = tuple(k for k in state.open_turns.get(ak, ()) if k != key)
+        rest = {k: t for k, t in (state.open_turns.get(ak) or {}).items() if k != key}
         if rest:
             state.open_turns[ak] = rest
         else:
@@ -604,8 +601,9 @@ def evolve(state: LedgerState, event: Any) -> None:
     elif isinstance(event, WriteStaged):
         key = f"{ak}|{event.turn_ref}"
         state.staged[key] = [*(state.staged.get(key) or []), event.command]
-        if key not in state.open_turns.get(ak, ()):
-            state.open_turns[ak] = (*state.open_turns.get(ak, ()), key)
+        opened = state.open_turns.get(ak) or {}
+        if key not in opened:  # a WriteStaged's time is its write's `issued_at`
+            state.open_turns[ak] = {**opened, key: event.occurred_at}
     elif hasattr(event, "record"):
         _store(state, ak, event.record)
 

@@ -383,13 +383,13 @@ def test_an_agents_open_turns_are_its_own():
     led.add("a's write", turn_ref="x:1:1")
     led.run(AddMemory(command_id=nid(), tenant="t", agent="b", issued_at=NOW, summary="b's write", session="s1",
                       turn_ref="x:2:1"))
-    assert led.state.open_turns == {"t/a": ("t/a|x:1:1",), "t/b": ("t/b|x:2:1",)}
+    assert led.state.open_turns == {"t/a": {"t/a|x:1:1": NOW}, "t/b": {"t/b|x:2:1": NOW}}
     # Another agent's late command does not time out a's turn; a's own does.
     later = NOW + TURN_TIMEOUT * 2
     assert [e.type for e in led.run(AddMemory(command_id=nid(), tenant="t", agent="b", issued_at=later,
                                               summary="b again", session="s1"))] == \
         ["TurnResolved", "WriteDiscarded", "RecordAdded"]
-    assert led.state.open_turns == {"t/a": ("t/a|x:1:1",)}
+    assert led.state.open_turns == {"t/a": {"t/a|x:1:1": NOW}}
     _turn(led, True, ref="x:1:1")
     assert led.state.open_turns == {} and led.state.staged == {}
 
