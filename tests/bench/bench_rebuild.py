@@ -135,7 +135,26 @@ async def _ledger_throughput() -> None:
         proc.wait()
     secs = max((last - first) / 1000, 1e-3)
     figure("ledger_commands_per_s", COMMANDS_N / secs, "commands/s", COMMANDS_N)
+    await _ledger_recovery(settings, n)
     discard(settings)
+
+
+async def _ledger_recovery(settings: Settings, events: int) -> None:
+    """How fast a ledger that is assigned partitions reads their state back: it folds its
+    partitions of the event log from the start (the log is its changelog), so this rate
+    and the log's length set how long a restarted or rebalanced ledger takes to start."""
+    from services.logging import configure
+    from workers.ledger import LedgerProcessor
+
+    configure("WARNING")  # the per-partition lines would go to stderr among the progress
+    ledger = LedgerProcessor(settings)
+    t0 = time.perf_counter()
+    for p in range(EVENTS.partitions):
+        await ledger._recover(p)
+    secs = time.perf_counter() - t0
+    records = sum(len(s.records) for s in ledger.states.values())
+    figure("ledger_recovery_events_per_s", events / secs, "events/s", events, records=records,
+           partitions=EVENTS.partitions)
 
 
 async def run() -> None:
