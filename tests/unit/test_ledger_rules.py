@@ -6,8 +6,8 @@ from itertools import count
 import pytest
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, TurnOutcome, UnpinMemory
-from events.record import Status
-from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve
+from events.record import MemoryRecord, Status
+from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 _ids = count()
@@ -249,7 +249,7 @@ def test_preview_replace_shadows_and_leaves_the_live_record():
     live = only(led.add("live fact"), "RecordAdded").record
     e = only(led.add("preview fact", replaces=live.id, preview=True), "RecordAdded")
     assert e.record.preview and e.record.replaces == live.id
-    stored = led.state.records[f"t/a/{live.id}"]
+    stored = get_record(led.state, "t/a", live.id)
     assert stored.status is Status.ACTIVE and stored.version == 1
 
 
@@ -259,7 +259,7 @@ def test_preview_delete_writes_a_preview_tombstone():
     e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=live.id,
                                   preview=True)), "RecordDeleted")
     assert e.record.preview and e.record.status is Status.DELETED and e.record.replaces == live.id
-    assert led.state.records[f"t/a/{live.id}"].status is Status.ACTIVE
+    assert get_record(led.state, "t/a", live.id).status is Status.ACTIVE
 
 
 def test_live_turn_cannot_touch_a_preview_record():
@@ -296,7 +296,7 @@ def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
     assert _turn(led, True, ref="x:9:1") == []
     e = only(led.add("late", turn_ref="x:9:1"), "WriteDiscarded")
     assert "timed_out" in e.reason
-    assert [r.summary for r in led.state.records.values()] == ["an unrelated write"]
+    assert [MemoryRecord.model_validate_json(r).summary for r in led.state.records.values()] == ["an unrelated write"]
 
 
 def test_an_overdue_turn_of_a_quiet_agent_is_expired_by_the_command_the_ledger_sends_itself():
