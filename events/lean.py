@@ -1,4 +1,5 @@
-"""Lean views of `memlane.memory.events` and `memlane.vectors` for the projections.
+"""Lean views of `memlane.memory.events` and `memlane.vectors` for the projections, and
+of the event log for the ledger's own recovery.
 
 A projection reads every event of the log, and a rebuild reads them all at once. The
 ledger validated each event before it wrote it, so a projection parses only the fields it
@@ -52,6 +53,7 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     pinned: bool = False
     replaces: str | None = None
     preview: bool = False
+    key: str | None = None
 
     @property
     def text(self) -> str:
@@ -83,8 +85,29 @@ class LeanVector(msgspec.Struct, frozen=True):
         return float32_array(self.dense)
 
 
+class LedgerView(msgspec.Struct, kw_only=True):
+    """What the ledger folds of one of its own events when it recovers: a record stays the
+    JSON it was written as (`record_json`), which is how the ledger keeps it, and a
+    configuration stays JSON until it is read. The full decode was three quarters of a
+    recovery's time."""
+
+    type: EventType
+    command_id: str
+    tenant: str
+    agent: str
+    occurred_at: datetime
+    turn_ref: str | None = None
+    committed: bool = False
+    timed_out: bool = False
+    command: str | None = None
+    config_json: msgspec.Raw = msgspec.field(name="config", default=msgspec.Raw(b"null"))
+    record_json: msgspec.Raw = msgspec.field(name="record", default=msgspec.Raw(b"null"))
+
+
 # Not strict: the contract's pydantic models accept "2" for 2, and so must its views.
 _EVENT = msgspec.json.Decoder(LeanEvent, strict=False)
+_LEDGER = msgspec.json.Decoder(LedgerView, strict=False)
+_RECORD = msgspec.json.Decoder(LeanRecord, strict=False)
 _VECTOR = msgspec.json.Decoder(LeanVector, strict=False)
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
@@ -112,6 +135,21 @@ def decode_lean(data: bytes) -> LeanEvent:
         raise ContractError("record", f"{event.type} {'needs' if event.record is None else 'takes no'} record")
     event.raw = data
     return event
+
+
+def decode_ledger_view(data: bytes) -> LedgerView:
+    try:
+        return _LEDGER.decode(data)
+    except msgspec.MsgspecError as e:
+        raise _contract_error(e) from None
+
+
+def decode_lean_record(data: bytes) -> LeanRecord:
+    """A record's JSON (as the ledger keeps it), for the fields its rules count and index."""
+    try:
+        return _RECORD.decode(data)
+    except msgspec.MsgspecError as e:
+        raise _contract_error(e) from None
 
 
 def decode_lean_vector(data: bytes) -> LeanVector:

@@ -16,7 +16,8 @@ import structlog
 from aiokafka import TopicPartition
 
 from events.base import utcnow
-from events.codec import decode, encode
+from events.codec import encode
+from events.lean import decode_ledger_view
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers.heap import settle_heap
 from workers.kafka_io import reader
@@ -105,7 +106,7 @@ class LedgerProcessor(Processor):
                     return
                 batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
                 for m in batch.get(tp, []):
-                    event = decode(EVENTS.name, m.value)
+                    event = decode_ledger_view(m.value)
                     evolve(state, event)
                     seen.add(event.command_id, m.value)
                     n += 1

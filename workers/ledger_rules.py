@@ -32,6 +32,7 @@ from events.commands import (
     UnpinMemory,
 )
 from events.config import AgentConfig, label_numbers_kept
+from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.memory import (
     AgentConfigured,
     CommandRejected,
@@ -100,7 +101,7 @@ def normalized_hash(summary: str, content: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def pin_line_chars(r: MemoryRecord) -> int:
+def pin_line_chars(r: MemoryRecord | LeanRecord) -> int:
     # One line per pin: the summary and the record id.
     return len(r.summary) + len(r.id) + 3
 
@@ -585,10 +586,13 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
 
 
 def evolve(state: LedgerState, event: Any) -> None:
+    """Folds `event`: a contract event, or the `LedgerView` of one (recovery)."""
     ak = agent_key(event.tenant, event.agent)
-    if isinstance(event, AgentConfigured):
-        state.configs[ak] = event.config
-    elif isinstance(event, TurnResolved):
+    t = event.type
+    if t == "AgentConfigured":
+        lean = isinstance(event, LedgerView)
+        state.configs[ak] = AgentConfig.model_validate_json(bytes(event.config_json)) if lean else event.config
+    elif t == "TurnResolved":
         outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
         key = f"{ak}|{event.turn_ref}"
         if state.turns_since is None:
@@ -602,19 +606,25 @@ def evolve(state: LedgerState, event: Any) -> None:
             state.open_turns[ak] = rest
         else:
             state.open_turns.pop(ak, None)
-    elif isinstance(event, WriteStaged):
+    elif t == "WriteStaged":
         key = f"{ak}|{event.turn_ref}"
         state.staged[key] = [*(state.staged.get(key) or []), event.command]
         opened = state.open_turns.get(ak) or {}
         if key not in opened:  # a WriteStaged's time is its write's `issued_at`
             state.open_turns[ak] = {**opened, key: event.occurred_at}
-    elif hasattr(event, "record"):
-        _store(state, ak, event.record)
+    elif t in RECORD_EVENT_TYPES:
+        if isinstance(event, LedgerView):
+            raw = bytes(event.record_json)
+            _store(state, ak, decode_lean_record(raw), raw)
+        else:
+            _store(state, ak, event.record, event.record.model_dump_json().encode())
 
 
-def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
+def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes) -> None:
+    """`raw` is `r` as JSON, as the state keeps it."""
     key = f"{ak}/{r.id}"
-    prev = get_record(state, ak, r.id)
+    stored = state.records.get(key)
+    prev = decode_lean_record(stored) if stored is not None else None
     if prev and prev.version >= r.version:
         return
     stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
@@ -624,7 +634,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord) -> None:
     stats["live"] += r.status in LIVE
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
     state.stats[ak] = stats
-    state.records[key] = r.model_dump_json().encode()
+    state.records[key] = raw
     dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
     text_key = f"{ak}|text:{dup_scope}:{normalized_hash(r.summary, r.content)}"
     key_key = f"{ak}|key:{r.kind}:{r.key}" if r.key else None

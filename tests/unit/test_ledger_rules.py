@@ -376,6 +376,41 @@ def test_a_replay_of_the_events_rebuilds_the_same_turn_state():
     assert replayed.turns_since == led.state.turns_since
 
 
+def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
+    """The ledger recovers from `LedgerView`s of its events, and decides from contract
+    events: both folds must make the same state, byte for byte."""
+    from events import encode
+    from events.lean import decode_ledger_view
+    from workers.ledger_rules import TURN_TIMEOUT
+
+    memory = {"labels": {"customer_id": {"number": 5}}, "pinned": {"max_tokens": 100}}
+    led, log = Ledger(**memory), []
+    first = led.add("Plan is Basic", labels={"customer_id": "7"}, key="plan", content="since May")
+    second = led.add("Prefers EUR", pinned=True)
+    log += first + second
+    log += led.add("Plan is Enterprise", replaces=first[0].record.id)
+    log += led.add("Plan is Premium", key="plan")  # disagrees with the live "plan": CONFLICT
+    log += led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=second[0].record.id))
+    log += led.add("staged and kept", turn_ref="x:1:1") + _turn(led, True, ref="x:1:1")
+    log += led.add("staged and rolled back", turn_ref="x:2:1") + _turn(led, False, ref="x:2:1")
+    log += led.add("staged, never answered", turn_ref="x:3:1")
+    log += led.add("a preview", preview=True)
+    log += led.add("much later", issued_at=NOW + TURN_TIMEOUT * 2)  # times x:3:1 out
+    assert {e.type for e in log} >= {"RecordAdded", "RecordSuperseded", "RecordDeleted", "TurnResolved",
+                                     "WriteStaged", "WriteDiscarded"}
+    configured = decide(LedgerState(), ConfigureAgent(
+        command_id=nid(), tenant="t", agent="a", issued_at=NOW,
+        config=AgentConfig.model_validate({"memory": memory})))
+    full, lean = LedgerState(), LedgerState()
+    for e in configured + log:
+        evolve(full, e)
+        evolve(lean, decode_ledger_view(encode(e)))
+    for name in ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "stats"):
+        assert dict(getattr(lean, name)) == dict(getattr(full, name)), name
+    assert lean.turns_since == full.turns_since
+    assert dict(full.records) == dict(led.state.records)
+
+
 def test_an_agents_open_turns_are_its_own():
     from workers.ledger_rules import TURN_TIMEOUT
 
