@@ -9,6 +9,7 @@ a command's events and its input offset commit in one Kafka transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -19,9 +20,11 @@ from events.base import utcnow
 from events.codec import encode
 from events.lean import decode_ledger_view
 from events.topics import COMMANDS, EVENTS, REDELIVERED
+from workers import ledger_snapshot as snapshot_file
 from workers.heap import settle_heap
 from workers.kafka_io import reader
 from workers.ledger_rules import LedgerState, decide, evolve, overdue
+from workers.ledger_snapshot import Snapshot
 from workers.runtime import Out, Processor, Stopping
 
 log = structlog.get_logger()
@@ -52,6 +55,15 @@ class RecentCommands:
         self.events.setdefault(command_id, []).append(raw)
         self.size += len(raw)
 
+    @classmethod
+    def restored(cls, items: list[tuple[str, list[bytes]]]) -> RecentCommands:
+        """From a snapshot's list, oldest first."""
+        recent = cls()
+        for command_id, raws in items:
+            recent.events[command_id] = raws
+            recent.size += sum(len(r) for r in raws)
+        return recent
+
     def evict(self) -> None:
         """Called between commands, so the newest command is never cut in half."""
         while self.size > self.budget and len(self.events) > 1:
@@ -66,6 +78,10 @@ class LedgerProcessor(Processor):
     # How often the ledger looks for turns whose writes waited past the turn timeout. A
     # turn times out one tick after its timeout at most.
     tick_every = 60.0
+    # A partition's state is snapshotted once this many events were sent since the last
+    # snapshot, and at least as many as it has records, so that writing snapshots costs
+    # each event a bounded share however large the state grows.
+    snapshot_every = 100_000
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -77,39 +93,69 @@ class LedgerProcessor(Processor):
         self.rejections: Counter[str] = Counter()
         self.clock = utcnow
         self.asked: set[str] = set()  # ExpireTurns sent and not yet decided
+        self.snapshots = Snapshots(self)
+        self.recovering: dict[int, asyncio.Future] = {}
+        self.epochs: Counter[int] = Counter()  # bumped when a partition is revoked
 
     async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
-            if tp.partition not in self.states:
-                await self._recover(tp.partition)
+            await self._recovered(tp.partition)
+
+    async def _recovered(self, partition: int) -> None:
+        """Recovers the partition unless its state is here, once however many ask.
+
+        Why once: a poll can hand the worker a partition's commands while the assignment is
+        still recovering other partitions, and the command recovers the partition itself.
+        Two recoveries raced, and the later one installed a fold that missed the events the
+        worker had decided meanwhile and not yet committed."""
+        if partition in self.states:
+            return
+        task = self.recovering.get(partition)
+        if task is None:
+            task = self.recovering[partition] = asyncio.ensure_future(self._recover(partition))
+            task.add_done_callback(lambda _: self.recovering.pop(partition, None))
+        await task
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
+            self.epochs[tp.partition] += 1  # a recovery still running for it installs nothing
             self.states.pop(tp.partition, None)
             self.processed.pop(tp.partition, None)
+            self.snapshots.forget(tp.partition)
 
-    async def _recover(self, partition: int) -> None:
-        state, seen = LedgerState(), RecentCommands()
+    async def _recover(self, partition: int) -> int:
+        """Folds the partition's events, after its snapshot when there is a good one, and
+        returns how many it folded."""
+        state, seen, epoch = LedgerState(), RecentCommands(), self.epochs[partition]
         topic = self.settings.topic(EVENTS.name)
         c = reader(self.settings, max_poll_records=2000)
         await c.start()
-        n = 0
+        n, last = 0, None
         try:
             tp = TopicPartition(topic, partition)
             c.assign([tp])
-            await c.seek_to_beginning(tp)
             end = (await c.end_offsets([tp]))[tp]
+            start = 0
+            snap = snapshot_file.read(snapshot_file.path_for(self.settings, partition))
+            if snap and snap.next_offset <= end and await _holds(c, tp, snap.next_offset - 1, snap.last_sha):
+                state, recent = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+                seen, start = RecentCommands.restored(recent), snap.next_offset
+                c.seek(tp, start)
+            else:
+                if snap:
+                    log.warning("ledger_snapshot_ignored", partition=partition, reason="the event it ends with is not in the log")
+                await c.seek_to_beginning(tp)
             next_report = 100_000
             while await c.position(tp) < end:
                 if self.stopping.is_set():
                     log.info("ledger_recovery_stopped", partition=partition, events=n, of=end)
-                    return
+                    return n
                 batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
                 for m in batch.get(tp, []):
                     event = decode_ledger_view(m.value)
                     evolve(state, event)
                     seen.add(event.command_id, m.value)
-                    n += 1
+                    n, last = n + 1, m
                 seen.evict()
                 settle_heap()
                 if n >= next_report:
@@ -117,13 +163,23 @@ class LedgerProcessor(Processor):
                     next_report += 100_000
         finally:
             await c.stop()
+        if last is not None and n >= self.snapshot_every:
+            # What it folded, so the next recovery starts here. Encoded before the state is
+            # installed: once it is, commands change it.
+            body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events)
+            await asyncio.to_thread(snapshot_file.write, snapshot_file.path_for(self.settings, partition),
+                                    Snapshot(snapshot_file.FORMAT, last.offset + 1, snapshot_file.sha(last.value), body))
+        if self.epochs[partition] != epoch:
+            return n
         self.states[partition], self.processed[partition] = state, seen
-        log.info("ledger_recovered", partition=partition, events=n, records=len(state.records))
+        self.snapshots.start(partition)
+        log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records))
+        return n
 
     async def process(self, source: str, partition: int, offset: int, cmd: Any) -> list[Out]:
         state = self.states.get(partition)
         if state is None:
-            await self._recover(partition)
+            await self._recovered(partition)
             if partition not in self.states:
                 raise Stopping(f"ledger stopped while recovering partition {partition}")
             state = self.states[partition]
@@ -132,7 +188,9 @@ class LedgerProcessor(Processor):
         if cmd.command_id in seen:
             # Effectively once: a redelivered command re-emits its stored events, same ids.
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            return [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[cmd.command_id]]
+            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[cmd.command_id]]
+            self.snapshots.sent(partition, outs)
+            return outs
         events = decide(state, cmd)
         outs = [Out(EVENTS.name, key, encode(e)) for e in events]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event
@@ -157,6 +215,7 @@ class LedgerProcessor(Processor):
             evolve(state, e)
             seen.add(cmd.command_id, o.value)
         seen.evict()
+        self.snapshots.sent(partition, outs)
         return outs
 
     async def tick(self) -> list[Out]:
@@ -173,8 +232,90 @@ class LedgerProcessor(Processor):
         self.asked |= {cmd.command_id for cmd in new}
         return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd)) for cmd in new]
 
+    def committed(self, written: list[Any]) -> None:
+        self.snapshots.committed(written)
+
     async def batch_done(self) -> list[Out]:
+        self.snapshots.take_due()
         if self.decided:
             log.info("ledger_batch", commands=self.decided, events=dict(self.kinds), rejected=dict(self.rejections))
             self.decided, self.kinds, self.rejections = 0, Counter(), Counter()
         return []
+
+
+async def _holds(c: Any, tp: TopicPartition, offset: int, digest: str) -> bool:
+    """Whether the event at `offset` is the one a snapshot says it folded last."""
+    if offset < 0:
+        return True
+    c.seek(tp, offset)
+    for _ in range(10):
+        msgs = (await c.getmany(tp, timeout_ms=1000, max_records=1)).get(tp, [])
+        if msgs:
+            return msgs[0].offset == offset and snapshot_file.sha(msgs[0].value) == digest
+    return False
+
+
+class Snapshots:
+    """When to snapshot a partition, and at which offset a snapshot taken then ends.
+
+    A snapshot is taken between batches, when the state folds every event sent so far; the
+    events' offsets are only known once their transaction commits. So it waits, encoded,
+    until the commits have covered as many events of the partition as were sent when it was
+    taken, and then ends after the last of them (batches commit one at a time, in order).
+    """
+
+    def __init__(self, ledger: LedgerProcessor) -> None:
+        self.ledger = ledger
+        self.sent_n: Counter[int] = Counter()  # events sent per partition since its recovery
+        self.last: dict[int, bytes] = {}  # the last of them
+        self.since: Counter[int] = Counter()  # since the last snapshot
+        self.acked: dict[int, tuple[int, int]] = {}  # partition -> (events committed, last offset)
+        self.pending: dict[int, tuple[int, str, bytes]] = {}  # partition -> (sent_n, sha of last, state)
+        self.topic = ledger.settings.topic(EVENTS.name)
+
+    def start(self, partition: int) -> None:
+        self.forget(partition)
+
+    def forget(self, partition: int) -> None:
+        for d in (self.sent_n, self.last, self.since, self.acked, self.pending):
+            d.pop(partition, None)
+
+    def sent(self, partition: int, outs: list[Out]) -> None:
+        if outs:
+            self.sent_n[partition] += len(outs)
+            self.since[partition] += len(outs)
+            self.last[partition] = outs[-1].value
+
+    def take_due(self) -> None:
+        for p, n in list(self.since.items()):
+            state = self.ledger.states.get(p)
+            if state is None or p in self.pending or n < max(self.ledger.snapshot_every, len(state.records)):
+                continue
+            body = snapshot_file.encode_state(state, self.ledger.processed[p].events)
+            self.pending[p] = (self.sent_n[p], snapshot_file.sha(self.last[p]), body)
+            self.since[p] = 0
+            self._write_if_committed(p)
+
+    def committed(self, written: list[Any]) -> None:
+        for meta in written:
+            if meta.topic == self.topic:
+                n, last = self.acked.get(meta.partition, (0, -1))
+                self.acked[meta.partition] = (n + 1, max(last, meta.offset))
+        for p in list(self.pending):
+            self._write_if_committed(p)
+
+    def _write_if_committed(self, p: int) -> None:
+        want, digest, body = self.pending[p]
+        n, last = self.acked.get(p, (0, -1))
+        if n < want:
+            return
+        del self.pending[p]
+        if n > want:  # cannot happen while batches commit in order; never guess an offset
+            log.warning("ledger_snapshot_dropped", partition=p, sent=want, committed=n)
+            return
+        snap = Snapshot(snapshot_file.FORMAT, last + 1, digest, body)
+        path = snapshot_file.path_for(self.ledger.settings, p)
+        task = asyncio.get_running_loop().run_in_executor(None, snapshot_file.write, path, snap)
+        task.add_done_callback(lambda f: f.exception() and log.error("ledger_snapshot_failed", partition=p,
+                                                                      error=str(f.exception())))
+        log.info("ledger_snapshot", partition=p, next_offset=last + 1, bytes=len(body))

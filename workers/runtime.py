@@ -136,6 +136,10 @@ class Processor:
         """
         return []
 
+    def committed(self, written: list[Any]) -> None:
+        """Called once a batch's outputs are committed, with the `RecordMetadata` (topic,
+        partition, offset) of each, in the order they were sent."""
+
     async def tick(self) -> list[Out]:
         """Called every `tick_every` seconds between polls, even when no message comes: for
         work that time alone makes due. Its outputs commit like a batch's, with no offsets."""
@@ -328,26 +332,26 @@ class Runner:
         log.warning("dependency_unavailable_retrying", error=f"{type(e).__name__}: {e}", delay_s=delay, **ctx)
         await asyncio.sleep(delay)
 
-    async def _send_all(self, outs: Iterable[Out]) -> None:
+    async def _send_all(self, outs: Iterable[Out]) -> list[Any]:
         futs = [
             await self.producer.send(
                 self.settings.topic(o.topic), o.value, key=o.key, headers=list(o.headers), partition=o.partition
             )
             for o in outs
         ]
-        for f in futs:
-            await f
+        return [await f for f in futs]
 
     async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
         if self.processor.transactional:
             async with self.producer.transaction():
-                await self._send_all(outs)
+                written = await self._send_all(outs)
                 if offsets:
                     await self.producer.send_offsets_to_transaction(offsets, self.group)
-            return
-        await self._send_all(outs)
-        if offsets:
-            await self.consumer.commit(offsets)
+        else:
+            written = await self._send_all(outs)
+            if offsets:
+                await self.consumer.commit(offsets)
+        self.processor.committed(written)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

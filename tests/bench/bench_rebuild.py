@@ -140,9 +140,10 @@ async def _ledger_throughput() -> None:
 
 
 async def _ledger_recovery(settings: Settings, events: int) -> None:
-    """How fast a ledger that is assigned partitions reads their state back: it folds its
-    partitions of the event log from the start (the log is its changelog), so this rate
-    and the log's length set how long a restarted or rebalanced ledger takes to start."""
+    """How fast a ledger that is assigned partitions reads their state back with no
+    snapshot (a new machine, or fewer events than a snapshot waits for): it folds its
+    partitions of the event log from the start, so this rate and the log's length set how
+    long a restarted or rebalanced ledger takes to start."""
     from services.logging import configure
     from workers.ledger import LedgerProcessor
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -50,3 +51,27 @@ async def test_stop_during_recovery_leaves_no_state_and_refuses_commands(setting
     ledger.stopping.clear()  # the same log, not stopping: it recovers every record
     await ledger._recover(partition)
     assert len(ledger.states[partition].records) == len(state.records) == 3
+
+
+async def test_a_command_during_its_partitions_assignment_recovers_the_partition_once(settings):
+    """A poll can hand the ledger a partition's command while the assignment still recovers
+    it: both wait for one recovery, and the state the command folds into is the one kept."""
+    from aiokafka import TopicPartition
+
+    s = Settings(topic_prefix=f"{settings.topic_prefix}once{uuid.uuid4().hex[:6]}.", data_dir=settings.data_dir)
+    await ensure_topics(s)
+    ledger = LedgerProcessor(s)
+    calls, recover = [], ledger._recover
+
+    async def counted(partition: int) -> int:
+        calls.append(partition)
+        return await recover(partition)
+
+    ledger._recover = counted
+    assignment = asyncio.create_task(ledger.assigned(None, {TopicPartition(s.topic(COMMANDS.name), 3)}))
+    await asyncio.sleep(0)  # the assignment's recovery is under way
+    cmd = AddMemory(command_id="c", tenant="t", agent="a", issued_at=T0, session="s", summary="fact", turn_ref="x:1:1")
+    [staged] = await ledger.process(COMMANDS.name, 3, 0, cmd)
+    await assignment
+    assert calls == [3]
+    assert ledger.states[3].open_turns == {"t/a": {"t/a|x:1:1": T0}}
