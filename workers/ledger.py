@@ -152,10 +152,14 @@ class LedgerProcessor(Processor):
                     return n
                 batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
                 for m in batch.get(tp, []):
+                    n, last = n + 1, m
+                    if (REDELIVERED, b"1") in (m.headers or ()):
+                        # Its original came first and was folded. Folded again, a staged
+                        # write would be staged twice (and applied twice) on recovery only.
+                        continue
                     event = decode_ledger_view(m.value)
                     evolve(state, event)
                     seen.add(event.command_id, m.value)
-                    n, last = n + 1, m
                 seen.evict()
                 settle_heap()
                 if n >= next_report:

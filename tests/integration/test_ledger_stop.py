@@ -75,3 +75,23 @@ async def test_a_command_during_its_partitions_assignment_recovers_the_partition
     await assignment
     assert calls == [3]
     assert ledger.states[3].open_turns == {"t/a": {"t/a|x:1:1": T0}}
+
+
+async def test_recovery_skips_the_events_a_redelivered_command_wrote_again(settings):
+    from events.topics import REDELIVERED
+
+    s = Settings(topic_prefix=f"{settings.topic_prefix}redel{uuid.uuid4().hex[:6]}.", data_dir=settings.data_dir)
+    await ensure_topics(s)
+    cmd = AddMemory(command_id="w", tenant="t", agent="a", issued_at=T0, session="s", summary="staged", turn_ref="x:1:1")
+    [staged] = decide(LedgerState(), cmd)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await p.start()
+    try:
+        first = await p.send_and_wait(s.topic(EVENTS.name), encode(staged), key=EVENTS.key_bytes(staged))
+        await p.send_and_wait(s.topic(EVENTS.name), encode(staged), key=EVENTS.key_bytes(staged),
+                              headers=[(REDELIVERED, b"1")])
+    finally:
+        await p.stop()
+    ledger = LedgerProcessor(s)
+    assert await ledger._recover(first.partition) == 2
+    assert ledger.states[first.partition].staged == {"t/a|x:1:1": [staged.command]}  # staged once, as live
