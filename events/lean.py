@@ -127,36 +127,31 @@ def _contract_error(e: msgspec.MsgspecError) -> ContractError:
 
 def decode_lean(data: bytes) -> LeanEvent:
     """Raises `ContractError` naming the field, as `events.codec.decode` does."""
-    try:
-        event = _EVENT.decode(data)
-    except msgspec.MsgspecError as e:
-        raise _contract_error(e) from None
+    event = _decoded(_EVENT, data)
     if (event.record is None) == (event.type in RECORD_EVENT_TYPES):
         raise ContractError("record", f"{event.type} {'needs' if event.record is None else 'takes no'} record")
     event.raw = data
     return event
 
 
-def decode_ledger_view(data: bytes) -> LedgerView:
+def _decoded(decoder: msgspec.json.Decoder, data: bytes) -> Any:
     try:
-        return _LEDGER.decode(data)
+        return decoder.decode(data)
     except msgspec.MsgspecError as e:
         raise _contract_error(e) from None
+
+
+def decode_ledger_view(data: bytes) -> LedgerView:
+    return _decoded(_LEDGER, data)
 
 
 def decode_lean_record(data: bytes) -> LeanRecord:
     """A record's JSON (as the ledger keeps it), for the fields its rules count and index."""
-    try:
-        return _RECORD.decode(data)
-    except msgspec.MsgspecError as e:
-        raise _contract_error(e) from None
+    return _decoded(_RECORD, data)
 
 
 def decode_lean_vector(data: bytes) -> LeanVector:
-    try:
-        return _VECTOR.decode(data)
-    except msgspec.MsgspecError as e:
-        raise _contract_error(e) from None
+    return _decoded(_VECTOR, data)
 
 
 def as_lean(event: Any) -> LeanEvent:
