@@ -601,7 +601,7 @@ def evolve(state: LedgerState, event: Any) -> None:
             state.turns_before, state.turns, state.turns_since = state.turns, {}, event.occurred_at
         state.turns[key] = outcome
         state.staged.pop(key, None)
-        rest = {k: t for k, t in (state.open_turns.get(ak) or {}).items() if k != key}
+        rest = {k: at for k, at in (state.open_turns.get(ak) or {}).items() if k != key}
         if rest:
             state.open_turns[ak] = rest
         else:
