@@ -19,6 +19,11 @@ from qdrant_edge import (
 )
 
 DENSE, SPARSE = "dense", "bm25"
+# A search runs on the thread that asks. Edge's default fans each search out to a pool of
+# its own threads: on 2 cores a filtered hybrid search over 5,000 points then cost ~550 us
+# of CPU (~440 of it in the pool) against ~150 us on the caller, and took twice as long.
+# Searches in memlane already run concurrently, one per API worker thread.
+SEARCH_THREADS = 1
 _opened = False
 
 
@@ -46,18 +51,18 @@ def open_shard(
     global _opened
     _opened = True
     path.mkdir(parents=True, exist_ok=True)
-    if (path / "edge_config.json").exists():
-        return EdgeShard.load(str(path))
-    shard = EdgeShard.create(
-        str(path),
-        EdgeConfig(
-            vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
-            sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-            wal_enabled=False,
-            payload_memory=Memory.Cached,
-            hnsw_config=HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
-        ),
+    config = EdgeConfig(
+        vectors={DENSE: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
+        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+        wal_enabled=False,
+        payload_memory=Memory.Cached,
+        hnsw_config=HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
+        max_search_threads=SEARCH_THREADS,
     )
+    if (path / "edge_config.json").exists():
+        # The config is passed again so that a shard made before a setting changed gets it.
+        return EdgeShard.load(str(path), config)
+    shard = EdgeShard.create(str(path), config)
     shard.update(UpdateOperation.create_field_index(tenant_key, KeywordIndexParams(is_tenant=True, enable_hnsw=True)))
     for f in keywords:
         shard.update(UpdateOperation.create_field_index(f, KeywordIndexParams(enable_hnsw=False)))
