@@ -176,7 +176,7 @@ class LedgerProcessor(Processor):
         if self.epochs[partition] != epoch:
             return n
         self.states[partition], self.processed[partition] = state, seen
-        self.snapshots.start(partition)
+        self.snapshots.forget(partition)  # counts start from the recovered state
         log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records))
         return n
 
@@ -276,9 +276,6 @@ class Snapshots:
         self.acked: dict[int, tuple[int, int]] = {}  # partition -> (events committed, last offset)
         self.pending: dict[int, tuple[int, str, bytes]] = {}  # partition -> (sent_n, sha of last, state)
         self.topic = ledger.settings.topic(EVENTS.name)
-
-    def start(self, partition: int) -> None:
-        self.forget(partition)
 
     def forget(self, partition: int) -> None:
         for d in (self.sent_n, self.last, self.since, self.acked, self.pending):
