@@ -62,6 +62,10 @@ async def _logged(settings) -> int:
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
     await c.start()
     try:
+        # A fresh deployment has no topics yet, and asking for their offsets would wait out
+        # the client's timeout and fail.
+        if settings.topic(EVENTS.name) not in await c.topics():
+            return 0
         tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
         return sum((await c.end_offsets(tps)).values())
     finally:
