@@ -23,6 +23,11 @@ model. Its `cores_busy` is that CPU times the rate: how much of the machine the 
 `extraction_worker_cpu_ms_per_turn` is the worker's own part: what a worker costs apart
 from what shares the machine's cores with it. 1000 / it is the rate one worker with a core
 to itself could sustain.
+
+`extraction_turns_per_s_1_worker_alone` (served run only) tests that bound: one worker
+drains a backlog while the ledger, the embedding worker and the projections are paused
+(`drain_alone`). The other figures run the whole pipeline on the machine's cores, as a
+one-machine deployment would.
 """
 
 from __future__ import annotations
@@ -30,16 +35,19 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import AIOKafkaConsumer
 
 from events.codec import decode
 from events.topics import COMMANDS
+from events.turns import TurnCommitted
 from projections.embedder import OnnxMiniLM
 from services.client import MemlaneClient, TurnPublisher
 from services.settings import ROOT
@@ -73,9 +81,8 @@ def fact(i: int) -> str:
     return f"Fact {i}: code {uuid.uuid4().hex[:8]} for s{i % SESSIONS}"
 
 
-async def outcomes_rate(settings, agents: set[str], n: int, since: float) -> float:
-    """Turns per second: `n` forwarded outcomes of `agents`, from `since` (epoch seconds) to
-    the last one's Kafka timestamp."""
+async def outcome_stamps(settings, agents: set[str], n: int) -> list[int]:
+    """Kafka timestamps (ms), in order, of `n` forwarded outcomes of `agents`."""
     c = AIOKafkaConsumer(settings.topic(COMMANDS.name), bootstrap_servers=settings.kafka_bootstrap,
                          isolation_level="read_committed", auto_offset_reset="earliest", group_id=None)
     await c.start()
@@ -98,7 +105,7 @@ async def outcomes_rate(settings, agents: set[str], n: int, since: float) -> flo
         await c.stop()
     if len(stamps) < n:
         raise RuntimeError(f"only {len(stamps)} of {n} turns were forwarded within 300 s")
-    return n / max(max(stamps) / 1000 - since, 1e-3)
+    return sorted(stamps)
 
 
 @dataclass
@@ -108,7 +115,9 @@ class Burst:
     cpu_ms: dict[str, float]  # per process: CPU ms per turn from the first turn published to the last outcome
 
 
-async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
+async def burst_turns(stack, settings, n: int) -> tuple[list[TurnCommitted], set[str], list[tuple[str, str, str]]]:
+    """`n` turns over `AGENTS` new agents; their agents, and per agent its key, its last
+    turn's session and a word only that turn's record has."""
     agents = await asyncio.gather(*(new_agent(stack.api_url, settings.operator_key) for _ in range(AGENTS)))
     texts = [fact(i) for i in range(n)]
     turns, last = [], {}
@@ -117,15 +126,66 @@ async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
         session = f"s{i % SESSIONS}"
         turns.append(turn(tenant, agent, session, i, texts[i], "Noted."))
         last[agent] = (key, session, texts[i].split()[3])
+    return turns, {a for _, a, _ in agents}, list(last.values())
+
+
+async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
+    turns, agents, last = await burst_turns(stack, settings, n)
     # Published without waiting for each acknowledgement: one at a time, the publisher
     # itself capped the rate at a few hundred turns per second on a loaded machine.
     pids = pipeline_pids(stack)
     cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     since = time.time()
     await pub.publish_many(turns)
-    rate = await outcomes_rate(settings, {a for _, a, _ in agents}, n, since)
+    stamps = await outcome_stamps(settings, agents, n)
+    rate = n / max(stamps[-1] / 1000 - since, 1e-3)
     cpu_ms = {name: (cpu_s(pid) - cpu0[name]) / n * 1000 for name, pid in pids.items()}
-    return Burst(rate, list(last.values()), cpu_ms)
+    return Burst(rate, last, cpu_ms)
+
+
+# What a worker's outcomes feed, none of which a review waits for. The API stays: reviews search it.
+DOWNSTREAM = ("ledger", "embedding", "redis-projection", "history")
+
+
+async def drain_alone(stack, settings, pub) -> Burst:
+    """One worker draining a backlog of `TURNS` turns while `DOWNSTREAM` is paused (SIGSTOP):
+    what one worker process sustains when it does not share the cores with the work its
+    outcomes cause, as it would not where each worker has its own machine. The worker is
+    stopped while the turns are published, and the API's history projection folds them all
+    before the worker starts, so neither competes with the drain. The rate is over the
+    middle 80% of the outcomes: the first poll's commit and the last poll's tail are left out."""
+    turns, agents, last = await burst_turns(stack, settings, TURNS)
+    stack.kill("extraction", signal.SIGTERM)
+    folded = await history_turns(stack.api_url, settings.operator_key)
+    await pub.publish_many(turns)
+    deadline = time.monotonic() + 120
+    while await history_turns(stack.api_url, settings.operator_key) < folded + TURNS:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the API's history projection did not fold the backlog within 120 s")
+        await asyncio.sleep(0.1)
+    # Paused only once the worker has its partitions: a consumer paused longer than its
+    # session timeout (10 s) is dropped from its group and recovers when it resumes.
+    log = stack.log_dir / "extraction.log"
+    assigned = log.read_text().count("partitions_assigned")
+    stack.start("extraction")
+    await asyncio.to_thread(wait_assigned, log, assigned + 1)
+    paused = [stack.procs[name].pid for name in DOWNSTREAM if name in stack.procs]
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        stamps = await outcome_stamps(settings, agents, TURNS)
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+    lo, hi = TURNS // 10, TURNS - TURNS // 10
+    return Burst((hi - lo) / max((stamps[hi - 1] - stamps[lo]) / 1000, 1e-3), last, {})
+
+
+async def history_turns(api_url: str, key: str) -> int:
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.get(f"{api_url}/v1/history/status", headers={"Authorization": f"Bearer {key}"})
+        r.raise_for_status()
+        return r.json()["turns"]
 
 
 def pipeline_pids(stack) -> dict[str, int]:
@@ -217,9 +277,18 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             figure(f"pipeline_cpu_ms_per_turn{suffix}", median(totals), "ms", TURNS, runs=rounded(totals),
                    cores_busy=round(median(totals) * one / 1000, 2),
                    by_process={name: round(median([b.cpu_ms[name] for b in bursts]), 2) for name in bursts[0].cpu_ms})
+            if not suffix:  # with the local embedder, a worker's reviews embed nothing themselves
+                alone = []
+                for _ in range(REPEATS):
+                    alone.append(await drain_alone(stack, settings, pub))
+                    await drained(stack.api_url, alone[-1])
+                rates = [b.rate for b in alone]
+                figure("extraction_turns_per_s_1_worker_alone", median(rates), "turns/s", TURNS, runs=rounded(rates),
+                       paused=list(DOWNSTREAM), ratio_to_1_worker=round(median(rates) / one, 3))
+            assigned = log.read_text().count("partitions_assigned")
             stack.procs["extraction-1"] = stack.procs.pop("extraction")
             stack.start("extraction")
-            wait_assigned(log, 3)  # the first worker's reassignment and the second worker's
+            wait_assigned(log, assigned + 2)  # the first worker's reassignment and the second worker's
             twos = [b.rate for b in await measured(stack, settings, pub)]
             two = median(twos)
             figure(f"extraction_turns_per_s_2_workers{suffix}", two, "turns/s", TURNS, runs=rounded(twos),
