@@ -149,8 +149,8 @@ DOWNSTREAM = ("ledger", "embedding", "redis-projection", "history")
 
 async def drain_alone(stack, settings, pub) -> Burst:
     """One worker draining a backlog of `TURNS` turns while `DOWNSTREAM` is paused (SIGSTOP):
-    what one worker process sustains when it does not share the cores with the work its
-    outcomes cause, as it would not where each worker has its own machine. The worker is
+    what one worker process sustains when the work its outcomes cause runs elsewhere, as it
+    does where each worker has machines of its own. The worker is
     stopped while the turns are published, and the API's history projection folds them all
     before the worker starts, so neither competes with the drain. The rate is over the
     middle 80% of the outcomes: the first poll's commit and the last poll's tail are left out."""
@@ -277,7 +277,9 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             figure(f"pipeline_cpu_ms_per_turn{suffix}", median(totals), "ms", TURNS, runs=rounded(totals),
                    cores_busy=round(median(totals) * one / 1000, 2),
                    by_process={name: round(median([b.cpu_ms[name] for b in bursts]), 2) for name in bursts[0].cpu_ms})
-            if not suffix:  # with the local embedder, a worker's reviews embed nothing themselves
+            # Served run only: a drain's queries are texts the history fold has embedded, so with
+            # the local embedder it would measure the same as here.
+            if not suffix:
                 alone = []
                 for _ in range(REPEATS):
                     alone.append(await drain_alone(stack, settings, pub))
