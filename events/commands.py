@@ -51,11 +51,13 @@ class DeleteMemory(_CommandBase):
 class PinMemory(_CommandBase):
     type: Literal["PinMemory"] = "PinMemory"
     record_id: Ident
+    session: Ident | None = None
 
 
 class UnpinMemory(_CommandBase):
     type: Literal["UnpinMemory"] = "UnpinMemory"
     record_id: Ident
+    session: Ident | None = None
 
 
 class EditMemory(_CommandBase):

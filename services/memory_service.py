@@ -40,6 +40,7 @@ STATUS_BY_CODE = {
     "PIN_NOT_ENABLED": 403,
     "MEMORY_DISABLED": 403,
     "READ_ONLY_KEY": 403,
+    "PREVIEW_READ_ONLY": 403,
     "NOT_FOUND": 404,
     "NOT_LIVE": 409,
     "DUPLICATE_ID": 409,
@@ -434,7 +435,7 @@ class MemoryService:
 
     async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
-        return await self._submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid), wait)
+        return await self._submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid, session=ctx.session), wait)
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
         if ctx.principal.role != "operator":

@@ -390,8 +390,13 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
 
 
 def _visible(r: MemoryRecord, cmd: Any) -> bool:
-    """A command addresses a record only within its own session and preview rules."""
-    if r.scope is Scope.SESSION and getattr(cmd, "session", None) not in (None, r.session):
+    """A command addresses a record only within its own session and preview rules.
+
+    Seed 000: a SESSION record "never reaches another session", and an agent without a
+    session has no session scope, so an agent's command without a session reaches no
+    SESSION record. An operator's reaches every session (`deleteAgentMemory` deletes any
+    of the agent's records)."""
+    if r.scope is Scope.SESSION and cmd.provenance.source is not Source.OPERATOR and getattr(cmd, "session", None) != r.session:
         return False
     if r.preview and not cmd.preview:
         return False
@@ -569,6 +574,11 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
     if r is None or not _visible(r, cmd):
         raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
     want = isinstance(cmd, PinMemory)
+    if cmd.preview and not r.preview:
+        # Seed 000: a turn in preview mode never changes a record a live turn wrote.
+        raise Rejected(
+            "PREVIEW_READ_ONLY", "record_id", f"record {r.id} was written by a live turn; a preview turn cannot pin or unpin it"
+        )
     if want and r.status is not Status.ACTIVE:
         raise Rejected("NOT_LIVE", "record_id", f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
     if r.pinned == want:

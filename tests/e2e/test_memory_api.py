@@ -90,6 +90,24 @@ async def test_session_scope_never_leaves_its_session(stack, new_agent):
         await refused(s2.read_memory(private["id"]), 404, "NOT_FOUND")
 
 
+async def test_no_other_session_and_no_sessionless_call_changes_a_session_record(stack, new_agent, settings):
+    tenant, agent, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
+    async with MemlaneClient(stack.api_url, key, session="s1") as s1:
+        private = await s1.add_memory("Account 4471 is overdrawn")
+        for other in ("s2", None):
+            async with MemlaneClient(stack.api_url, key, session=other) as c:
+                await refused(c.delete_memory(private["id"]), 404, "NOT_FOUND", "record_id")
+                await refused(c.pin(private["id"]), 404, "NOT_FOUND", "record_id")
+                await refused(c.add_memory("Account 4471 is fine", scope="AGENT", replaces=private["id"]), 404,
+                              "NOT_FOUND", "replaces")
+        kept = await s1.read_memory(private["id"])
+        assert (kept.status.value, kept.pinned, kept.version) == ("ACTIVE", False, 1)
+        assert (await s1.pin(private["id"]))["memories"][0]["pinned"] is True
+    # An operator reaches every session's records (seed 000: deleteAgentMemory).
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        assert (await op.delete_memory(private["id"]))["memories"][0]["status"] == "DELETED"
+
+
 async def test_batch_search_answers_each_item_as_a_single_search(stack, agent_pair, settings):
     (tenant_a, agent_a, key_a), (_, agent_b, _) = agent_pair
     async with MemlaneClient(stack.api_url, key_a, session="s1") as a:
@@ -168,6 +186,9 @@ async def test_live_turns_never_see_preview_records(stack, new_agent):
         preview_hits = [f.record.id for f in (await preview.search_memory("refund limit"))[0]]
         assert preview_hits == [draft["id"]]  # the live record it replaces is shadowed
         assert (await live.read_memory(original["id"])).status.value == "ACTIVE"
+        # Seed 000: a turn in preview mode never changes a record a live turn wrote.
+        await refused(preview.pin(original["id"]), 403, "PREVIEW_READ_ONLY", "record_id")
+        assert (await live.read_memory(original["id"])).pinned is False
 
 
 async def test_helper_keys_search_but_never_write(stack, new_agent, settings):

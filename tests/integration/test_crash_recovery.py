@@ -52,9 +52,9 @@ def make_commands(run: str) -> list:
                                       replaces=rnd.choice(added)))
                 added.append(record_id_for(cid))
             elif roll < 0.9:
-                cmds.append(DeleteMemory(**common, record_id=rnd.choice(added)))
+                cmds.append(DeleteMemory(**common, record_id=rnd.choice(added), session="s"))
             else:
-                cmds.append(PinMemory(**common, record_id=rnd.choice(added)))
+                cmds.append(PinMemory(**common, record_id=rnd.choice(added), session="s"))
     return cmds
 
 

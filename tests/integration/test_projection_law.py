@@ -49,7 +49,7 @@ def ledger_events(ops) -> list:
             run(AddMemory(**common, summary=o[1], session="s", replaces=replaces, pinned=o[3]))
         elif ids:
             cls = {"delete": DeleteMemory, "pin": PinMemory, "unpin": UnpinMemory}[o[0]]
-            run(cls(**common, record_id=ids[o[1] % len(ids)]))
+            run(cls(**common, record_id=ids[o[1] % len(ids)], session="s"))
     return events
 
 

@@ -6,7 +6,7 @@ from itertools import count
 import pytest
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, TurnOutcome, UnpinMemory
-from events.record import MemoryRecord, Status
+from events.record import MemoryRecord, Provenance, Source, Status
 from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -121,8 +121,8 @@ def test_replacing_a_superseded_record_is_refused():
 def test_delete_then_delete_again_returns_it_unchanged():
     led = Ledger()
     r = only(led.add(), "RecordAdded").record
-    d1 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordDeleted")
-    d2 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordDeleted")
+    d1 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=r.id)), "RecordDeleted")
+    d2 = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=r.id)), "RecordDeleted")
     assert d1.record.status is Status.DELETED and d1.record.version == 2
     assert d2.record == d1.record
 
@@ -152,7 +152,7 @@ def test_restated_fact_in_another_session_is_a_new_record():
 def test_deleted_fact_does_not_hold_its_slot():
     led = Ledger()
     r = only(led.add("x"), "RecordAdded").record
-    led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id))
+    led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=r.id))
     assert not only(led.add("x"), "RecordAdded").merged
 
 
@@ -182,14 +182,14 @@ def test_pin_over_budget_says_consolidate():
     assert a.pinned
     e = only(led.add("b" * 60, pinned=True), "CommandRejected")
     assert e.code == "PIN_BUDGET_EXCEEDED" and "consolidate" in e.reason and "max_tokens=30" in e.reason
-    led.run(UnpinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=a.id))
+    led.run(UnpinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=a.id))
     assert only(led.add("b" * 60, pinned=True), "RecordAdded").record.pinned
 
 
 def test_pin_and_unpin_bump_the_version():
     led = Ledger(pinned={"max_tokens": 2000})
     r = only(led.add("x"), "RecordAdded").record
-    p = only(led.run(PinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id)), "RecordPinned")
+    p = only(led.run(PinMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=r.id)), "RecordPinned")
     assert p.record.pinned and p.record.version == 2
 
 
@@ -256,7 +256,7 @@ def test_preview_replace_shadows_and_leaves_the_live_record():
 def test_preview_delete_writes_a_preview_tombstone():
     led = Ledger()
     live = only(led.add("live fact"), "RecordAdded").record
-    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=live.id,
+    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=live.id,
                                   preview=True)), "RecordDeleted")
     assert e.record.preview and e.record.status is Status.DELETED and e.record.replaces == live.id
     assert get_record(led.state, "t/a", live.id).status is Status.ACTIVE
@@ -265,9 +265,47 @@ def test_preview_delete_writes_a_preview_tombstone():
 def test_live_turn_cannot_touch_a_preview_record():
     led = Ledger()
     p = only(led.add("preview only", preview=True), "RecordAdded").record
-    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=p.id)),
+    e = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=p.id)),
              "CommandRejected")
     assert e.code == "NOT_FOUND"
+
+
+@pytest.mark.parametrize("session", [None, "s2"])
+@pytest.mark.parametrize("command", ["delete", "pin", "unpin", "replace"])
+def test_an_agents_command_never_reaches_another_sessions_record(command, session):
+    # Seed 000: a SESSION record "never reaches another session"; an agent without a
+    # session has no session scope at all.
+    led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]}, pinned={"max_tokens": 2000})
+    r = only(led.add("s1's fact", pinned=command == "unpin"), "RecordAdded").record
+    common = dict(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session=session)
+    cmd = {
+        "delete": DeleteMemory(**common, record_id=r.id),
+        "pin": PinMemory(**common, record_id=r.id),
+        "unpin": UnpinMemory(**common, record_id=r.id),
+        "replace": AddMemory(**common, summary="a correction", scope="AGENT", replaces=r.id),
+    }[command]
+    e = only(led.run(cmd), "CommandRejected")
+    assert e.code == "NOT_FOUND" and e.field == ("replaces" if command == "replace" else "record_id")
+    assert get_record(led.state, "t/a", r.id) == r
+
+
+def test_an_operator_reaches_every_sessions_record():
+    # Seed 000: `deleteAgentMemory` deletes any of the agent's records.
+    led = Ledger()
+    r = only(led.add("s1's fact"), "RecordAdded").record
+    d = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id,
+                                  provenance=Provenance(source=Source.OPERATOR))), "RecordDeleted")
+    assert d.record.status is Status.DELETED
+
+
+@pytest.mark.parametrize("cls", [PinMemory, UnpinMemory])
+def test_a_preview_turn_cannot_pin_or_unpin_a_live_record(cls):
+    led = Ledger(pinned={"max_tokens": 2000})
+    r = only(led.add("live fact", pinned=cls is UnpinMemory), "RecordAdded").record
+    e = only(led.run(cls(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=r.id,
+                         preview=True)), "CommandRejected")
+    assert e.code == "PREVIEW_READ_ONLY" and "live turn" in e.reason
+    assert get_record(led.state, "t/a", r.id) == r
 
 
 def test_disabled_memory_refuses_writes():
@@ -390,7 +428,7 @@ def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
     log += first + second
     log += led.add("Plan is Enterprise", replaces=first[0].record.id)
     log += led.add("Plan is Premium", key="plan")  # disagrees with the live "plan": CONFLICT
-    log += led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=second[0].record.id))
+    log += led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, session="s1", record_id=second[0].record.id))
     log += led.add("staged and kept", turn_ref="x:1:1") + _turn(led, True, ref="x:1:1")
     log += led.add("staged and rolled back", turn_ref="x:2:1") + _turn(led, False, ref="x:2:1")
     log += led.add("staged, never answered", turn_ref="x:3:1")
