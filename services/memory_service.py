@@ -162,6 +162,18 @@ class MemoryService:
             return False
         return ctx.preview or not r.preview
 
+    def _check_enabled(self, ctx: Context, cfg: AgentConfig) -> None:
+        """Seed 003: with memory off, an agent's memory calls are refused at once. An
+        operator still lists, reads and deletes (seed 004: the dashboard, and deletion)."""
+        if ctx.principal.role == "operator":
+            return
+        if self.settings.memory_kill_switch:
+            raise ApiError("MEMORY_DISABLED", "AGENT_MEMORY_KILL_SWITCH",
+                           "memory is switched off for this deployment; unset AGENT_MEMORY_KILL_SWITCH to turn it on")
+        if not cfg.memory.enabled:
+            raise ApiError("MEMORY_DISABLED", "memory.enabled",
+                           "memory is off for this agent; an operator sets memory.enabled to true to turn it on")
+
     # ------------------------------------------------------------------ reads
 
     async def search(
@@ -181,6 +193,7 @@ class MemoryService:
         """`dense` and `cfg`: the query's vector and the agent's configuration, when the
         caller has them already (`search_many`)."""
         cfg = cfg or await self.config(ctx.tenant, ctx.agent)
+        self._check_enabled(ctx, cfg)
         limit = limit or cfg.memory.search.max_results
         scopes = self.readable_scopes(cfg, ctx.session)
         if ids:
@@ -332,7 +345,7 @@ class MemoryService:
     async def recall(self, ctx: Context, conversation: str, text: str) -> RecallResult:
         """What the agent should remember before its next model call (seed 000)."""
         cfg = await self.config(ctx.tenant, ctx.agent)
-        if not cfg.memory.enabled:
+        if not cfg.memory.enabled or self.settings.memory_kill_switch:
             return RecallResult([], [], render([], []), [], [], [])
         scopes, now = self.readable_scopes(cfg, ctx.session), utcnow()
         pinned_all = [
@@ -377,6 +390,7 @@ class MemoryService:
         return SearchResult([(r, None) for r in out], nxt)
 
     async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
+        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
         r = await self.records.get(ctx.tenant, ctx.agent, rid, version)
         if r is None or not self.visible(r, ctx):
             raise ApiError("NOT_FOUND", "id", f"no record {rid} for this agent")
@@ -401,6 +415,7 @@ class MemoryService:
         if not ctx.principal.can_write:
             raise ApiError("READ_ONLY_KEY", None, "this key can search memory but never write it")
         cfg = await self.config(ctx.tenant, ctx.agent)
+        self._check_enabled(ctx, cfg)
         if ctx.principal.role != "operator" and tool not in cfg.memory.tools:
             raise ApiError(
                 "TOOL_NOT_ALLOWED", "tool", f"{tool} is not in memory.tools {cfg.memory.tools}; nothing was changed"

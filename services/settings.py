@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +50,15 @@ class Settings(BaseSettings):
     # generation keeps the count it was built with: a new count takes effect with the next
     # `memlane rebuild qdrant`.
     memory_shards: int = Field(default=2, ge=1, le=8)
+    # Seed 004's deployment kill switch: 1, true, on or enabled turn memory off for every
+    # agent (agents' memory calls refused, nothing recalled, no reviews); any other value,
+    # unreadable ones included, leaves memory on.
+    memory_kill_switch: bool = Field(default=False, validation_alias="AGENT_MEMORY_KILL_SWITCH")
+
+    @field_validator("memory_kill_switch", mode="before")
+    @classmethod
+    def _switch(cls, v: object) -> bool:
+        return str(v).strip().lower() in {"1", "true", "on", "enabled"}
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:

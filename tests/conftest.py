@@ -86,3 +86,15 @@ async def eventually(check, timeout: float = 30.0, interval: float = 0.1):
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s; last result: {last!r}")
+
+
+async def refused(coro, status: int, code: str, field: str | None = None):
+    """Awaits `coro`, which must fail with this HTTP status, error code and (when given) field."""
+    from services.client import MemlaneError
+
+    with pytest.raises(MemlaneError) as e:
+        await coro
+    assert (e.value.status, e.value.code) == (status, code), e.value
+    if field is not None:
+        assert e.value.field == field, e.value
+    return e.value

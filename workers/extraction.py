@@ -235,6 +235,13 @@ class ExtractionProcessor(Processor):
 
     async def start(self) -> None:
         s = self.settings
+        if s.memory_kill_switch:
+            log.warning(
+                "extraction_off",
+                reason="AGENT_MEMORY_KILL_SWITCH turns memory off: turn outcomes are forwarded; reviews and "
+                "add_memory tool calls in turns are not (counted in each batch's turns_forwarded line)",
+            )
+            return
         if not s.model_configured:
             log.warning(
                 "extraction_off",
@@ -261,6 +268,9 @@ class ExtractionProcessor(Processor):
         if not isinstance(turn, (TurnCommitted, TurnRolledBack)):
             return []
         commands: list[Any] = tool_writes(turn) if isinstance(turn, TurnCommitted) else []
+        if commands and self.settings.memory_kill_switch:
+            self.tally["tool_writes_refused_kill_switch"] += len(commands)
+            commands = []
         extra: list[Any] = []
         reviewed: dict[str, Any] = {}  # what the review did, for the turn's log line
         if isinstance(turn, TurnCommitted) and self.model is not None:

@@ -12,22 +12,13 @@ from aiokafka import AIOKafkaConsumer
 
 from events import AgentConfig, TurnCommitted, TurnRolledBack
 from events.codec import decode
-from services.client import MemlaneClient, MemlaneError
+from services.client import MemlaneClient
 from services.mcp_server import build_mcp
-from tests.conftest import eventually
+from tests.conftest import eventually, refused
 
 BOTH_SCOPES = {"memory": {"scope": {"read": ["session", "agent"], "write": ["session", "agent"]},
                           "pinned": {"max_tokens": 40}, "tools": ["add_memory", "read_memory", "delete_memory",
                                                                    "pin_memory", "unpin_memory"]}}
-
-
-async def refused(coro, status: int, code: str, field: str | None = None) -> MemlaneError:
-    with pytest.raises(MemlaneError) as e:
-        await coro
-    assert (e.value.status, e.value.code) == (status, code), e.value
-    if field is not None:
-        assert e.value.field == field, e.value
-    return e.value
 
 
 @pytest.fixture
@@ -106,6 +97,28 @@ async def test_no_other_session_and_no_sessionless_call_changes_a_session_record
     # An operator reaches every session's records (seed 000: deleteAgentMemory).
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
         assert (await op.delete_memory(private["id"]))["memories"][0]["status"] == "DELETED"
+
+
+async def test_memory_off_refuses_the_agents_calls_but_not_the_operators(stack, new_agent, settings):
+    tenant, agent, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c, MemlaneClient(
+        stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1"
+    ) as op:
+        kept = await c.add_memory("Dana's favourite colour is teal")
+        await op.configure(AgentConfig.model_validate({**BOTH_SCOPES, "memory": {**BOTH_SCOPES["memory"], "enabled": False}}))
+
+        async def off():  # the API reads configurations from the Redis view
+            return not (await op.config()).memory.enabled
+
+        await eventually(off)
+        # Seed 003: with memory off, calls are refused at once.
+        for call in (c.search_memory("colour"), c.search_memory(None), c.read_memory(kept["id"]), c.history(kept["id"]),
+                     c.add_memory("another fact"), c.delete_memory(kept["id"]), c.pin(kept["id"])):
+            await refused(call, 403, "MEMORY_DISABLED", "memory.enabled")
+        assert (await c.recall("conv-off", "colour"))["records"] == []
+        # The operator still reads and deletes (seed 004: the dashboard, and deletion).
+        assert [f.record.id for f in (await op.search_memory(None))[0]] == [kept["id"]]
+        assert (await op.delete_memory(kept["id"]))["memories"][0]["status"] == "DELETED"
 
 
 async def test_batch_search_answers_each_item_as_a_single_search(stack, agent_pair, settings):

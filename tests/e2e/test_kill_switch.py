@@ -1,0 +1,68 @@
+"""AGENT_MEMORY_KILL_SWITCH (seed 004): one setting turns memory off for every agent."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from events import AgentConfig, Message, ToolCall
+from events.topics import COMMANDS
+from services.client import MemlaneClient, TurnPublisher
+from services.stack import free_port
+from tests.conftest import eventually, refused
+from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
+from tests.fakes.model_server import FakeModel, Reply
+
+
+@pytest.fixture(scope="module")
+def fake():
+    f = FakeModel().start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def kstack(fake, infra, settings, tmp_path_factory):
+    prefix = f"{settings.topic_prefix}k{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
+    stack, ksettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("kdata"), free_port(),
+                                        AGENT_MEMORY_KILL_SWITCH="on", **infra)
+    try:
+        stack.start_all(workers=("extraction", "ledger", "redis-projection"))
+        yield stack, ksettings
+    finally:
+        stack.stop()
+
+
+async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothing(kstack, fake):
+    stack, settings = kstack
+    tools = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}})
+    tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, tools)
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        for call in (c.search_memory("anything"), c.add_memory("a fact")):
+            await refused(call, 403, "MEMORY_DISABLED", "AGENT_MEMORY_KILL_SWITCH")
+        assert (await c.recall("conv-1", "anything"))["records"] == []
+    # A committed turn with an add_memory call, and a model that would propose a record:
+    # the outcome is forwarded, and neither the call nor a review becomes a command.
+    marker = f"kill-{uuid.uuid4().hex[:8]}"
+    fake.on(marker, Reply({"candidates": [{"decision": "add", "handle": None, "kind": "fact", "labels": {},
+                                           "scope": "session", "summary": f"reviewed {marker}", "content": "",
+                                           "source_message_ids": []}]}))
+    t = turn(tenant, agent, "s1", 1, messages=[
+        Message(id="m1", role="user", content=f"Remember {marker}"),
+        Message(id="m2", role="assistant", content="", tool_calls=[
+            ToolCall(id="c1", name="add_memory", arguments={"summary": f"tool {marker}"})]),
+    ])
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        await pub.publish(t)
+
+    async def commands():
+        mine = [c for c, _ in await read_topic(settings, COMMANDS.name, COMMANDS.name) if c.turn_ref == t.turn_ref]
+        return mine if any(c.type == "TurnOutcome" for c in mine) else None
+
+    # A turn's writes and its outcome commit in one transaction: once the outcome is
+    # readable, anything the turn caused would be too.
+    assert [c.type for c in await eventually(commands)] == ["TurnOutcome"]
+    assert not [r for r in fake.requests if marker in str(r)]
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1") as op:
+        assert (await op.search_memory(None))[0] == []  # operators still list: there is nothing
