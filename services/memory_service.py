@@ -27,7 +27,7 @@ from projections.qdrant_index import SearchFilter
 from projections.records import CursorError, encode_cursor, sort_score
 from projections.redis_records import RedisRecords
 from services.auth import Principal
-from services.recall_render import pinned_within_budget, render
+from services.recall_render import pinned_within_budget, render, within_block
 from services.settings import Settings
 
 if TYPE_CHECKING:
@@ -360,6 +360,8 @@ class MemoryService:
             seen = await self.records.r.smismember(key, [f"{r.id}:{r.version}" for r, _ in fresh])
             fresh = [x for x, was in zip(fresh, seen) if not was]
         fresh = fresh[: cfg.memory.search.max_results]
+        fits = {r.id for r in within_block(pinned, [r for r, _ in fresh])}
+        fresh = [x for x in fresh if x[0].id in fits]
         if fresh:
             await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r, _ in fresh])
             await self.records.r.expire(key, RECALLED_TTL_S)

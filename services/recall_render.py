@@ -13,6 +13,7 @@ HEADER = (
 )
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
+BLOCK_CHARS = 8000  # seed 004: the injected block's cap; records that do not fit are left out whole
 
 
 def _defang(text: str) -> str:
@@ -31,6 +32,16 @@ def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> 
         used += line
         out.append(r)
     return out
+
+
+def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord]) -> list[MemoryRecord]:
+    """The records, best first, that fit whole in a block of `BLOCK_CHARS` beside the pins.
+    Pins have their own budget (`memory.pinned.max_tokens`) and are never dropped for it."""
+    kept: list[MemoryRecord] = []
+    for r in records:
+        if len(render(pinned, [*kept, r])) <= BLOCK_CHARS:
+            kept.append(r)
+    return kept
 
 
 def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[str] = (),

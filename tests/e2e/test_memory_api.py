@@ -332,6 +332,21 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
         await usage.stop()
 
 
+async def test_recall_leaves_out_whole_records_past_8000_characters(stack, new_agent):
+    # Seed 004: the injected block is capped at 8,000 characters; facts that do not fit are skipped whole.
+    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"search": {"max_results": 10}}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        for i in range(10):
+            await c.add_memory(f"Harbour note {i}: " + "tide " * 80, content="detail " * 200)
+        out = await c.recall("conv-big", "harbour note tide")
+        assert len(out["rendered"]) <= 8000
+        assert 0 < len(out["records"]) < 10
+        assert all(f"(id: {r['id']}, v1)" in out["rendered"] for r in out["records"])
+        # What was left out was not recalled, so the next recall offers it.
+        again = await c.recall("conv-big", "harbour note tide")
+        assert again["records"] and not {r["id"] for r in again["records"]} & {r["id"] for r in out["records"]}
+
+
 # --------------------------------------------------------------------------- turn writes
 
 
