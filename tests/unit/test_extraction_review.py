@@ -81,6 +81,22 @@ def test_decisions_become_commands_with_deterministic_ids_and_handles_resolved()
     assert r.to_commands(other_attempt, AgentConfig(), answer, shown, handles, "m").commands[0].command_id != add.command_id
 
 
+def test_a_fact_cites_at_most_five_source_messages():
+    # Seed 004: "Source messages cited by one fact | 5".
+    shown = [msg(i) for i in range(12)]
+    answer = r.ReviewAnswer.model_validate({"candidates": [
+        {"decision": "add", "summary": "cites six", "source_message_ids": [f"m{i}" for i in range(6)]},
+        {"decision": "add", "summary": "cites five", "source_message_ids": [f"m{i}" for i in range(5)]},
+        {"decision": "add", "summary": "cites none"},
+    ]})
+    d = r.to_commands(TURN, AgentConfig(), answer, shown, r.Handles(), "m")
+    assert [(x.index, x.reason, x.detail) for x in d.refused] == [(0, "citation", "cites 6 messages; the limit is 5 per fact")]
+    five, none = d.commands
+    assert five.provenance.source_message_ids == ["m0", "m1", "m2", "m3", "m4"]
+    assert none.provenance.source_message_ids == ["m7", "m8", "m9", "m10", "m11"]  # the newest shown
+    assert "at most 5" in r.build_messages(AgentConfig(), "s1", shown, r.Handles())[0]["content"]
+
+
 def test_agent_scope_only_when_write_allows_it():
     answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "f", "scope": "agent"}]})
     session_only = AgentConfig()
