@@ -392,7 +392,11 @@ class MemoryService:
         return SearchResult([(r, None) for r in out], nxt)
 
     async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
-        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        self._check_enabled(ctx, cfg)
+        if ctx.principal.role != "operator" and "read_memory" not in cfg.memory.tools:
+            raise ApiError("TOOL_NOT_ALLOWED", "tool", f"read_memory is not in memory.tools {cfg.memory.tools}; "
+                           "search_memory with ids reads current records")
         r = await self.records.get(ctx.tenant, ctx.agent, rid, version)
         if r is None or not self.visible(r, ctx):
             raise ApiError("NOT_FOUND", "id", f"no record {rid} for this agent")

@@ -388,12 +388,20 @@ async def test_tool_writes_wait_for_their_turn(stack, new_agent, publisher):
 # --------------------------------------------------------------------------- MCP
 
 
-async def test_mcp_tools_follow_the_same_rules(stack, new_agent):
-    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}}))
+async def test_mcp_offers_the_configured_tools_and_follows_the_same_rules(stack, new_agent):
+    cfg = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}})
+    _, _, key = await new_agent(cfg)
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
-        mcp = build_mcp(c)
-        names = {t.name for t in await mcp.list_tools()}
-        assert {"search_memory", "add_memory", "read_memory", "delete_memory", "search_history"} <= names
+        mcp = build_mcp(c, cfg)
+        tools = {t.name: t for t in await mcp.list_tools()}
+        assert set(tools) == {"search_memory", "add_memory", "read_memory"}  # no harness.history
+        assert "scope" not in tools["add_memory"].input_schema["properties"]  # scope.write is ["session"]
+        both = AgentConfig.model_validate({**BOTH_SCOPES, "history": {"index": "messages"}})
+        tools = {t.name: t for t in await build_mcp(c, both).list_tools()}
+        assert set(tools) == {"search_memory", "search_history", *BOTH_SCOPES["memory"]["tools"]}
+        assert "scope" in tools["add_memory"].input_schema["properties"]
+        off = AgentConfig.model_validate({"memory": {"enabled": False}})
+        assert await build_mcp(c, off).list_tools() == []
         added = json.loads((await mcp.call_tool("add_memory", {"summary": "MCP users like tabs"})).content[0].text)
         rid = added["memories"][0]["id"]
         found = json.loads((await mcp.call_tool("search_memory", {"query": "tabs"})).content[0].text)
@@ -402,7 +410,17 @@ async def test_mcp_tools_follow_the_same_rules(stack, new_agent):
         assert read["sources"][0]["summary"] == "MCP users like tabs"
         from mcp.server.mcpserver.exceptions import ToolError
 
+        # The API still decides: a tool offered from a stale configuration is refused there.
         with pytest.raises(ToolError, match="TOOL_NOT_ALLOWED"):
-            await mcp.call_tool("delete_memory", {"id": rid})
+            await build_mcp(c, both).call_tool("delete_memory", {"id": rid})
         with pytest.raises(ToolError, match="HISTORY_DISABLED"):  # this agent has no harness.history
-            await mcp.call_tool("search_history", {"query": "tabs"})
+            await build_mcp(c, both).call_tool("search_history", {"query": "tabs"})
+
+
+async def test_read_memory_needs_the_tool(stack, new_agent):
+    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"tools": ["add_memory"]}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        rid = (await c.add_memory("Readers need read_memory"))["id"]
+        await refused(c.read_memory(rid), 403, "TOOL_NOT_ALLOWED", "tool")
+        await refused(c.history(rid), 403, "TOOL_NOT_ALLOWED", "tool")
+        assert [f.record.id for f in (await c.search_memory(None, ids=[rid]))[0]] == [rid]  # search reads by id
