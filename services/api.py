@@ -395,9 +395,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         after: str | None = None,
         sort: Literal["DESC", "ASC"] = "DESC",
     ):
-        page = await s.records.page(ctx.tenant, ctx.agent, first, after, ascending=sort == "ASC")
-        visible = [r for r in page.records if s.visible(r, ctx)]
-        return {"records": [record_out(r) for r in visible], "next_cursor": page.next_cursor}
+        page = await s.memories(ctx, first, after, ascending=sort == "ASC")
+        return {"records": [record_out(r) for r in page.records], "next_cursor": page.next_cursor}
 
     @app.get("/v1/memory/{rid}")
     async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None, Query(ge=1)] = None):

@@ -24,7 +24,7 @@ from events.topics import COMMANDS, USAGE
 from events.usage import ModelUsage, Retrieved, RetrievedItem
 from projections.embedder import Embedder
 from projections.qdrant_index import SearchFilter
-from projections.records import CursorError, encode_cursor, sort_score
+from projections.records import CursorError, Page, encode_cursor, sort_score
 from projections.redis_records import RedisRecords
 from services.auth import Principal
 from services.recall_render import pinned_within_budget, render, within_block
@@ -391,14 +391,26 @@ class MemoryService:
         nxt = encode_cursor(sort_score(out[-1]), out[-1].id) if more else None
         return SearchResult([(r, None) for r in out], nxt)
 
+    async def memories(self, ctx: Context, first: int, after: str | None, ascending: bool) -> Page:
+        """`Action.memories` (seed 000): a page of the agent's listed records by creation time.
+        An operator sees every session's and preview records; an agent what it may read."""
+        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
+        page = await self.records.page(ctx.tenant, ctx.agent, first, after, ascending=ascending)
+        if ctx.principal.role == "operator":
+            return page
+        return Page([r for r in page.records if self.visible(r, ctx)], page.next_cursor)
+
     async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
+        """`agentMemory` for an operator: any of the agent's records, whatever its session or
+        mode. `read_memory` for an agent: a record it may read, whatever its status."""
         cfg = await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
-        if ctx.principal.role != "operator" and "read_memory" not in cfg.memory.tools:
+        operator = ctx.principal.role == "operator"
+        if not operator and "read_memory" not in cfg.memory.tools:
             raise ApiError("TOOL_NOT_ALLOWED", "tool", f"read_memory is not in memory.tools {cfg.memory.tools}; "
                            "search_memory with ids reads current records")
         r = await self.records.get(ctx.tenant, ctx.agent, rid, version)
-        if r is None or not self.visible(r, ctx):
+        if r is None or not (operator or self.visible(r, ctx)):
             raise ApiError("NOT_FOUND", "id", f"no record {rid} for this agent")
         return r
 

@@ -1,4 +1,4 @@
-"""Operator edits (PATCH) and the expiry sweep (`memlane sweep`), through Kafka and the ledger."""
+"""Operator reads across sessions, edits (PATCH) and the expiry sweep (`memlane sweep`), through Kafka and the ledger."""
 
 from __future__ import annotations
 
@@ -6,10 +6,28 @@ import subprocess
 import sys
 from datetime import timedelta
 
+from events import AgentConfig
 from events.base import utcnow
 from services.client import MemlaneClient
-from tests.conftest import eventually
-from tests.e2e.test_memory_api import refused
+from tests.conftest import eventually, refused
+from tests.e2e.test_memory_api import BOTH_SCOPES
+
+
+async def test_an_operator_lists_and_reads_every_sessions_and_preview_records(stack, new_agent, settings):
+    # Seed 000: Action.memories "lists both kinds"; agentMemory reads any of the agent's records.
+    tenant, agent, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
+    async with MemlaneClient(stack.api_url, key, session="s1") as s1, MemlaneClient(
+        stack.api_url, key, session="s2", preview=True
+    ) as s2_preview, MemlaneClient(stack.api_url, key) as sessionless:
+        one = await s1.add_memory("Account 4471 is overdrawn")
+        two = await s2_preview.add_memory("Draft: account 9 is closed")
+        shared = await s1.add_memory("The agent speaks Portuguese", scope="AGENT")
+        assert [r["id"] for r in (await sessionless.list_memory())["records"]] == [shared["id"]]
+        await refused(sessionless.read_memory(one["id"]), 404, "NOT_FOUND")
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        assert [r["id"] for r in (await op.list_memory())["records"]] == [shared["id"], two["id"], one["id"]]
+        assert (await op.read_memory(two["id"])).preview is True
+        assert [v.version for v in await op.history(one["id"])] == [1]
 
 
 async def test_an_operator_edit_makes_a_successor_and_agents_cannot_edit(stack, new_agent, settings):
