@@ -64,6 +64,8 @@ class RecordView(Protocol):
 
     async def pinned(self, tenant: str, agent: str) -> list[MemoryRecord]: ...
 
+    async def shadowed(self, tenant: str, agent: str) -> set[str]: ...
+
 
 @dataclass
 class MemoryFold:
@@ -71,6 +73,7 @@ class MemoryFold:
 
     versions: dict[tuple[str, str, str], dict[int, MemoryRecord]] = field(default_factory=dict)
     current: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    shadows: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
     async def apply(self, events: list[Any]) -> None:
         for e in events:
@@ -80,6 +83,8 @@ class MemoryFold:
                 self.versions.setdefault(k, {}).setdefault(r.version, r)
                 if r.version > self.current.get(k, 0):
                     self.current[k] = r.version
+                if r.preview and r.replaces:
+                    self.shadows.setdefault((r.tenant, r.agent), set()).add(r.replaces)
 
     async def get(self, tenant, agent, rid, version=None):
         vs = self.versions.get((tenant, agent, rid))
@@ -112,3 +117,6 @@ class MemoryFold:
     async def pinned(self, tenant, agent):
         rs = [r for r in self._current(tenant, agent) if r.pinned and r.status is Status.ACTIVE]
         return sorted(rs, key=lambda r: (sort_score(r), r.id))
+
+    async def shadowed(self, tenant, agent):
+        return set(self.shadows.get((tenant, agent), ()))

@@ -25,9 +25,9 @@ from events.record import LIVE, MemoryRecord, Status
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
-# field: next offset}; then 7 arguments per event: agent key, record id, version, the
+# field: next offset}; then 8 arguments per event: agent key, record id, version, the
 # event's raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or
-# -1. Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more than
+# -1, and the live record a preview record shadows or "". Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more than
 # the writes. A batch's sorted-set changes go out as one ZADD and one ZREM per key, not a
 # call per event. Keys are derived in the script, so this needs a single Redis node.
 APPLY = """
@@ -39,10 +39,11 @@ local function put(key, member, score)
   if not t then t = {}; changes[key] = t end
   t[member] = score
 end
-for i = 3, #ARGV, 7 do
+for i = 3, #ARGV, 8 do
   local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local rk = ns .. ':rec:' .. ak
   local cur = tonumber(redis.call('HGET', rk, rid) or '0')
+  if ARGV[i + 7] ~= '' then redis.call('SADD', ns .. ':shadowed:' .. ak, ARGV[i + 7]) end
   if ver > cur then
     redis.call('HSET', rk, rid .. '#' .. ver, ARGV[i + 3], rid, ver)
     local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
@@ -96,16 +97,18 @@ def _checkpoints(positions: list[tuple[str, int]] | None) -> dict[str, int]:
     return ckpt
 
 
-def _row(e: Any) -> tuple[str, str, int, str, float, int, int] | None:
+def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str] | None:
     """A record event as the view stores it: agent key, record id, version, the event's
-    raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or -1."""
+    raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or -1,
+    and the live record it shadows (a preview record's `replaces`) or ""."""
     e = as_lean(e)
     r = e.record
     if r is None:
         return None
     expiry = int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1
     flags = int(listed(r)) + 2 * int(r.pinned and r.status is Status.ACTIVE)
-    return f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry
+    shadows = r.replaces if r.preview and r.replaces else ""
+    return f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry, shadows
 
 
 def _config_item(ns: str, e: Any) -> tuple[str, str]:
@@ -243,8 +246,10 @@ class RedisRecords:
                 if e.type == "AgentConfigured":
                     configs.append(_config_item(ns, e))
                 continue
-            ak, rid, ver, raw, score, flags, expiry = row
+            ak, rid, ver, raw, score, flags, expiry, shadows = row
             rk = f"{ns}:rec:{ak}"
+            if shadows:
+                pipe.sadd(f"{ns}:shadowed:{ak}", shadows)
             cur = self._filled.get((rk, rid), 0)
             if ver <= cur:
                 pipe.hsetnx(rk, f"{rid}#{ver}", raw)
@@ -336,6 +341,10 @@ class RedisRecords:
         key = self._keys(await self._read_generation(), tenant, agent)[2]
         rids = await self.r.zrange(key, 0, -1)
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
+
+    async def shadowed(self, tenant, agent) -> set[str]:
+        """Live records a preview record replaces or deletes: preview turns skip them."""
+        return await self.r.smembers(f"{self._ns(await self._read_generation())}:shadowed:{tenant}/{agent}")
 
     async def config(self, tenant: str, agent: str) -> AgentConfig | None:
         raw = await self.r.get(f"{self._ns(await self._read_generation())}:config:{tenant}/{agent}")

@@ -162,6 +162,11 @@ class MemoryService:
             return False
         return ctx.preview or not r.preview
 
+    async def _shadowed(self, ctx: Context) -> set[str]:
+        """Seed 000: a preview turn sees every record except the live ones a preview record
+        replaces or deletes. (Ranked search filters on the index's own flag.)"""
+        return await self.records.shadowed(ctx.tenant, ctx.agent) if ctx.preview else set()
+
     def _check_enabled(self, ctx: Context, cfg: AgentConfig) -> None:
         """Seed 003: with memory off, an agent's memory calls are refused at once. An
         operator still lists, reads and deletes (seed 004: the dashboard, and deletion)."""
@@ -198,7 +203,8 @@ class MemoryService:
         scopes = self.readable_scopes(cfg, ctx.session)
         if ids:
             found = await self.records.get_many(ctx.tenant, ctx.agent, ids[:100])
-            keep = [r for r in found if self.visible(r, ctx, scopes) and r.in_force(utcnow())]
+            hidden = await self._shadowed(ctx)
+            keep = [r for r in found if self.visible(r, ctx, scopes) and r.in_force(utcnow()) and r.id not in hidden]
             return SearchResult([(r, None) for r in keep], None)
         if not query:
             return await self._list(ctx, scopes, kind, labels or {}, limit, after)
@@ -348,8 +354,10 @@ class MemoryService:
         if not cfg.memory.enabled or self.settings.memory_kill_switch:
             return RecallResult([], [], render([], []), [], [], [])
         scopes, now = self.readable_scopes(cfg, ctx.session), utcnow()
+        hidden = await self._shadowed(ctx)
         pinned_all = [
-            r for r in await self.records.pinned(ctx.tenant, ctx.agent) if r.in_force(now) and self.visible(r, ctx, scopes)
+            r for r in await self.records.pinned(ctx.tenant, ctx.agent)
+            if r.in_force(now) and self.visible(r, ctx, scopes) and r.id not in hidden
         ]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2)
@@ -370,10 +378,12 @@ class MemoryService:
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()
+        hidden = await self._shadowed(ctx)
 
         def wanted(r: MemoryRecord) -> bool:
             return (
                 r.in_force(now)
+                and r.id not in hidden
                 and self.visible(r, ctx, scopes)
                 and (not kind or r.kind == kind)
                 and all(r.labels.get(k) == v for k, v in labels.items())

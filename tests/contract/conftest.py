@@ -10,14 +10,22 @@ from projections.redis_records import RedisRecords
 _gen = itertools.count(1000)
 
 
-@pytest.fixture(params=["fold", "redis"])
+class FilledRecords(RedisRecords):
+    """The Redis view written the way a rebuild fills a generation (`fill`)."""
+
+    async def apply(self, events, positions=None):
+        await self.fill(events, positions)
+
+
+@pytest.fixture(params=["fold", "redis", "redis-fill"])
 async def view(request, settings):
     """Every adapter of the record view, fresh for each test."""
     if request.param == "fold":
         yield MemoryFold()
         return
     gen = int(settings.topic_prefix.strip("t.")[-6:], 16) % 10_000_000 * 1000 + next(_gen)
-    store = RedisRecords.from_url(settings.redis_url, generation=gen)
+    cls = FilledRecords if request.param == "redis-fill" else RedisRecords
+    store = cls.from_url(settings.redis_url, generation=gen)
     yield store
     keys = [k async for k in store.r.scan_iter(f"ml:g{gen}:*", count=10_000)]
     if keys:

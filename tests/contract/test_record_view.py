@@ -99,3 +99,12 @@ async def test_pinned_set_follows_the_current_version(view):
     assert [r.id for r in await view.pinned("t", "a")] == ["r1"]
     await view.apply([ev(RecordDeleted, rec("r1", 3, status="DELETED"))])
     assert await view.pinned("t", "a") == []
+
+
+async def test_a_preview_record_shadows_the_live_record_it_replaces(view):
+    await view.apply([ev(RecordAdded, rec("live")), ev(RecordAdded, rec("other", minute=1)),
+                      ev(RecordAdded, rec("draft", minute=2, preview=True, replaces="live")),
+                      ev(RecordDeleted, rec("gone", minute=3, status="DELETED", preview=True, replaces="other")),
+                      ev(RecordAdded, rec("fix", minute=4, replaces="draft"))])  # not a preview record
+    assert await view.shadowed("t", "a") == {"live", "other"}
+    assert await view.shadowed("t", "b") == set()

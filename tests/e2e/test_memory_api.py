@@ -198,10 +198,18 @@ async def test_live_turns_never_see_preview_records(stack, new_agent):
         await refused(live.read_memory(draft["id"]), 404, "NOT_FOUND")
         preview_hits = [f.record.id for f in (await preview.search_memory("refund limit"))[0]]
         assert preview_hits == [draft["id"]]  # the live record it replaces is shadowed
+        # ... in listings and reads by id too, not only in ranked search.
+        assert [f.record.id for f in (await preview.search_memory(None))[0]] == [draft["id"]]
+        assert [f.record.id for f in (await preview.search_memory(None, ids=[original["id"], draft["id"]]))[0]] == [
+            draft["id"]]
+        assert [f.record.id for f in (await live.search_memory(None))[0]] == [original["id"]]
         assert (await live.read_memory(original["id"])).status.value == "ACTIVE"
         # Seed 000: a turn in preview mode never changes a record a live turn wrote.
         await refused(preview.pin(original["id"]), 403, "PREVIEW_READ_ONLY", "record_id")
         assert (await live.read_memory(original["id"])).pinned is False
+        await live.pin(original["id"])
+        assert [p["id"] for p in (await live.recall("conv-live", "refund"))["pinned"]] == [original["id"]]
+        assert (await preview.recall("conv-preview", "refund"))["pinned"] == []  # shadowed, pinned or not
 
 
 async def test_helper_keys_search_but_never_write(stack, new_agent, settings):
