@@ -262,7 +262,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError("UNAUTHENTICATED", "authorization", "send 'Authorization: Bearer <api key>'", 401)
         return p
 
-    def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id) -> Context:
+    def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref=None, x_execution_id=None,
+                        x_turn=None) -> Context:
         if p.role == "operator":
             if not x_agent or not (x_tenant or p.tenant != "*"):
                 raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
@@ -270,7 +271,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             p = Principal(tenant, x_agent, "operator")
         elif x_agent and x_agent != p.agent:
             raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
-        return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id)
+        return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id, x_turn)
 
     async def context(
         p: Annotated[Principal, Depends(principal)],
@@ -280,8 +281,9 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         x_preview: Annotated[bool, Header()] = False,
         x_turn_ref: Annotated[str | None, Header()] = None,
         x_execution_id: Annotated[str | None, Header()] = None,
+        x_turn: Annotated[int | None, Header(ge=0)] = None,
     ) -> Context:
-        return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id)
+        return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn)
 
     Ctx = Annotated[Context, Depends(context)]
 
@@ -348,8 +350,6 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                     item.tenant or x_tenant,
                     item.session if item.session is not None else x_session,
                     item.preview if item.preview is not None else x_preview,
-                    None,
-                    None,
                 )
             except ApiError as e:
                 answers.append({"error": {"code": e.code, "field": e.field, "message": e.message}, "status": e.status})

@@ -39,6 +39,7 @@ class MemlaneClient:
         session: str | None = None,
         preview: bool = False,
         turn_ref: str | None = None,
+        turn: int | None = None,
         tenant: str | None = None,
         agent: str | None = None,
         timeout: float = 40.0,
@@ -54,6 +55,8 @@ class MemlaneClient:
                 headers[name] = value
         if preview:
             headers["X-Preview"] = "true"
+        if turn is not None:
+            headers["X-Turn"] = str(turn)
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
 
     async def __aenter__(self) -> MemlaneClient:

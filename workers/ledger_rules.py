@@ -250,7 +250,7 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
     # without this function touching the real state (evolve does that, from the events).
     scratch = _scratch(state)
     for raw in state.staged.get(ref) or []:
-        write = decode("memlane.memory.commands", raw)
+        write = _in_turn(decode("memlane.memory.commands", raw), cmd.provenance)
         if not cmd.committed:
             reason = cmd.reason or "turn rolled back"
             events.append(_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
@@ -263,6 +263,16 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
         for e in sub:
             evolve(scratch, e)
         events.extend(sub)
+
+
+def _in_turn(write: Any, turn: Provenance) -> Any:
+    """A write made during a turn names that turn (seed 000: each record names the execution,
+    invocation, agent version and session that wrote it). A call over HTTP knows only its
+    turn reference; the turn's outcome carries the rest, and fills what the write left out."""
+    known = write.provenance.model_dump(exclude_none=True)
+    fill = {k: getattr(turn, k) for k in ("execution_id", "invocation", "agent_version", "session", "turn")
+            if k not in known and getattr(turn, k) is not None}
+    return write.model_copy(update={"provenance": write.provenance.model_copy(update=fill)}) if fill else write
 
 
 def _scratch(state: LedgerState) -> LedgerState:

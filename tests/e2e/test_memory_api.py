@@ -384,13 +384,19 @@ async def test_tool_writes_wait_for_their_turn(stack, new_agent, publisher):
     async with MemlaneClient(stack.api_url, key, session="s1", turn_ref=ref(3)) as t3:
         kept = await t3.add_memory("written in a turn that commits")
         assert kept["status"] == "pending_turn"
-    await publisher.publish(_turn(TurnCommitted, tenant, agent, 3))
+    await publisher.publish(_turn(TurnCommitted, tenant, agent, 3, invocation=2, agent_version=5))
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
 
         async def listed():
-            return [f.record.summary for f in (await c.search_memory(None))[0]]
+            return [f.record for f in (await c.search_memory(None))[0]]
 
-        assert await eventually(listed) == ["written in a turn that commits"]
+        [rec] = await eventually(listed)
+        assert rec.summary == "written in a turn that commits"
+        # The write names its turn: what the call said, and the rest from the turn's outcome.
+        p = rec.provenance
+        assert (p.execution_id, p.invocation, p.agent_version, p.session, p.turn) == ("exec-api", 2, 5, "s1", 3)
+    async with MemlaneClient(stack.api_url, key, session="s1", turn=8) as c:  # X-Turn alone
+        assert (await c.read_memory((await c.add_memory("said in turn 8"))["id"])).provenance.turn == 8
 
 
 # --------------------------------------------------------------------------- MCP

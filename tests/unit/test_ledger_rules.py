@@ -208,6 +208,18 @@ def test_turn_write_waits_for_commit():
     assert len({e.event_id for e in events}) == 2
 
 
+def test_a_turn_write_names_the_turn_its_outcome_describes():
+    # Seed 000: each record names the execution, invocation, agent version and session that wrote it.
+    led = Ledger()
+    led.add("learned over HTTP", turn_ref="x:1:1", provenance=Provenance(execution_id="x", modified_by="agent:a"))
+    turn = Provenance(execution_id="other", invocation=2, agent_version=7, session="s1", turn=1)
+    added = led.run(TurnOutcome(command_id=nid(), tenant="t", agent="a", issued_at=NOW, turn_ref="x:1:1",
+                                committed=True, provenance=turn))[1]
+    p = added.record.provenance
+    assert (p.execution_id, p.invocation, p.agent_version, p.session, p.turn) == ("x", 2, 7, "s1", 1)
+    assert p.modified_by == "agent:a"  # what the write said is kept
+
+
 def test_rollback_before_the_write_arrives_discards_it():
     led = Ledger()
     _turn(led, False)
