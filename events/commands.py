@@ -36,6 +36,9 @@ class AddMemory(_CommandBase):
     replaces: Ident | None = None
     key: Annotated[str, Field(max_length=256)] | None = None
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+    # Another write of the same review gives this key a different text (seed 004): the
+    # record is PENDING, or CONFLICT when a stored fact holds the key.
+    pending: bool = False
     expires_at: datetime | None = None
     metadata: dict[str, Any] = {}
     observed_at: datetime | None = None

@@ -443,6 +443,9 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         if holder_rec and holder_rec.status in LIVE:
             # Seed 004: a disagreement with a stored fact is kept, as CONFLICT, never injected.
             rec = rec.model_copy(update={"status": Status.CONFLICT})
+        elif cmd.pending:
+            # ... and one within a batch, with no stored fact, as PENDING.
+            rec = rec.model_copy(update={"status": Status.PENDING})
     if not old and stats["live"] >= LIVE_FACT_CAP:
         raise Rejected(
             "LIMIT_EXCEEDED",

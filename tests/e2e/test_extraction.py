@@ -113,6 +113,31 @@ async def test_add_decision_becomes_a_record_with_extraction_provenance(xstack, 
     assert [n for n in made if n != "AgentConfigured"] == ["TurnResolved", "RecordAdded"]
 
 
+async def test_facts_that_disagree_on_a_key_are_kept_pending_or_in_conflict(xstack, fake, pub, agent):
+    # Seed 004: a disagreement with a stored fact is saved as conflict; an in-batch
+    # disagreement with no stored fact as pending. Neither is served to the agent.
+    tenant, a, key = await agent()
+    m1, m2 = marker(), marker()
+    async with MemlaneClient(xstack[0].api_url, xstack[1].operator_key, tenant=tenant, agent=a, session="s1") as op:
+        stored = await op.add_memory("The customer's timezone is CET", key="timezone")
+        fake.on(m1, answer(cand("add", "The office is in Lisbon", key="office"),
+                           cand("add", "The office is in Porto", key="office")))
+        await pub.publish(turn(tenant, a, "s1", 1, f"{m1}: our office is in Lisbon. Or Porto, I forget.", "Noted."))
+        fake.on(m2, answer(cand("add", "The customer's timezone is PST", key="timezone")))
+        await pub.publish(turn(tenant, a, "s1", 2, f"{m2}: I moved, my timezone is PST now", "Noted."))
+
+        async def all_four():
+            rows = (await op.list_memory())["records"]
+            return rows if len(rows) == 4 else None
+
+        status = {r["summary"]: r["status"] for r in await eventually(all_four, timeout=40)}
+    assert status == {"The customer's timezone is CET": "ACTIVE", "The office is in Lisbon": "PENDING",
+                      "The office is in Porto": "PENDING", "The customer's timezone is PST": "CONFLICT"}
+    async with client(xstack, key) as c:
+        assert [f.record.id for f in (await c.search_memory(None))[0]] == [stored["id"]]
+        assert [f.record.id for f in (await c.search_memory("office timezone", mode="lexical"))[0]] == [stored["id"]]
+
+
 async def test_replace_supersedes_the_handled_record_and_history_shows_it(xstack, fake, pub, agent):
     tenant, a, key = await agent()
     m = marker()

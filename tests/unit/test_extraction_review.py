@@ -97,6 +97,25 @@ def test_a_fact_cites_at_most_five_source_messages():
     assert "at most 5" in r.build_messages(AgentConfig(), "s1", shown, r.Handles())[0]["content"]
 
 
+def test_adds_that_give_one_key_different_texts_are_pending():
+    answer = r.ReviewAnswer.model_validate({"candidates": [
+        {"decision": "add", "summary": "Office is Lisbon", "key": "office"},
+        {"decision": "add", "summary": "office is lisbon.", "key": "office2"},  # a restatement of ...
+        {"decision": "add", "summary": "Office is Lisbon", "key": "office2"},  # ... one text: not disputed
+        {"decision": "add", "summary": "Office is Porto", "key": "office"},
+        {"decision": "add", "summary": "Office is Faro", "key": "office", "kind": "event"},  # another kind
+        {"decision": "replace", "handle": 1, "summary": "Office is Braga", "key": "office"},  # a correction
+        {"decision": "add", "summary": "x", "key": "k" * 257},
+    ]})
+    d = r.to_commands(TURN, AgentConfig(), answer, [msg(0)], r.Handles.of([rec(1)]), "m")
+    assert [(c.summary, c.key, c.pending) for c in d.commands] == [
+        ("Office is Lisbon", "office", True), ("office is lisbon.", "office2", False),
+        ("Office is Lisbon", "office2", False), ("Office is Porto", "office", True),
+        ("Office is Faro", "office", False), ("Office is Braga", "office", False)]
+    assert [(x.index, x.reason) for x in d.refused] == [(6, "invalid")]
+    assert r.answer_schema()["properties"]["candidates"]["items"]["properties"]["key"] == {"type": ["string", "null"]}
+
+
 def test_agent_scope_only_when_write_allows_it():
     answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "f", "scope": "agent"}]})
     session_only = AgentConfig()

@@ -171,6 +171,15 @@ def test_key_disagreement_is_stored_as_conflict():
     assert c.status is Status.CONFLICT
 
 
+def test_a_disputed_key_is_pending_without_a_stored_fact_and_in_conflict_with_one():
+    led = Ledger()
+    assert only(led.add("Office is Lisbon", key="office", pending=True), "RecordAdded").record.status is Status.PENDING
+    assert only(led.add("Office is Porto", key="office", pending=True), "RecordAdded").record.status is Status.PENDING
+    only(led.add("Timezone is CET", key="timezone"), "RecordAdded")
+    c = only(led.add("Timezone is PST", key="timezone", pending=True), "RecordAdded").record
+    assert c.status is Status.CONFLICT
+
+
 def test_pin_without_pinned_config_is_refused():
     e = only(Ledger().add(pinned=True), "CommandRejected")
     assert e.code == "PIN_NOT_ENABLED" and e.field == "pinned"
