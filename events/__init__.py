@@ -8,6 +8,7 @@ from events.commands import (
     AddMemory,
     Command,
     ConfigureAgent,
+    CurateBlock,
     DeleteMemory,
     EditMemory,
     ExpireTurns,
@@ -19,6 +20,7 @@ from events.commands import (
 from events.config import AgentConfig, MemoryConfig
 from events.memory import (
     AgentConfigured,
+    BlockChanged,
     CommandRejected,
     MemoryEvent,
     RecordAdded,
@@ -36,7 +38,9 @@ from events.vectors import VectorComputed
 __all__ = [
     "AgentConfig",
     "AgentConfigured",
+    "BlockChanged",
     "ConfigureAgent",
+    "CurateBlock",
     "MemoryConfig",
     "AddMemory",
     "Command",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from events.base import Ident, Message_
 from events.config import AgentConfig
@@ -99,6 +99,31 @@ class TurnOutcome(_CommandBase):
     reason: str = ""
 
 
+BLOCK_CHARS = 2000  # seed 002: blocks are limited to 2,000 characters
+BlockLabel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")]
+BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r"^[^\r\n]+$")]
+
+
+class CurateBlock(_CommandBase):
+    """Seed 002's memory blocks: small labeled texts at the top of every recall, kept line
+    by line. `add` appends `line`; `replace` puts `line` in place of the line `old`;
+    `remove` takes out the line `old`."""
+
+    type: Literal["CurateBlock"] = "CurateBlock"
+    label: BlockLabel
+    action: Literal["add", "replace", "remove"]
+    line: BlockLine | None = None
+    old: BlockLine | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> CurateBlock:
+        if self.action in ("add", "replace") and self.line is None:
+            raise ValueError(f"line: {self.action} needs the line to write")
+        if self.action in ("replace", "remove") and self.old is None:
+            raise ValueError(f"old: {self.action} needs the line to change, as it is now")
+        return self
+
+
 class ConfigureAgent(_CommandBase):
     type: Literal["ConfigureAgent"] = "ConfigureAgent"
     config: AgentConfig
@@ -106,6 +131,6 @@ class ConfigureAgent(_CommandBase):
 
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
-    | ConfigureAgent,
+    | ConfigureAgent | CurateBlock,
     Field(discriminator="type"),
 ]

@@ -102,6 +102,8 @@ class LedgerView(msgspec.Struct, kw_only=True):
     command: str | None = None
     config_json: msgspec.Raw = msgspec.field(name="config", default=msgspec.Raw(b"null"))
     record_json: msgspec.Raw = msgspec.field(name="record", default=msgspec.Raw(b"null"))
+    label: str | None = None  # BlockChanged
+    text: str = ""
 
 
 # Not strict: the contract's pydantic models accept "2" for 2, and so must its views.

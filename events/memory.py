@@ -89,6 +89,14 @@ class AgentConfigured(_EventBase):
     config: AgentConfig
 
 
+class BlockChanged(_EventBase):
+    """A memory block's whole text after a curation (seed 002); empty once its last line is removed."""
+
+    type: Literal["BlockChanged"] = "BlockChanged"
+    label: str
+    text: str
+
+
 class CommandRejected(_EventBase):
     type: Literal["CommandRejected"] = "CommandRejected"
     code: str
@@ -107,6 +115,7 @@ MemoryEvent = Annotated[
     | TurnResolved
     | WriteDiscarded
     | AgentConfigured
+    | BlockChanged
     | CommandRejected,
     Field(discriminator="type"),
 ]

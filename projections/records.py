@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.memory import RECORD_EVENTS
+from events.memory import RECORD_EVENTS, BlockChanged
 from events.record import LIVE, MemoryRecord, Status
 
 
@@ -66,6 +66,8 @@ class RecordView(Protocol):
 
     async def shadowed(self, tenant: str, agent: str) -> set[str]: ...
 
+    async def blocks(self, tenant: str, agent: str) -> dict[str, str]: ...
+
 
 @dataclass
 class MemoryFold:
@@ -74,9 +76,16 @@ class MemoryFold:
     versions: dict[tuple[str, str, str], dict[int, MemoryRecord]] = field(default_factory=dict)
     current: dict[tuple[str, str, str], int] = field(default_factory=dict)
     shadows: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    block_texts: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
     async def apply(self, events: list[Any]) -> None:
         for e in events:
+            if isinstance(e, BlockChanged):
+                texts = self.block_texts.setdefault((e.tenant, e.agent), {})
+                if e.text:
+                    texts[e.label] = e.text
+                else:
+                    texts.pop(e.label, None)
             if isinstance(e, RECORD_EVENTS):
                 r = e.record
                 k = (r.tenant, r.agent, r.id)
@@ -120,3 +129,6 @@ class MemoryFold:
 
     async def shadowed(self, tenant, agent):
         return set(self.shadows.get((tenant, agent), ()))
+
+    async def blocks(self, tenant, agent):
+        return dict(self.block_texts.get((tenant, agent), {}))

@@ -116,6 +116,17 @@ def _config_item(ns: str, e: Any) -> tuple[str, str]:
     return f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()
 
 
+def _block_change(pipe: Any, ns: str, e: Any) -> None:
+    """A block's text replaces the last; an empty one removes the block. Events of one agent
+    come in log order, so the last applied is the newest, as for configurations."""
+    full = as_lean(e).full()
+    key = f"{ns}:blocks:{full.tenant}/{full.agent}"
+    if full.text:
+        pipe.hset(key, full.label, full.text)
+    else:
+        pipe.hdel(key, full.label)
+
+
 def snapshot(raw: str) -> MemoryRecord:
     """The record a stored version holds: the raw event that made it."""
     return _STORED.validate_json(raw).record
@@ -218,14 +229,19 @@ class RedisRecords:
         ns = await self._register()
         args: list[Any] = [ns, json.dumps(_checkpoints(positions))]
         configs = []
+        blocks = self.r.pipeline(transaction=False)
         for e in events:
             row = _row(e)
             if row is not None:
                 args += row
             elif e.type == "AgentConfigured":
                 configs.append(_config_item(ns, e))
+            elif e.type == "BlockChanged":
+                _block_change(blocks, ns, e)
         if configs:
             await self.r.mset(dict(configs))
+        if len(blocks):
+            await blocks.execute()
         await self._apply(args=args)
 
     async def fill(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
@@ -245,6 +261,8 @@ class RedisRecords:
             if row is None:
                 if e.type == "AgentConfigured":
                     configs.append(_config_item(ns, e))
+                elif e.type == "BlockChanged":
+                    _block_change(pipe, ns, e)
                 continue
             ak, rid, ver, raw, score, flags, expiry, shadows = row
             rk = f"{ns}:rec:{ak}"
@@ -341,6 +359,10 @@ class RedisRecords:
         key = self._keys(await self._read_generation(), tenant, agent)[2]
         rids = await self.r.zrange(key, 0, -1)
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
+
+    async def blocks(self, tenant, agent) -> dict[str, str]:
+        """The agent's memory blocks, label -> text."""
+        return await self.r.hgetall(f"{self._ns(await self._read_generation())}:blocks:{tenant}/{agent}")
 
     async def shadowed(self, tenant, agent) -> set[str]:
         """Live records a preview record replaces or deletes: preview turns skip them."""

@@ -87,6 +87,12 @@ class AddRequest(_Body):
     command_id: str | None = None
 
 
+class CurateRequest(_Body):
+    action: Literal["add", "replace", "remove"]
+    line: str | None = Field(None, description="add, replace: the line to write (one line, at most 2,000 characters)")
+    old: str | None = Field(None, description="replace, remove: the line to change, as the block holds it now")
+
+
 class EditRequest(_Body):
     summary: str | None = None
     content: str | None = None
@@ -378,10 +384,21 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             "records": [record_out(r, sc) for r, sc in res.records],
             "episodes": res.episodes,
             "procedures": res.procedures,
-            "blocks": res.blocks,
+            "blocks": [{"label": label, "text": text} for label, text in res.blocks],
             "rendered": res.rendered,
         }
         return FastJSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
+
+    @app.get("/v1/blocks")
+    async def list_blocks(ctx: Ctx, s: Svc):
+        """Memory blocks (seed 002): labeled texts at the top of every recall."""
+        return {"blocks": [{"label": label, "text": text} for label, text in await s.blocks(ctx)]}
+
+    @app.post("/v1/blocks/{label}")
+    async def curate_block(label: str, body: CurateRequest, ctx: Ctx, s: Svc, wait: bool = True):
+        """`add` a line, `replace` the line `old` with `line`, or `remove` the line `old`:
+        an agent needs `curate_block` in memory.tools; a block holds at most 2,000 characters."""
+        return await s.curate(ctx, label, body.action, body.line, body.old, wait=wait)
 
     @app.post("/v1/memory", status_code=201)
     async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):

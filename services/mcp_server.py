@@ -125,6 +125,15 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig) -> MCPServer:
             out = await call(client.unpin(id))
             return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
 
+    if "curate_block" in offered:
+
+        @server.tool(description="Keep a memory block (a labeled text at the top of every recall) line by line: "
+                                 "add a line, replace the line old with line, or remove the line old.")
+        async def curate_block(label: str, action: Literal["add", "replace", "remove"], line: str | None = None,
+                               old: str | None = None) -> str:
+            out = await call(client.curate_block(label, action, line, old))
+            return json.dumps({"block": out.get("block"), "status": out["status"]})
+
     if cfg.history is None:
         return server
 

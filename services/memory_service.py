@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from events.base import utcnow
 from events.codec import encode
-from events.commands import AddMemory, ConfigureAgent, DeleteMemory, EditMemory, PinMemory, UnpinMemory
+from events.commands import AddMemory, ConfigureAgent, CurateBlock, DeleteMemory, EditMemory, PinMemory, UnpinMemory
 from events.config import AgentConfig
 from events.record import MemoryRecord, Provenance, Scope, Source
 from events.topics import COMMANDS, USAGE
@@ -87,7 +87,7 @@ class RecallResult:
     rendered: str
     episodes: list[str]
     procedures: list[str]
-    blocks: list[str]
+    blocks: list[tuple[str, str]]  # (label, text), by label
 
 
 RECALLED_TTL_S = 7 * 24 * 3600
@@ -161,6 +161,16 @@ class MemoryService:
         if scopes is not None and r.scope.value not in scopes:
             return False
         return ctx.preview or not r.preview
+
+    async def blocks(self, ctx: Context) -> list[tuple[str, str]]:
+        """The agent's memory blocks (seed 002), (label, text) by label."""
+        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
+        return sorted((await self.records.blocks(ctx.tenant, ctx.agent)).items())
+
+    async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
+                     wait: bool = True) -> dict[str, Any]:
+        await self._check_tool(ctx, "curate_block")
+        return await self._submit(self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old), wait)
 
     async def _shadowed(self, ctx: Context) -> set[str]:
         """Seed 000: a preview turn sees every record except the live ones a preview record
@@ -368,13 +378,14 @@ class MemoryService:
             seen = await self.records.r.smismember(key, [f"{r.id}:{r.version}" for r, _ in fresh])
             fresh = [x for x, was in zip(fresh, seen) if not was]
         fresh = fresh[: cfg.memory.search.max_results]
-        fits = {r.id for r in within_block(pinned, [r for r, _ in fresh])}
+        blocks = sorted((await self.records.blocks(ctx.tenant, ctx.agent)).items())
+        fits = {r.id for r in within_block(pinned, [r for r, _ in fresh], blocks)}
         fresh = [x for x in fresh if x[0].id in fits]
         if fresh:
             await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r, _ in fresh])
             await self.records.r.expire(key, RECALLED_TTL_S)
             await self.record_retrieved(ctx, "recall", [r for r, _ in fresh], conversation)
-        return RecallResult(pinned, fresh, render(pinned, [r for r, _ in fresh]), [], [], [])
+        return RecallResult(pinned, fresh, render(pinned, [r for r, _ in fresh], blocks=blocks), [], [], blocks)
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()
@@ -511,6 +522,8 @@ class MemoryService:
             elif e.type == "WriteDiscarded":
                 result["status"] = "discarded"
                 result["reason"] = e.reason
+            elif e.type == "BlockChanged":
+                result["block"] = {"label": e.label, "text": e.text}
             elif hasattr(e, "record"):
                 result["memories"].append(e.record.model_dump(mode="json"))
                 if getattr(e, "merged", False):
@@ -519,6 +532,11 @@ class MemoryService:
                 elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned"):
                     result.setdefault("id", e.record.id)
         # Read-your-writes: the Redis projection is a separate process; wait for it too.
+        if block := result.get("block"):
+            for _ in range(300):
+                if (await self.records.blocks(cmd.tenant, cmd.agent)).get(block["label"], "") == block["text"]:
+                    break
+                await asyncio.sleep(0.02)
         if "id" in result:
             want = max(m["version"] for m in result["memories"] if m["id"] == result["id"])
             for _ in range(300):

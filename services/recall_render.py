@@ -34,19 +34,24 @@ def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> 
     return out
 
 
-def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord]) -> list[MemoryRecord]:
-    """The records, best first, that fit whole in a block of `BLOCK_CHARS` beside the pins.
-    Pins have their own budget (`memory.pinned.max_tokens`) and are never dropped for it."""
+def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord],
+                 blocks: list[tuple[str, str]] = ()) -> list[MemoryRecord]:
+    """The records, best first, that fit whole in a block of `BLOCK_CHARS` beside the blocks
+    and pins, which have their own limits and are never dropped for it."""
     kept: list[MemoryRecord] = []
     for r in records:
-        if len(render(pinned, [*kept, r])) <= BLOCK_CHARS:
+        if len(render(pinned, [*kept, r], blocks=blocks)) <= BLOCK_CHARS:
             kept.append(r)
     return kept
 
 
 def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[str] = (),
-           procedures: list[str] = (), blocks: list[str] = ()) -> str:
+           procedures: list[str] = (), blocks: list[tuple[str, str]] = ()) -> str:
+    """Memory blocks first (seed 002: always at the top), then pins, records, episodes and
+    procedures, all inside one block marked as data."""
     parts = [HEADER]
+    if blocks:
+        parts.append("## Blocks\n" + "".join(f"### {label}\n{_defang(text)}\n" for label, text in blocks))
     if pinned:
         parts.append("## Pinned\n" + "".join(f"- {_defang(r.summary)} (id: {r.id})\n" for r in pinned))
     if records:
@@ -57,7 +62,7 @@ def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: li
                 body = r.content if len(r.content) <= CONTENT_CHARS else r.content[:CONTENT_CHARS] + "…"
                 lines.append(f"  {_defang(body)}\n")
         parts.append("## Records\n" + "".join(lines))
-    for title, items in (("Episodes", episodes), ("Procedures", procedures), ("Blocks", blocks)):
+    for title, items in (("Episodes", episodes), ("Procedures", procedures)):
         if items:
             parts.append(f"## {title}\n" + "".join(f"- {_defang(i)}\n" for i in items))
     parts.append(FOOTER)

@@ -21,8 +21,10 @@ from typing import Any
 
 from events.codec import decode, encode
 from events.commands import (
+    BLOCK_CHARS,
     AddMemory,
     ConfigureAgent,
+    CurateBlock,
     DeleteMemory,
     EditMemory,
     ExpireTurns,
@@ -35,6 +37,7 @@ from events.config import AgentConfig, label_numbers_kept
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.memory import (
     AgentConfigured,
+    BlockChanged,
     CommandRejected,
     RecordAdded,
     RecordDeleted,
@@ -74,6 +77,7 @@ class LedgerState:
     turns_before: Mapping[str, str] = field(default_factory=dict)  # the same, the window before
     turns_since: datetime | None = None  # event time the current window of `turns` began
     configs: MutableMapping[str, AgentConfig] = field(default_factory=dict)  # agent -> config (frozen)
+    blocks: MutableMapping[str, Mapping[str, str]] = field(default_factory=dict)  # agent -> {label: text}; replaced
     stats: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> {live, pinned_chars}
 
 
@@ -288,6 +292,7 @@ def _scratch(state: LedgerState) -> LedgerState:
         turns_before=state.turns_before,
         turns_since=state.turns_since,
         configs=ChainMap({}, state.configs),
+        blocks=ChainMap({}, state.blocks),
         stats=ChainMap({}, state.stats),
     )
 
@@ -333,6 +338,8 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
         _edit(state, ak, cmd, events)
     elif isinstance(cmd, SweepExpired):
         _sweep(state, ak, cmd, events)
+    elif isinstance(cmd, CurateBlock):
+        _curate(state, ak, cmd, events)
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
@@ -509,6 +516,29 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
     _add(state, ak, successor, events, operator=True)
 
 
+def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None:
+    """Seed 002: a block is kept line by line, up to `BLOCK_CHARS`. A line already there is
+    not added twice; `replace` and `remove` name the line to change as it is now."""
+    if not config_of(state, ak).memory.enabled:
+        raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
+    text = (state.blocks.get(ak) or {}).get(cmd.label, "")
+    lines = text.split("\n") if text else []
+    if cmd.action == "add":
+        lines = lines if cmd.line in lines else [*lines, cmd.line]
+    else:
+        if cmd.old not in lines:
+            raise Rejected("NOT_FOUND", "old", f"block {cmd.label!r} has no line {cmd.old[:80]!r}; read the block first")
+        at = lines.index(cmd.old)
+        lines = [*lines[:at], *([cmd.line] if cmd.action == "replace" else []), *lines[at + 1 :]]
+    new = "\n".join(dict.fromkeys(lines))
+    if len(new) > BLOCK_CHARS:
+        raise Rejected(
+            "LIMIT_EXCEEDED", "line",
+            f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
+        )
+    events.append(_base(BlockChanged, cmd, label=cmd.label, text=new))
+
+
 def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
     """Tombstone the named live records past `expires_at`, as of the command's own time."""
     for rid in dict.fromkeys(cmd.record_ids):
@@ -615,6 +645,11 @@ def evolve(state: LedgerState, event: Any) -> None:
     if t == "AgentConfigured":
         lean = isinstance(event, LedgerView)
         state.configs[ak] = AgentConfig.model_validate_json(bytes(event.config_json)) if lean else event.config
+    elif t == "BlockChanged":
+        blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if k != event.label}
+        if event.text:
+            blocks[event.label] = event.text
+        state.blocks[ak] = blocks
     elif t == "TurnResolved":
         outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
         key = f"{ak}|{event.turn_ref}"

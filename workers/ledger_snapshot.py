@@ -38,6 +38,7 @@ class _State(msgspec.Struct):
     configs: dict[str, bytes]  # AgentConfig JSON
     stats: dict[str, dict[str, int]]
     recent: list[tuple[str, list[bytes]]]  # RecentCommands, oldest first
+    blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}; none in snapshots made before blocks
 
 
 class Snapshot(msgspec.Struct):
@@ -69,6 +70,7 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]]) -> b
             configs={k: c.model_dump_json().encode() for k, c in state.configs.items()},
             stats={k: dict(v) for k, v in state.stats.items()},
             recent=list(recent.items()),
+            blocks={k: dict(v) for k, v in state.blocks.items()},
         )
     )
 
@@ -85,6 +87,7 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, list[bytes]]
         turns_since=s.turns_since,
         configs={k: AgentConfig.model_validate_json(v) for k, v in s.configs.items()},
         stats=s.stats,
+        blocks=s.blocks,
     )
     return state, s.recent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from events import RecordAdded, RecordDeleted, RecordPinned, RecordSuperseded
+from events import BlockChanged, RecordAdded, RecordDeleted, RecordPinned, RecordSuperseded
 from events.record import MemoryRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -108,3 +108,16 @@ async def test_a_preview_record_shadows_the_live_record_it_replaces(view):
                       ev(RecordAdded, rec("fix", minute=4, replaces="draft"))])  # not a preview record
     assert await view.shadowed("t", "a") == {"live", "other"}
     assert await view.shadowed("t", "b") == set()
+
+
+async def test_blocks_hold_their_newest_text_and_go_when_emptied(view):
+    def change(n: int, label: str, text: str, agent: str = "a"):
+        return BlockChanged(event_id=f"b{n}", command_id=f"cb{n}", tenant="t", agent=agent, occurred_at=T0,
+                            label=label, text=text)
+
+    await view.apply([change(1, "stack", "Python"), change(2, "stack", "Python\nKafka"), change(3, "style", "Tabs"),
+                      change(4, "stack", "Go", agent="b")])
+    assert await view.blocks("t", "a") == {"stack": "Python\nKafka", "style": "Tabs"}
+    await view.apply([change(5, "style", "")])
+    assert await view.blocks("t", "a") == {"stack": "Python\nKafka"}
+    assert await view.blocks("t", "b") == {"stack": "Go"}

@@ -355,6 +355,36 @@ async def test_recall_leaves_out_whole_records_past_8000_characters(stack, new_a
         assert again["records"] and not {r["id"] for r in again["records"]} & {r["id"] for r in out["records"]}
 
 
+async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, new_agent):
+    # Seed 002: blocks are small labeled texts, maintained line by line with add, replace and
+    # remove, limited to 2,000 characters, and always included at the top of a recall.
+    cfg = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
+    _, _, key = await new_agent(cfg)
+    _, _, other_key = await new_agent()
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        assert (await c.curate_block("conventions", "add", line="Tabs, not spaces"))["block"] == {
+            "label": "conventions", "text": "Tabs, not spaces"}
+        await c.curate_block("conventions", "add", line="Squash merges only")
+        await c.curate_block("conventions", "replace", old="Tabs, not spaces", line="Four spaces")
+        mcp = build_mcp(c, cfg)
+        out = json.loads((await mcp.call_tool("curate_block", {"label": "stack", "action": "add", "line": "Python"}))
+                         .content[0].text)
+        assert out["block"] == {"label": "stack", "text": "Python"}
+        assert await c.blocks() == [{"label": "conventions", "text": "Four spaces\nSquash merges only"},
+                                    {"label": "stack", "text": "Python"}]
+        await refused(c.curate_block("conventions", "remove", old="Tabs, not spaces"), 404, "NOT_FOUND", "old")
+        await refused(c.curate_block("conventions", "add", line="x" * 1990), 409, "LIMIT_EXCEEDED", "line")
+        await refused(c.curate_block("Bad Label", "add", line="x"), 422, "VALIDATION_FAILED", "label")
+        await c.add_memory("Dana's favourite colour is teal")
+        recalled = await c.recall("conv-blocks", "teal")
+        assert [b["label"] for b in recalled["blocks"]] == ["conventions", "stack"]
+        text = recalled["rendered"]
+        assert text.index("### conventions\nFour spaces\nSquash merges only") < text.index("## Records")
+    async with MemlaneClient(stack.api_url, other_key, session="s1") as other:
+        assert await other.blocks() == []  # another agent's blocks are its own
+        await refused(other.curate_block("conventions", "add", line="x"), 403, "TOOL_NOT_ALLOWED", "tool")
+
+
 # --------------------------------------------------------------------------- turn writes
 
 

@@ -12,8 +12,10 @@ from services.client import MemlaneClient
 from tests.conftest import eventually
 
 
-async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_agent):
+async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_agent, settings):
     tenant, agent, key = await new_agent()
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        await op.curate_block("conventions", "add", line="Deploys go out on Tuesdays")
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         first = await c.add_memory("The staging database is called mercury-db", kind="fact")
         second = await c.add_memory("Backups run nightly at 02:00", kind="fact")
@@ -36,6 +38,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
         await eventually(switched, timeout=60)
         after = {r: [v.model_dump() for v in await c.history(r)] for r in (first["id"], second["id"])}
         assert after == before
+        assert await c.blocks() == [{"label": "conventions", "text": "Deploys go out on Tuesdays"}]
         hits, _ = await c.search_memory("what is the staging database called?")
         assert hits[0].record.summary == "The staging database is called venus-db"
         assert all(h.record.summary != "The staging database is called mercury-db" for h in hits)

@@ -5,7 +5,16 @@ from itertools import count
 
 import pytest
 
-from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, TurnOutcome, UnpinMemory
+from events import (
+    AddMemory,
+    AgentConfig,
+    ConfigureAgent,
+    CurateBlock,
+    DeleteMemory,
+    PinMemory,
+    TurnOutcome,
+    UnpinMemory,
+)
 from events.record import MemoryRecord, Provenance, Source, Status
 from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
 
@@ -27,6 +36,10 @@ class Ledger:
         for e in events:
             evolve(self.state, e)
         return events
+
+    def curate(self, label, action, **kw):
+        return self.run(CurateBlock(command_id=nid(), tenant="t", agent="a", issued_at=kw.pop("issued_at", NOW),
+                                    label=label, action=action, **kw))
 
     def add(self, summary="The sky is blue", **kw):
         kw.setdefault("session", "s1")
@@ -329,6 +342,38 @@ def test_a_preview_turn_cannot_pin_or_unpin_a_live_record(cls):
     assert get_record(led.state, "t/a", r.id) == r
 
 
+def test_a_block_is_kept_line_by_line():
+    led = Ledger()
+    assert only(led.curate("stack", "add", line="Python 3.11"), "BlockChanged").text == "Python 3.11"
+    assert only(led.curate("stack", "add", line="Kafka"), "BlockChanged").text == "Python 3.11\nKafka"
+    assert only(led.curate("stack", "add", line="Kafka"), "BlockChanged").text == "Python 3.11\nKafka"  # once
+    assert only(led.curate("stack", "replace", old="Python 3.11", line="Python 3.12"),
+                "BlockChanged").text == "Python 3.12\nKafka"
+    e = only(led.curate("stack", "remove", old="Redis"), "CommandRejected")
+    assert (e.code, e.field) == ("NOT_FOUND", "old") and "'Redis'" in e.reason
+    assert only(led.curate("stack", "remove", old="Python 3.12"), "BlockChanged").text == "Kafka"
+    assert only(led.curate("stack", "remove", old="Kafka"), "BlockChanged").text == ""
+    assert led.state.blocks == {"t/a": {}}
+
+
+def test_a_block_holds_at_most_2000_characters():
+    led = Ledger()
+    for i in range(20):
+        only(led.curate("notes", "add", line=f"{i:02d} " + "x" * 96), "BlockChanged")  # 20 x 99 + 19 newlines: 1,999
+    e = only(led.curate("notes", "add", line="one more"), "CommandRejected")
+    assert (e.code, e.field) == ("LIMIT_EXCEEDED", "line") and "limit of 2000" in e.reason
+    assert len(led.state.blocks["t/a"]["notes"]) == 1999
+
+
+def test_block_curation_needs_its_lines():
+    with pytest.raises(ValueError, match="old: replace needs the line to change"):
+        CurateBlock(command_id="c", tenant="t", agent="a", issued_at=NOW, label="x", action="replace", line="y")
+    with pytest.raises(ValueError, match="line"):
+        CurateBlock(command_id="c", tenant="t", agent="a", issued_at=NOW, label="x", action="add", line="two\nlines")
+    with pytest.raises(ValueError, match="label"):
+        CurateBlock(command_id="c", tenant="t", agent="a", issued_at=NOW, label="Not A Label", action="add", line="y")
+
+
 def test_disabled_memory_refuses_writes():
     e = only(Ledger(enabled=False).add(), "CommandRejected")
     assert e.code == "MEMORY_DISABLED"
@@ -455,8 +500,11 @@ def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
     log += led.add("staged, never answered", turn_ref="x:3:1")
     log += led.add("a preview", preview=True)
     log += led.add("much later", issued_at=NOW + TURN_TIMEOUT * 2)  # times x:3:1 out
+    log += led.curate("conventions", "add", line="Tabs", issued_at=NOW + TURN_TIMEOUT * 2)
+    log += led.curate("stack", "add", line="Python", issued_at=NOW + TURN_TIMEOUT * 2)
+    log += led.curate("stack", "remove", old="Python", issued_at=NOW + TURN_TIMEOUT * 2)
     assert {e.type for e in log} >= {"RecordAdded", "RecordSuperseded", "RecordDeleted", "TurnResolved",
-                                     "WriteStaged", "WriteDiscarded"}
+                                     "WriteStaged", "WriteDiscarded", "BlockChanged"}
     configured = decide(LedgerState(), ConfigureAgent(
         command_id=nid(), tenant="t", agent="a", issued_at=NOW,
         config=AgentConfig.model_validate({"memory": memory})))
@@ -464,8 +512,9 @@ def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
     for e in configured + log:
         evolve(full, e)
         evolve(lean, decode_ledger_view(encode(e)))
-    for name in ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "stats"):
+    for name in ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats"):
         assert dict(getattr(lean, name)) == dict(getattr(full, name)), name
+    assert full.blocks == {"t/a": {"conventions": "Tabs"}}
     assert lean.turns_since == full.turns_since
     assert dict(full.records) == dict(led.state.records)
 

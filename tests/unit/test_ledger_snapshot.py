@@ -18,9 +18,10 @@ def test_a_snapshot_holds_every_part_of_the_state():
     led.add("staged, then committed later", turn_ref="x:3:1", issued_at=later)
     _outcome_at(led, later, "x:3:1")
     led.add("staged, still open", turn_ref="x:1:1", issued_at=later)
+    led.curate("conventions", "add", line="Tabs, not spaces")
     recent = OrderedDict([("c1", [b"e1", b"e2"]), ("c2", [b"e3"])])
     state, kept = decode_state(encode_state(led.state, recent))
-    for name in ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "stats"):
+    for name in ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats"):
         assert dict(getattr(state, name)) == dict(getattr(led.state, name)), name
         assert getattr(led.state, name), f"the scenario leaves {name} empty"
     assert state.turns_since == led.state.turns_since
