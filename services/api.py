@@ -382,8 +382,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         body_out = {
             "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
             "records": [record_out(r, sc) for r, sc in res.records],
-            "episodes": res.episodes,
-            "procedures": res.procedures,
+            "episodes": [record_out(r) for r in res.episodes],
+            "procedures": [record_out(r) for r in res.procedures],
             "blocks": [{"label": label, "text": text} for label, text in res.blocks],
             "rendered": res.rendered,
         }

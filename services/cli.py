@@ -12,6 +12,7 @@ from services.settings import get_settings
 
 WORKERS = {
     "extraction": "workers.extraction:ExtractionProcessor",
+    "consolidation": "workers.consolidation:ConsolidationProcessor",
     "ledger": "workers.ledger:LedgerProcessor",
     "embedding": "workers.embedding:EmbeddingWorker",
     "redis-projection": "workers.redis_projection:RedisProjection",

@@ -29,6 +29,7 @@ from projections.redis_records import RedisRecords
 from services.auth import Principal
 from services.recall_render import pinned_within_budget, render, within_block
 from services.settings import Settings
+from workers.ledger_rules import RESERVED_KINDS
 
 if TYPE_CHECKING:
     from workers.memory_shards import MemoryShards
@@ -85,12 +86,13 @@ class RecallResult:
     pinned: list[MemoryRecord]
     records: list[tuple[MemoryRecord, float | None]]
     rendered: str
-    episodes: list[str]
-    procedures: list[str]
+    episodes: list[MemoryRecord]
+    procedures: list[MemoryRecord]
     blocks: list[tuple[str, str]]  # (label, text), by label
 
 
 RECALLED_TTL_S = 7 * 24 * 3600
+RECALLED_PER_SECTION = 3  # episodes, and procedures, a recall offers at most
 # Time spent embedding the query in this request, for the Server-Timing header.
 EMBED_MS: contextvars.ContextVar[float] = contextvars.ContextVar("embed_ms", default=0.0)
 
@@ -371,21 +373,33 @@ class MemoryService:
         ]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2)
+        # Episodes and procedures (seed 002) have sections of their own, so they never take
+        # the places of facts, and facts never crowd them out.
+        facts = [x for x in found.records if x[0].kind not in RESERVED_KINDS]
+        made = [x for kind in RESERVED_KINDS
+                for x in (await self.search(ctx, query=text, kind=kind, limit=RECALLED_PER_SECTION)).records]
         key = f"{self.records.root}recalled:{ctx.tenant}/{ctx.agent}:{conversation}"
         pinned_ids = {r.id for r in pinned}
-        fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
+        fresh = [(r, s) for r, s in facts + made if r.id not in pinned_ids]
         if fresh:
             seen = await self.records.r.smismember(key, [f"{r.id}:{r.version}" for r, _ in fresh])
             fresh = [x for x, was in zip(fresh, seen) if not was]
-        fresh = fresh[: cfg.memory.search.max_results]
         blocks = sorted((await self.records.blocks(ctx.tenant, ctx.agent)).items())
-        fits = {r.id for r in within_block(pinned, [r for r, _ in fresh], blocks)}
-        fresh = [x for x in fresh if x[0].id in fits]
-        if fresh:
-            await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r, _ in fresh])
+        records, episodes, procedures = within_block(
+            pinned,
+            [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results],
+            blocks,
+            [r for r, _ in fresh if r.kind == "episode"],
+            [r for r, _ in fresh if r.kind == "procedure"],
+        )
+        shown = records + episodes + procedures
+        if shown:
+            await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r in shown])
             await self.records.r.expire(key, RECALLED_TTL_S)
-            await self.record_retrieved(ctx, "recall", [r for r, _ in fresh], conversation)
-        return RecallResult(pinned, fresh, render(pinned, [r for r, _ in fresh], blocks=blocks), [], [], blocks)
+            await self.record_retrieved(ctx, "recall", shown, conversation)
+        scores = dict((r.id, s) for r, s in fresh)
+        return RecallResult(pinned, [(r, scores[r.id]) for r in records],
+                            render(pinned, records, episodes, procedures, blocks), episodes, procedures, blocks)
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()

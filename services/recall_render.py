@@ -34,19 +34,30 @@ def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> 
     return out
 
 
-def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord],
-                 blocks: list[tuple[str, str]] = ()) -> list[MemoryRecord]:
-    """The records, best first, that fit whole in a block of `BLOCK_CHARS` beside the blocks
-    and pins, which have their own limits and are never dropped for it."""
-    kept: list[MemoryRecord] = []
-    for r in records:
-        if len(render(pinned, [*kept, r], blocks=blocks)) <= BLOCK_CHARS:
-            kept.append(r)
-    return kept
+def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tuple[str, str]] = (),
+                 episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = ()) -> tuple[list, list, list]:
+    """The records, episodes and procedures, best first, that fit whole in a block of
+    `BLOCK_CHARS` beside the blocks and pins, which have their own limits and are never
+    dropped for it. Records first: facts answer the turn; episodes and procedures add."""
+    kept: dict[str, list[MemoryRecord]] = {"records": [], "episodes": [], "procedures": []}
+    for section, items in (("records", records), ("episodes", episodes), ("procedures", procedures)):
+        for r in items:
+            trial = {**kept, section: [*kept[section], r]}
+            if len(render(pinned, trial["records"], trial["episodes"], trial["procedures"], blocks)) <= BLOCK_CHARS:
+                kept = trial
+    return kept["records"], kept["episodes"], kept["procedures"]
 
 
-def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[str] = (),
-           procedures: list[str] = (), blocks: list[tuple[str, str]] = ()) -> str:
+def _record_lines(r: MemoryRecord) -> str:
+    line = f"- [{r.kind}] {_defang(r.summary)} (id: {r.id}, v{r.version})\n"
+    if r.content:
+        body = r.content if len(r.content) <= CONTENT_CHARS else r.content[:CONTENT_CHARS] + "…"
+        line += "  " + _defang(body).replace("\n", "\n  ") + "\n"
+    return line
+
+
+def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[MemoryRecord] = (),
+           procedures: list[MemoryRecord] = (), blocks: list[tuple[str, str]] = ()) -> str:
     """Memory blocks first (seed 002: always at the top), then pins, records, episodes and
     procedures, all inside one block marked as data."""
     parts = [HEADER]
@@ -54,16 +65,8 @@ def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: li
         parts.append("## Blocks\n" + "".join(f"### {label}\n{_defang(text)}\n" for label, text in blocks))
     if pinned:
         parts.append("## Pinned\n" + "".join(f"- {_defang(r.summary)} (id: {r.id})\n" for r in pinned))
-    if records:
-        lines = []
-        for r in records:
-            lines.append(f"- [{r.kind}] {_defang(r.summary)} (id: {r.id}, v{r.version})\n")
-            if r.content:
-                body = r.content if len(r.content) <= CONTENT_CHARS else r.content[:CONTENT_CHARS] + "…"
-                lines.append(f"  {_defang(body)}\n")
-        parts.append("## Records\n" + "".join(lines))
-    for title, items in (("Episodes", episodes), ("Procedures", procedures)):
+    for title, items in (("Records", records), ("Episodes", episodes), ("Procedures", procedures)):
         if items:
-            parts.append(f"## {title}\n" + "".join(f"- {_defang(i)}\n" for i in items))
+            parts.append(f"## {title}\n" + "".join(_record_lines(r) for r in items))
     parts.append(FOOTER)
     return "".join(parts)

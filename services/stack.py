@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-PIPELINE = ("extraction", "ledger", "embedding", "redis-projection", "history")
+PIPELINE = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 
 
 @dataclass

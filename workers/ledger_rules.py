@@ -54,6 +54,7 @@ from events.record import LIVE, MemoryRecord, Provenance, Scope, Source, Status
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
+RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (workers.consolidation_rules)
 TURN_TIMEOUT = timedelta(minutes=10)
 # How long, in event time, a resolved turn's outcome is remembered: at least this, at most
 # twice. A write or an outcome that names an older turn is treated as if the turn were
@@ -359,7 +360,11 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
     cfg = config_of(state, ak)
     if not cfg.memory.enabled:
         raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
-    if cmd.kind not in cfg.memory.kinds:
+    if cmd.kind in RESERVED_KINDS:
+        # Episodes and procedures are what consolidation makes of sessions (seed 002).
+        if cmd.provenance.source is not Source.CONSOLIDATION:
+            raise Rejected("VALIDATION_FAILED", "kind", f"kind {cmd.kind!r} is reserved for consolidation")
+    elif cmd.kind not in cfg.memory.kinds:
         raise Rejected(
             "VALIDATION_FAILED",
             "kind",

@@ -130,6 +130,9 @@ def answer_text(resp: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
+SCHEMA_NAMES = {"memory": "review", "consolidation": "consolidation"}  # the answer's name, per purpose
+
+
 class ModelClient:
     def __init__(self, settings: Settings, client: AsyncOpenAI | None = None) -> None:
         self.settings = settings
@@ -173,7 +176,7 @@ class ModelClient:
                         {
                             "model": self.model,
                             "messages": messages,
-                            "response_format": {"type": "json_schema", "json_schema": {"name": "review", "schema": schema, "strict": True}},
+                            "response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAMES[purpose], "schema": schema, "strict": True}},
                             "temperature": 0,
                         }
                     ),

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from functools import partial
 
 import pytest
 
-from events import AgentConfig, Message, ToolCall, TurnRolledBack
+from events import AgentConfig, Message, SessionEnded, ToolCall, TurnRolledBack
 from events.config import EveryMessages, ExtractionConfig, MemoryConfig, ScopeConfig
 from events.record import Source, Status
 from events.topics import EVENTS
-from services.client import MemlaneClient, TurnPublisher
+from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
 from tests.fakes.model_server import Delay, FakeModel, Raw, Reply
@@ -390,3 +391,69 @@ async def test_kill_9_during_model_call_does_not_extract_twice(xstack, fake, pub
     assert sum(1 for e in events if e.type == "RecordAdded") == 1
     assert sum(1 for e in events if e.type == "TurnResolved") == 1
     assert route.hits == 2
+
+
+# ---------------------------------------------------------------------------------- consolidation
+
+
+def consolidation(m: str, **kw) -> Reply:
+    return Reply({"goal": "Restore the staging database", "outcome": "successful", "success_score": 0.9,
+                  "summary": f"Restored staging from the nightly backup ({m})", "procedure": None,
+                  "anti_pattern": None} | kw)
+
+
+async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_procedure(xstack, fake, pub, agent):
+    # Seed 002: consolidating a run makes an episode (goal, outcome, score, summary, its
+    # events, a link to the previous episode); a run above 0.7 with an approved pattern
+    # gives a procedure, a failed run an anti-pattern. Reviews are off here (cadence), so
+    # only consolidation asks the model.
+    cfg = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(read=["session", "agent"], write=["session", "agent"]),
+                                          extraction=ExtractionConfig(every=EveryMessages(messages=100))))
+    tenant, a, key = await agent(cfg)
+    m1, m2 = marker(), marker()
+    steps = ["Stop writes", "Restore the nightly backup", "Compare row counts"]
+    fake.on(m1, consolidation(m1, procedure={"name": "Restore staging from backup", "steps": steps,
+                                             "approved_pattern": True}))
+    fake.on(m2, consolidation(m2, outcome="failed", success_score=0.2, summary=f"Schema migration failed ({m2})",
+                              anti_pattern="migrating before taking a backup"))
+    await pub.publish(turn(tenant, a, "s1", 1, f"{m1}: staging is broken, restore it", "Restoring the backup."))
+    await pub.publish(turn(tenant, a, "s1", 2, "Row counts match", "Done."))
+    await pub.publish(SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session="s1",
+                                   execution_id="exec-s1", outcome="successful", occurred_at=datetime.now(UTC)))
+    async with MemlaneClient(xstack[0].api_url, xstack[1].operator_key, tenant=tenant, agent=a) as op:
+
+        async def made(n: int):
+            rows = (await op.list_memory(sort="ASC"))["records"]
+            return rows if len(rows) == n else None
+
+        # One session's records share its end's time: told apart by kind, not listing order.
+        episode, procedure = sorted(await eventually(partial(made, 2), timeout=40), key=lambda r: r["kind"])
+        assert (episode["kind"], episode["scope"], episode["provenance"]["source"]) == ("episode", "AGENT", "CONSOLIDATION")
+        assert episode["metadata"] == {"goal": "Restore the staging database", "outcome": "successful",
+                                       "success_score": 0.9, "previous_episode": None,
+                                       "events": ["s1-1-0", "s1-1-1", "s1-2-0", "s1-2-1"]}
+        assert procedure["kind"] == "procedure" and procedure["metadata"]["episode"] == episode["id"]
+        assert procedure["content"] == "1. Stop writes\n2. Restore the nightly backup\n3. Compare row counts"
+        # A second session's episode links the first; its failure gives a procedure to avoid.
+        await pub.publish(turn(tenant, a, "s2", 1, f"{m2}: run the schema migration", "Migration failed."))
+        await pub.publish(SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session="s2",
+                                       execution_id="exec-s2", outcome="failed", occurred_at=datetime.now(UTC)))
+        rows = [r for r in await eventually(partial(made, 4), timeout=40) if r["id"] not in (episode["id"], procedure["id"])]
+        second, avoid = sorted(rows, key=lambda r: r["kind"])
+        assert second["metadata"]["previous_episode"] == episode["id"]
+        assert avoid["summary"] == "Avoid: migrating before taking a backup" and avoid["metadata"]["anti_pattern"]
+    [req] = fake.requests_with(m1)  # one call per ended session, and none for the reviews
+    assert req["response_format"]["json_schema"]["name"] == "consolidation"
+    assert "s1-1-0" not in req["messages"][1]["content"] and f"{m1}: staging is broken" in req["messages"][1]["content"]
+    # A later session recalls them in sections of their own, and no agent writes those kinds.
+    async with client(xstack, key, session="s3") as c:
+        out = await c.recall("conv-s3", "restore the staging database from backup")
+        assert episode["id"] in [e["id"] for e in out["episodes"]]
+        assert procedure["id"] in [p["id"] for p in out["procedures"]]
+        assert out["rendered"].index("## Episodes") < out["rendered"].index("## Procedures")
+        with pytest.raises(MemlaneError) as e:
+            await c.add_memory("I consolidated myself", kind="episode")
+        assert (e.value.code, e.value.field) == ("VALIDATION_FAILED", "kind")
+    usage = [u for u, _ in await read_topic(xstack[1], "memlane.usage", "memlane.usage")
+             if u.agent == a and u.type == "ModelUsage"]
+    assert [u.purpose for u in usage if u.purpose != "embed"] == ["consolidation", "consolidation"]

@@ -374,6 +374,14 @@ def test_block_curation_needs_its_lines():
         CurateBlock(command_id="c", tenant="t", agent="a", issued_at=NOW, label="Not A Label", action="add", line="y")
 
 
+def test_episodes_and_procedures_are_consolidations_only():
+    led = Ledger()
+    e = only(led.add("an episode", kind="episode"), "CommandRejected")
+    assert (e.code, e.field) == ("VALIDATION_FAILED", "kind") and "reserved for consolidation" in e.reason
+    made = only(led.add("an episode", kind="episode", provenance=Provenance(source=Source.CONSOLIDATION)), "RecordAdded")
+    assert made.record.kind == "episode"  # though memory.kinds does not declare it
+
+
 def test_disabled_memory_refuses_writes():
     e = only(Ledger(enabled=False).add(), "CommandRejected")
     assert e.code == "MEMORY_DISABLED"

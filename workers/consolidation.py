@@ -1,0 +1,135 @@
+"""`memlane worker consolidation`: a session that ended becomes an episode (seed 002).
+
+It reads `memlane.turns` in its own consumer group and acts on `SessionEnded` only. The
+session's kept history comes from the history view in Redis, once the history worker has
+folded every turn before the end on that partition (a session's turns and its end share a
+partition, in order). One model call (purpose `consolidation`) gives the episode, and a
+procedure or an anti-pattern when the run has one (`workers.consolidation_rules`); they go
+to the ledger as commands, with the usage records, in one transaction with the input
+offset, so a crash never consolidates a session twice in effect (the command ids follow the
+SessionEnded event). A model that keeps failing sends the SessionEnded to the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import structlog
+
+from events.codec import encode
+from events.topics import COMMANDS, TURNS, USAGE
+from events.turns import SessionEnded
+from events.usage import CandidateRefused
+from projections.history_rules import HistoryFilter
+from projections.redis_history import RedisHistory
+from workers import consolidation_rules as rules
+from workers.api_reader import ApiReader
+from workers.model_client import CallContext, ModelClient, ModelFailed
+from workers.runtime import DeadLetter, Out, Processor, Transient
+
+log = structlog.get_logger()
+ANSWER_SCHEMA = rules.answer_schema()
+HISTORY_WAIT_S = 30.0  # how long an end waits for the history worker before it is retried
+ALL_KINDS = ("message", "tool_result", "tool_error")
+
+
+class ConsolidationProcessor(Processor):
+    name = "consolidation"
+    sources = (TURNS.name,)
+    transactional = True
+    concurrent_keys = True  # sessions end independently; each waits on its own model call
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.model: ModelClient | None = None
+        self.api: ApiReader | None = None
+        self.history: RedisHistory | None = None
+        self.tally: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.memory_kill_switch or not s.model_configured:
+            why = "AGENT_MEMORY_KILL_SWITCH is set" if s.memory_kill_switch else (
+                "no model configured (set OPENAI_BASE_URL and/or OPENAI_API_KEY)")
+            log.warning("consolidation_off", reason=f"{why}; ended sessions are not consolidated")
+            return
+        self.model = ModelClient(s)
+        self.api = ApiReader(s)
+        self.history = RedisHistory.from_url(s.redis_url, s.topic_prefix)
+        log.info("consolidation_on", model=s.model)
+
+    async def stop(self) -> None:
+        for closer in (self.model and self.model.close, self.api and self.api.close,
+                       self.history and self.history.aclose):
+            if closer:
+                await closer()
+
+    async def process(self, source: str, partition: int, offset: int, ended: Any) -> list[Any]:
+        if not isinstance(ended, SessionEnded) or self.model is None or not ended.session:
+            return []  # turns are the other workers'; an agent without sessions has no history to consolidate
+        assert self.api and self.history
+        cfg = await self.api.config(ended.tenant, ended.agent)
+        if not cfg.memory.enabled:
+            self.tally["memory_disabled"] += 1
+            return []
+        await self._history_folded(partition, offset)
+        kept, _ = await self.history.page(
+            HistoryFilter(ended.tenant, ended.agent, ended.session, preview=False, kinds=ALL_KINDS),
+            limit=rules.SHOWN_EVENTS,
+        )
+        events = rules.shown_events(kept)
+        ctx = dict(event_id=ended.event_id, agent=ended.agent, session=ended.session, offset=offset)
+        if not events:
+            self.tally["empty_sessions"] += 1
+            log.info("session_not_consolidated", reason="no kept history", **ctx)
+            return []
+        call = CallContext(ended.tenant, ended.agent, ended.session, ended.execution_id, None, ended.event_id)
+        try:
+            answer = await self.model.json_call(rules.build_messages(ended, events), ANSWER_SCHEMA,
+                                                rules.parse_answer, call, purpose="consolidation")
+        except ModelFailed as e:
+            log.error("consolidation_failed_dead_lettered", error=e.error, attempts=e.attempts, **ctx)
+            self.tally["dead_lettered"] += 1
+            return [self._usage(u) for u in e.usage] + [DeadLetter(f"consolidation: {e.error}", e.attempts)]
+        previous = await self.api.newest(ended.tenant, ended.agent, ended.session, rules.EPISODE)
+        made = rules.to_commands(ended, cfg, answer.value, events, previous.id if previous else None, self.model.model)
+        for what, reason, detail in made.refused:
+            log.warning("consolidation_refused", part=what, reason=reason, detail=detail, **ctx)
+        self.tally["sessions"] += 1
+        self.tally["proposals"] += len(made.commands)
+        return (
+            [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in made.commands]
+            + [self._usage(u) for u in answer.usage]
+            + [self._usage(self._refusal(ended, *r)) for r in made.refused]
+        )
+
+    async def _history_folded(self, partition: int, offset: int) -> None:
+        """Until the history worker has folded this partition up to the end event."""
+        field = f"{self.settings.topic(TURNS.name)}:{partition}"
+        deadline = time.monotonic() + HISTORY_WAIT_S
+        while (await self.history.checkpoints()).get(field, -1) < offset:
+            if time.monotonic() > deadline:
+                raise Transient(f"the history worker has not folded {field} up to offset {offset}; is it running?")
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _refusal(ended: SessionEnded, what: str, reason: str, detail: str) -> CandidateRefused:
+        return CandidateRefused(
+            usage_id=str(uuid.uuid5(rules.NAMESPACE, f"{ended.event_id}/refused/{what}")),
+            tenant=ended.tenant, agent=ended.agent, occurred_at=ended.occurred_at, session=ended.session,
+            execution_id=ended.execution_id, reason=f"consolidation {what}: {reason}: {detail}",
+        )
+
+    @staticmethod
+    def _usage(u: Any) -> Out:
+        return Out(USAGE.name, USAGE.key_bytes(u), encode(u))
+
+    async def batch_done(self) -> list[Out]:
+        if self.tally:
+            log.info("sessions_consolidated", **self.tally)
+            self.tally = Counter()
+        return []
