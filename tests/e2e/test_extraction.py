@@ -457,3 +457,30 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
     usage = [u for u, _ in await read_topic(xstack[1], "memlane.usage", "memlane.usage")
              if u.agent == a and u.type == "ModelUsage"]
     assert [u.purpose for u in usage if u.purpose != "embed"] == ["consolidation", "consolidation"]
+
+
+async def test_a_consolidation_the_model_keeps_failing_ends_in_the_dlq_and_the_worker_goes_on(xstack, fake, pub, agent):
+    cfg = AgentConfig(memory=MemoryConfig(extraction=ExtractionConfig(every=EveryMessages(messages=100))))
+    tenant, a, key = await agent(cfg)
+    m1, m2 = marker(), marker()
+    route = fake.on(m1, *[Delay(4, consolidation(m1))] * 3)
+    fake.on(m2, consolidation(m2))
+    ends = []
+    for session, m in (("s1", m1), ("s2", m2)):
+        await pub.publish(turn(tenant, a, session, 1, f"{m}: restore staging", "Done."))
+        ends.append(SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session=session,
+                                 outcome="successful", occurred_at=datetime.now(UTC)))
+        await pub.publish(ends[-1])
+    [(_, headers)] = await eventually(partial(_dlq_for, xstack, ends[0].event_id), timeout=60)
+    h = {k: v.decode() for k, v in headers}
+    assert h["error"].startswith("consolidation: ") and "timeout" in h["error"] and h["consumer_group"].endswith(
+        "consolidation")
+    assert route.hits == 3  # 1 call + model_retries=2, then it gave up
+    async with MemlaneClient(xstack[0].api_url, xstack[1].operator_key, tenant=tenant, agent=a) as op:
+
+        async def episodes():
+            rows = (await op.list_memory())["records"]
+            return rows or None
+
+        [kept] = await eventually(episodes, timeout=40)  # the other session's end still became an episode
+    assert kept["summary"] == f"Restored staging from the nightly backup ({m2})"
