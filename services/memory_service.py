@@ -372,12 +372,17 @@ class MemoryService:
             if r.in_force(now) and self.visible(r, ctx, scopes) and r.id not in hidden
         ]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
-        found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2)
         # Episodes and procedures (seed 002) have sections of their own, so they never take
-        # the places of facts, and facts never crowd them out.
+        # the places of facts, and facts never crowd them out: three searches of one query
+        # vector, embedded (and recorded as usage) once.
+        dense = None if cfg.memory.search.mode == "lexical" or not text.strip() else await self._embed_query(ctx, text)
+        found, *sections = await asyncio.gather(
+            self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2, dense=dense, cfg=cfg),
+            *(self.search(ctx, query=text, kind=k, limit=RECALLED_PER_SECTION, dense=dense, cfg=cfg)
+              for k in RESERVED_KINDS),
+        )
         facts = [x for x in found.records if x[0].kind not in RESERVED_KINDS]
-        made = [x for kind in RESERVED_KINDS
-                for x in (await self.search(ctx, query=text, kind=kind, limit=RECALLED_PER_SECTION)).records]
+        made = [x for section in sections for x in section.records]
         key = f"{self.records.root}recalled:{ctx.tenant}/{ctx.agent}:{conversation}"
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in facts + made if r.id not in pinned_ids]

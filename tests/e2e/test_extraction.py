@@ -457,6 +457,7 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
     usage = [u for u, _ in await read_topic(xstack[1], "memlane.usage", "memlane.usage")
              if u.agent == a and u.type == "ModelUsage"]
     assert [u.purpose for u in usage if u.purpose != "embed"] == ["consolidation", "consolidation"]
+    assert len([u for u in usage if u.purpose == "embed" and u.session == "s3"]) == 1  # one query vector per recall
 
 
 async def test_a_consolidation_the_model_keeps_failing_ends_in_the_dlq_and_the_worker_goes_on(xstack, fake, pub, agent):
