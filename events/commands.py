@@ -99,6 +99,15 @@ class TurnOutcome(_CommandBase):
     reason: str = ""
 
 
+class ReportOutcome(_CommandBase):
+    """Seed 002: applying a procedure and reporting the outcome strengthens or weakens it."""
+
+    type: Literal["ReportOutcome"] = "ReportOutcome"
+    record_id: Ident
+    success: bool
+    session: Ident | None = None
+
+
 BLOCK_CHARS = 2000  # seed 002: blocks are limited to 2,000 characters
 BlockLabel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")]
 BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r"^[^\r\n]+$")]
@@ -131,6 +140,6 @@ class ConfigureAgent(_CommandBase):
 
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
-    | ConfigureAgent | CurateBlock,
+    | ConfigureAgent | CurateBlock | ReportOutcome,
     Field(discriminator="type"),
 ]

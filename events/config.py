@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
-WRITE_TOOLS = ("add_memory", "delete_memory", "read_memory", "pin_memory", "unpin_memory", "curate_block")
+WRITE_TOOLS = ("add_memory", "delete_memory", "read_memory", "pin_memory", "unpin_memory", "curate_block", "report_outcome")
 
 
 class _Strict(BaseModel):

@@ -60,6 +60,13 @@ class RecordUnpinned(_RecordEvent):
     type: Literal["RecordUnpinned"] = "RecordUnpinned"
 
 
+class RecordRevised(_RecordEvent):
+    """A procedure's counts after an outcome was reported for it (seed 002): a new version
+    with the same text."""
+
+    type: Literal["RecordRevised"] = "RecordRevised"
+
+
 class WriteStaged(_EventBase):
     """A write made inside a turn, held until the turn's outcome. Not a record."""
 
@@ -111,6 +118,7 @@ MemoryEvent = Annotated[
     | RecordExpired
     | RecordPinned
     | RecordUnpinned
+    | RecordRevised
     | WriteStaged
     | TurnResolved
     | WriteDiscarded
@@ -120,4 +128,5 @@ MemoryEvent = Annotated[
     Field(discriminator="type"),
 ]
 
-RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordExpired, RecordPinned, RecordUnpinned)
+RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordExpired, RecordPinned, RecordUnpinned,
+                 RecordRevised)

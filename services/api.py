@@ -87,6 +87,10 @@ class AddRequest(_Body):
     command_id: str | None = None
 
 
+class OutcomeRequest(_Body):
+    success: bool
+
+
 class CurateRequest(_Body):
     action: Literal["add", "replace", "remove"]
     line: str | None = Field(None, description="add, replace: the line to write (one line, at most 2,000 characters)")
@@ -388,6 +392,12 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             "rendered": res.rendered,
         }
         return FastJSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
+
+    @app.post("/v1/memory/{rid}/outcome")
+    async def report_outcome(rid: str, body: OutcomeRequest, ctx: Ctx, s: Svc, wait: bool = True):
+        """Seed 002: the outcome of applying a procedure; its validations and successes or
+        failures count up. An agent needs `report_outcome` in memory.tools."""
+        return await s.report(ctx, rid, body.success, wait=wait)
 
     @app.get("/v1/blocks")
     async def list_blocks(ctx: Ctx, s: Svc):

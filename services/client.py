@@ -131,6 +131,9 @@ class MemlaneClient:
     async def unpin(self, rid: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/memory/{rid}/pin")
 
+    async def report_outcome(self, rid: str, success: bool) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/memory/{rid}/outcome", json={"success": success})
+
     async def blocks(self) -> list[dict[str, str]]:
         return (await self._call("GET", "/v1/blocks"))["blocks"]
 

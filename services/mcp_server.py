@@ -125,6 +125,13 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig) -> MCPServer:
             out = await call(client.unpin(id))
             return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
 
+    if "report_outcome" in offered:
+
+        @server.tool(description="Report whether applying a procedure worked: it counts its successes and failures.")
+        async def report_outcome(id: str, success: bool) -> str:
+            out = await call(client.report_outcome(id, success))
+            return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+
     if "curate_block" in offered:
 
         @server.tool(description="Keep a memory block (a labeled text at the top of every recall) line by line: "

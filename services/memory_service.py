@@ -17,7 +17,16 @@ from aiokafka import AIOKafkaProducer
 
 from events.base import utcnow
 from events.codec import encode
-from events.commands import AddMemory, ConfigureAgent, CurateBlock, DeleteMemory, EditMemory, PinMemory, UnpinMemory
+from events.commands import (
+    AddMemory,
+    ConfigureAgent,
+    CurateBlock,
+    DeleteMemory,
+    EditMemory,
+    PinMemory,
+    ReportOutcome,
+    UnpinMemory,
+)
 from events.config import AgentConfig
 from events.record import MemoryRecord, Provenance, Scope, Source
 from events.topics import COMMANDS, USAGE
@@ -173,6 +182,12 @@ class MemoryService:
                      wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "curate_block")
         return await self._submit(self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old), wait)
+
+    async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
+        """Seed 002: an outcome of applying a procedure, counted on it."""
+        await self._check_tool(ctx, "report_outcome")
+        return await self._submit(self._command(ReportOutcome, ctx, record_id=rid, success=success, session=ctx.session),
+                                  wait)
 
     async def _shadowed(self, ctx: Context) -> set[str]:
         """Seed 000: a preview turn sees every record except the live ones a preview record
@@ -542,7 +557,7 @@ class MemoryService:
                 if getattr(e, "merged", False):
                     result["merged"] = True
                     result["id"] = e.record.id
-                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned"):
+                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned", "RecordRevised"):
                     result.setdefault("id", e.record.id)
         # Read-your-writes: the Redis projection is a separate process; wait for it too.
         if block := result.get("block"):

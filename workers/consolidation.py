@@ -68,6 +68,12 @@ class ConsolidationProcessor(Processor):
             if closer:
                 await closer()
 
+    def decode(self, source: str, data: bytes) -> Any:
+        # Only session ends matter here: the turns around them, most of the topic, are
+        # skipped without being decoded (a TurnCommitted that merely says the word is
+        # decoded and skipped below).
+        return super().decode(source, data) if b"SessionEnded" in data else None
+
     async def process(self, source: str, partition: int, offset: int, ended: Any) -> list[Any]:
         if not isinstance(ended, SessionEnded) or self.model is None or not ended.session:
             return []  # turns are the other workers'; an agent without sessions has no history to consolidate

@@ -29,6 +29,7 @@ from events.commands import (
     EditMemory,
     ExpireTurns,
     PinMemory,
+    ReportOutcome,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
@@ -43,6 +44,7 @@ from events.memory import (
     RecordDeleted,
     RecordExpired,
     RecordPinned,
+    RecordRevised,
     RecordSuperseded,
     RecordUnpinned,
     TurnResolved,
@@ -341,6 +343,8 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
         _sweep(state, ak, cmd, events)
     elif isinstance(cmd, CurateBlock):
         _curate(state, ak, cmd, events)
+    elif isinstance(cmd, ReportOutcome):
+        _report(state, ak, cmd, events)
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
@@ -542,6 +546,27 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
             f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
         )
     events.append(_base(BlockChanged, cmd, label=cmd.label, text=new))
+
+
+def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
+    """Seed 002: each procedure counts its validations, successes and failures."""
+    r = get_record(state, ak, cmd.record_id)
+    if r is None or not _visible(r, cmd):
+        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    if r.kind != "procedure":
+        raise Rejected("VALIDATION_FAILED", "record_id", f"record {r.id} is a {r.kind}; only procedures take outcomes")
+    if cmd.preview and not r.preview:
+        raise Rejected("PREVIEW_READ_ONLY", "record_id", f"record {r.id} was written by a live turn; a preview turn cannot change it")
+    if r.status is not Status.ACTIVE:
+        raise Rejected("NOT_LIVE", "record_id", f"record {r.id} is {r.status.value}; only ACTIVE procedures take outcomes")
+    m = dict(r.metadata)
+    counted = "successes" if cmd.success else "failures"
+    m["validations"] = int(m.get("validations", 0)) + 1
+    m[counted] = int(m.get(counted, 0)) + 1
+    revised = r.model_copy(
+        update={"version": r.version + 1, "metadata": m, "modified": cmd.issued_at, "provenance": cmd.provenance}
+    )
+    events.append(_base(RecordRevised, cmd, record=revised))
 
 
 def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:

@@ -25,8 +25,8 @@ from what shares the machine's cores with it. 1000 / it is the rate one worker w
 to itself could sustain.
 
 `extraction_turns_per_s_1_worker_alone` (served run only) tests that bound: one worker
-drains a backlog while the ledger, the embedding worker and the projections are paused
-(`drain_alone`). The other figures run the whole pipeline on the machine's cores, as a
+drains a backlog while the ledger, the embedding worker, the projections and the
+consolidation worker are paused (`drain_alone`). The other figures run the whole pipeline on the machine's cores, as a
 one-machine deployment would.
 """
 
@@ -143,8 +143,10 @@ async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
     return Burst(rate, last, cpu_ms)
 
 
-# What a worker's outcomes feed, none of which a review waits for. The API stays: reviews search it.
-DOWNSTREAM = ("ledger", "embedding", "redis-projection", "history")
+# What a worker's outcomes feed, none of which a review waits for, and the consolidation
+# worker, which reads the same turns for the session ends among them. The API stays:
+# reviews search it.
+DOWNSTREAM = ("ledger", "embedding", "redis-projection", "history", "consolidation")
 
 
 async def drain_alone(stack, settings, pub) -> Burst:

@@ -408,7 +408,8 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
     # gives a procedure, a failed run an anti-pattern. Reviews are off here (cadence), so
     # only consolidation asks the model.
     cfg = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(read=["session", "agent"], write=["session", "agent"]),
-                                          extraction=ExtractionConfig(every=EveryMessages(messages=100))))
+                                          extraction=ExtractionConfig(every=EveryMessages(messages=100)),
+                                          tools=["add_memory", "report_outcome"]))
     tenant, a, key = await agent(cfg)
     m1, m2 = marker(), marker()
     steps = ["Stop writes", "Restore the nightly backup", "Compare row counts"]
@@ -454,6 +455,9 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
         with pytest.raises(MemlaneError) as e:
             await c.add_memory("I consolidated myself", kind="episode")
         assert (e.value.code, e.value.field) == ("VALIDATION_FAILED", "kind")
+        # Applying the procedure and reporting how it went counts on it (seed 002).
+        revised = (await c.report_outcome(procedure["id"], False))["memories"][0]
+        assert (revised["version"], revised["metadata"]["validations"], revised["metadata"]["failures"]) == (2, 2, 1)
     usage = [u for u, _ in await read_topic(xstack[1], "memlane.usage", "memlane.usage")
              if u.agent == a and u.type == "ModelUsage"]
     assert [u.purpose for u in usage if u.purpose != "embed"] == ["consolidation", "consolidation"]

@@ -12,6 +12,7 @@ from events import (
     CurateBlock,
     DeleteMemory,
     PinMemory,
+    ReportOutcome,
     TurnOutcome,
     UnpinMemory,
 )
@@ -380,6 +381,25 @@ def test_episodes_and_procedures_are_consolidations_only():
     assert (e.code, e.field) == ("VALIDATION_FAILED", "kind") and "reserved for consolidation" in e.reason
     made = only(led.add("an episode", kind="episode", provenance=Provenance(source=Source.CONSOLIDATION)), "RecordAdded")
     assert made.record.kind == "episode"  # though memory.kinds does not declare it
+
+
+def test_a_procedure_counts_the_outcomes_reported_for_it():
+    led = Ledger()
+    consolidation = Provenance(source=Source.CONSOLIDATION)
+    proc = only(led.add("Restore from backup", kind="procedure", provenance=consolidation,
+                        metadata={"validations": 1, "successes": 1, "failures": 0}), "RecordAdded").record
+    fact = only(led.add("a fact"), "RecordAdded").record
+
+    def report(rid, success, **kw):
+        return led.run(ReportOutcome(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=rid,
+                                     success=success, **({"session": "s1"} | kw)))
+
+    only(report(proc.id, True), "RecordRevised")
+    r = only(report(proc.id, False), "RecordRevised").record
+    assert (r.version, r.summary, r.metadata) == (3, proc.summary, {"validations": 3, "successes": 2, "failures": 1})
+    assert only(report(fact.id, True), "CommandRejected").code == "VALIDATION_FAILED"
+    assert only(report(proc.id, True, preview=True), "CommandRejected").code == "PREVIEW_READ_ONLY"
+    assert only(report(proc.id, True, session="s2"), "CommandRejected").code == "NOT_FOUND"
 
 
 def test_disabled_memory_refuses_writes():
