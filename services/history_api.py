@@ -63,6 +63,9 @@ class HistorySearchRequest(BaseModel):
     cursor: Annotated[str, Field(max_length=512)] | None = None
     turn: Annotated[int, Field(ge=0)] | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
+    # Seed 003's memory_search names what it searches: "messages" is this history search;
+    # "notes" are memory records, which POST /v1/memory/search searches.
+    kind: Literal["messages", "notes"] = "messages"
 
 
 class Caller(BaseModel):
@@ -139,6 +142,9 @@ class HistoryExtension:
         return self.projection.status() if self.projection else {"caught_up": False}
 
     async def search(self, body: HistorySearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        if body.kind == "notes":
+            raise ApiError("VALIDATION_FAILED", "kind", 'kind "notes": notes are memory records; search them with '
+                           "POST /v1/memory/search. This endpoint searches messages")
         service = self.app.state.service
         cfg = await service.config(who.tenant, who.agent)
         if cfg.history is None:

@@ -205,6 +205,10 @@ async def test_filters_conversation_day_and_range(tools):
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "day"
     bad = h.raw(since=10, until=5)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "until"
+    # Seed 003's own request names what it searches.
+    assert set(h.ids("kestrel", mode="lexical", kind="messages", day="2026-09-19", limit=20)) == {"u5"}
+    bad = h.raw(query="kestrel", kind="notes")
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "kind" and "/v1/memory/search" in bad.text
 
 
 async def test_paging_to_the_end(tools):
