@@ -462,7 +462,7 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         elif cmd.pending:
             # ... and one within a batch, with no stored fact, as PENDING.
             rec = rec.model_copy(update={"status": Status.PENDING})
-    if not old and stats["live"] >= LIVE_FACT_CAP:
+    if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
         raise Rejected(
             "LIMIT_EXCEEDED",
             "summary",
@@ -708,6 +708,11 @@ def evolve(state: LedgerState, event: Any) -> None:
             _store(state, ak, event.record, event.record.model_dump_json().encode())
 
 
+def _counts_as_fact(r: MemoryRecord | LeanRecord) -> bool:
+    """Seed 004's cap is on live facts: episodes and procedures are not facts."""
+    return r.status in LIVE and r.kind not in RESERVED_KINDS
+
+
 def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes) -> None:
     """`raw` is `r` as JSON, as the state keeps it."""
     key = f"{ak}/{r.id}"
@@ -717,9 +722,9 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
         return
     stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
     if prev:
-        stats["live"] -= prev.status in LIVE
+        stats["live"] -= _counts_as_fact(prev)
         stats["pinned_chars"] -= pin_line_chars(prev) if prev.pinned else 0
-    stats["live"] += r.status in LIVE
+    stats["live"] += _counts_as_fact(r)
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
     state.stats[ak] = stats
     state.records[key] = raw

@@ -176,6 +176,10 @@ def test_live_fact_cap():
         only(led.add(f"fact number {i}"), "RecordAdded")
     e = only(led.add("one too many"), "CommandRejected")
     assert e.code == "LIMIT_EXCEEDED" and f"cap is {LIVE_FACT_CAP}" in e.reason
+    # Seed 004's cap is on facts: an episode still comes, and takes no fact's place.
+    made = Provenance(source=Source.CONSOLIDATION)
+    only(led.add("an episode", kind="episode", provenance=made), "RecordAdded")
+    assert led.state.stats["t/a"]["live"] == LIVE_FACT_CAP
 
 
 def test_key_disagreement_is_stored_as_conflict():
