@@ -19,7 +19,7 @@ import msgspec
 from events.codec import ContractError, decode, encode
 from events.memory import RECORD_EVENTS, MemoryEvent
 from events.record import Scope, Status
-from events.topics import EVENTS
+from events.topics import EVENTS, REDELIVERED
 from events.vectors import float32_array
 
 
@@ -134,6 +134,15 @@ def decode_lean(data: bytes) -> LeanEvent:
         raise ContractError("record", f"{event.type} {'needs' if event.record is None else 'takes no'} record")
     event.raw = data
     return event
+
+
+def decode_logged(data: bytes, headers: Any) -> LeanEvent | None:
+    """An event of the log as a projection applies it, or None for one the ledger wrote
+    again for a redelivered command (`REDELIVERED`): its original came earlier in the same
+    partition, and a configuration or a block carries no version to guard against the copy."""
+    if (REDELIVERED, b"1") in (headers or ()):
+        return None
+    return decode_lean(data)
 
 
 def _decoded(decoder: msgspec.json.Decoder, data: bytes) -> Any:

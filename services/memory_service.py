@@ -181,6 +181,10 @@ class MemoryService:
     async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
                      wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "curate_block")
+        if action in ("add", "replace") and line is None:
+            raise ApiError("VALIDATION_FAILED", "line", f"line: {action} needs the line to write")
+        if action in ("replace", "remove") and old is None:
+            raise ApiError("VALIDATION_FAILED", "old", f"old: {action} needs the line to change, as the block holds it now")
         return await self._submit(self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old), wait)
 
     async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
@@ -279,11 +283,18 @@ class MemoryService:
             if (ctx.tenant, ctx.agent) not in cfgs:
                 cfgs[(ctx.tenant, ctx.agent)] = await self.config(ctx.tenant, ctx.agent)
 
+        refused: dict[int, ApiError] = {}
+        for i, (ctx, _) in enumerate(searches):
+            try:
+                self._check_enabled(ctx, cfgs[(ctx.tenant, ctx.agent)])
+            except ApiError as e:
+                refused[i] = e
+
         def needs_vector(ctx: Context, kw: dict[str, Any]) -> bool:
             mode = kw.get("mode") or cfgs[(ctx.tenant, ctx.agent)].memory.search.mode
             return bool(kw.get("query")) and not kw.get("ids") and mode != "lexical"
 
-        todo = [i for i, (ctx, kw) in enumerate(searches) if needs_vector(ctx, kw)]
+        todo = [i for i, (ctx, kw) in enumerate(searches) if i not in refused and needs_vector(ctx, kw)]
         vectors: dict[int, list[float]] = {}
         if todo:
             loop = asyncio.get_running_loop()
@@ -307,7 +318,7 @@ class MemoryService:
         # connections), more than the searches themselves.
         ranked: dict[int, _Ranked] = {}
         for i, (ctx, kw) in enumerate(searches):
-            if kw.get("query") and not kw.get("ids"):
+            if i not in refused and kw.get("query") and not kw.get("ids"):
                 args = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 ranked[i] = self._ranked(ctx, cfgs[(ctx.tenant, ctx.agent)], kw["query"], dense=vectors.get(i), **args)
         hits = await asyncio.to_thread(lambda: {i: q.run(self.memory) for i, q in ranked.items()})
@@ -321,6 +332,8 @@ class MemoryService:
 
         async def one(i: int) -> SearchResult | ApiError:
             ctx, kw = searches[i]
+            if i in refused:
+                return refused[i]
             if i in ranked:
                 return ranked[i].result(hits[i], found[(ctx.tenant, ctx.agent)], now)
             try:
@@ -447,7 +460,8 @@ class MemoryService:
         page = await self.records.page(ctx.tenant, ctx.agent, first, after, ascending=ascending)
         if ctx.principal.role == "operator":
             return page
-        return Page([r for r in page.records if self.visible(r, ctx)], page.next_cursor)
+        hidden = await self._shadowed(ctx)
+        return Page([r for r in page.records if self.visible(r, ctx) and r.id not in hidden], page.next_cursor)
 
     async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
         """`agentMemory` for an operator: any of the agent's records, whatever its session or

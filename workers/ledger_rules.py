@@ -57,6 +57,7 @@ NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
 RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (workers.consolidation_rules)
+MAX_BLOCKS = 10  # labels per agent: blocks come with every recall, so they stay few
 TURN_TIMEOUT = timedelta(minutes=10)
 # How long, in event time, a resolved turn's outcome is remembered: at least this, at most
 # twice. A write or an outcome that names an older turn is treated as if the turn were
@@ -366,7 +367,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
     if cmd.kind in RESERVED_KINDS:
         # Episodes and procedures are what consolidation makes of sessions (seed 002).
-        if cmd.provenance.source is not Source.CONSOLIDATION:
+        if cmd.provenance.source is not Source.CONSOLIDATION and not operator:
             raise Rejected("VALIDATION_FAILED", "kind", f"kind {cmd.kind!r} is reserved for consolidation")
     elif cmd.kind not in cfg.memory.kinds:
         raise Rejected(
@@ -435,8 +436,7 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         raise Rejected("DUPLICATE_ID", "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(ak) or {"live": 0, "pinned_chars": 0}
     h = normalized_hash(cmd.summary, cmd.content)
-    dup_scope = f"{rec.scope.value}:{rec.session if rec.scope is Scope.SESSION else ''}:{int(rec.preview)}"
-    same = state.index.get(f"{ak}|text:{dup_scope}:{h}")
+    same = state.index.get(f"{ak}|text:{_dup_scope(rec)}:{h}")
     if same and not cmd.replaces:
         existing = get_record(state, ak, same)
         if existing and existing.status in LIVE:
@@ -454,8 +454,8 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         # Labels stay once declared: the successor keeps the old values it does not override.
         rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
     if rec.key and not old:
-        holder = state.index.get(f"{ak}|key:{rec.kind}:{rec.key}")
-        holder_rec = get_record(state, ak, holder) if holder else None
+        holders = (state.index.get(f"{ak}|key:{slot}:{rec.kind}:{rec.key}") for slot in _key_slots_seen(rec))
+        holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
         if holder_rec and holder_rec.status in LIVE:
             # Seed 004: a disagreement with a stored fact is kept, as CONFLICT, never injected.
             rec = rec.model_copy(update={"status": Status.CONFLICT})
@@ -530,7 +530,13 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
     not added twice; `replace` and `remove` name the line to change as it is now."""
     if not config_of(state, ak).memory.enabled:
         raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
-    text = (state.blocks.get(ak) or {}).get(cmd.label, "")
+    if cmd.preview:
+        raise Rejected("PREVIEW_READ_ONLY", "label", "blocks are live memory for every turn; a preview turn cannot change them")
+    blocks = state.blocks.get(ak) or {}
+    if cmd.label not in blocks and len(blocks) >= MAX_BLOCKS:
+        raise Rejected("LIMIT_EXCEEDED", "label",
+                       f"the agent has {len(blocks)} blocks, the limit is {MAX_BLOCKS}; add to one of them or empty one")
+    text = blocks.get(cmd.label, "")
     lines = text.split("\n") if text else []
     if cmd.action == "add":
         lines = lines if cmd.line in lines else [*lines, cmd.line]
@@ -708,6 +714,22 @@ def evolve(state: LedgerState, event: Any) -> None:
             _store(state, ak, event.record, event.record.model_dump_json().encode())
 
 
+def _dup_scope(r: MemoryRecord | LeanRecord) -> str:
+    """Who sees a record: its scope, its session for SESSION scope, and preview or live.
+    Restatements merge, and keys conflict, only among records one turn could see together."""
+    return f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
+
+
+def _key_slots_seen(r: MemoryRecord) -> list[str]:
+    """The scopes whose keyed facts a turn writing `r` sees: its own, the agent scope for a
+    session record, and the live ones for a preview record."""
+    scopes = [f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}"]
+    if r.scope is Scope.SESSION:
+        scopes.append(f"{Scope.AGENT.value}:")
+    previews = (1, 0) if r.preview else (0,)
+    return [f"{scope}:{p}" for p in previews for scope in scopes]
+
+
 def _counts_as_fact(r: MemoryRecord | LeanRecord) -> bool:
     """Seed 004's cap is on live facts: episodes and procedures are not facts."""
     return r.status in LIVE and r.kind not in RESERVED_KINDS
@@ -728,9 +750,8 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
     state.stats[ak] = stats
     state.records[key] = raw
-    dup_scope = f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
-    text_key = f"{ak}|text:{dup_scope}:{normalized_hash(r.summary, r.content)}"
-    key_key = f"{ak}|key:{r.kind}:{r.key}" if r.key else None
+    text_key = f"{ak}|text:{_dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
+    key_key = f"{ak}|key:{_dup_scope(r)}:{r.kind}:{r.key}" if r.key else None
     if r.status in LIVE:
         state.index.setdefault(text_key, r.id)
         if key_key and r.status is Status.ACTIVE:

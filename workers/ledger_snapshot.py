@@ -24,7 +24,7 @@ from events.topics import EVENTS
 from services.settings import Settings
 from workers.ledger_rules import LedgerState
 
-FORMAT = 1
+FORMAT = 2  # 2: key slots name the scope a fact is seen in; a format-1 snapshot is folded again
 
 
 class _State(msgspec.Struct):

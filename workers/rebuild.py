@@ -16,7 +16,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from events.codec import ContractError
-from events.lean import decode_lean
+from events.lean import decode_logged
 from events.topics import EVENTS
 from projections import edge_shard
 from projections.qdrant_index import EdgeIndex
@@ -64,7 +64,8 @@ async def _apply_range(
                     if m.offset >= stop_at[tp]:
                         break
                     try:
-                        events.append(decode_lean(m.value))
+                        if (ev := decode_logged(m.value, m.headers)) is not None:
+                            events.append(ev)
                         positions.append((f"{topic}:{tp.partition}", m.offset + 1))
                     except ContractError as e:
                         log.warning("rebuild_skipped_message", partition=tp.partition, offset=m.offset, error=str(e))

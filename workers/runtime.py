@@ -117,6 +117,10 @@ class Processor:
         """The message as `process` takes it; raises `ContractError` for the DLQ."""
         return decode(source, data)
 
+    def decode_message(self, source: str, message: Any) -> Any:
+        """`decode` of a consumed message, for processors that read its headers too."""
+        return self.decode(source, message.value)
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -289,7 +293,7 @@ class Runner:
         source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
         try:
-            value = self.processor.decode(source, m.value)
+            value = self.processor.decode_message(source, m)
         except ContractError as e:
             log.warning("poison_message", error=str(e), field=e.field, **ctx)
             return [self._dlq(source, m, str(e), 1)]

@@ -116,6 +116,9 @@ async def test_memory_off_refuses_the_agents_calls_but_not_the_operators(stack, 
                      c.add_memory("another fact"), c.delete_memory(kept["id"]), c.pin(kept["id"])):
             await refused(call, 403, "MEMORY_DISABLED", "memory.enabled")
         assert (await c.recall("conv-off", "colour"))["records"] == []
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as http:
+            r = await http.post("/v1/memory/search/batch", json={"searches": [{"query": "colour", "session": "s1"}]})
+            assert r.json()["results"][0]["error"]["code"] == "MEMORY_DISABLED"
         # The operator still reads and deletes (seed 004: the dashboard, and deletion).
         assert [f.record.id for f in (await op.search_memory(None))[0]] == [kept["id"]]
         assert (await op.delete_memory(kept["id"]))["memories"][0]["status"] == "DELETED"
@@ -203,6 +206,7 @@ async def test_live_turns_never_see_preview_records(stack, new_agent):
         assert [f.record.id for f in (await preview.search_memory(None, ids=[original["id"], draft["id"]]))[0]] == [
             draft["id"]]
         assert [f.record.id for f in (await live.search_memory(None))[0]] == [original["id"]]
+        assert [r["id"] for r in (await preview.list_memory())["records"]] == [draft["id"]]
         assert (await live.read_memory(original["id"])).status.value == "ACTIVE"
         # Seed 000: a turn in preview mode never changes a record a live turn wrote.
         await refused(preview.pin(original["id"]), 403, "PREVIEW_READ_ONLY", "record_id")
@@ -375,6 +379,8 @@ async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, 
         await refused(c.curate_block("conventions", "remove", old="Tabs, not spaces"), 404, "NOT_FOUND", "old")
         await refused(c.curate_block("conventions", "add", line="x" * 1990), 409, "LIMIT_EXCEEDED", "line")
         await refused(c.curate_block("Bad Label", "add", line="x"), 422, "VALIDATION_FAILED", "label")
+        await refused(c.curate_block("stack", "add"), 422, "VALIDATION_FAILED", "line")
+        await refused(c.curate_block("stack", "remove"), 422, "VALIDATION_FAILED", "old")
         await c.add_memory("Dana's favourite colour is teal")
         recalled = await c.recall("conv-blocks", "teal")
         assert [b["label"] for b in recalled["blocks"]] == ["conventions", "stack"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 
 from aiokafka import AIOKafkaConsumer
 
@@ -169,3 +170,33 @@ async def test_a_redelivered_command_gets_its_events_again_marked_as_such(stack,
         assert (REDELIVERED, b"1") not in first.headers and (REDELIVERED, b"1") in second.headers
     finally:
         await consumer.stop()
+
+
+async def test_a_redelivered_block_change_does_not_roll_the_block_back(stack, settings, publisher, new_agent):
+    """A block's event carries no version: the copy the ledger writes again for a redelivered
+    command must not overwrite the newer text in Redis."""
+    from events import CurateBlock, encode
+    from events.topics import COMMANDS
+
+    tenant, agent, key = await new_agent()
+
+    async def send(cmd):
+        await publisher.producer.send_and_wait(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
+
+    def curate(label: str, line: str) -> CurateBlock:
+        return CurateBlock(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, issued_at=datetime.now(UTC),
+                           label=label, action="add", line=line)
+
+    first = curate("notes", "a")
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+
+        async def blocks(want):
+            got = {b["label"]: b["text"] for b in await c.blocks()}
+            return got if got == want else None
+
+        await send(first)
+        await send(curate("notes", "b"))
+        await eventually(partial(blocks, {"notes": "a\nb"}))
+        await send(first)  # an API retry after a timeout reuses the command id
+        await send(curate("other", "x"))  # later in the same partition: once it shows, the copy was read
+        await eventually(partial(blocks, {"notes": "a\nb", "other": "x"}))

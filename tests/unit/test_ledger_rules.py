@@ -11,6 +11,7 @@ from events import (
     ConfigureAgent,
     CurateBlock,
     DeleteMemory,
+    EditMemory,
     PinMemory,
     ReportOutcome,
     TurnOutcome,
@@ -404,6 +405,40 @@ def test_a_procedure_counts_the_outcomes_reported_for_it():
     assert only(report(fact.id, True), "CommandRejected").code == "VALIDATION_FAILED"
     assert only(report(proc.id, True, preview=True), "CommandRejected").code == "PREVIEW_READ_ONLY"
     assert only(report(proc.id, True, session="s2"), "CommandRejected").code == "NOT_FOUND"
+
+
+def test_keys_conflict_only_among_facts_one_turn_sees_together():
+    led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]})
+    assert only(led.add("TZ is CET", key="tz", preview=True), "RecordAdded").record.status is Status.ACTIVE
+    # A preview fact takes no live slot: the live one is not a conflict.
+    assert only(led.add("TZ is PST", key="tz"), "RecordAdded").record.status is Status.ACTIVE
+    # Another session's fact is not this session's to disagree with.
+    assert only(led.add("TZ is JST", key="tz", session="s2"), "RecordAdded").record.status is Status.ACTIVE
+    # An agent-scope fact is seen from every session, and a live one from preview turns.
+    only(led.add("Plan is Basic", key="plan", scope="AGENT"), "RecordAdded")
+    assert only(led.add("Plan is Pro", key="plan", session="s3"), "RecordAdded").record.status is Status.CONFLICT
+    assert only(led.add("Plan is Max", key="plan", preview=True), "RecordAdded").record.status is Status.CONFLICT
+
+
+def test_a_preview_turn_cannot_change_blocks_and_an_agent_has_at_most_10():
+    led = Ledger()
+    e = only(led.curate("style", "add", line="Tabs", preview=True), "CommandRejected")
+    assert (e.code, e.field) == ("PREVIEW_READ_ONLY", "label")
+    for i in range(10):
+        only(led.curate(f"b{i}", "add", line="x"), "BlockChanged")
+    e = only(led.curate("b10", "add", line="x"), "CommandRejected")
+    assert (e.code, e.field) == ("LIMIT_EXCEEDED", "label") and "limit is 10" in e.reason
+    only(led.curate("b3", "add", line="y"), "BlockChanged")  # an existing block still changes
+
+
+def test_an_operator_edits_a_procedure():
+    led = Ledger()
+    proc = only(led.add("Restore from backup", kind="procedure", provenance=Provenance(source=Source.CONSOLIDATION)),
+                "RecordAdded").record
+    edited = led.run(EditMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=proc.id,
+                                summary="Restore from the nightly backup",
+                                provenance=Provenance(source=Source.OPERATOR)))
+    assert [e.type for e in edited] == ["RecordSuperseded", "RecordAdded"] and edited[1].record.kind == "procedure"
 
 
 def test_disabled_memory_refuses_writes():
