@@ -109,6 +109,9 @@ class ReportOutcome(_CommandBase):
 
 
 BLOCK_CHARS = 2000  # seed 002: blocks are limited to 2,000 characters
+# The agent id under which a tenant's workspace-wide blocks live (seed 002: "agent scope *").
+# No key is issued for it.
+WORKSPACE = "@workspace"
 BlockLabel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")]
 BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r"^[^\r\n]+$")]
 

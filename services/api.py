@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_json
 
 from events.codec import from_validation_error
+from events.commands import WORKSPACE
 from events.config import AgentConfig
 from events.record import Scope
 from projections.embedder import make_embedder
@@ -315,6 +316,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def issue_key(body: KeyRequest, p: Annotated[Principal, Depends(principal)], request: Request):
         if p.role != "operator" or p.tenant not in ("*", body.tenant):
             raise ApiError("FORBIDDEN", None, "only an operator key of this tenant can issue keys", 403)
+        if body.agent == WORKSPACE:
+            raise ApiError("VALIDATION_FAILED", "agent", f"{WORKSPACE} holds workspace-wide blocks; it has no keys")
         key = await request.app.state.keys.issue(body.tenant, body.agent, body.role)
         return {"key": key, "tenant": body.tenant, "agent": body.agent, "role": body.role}
 
@@ -388,7 +391,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             "records": [record_out(r, sc) for r, sc in res.records],
             "episodes": [record_out(r) for r in res.episodes],
             "procedures": [record_out(r) for r in res.procedures],
-            "blocks": [{"label": label, "text": text} for label, text in res.blocks],
+            "blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in res.blocks],
             "rendered": res.rendered,
         }
         return FastJSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
@@ -402,13 +405,15 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/blocks")
     async def list_blocks(ctx: Ctx, s: Svc):
         """Memory blocks (seed 002): labeled texts at the top of every recall."""
-        return {"blocks": [{"label": label, "text": text} for label, text in await s.blocks(ctx)]}
+        return {"blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in await s.blocks(ctx)]}
 
     @app.post("/v1/blocks/{label}")
-    async def curate_block(label: str, body: CurateRequest, ctx: Ctx, s: Svc, wait: bool = True):
+    async def curate_block(label: str, body: CurateRequest, ctx: Ctx, s: Svc, wait: bool = True,
+                           scope: Literal["agent", "workspace"] = "agent"):
         """`add` a line, `replace` the line `old` with `line`, or `remove` the line `old`:
-        an agent needs `curate_block` in memory.tools; a block holds at most 2,000 characters."""
-        return await s.curate(ctx, label, body.action, body.line, body.old, wait=wait)
+        an agent needs `curate_block` in memory.tools; a block holds at most 2,000 characters.
+        `scope=workspace` (operator keys): a block every agent of the tenant recalls."""
+        return await s.curate(ctx, label, body.action, body.line, body.old, scope=scope, wait=wait)
 
     @app.post("/v1/memory", status_code=201)
     async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):

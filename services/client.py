@@ -137,9 +137,10 @@ class MemlaneClient:
     async def blocks(self) -> list[dict[str, str]]:
         return (await self._call("GET", "/v1/blocks"))["blocks"]
 
-    async def curate_block(self, label: str, action: str, line: str | None = None, old: str | None = None) -> dict[str, Any]:
+    async def curate_block(self, label: str, action: str, line: str | None = None, old: str | None = None,
+                           scope: str = "agent") -> dict[str, Any]:
         body = {"action": action, **({"line": line} if line is not None else {}), **({"old": old} if old is not None else {})}
-        return await self._call("POST", f"/v1/blocks/{label}", json=body)
+        return await self._call("POST", f"/v1/blocks/{label}", params={"scope": scope}, json=body)
 
     async def list_memory(self, first: int = 20, after: str | None = None, sort: str = "DESC") -> dict[str, Any]:
         params: dict[str, Any] = {"first": first, "sort": sort}

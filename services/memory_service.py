@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from events.base import utcnow
 from events.codec import encode
 from events.commands import (
+    WORKSPACE,
     AddMemory,
     ConfigureAgent,
     CurateBlock,
@@ -97,7 +99,7 @@ class RecallResult:
     rendered: str
     episodes: list[MemoryRecord]
     procedures: list[MemoryRecord]
-    blocks: list[tuple[str, str]]  # (label, text), by label
+    blocks: list[tuple[str, str, str]]  # (scope, label, text): the workspace's, then the agent's
 
 
 RECALLED_TTL_S = 7 * 24 * 3600
@@ -173,13 +175,23 @@ class MemoryService:
             return False
         return ctx.preview or not r.preview
 
-    async def blocks(self, ctx: Context) -> list[tuple[str, str]]:
-        """The agent's memory blocks (seed 002), (label, text) by label."""
+    async def blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
+        """The blocks an agent's recall shows (seed 002): (scope, label, text), the tenant's
+        workspace-wide ones first, each scope by label."""
         self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
-        return sorted((await self.records.blocks(ctx.tenant, ctx.agent)).items())
+        return await self._blocks(ctx)
+
+    async def _blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
+        workspace, own = await asyncio.gather(self.records.blocks(ctx.tenant, WORKSPACE),
+                                              self.records.blocks(ctx.tenant, ctx.agent))
+        return [("workspace", *b) for b in sorted(workspace.items())] + [("agent", *b) for b in sorted(own.items())]
 
     async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
-                     wait: bool = True) -> dict[str, Any]:
+                     scope: str = "agent", wait: bool = True) -> dict[str, Any]:
+        if scope == "workspace":
+            if ctx.principal.role != "operator":
+                raise ApiError("FORBIDDEN", "scope", "only an operator key curates workspace-wide blocks", 403)
+            ctx = dataclasses.replace(ctx, agent=WORKSPACE)
         await self._check_tool(ctx, "curate_block")
         if action in ("add", "replace") and line is None:
             raise ApiError("VALIDATION_FAILED", "line", f"line: {action} needs the line to write")
@@ -411,11 +423,12 @@ class MemoryService:
         if fresh:
             seen = await self.records.r.smismember(key, [f"{r.id}:{r.version}" for r, _ in fresh])
             fresh = [x for x, was in zip(fresh, seen) if not was]
-        blocks = sorted((await self.records.blocks(ctx.tenant, ctx.agent)).items())
+        blocks = await self._blocks(ctx)
+        shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text) for scope, label, text in blocks]
         records, episodes, procedures = within_block(
             pinned,
             [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results],
-            blocks,
+            shown_blocks,
             [r for r, _ in fresh if r.kind == "episode"][:RECALLED_PER_SECTION],
             [r for r, _ in fresh if r.kind == "procedure"][:RECALLED_PER_SECTION],
         )
@@ -426,7 +439,7 @@ class MemoryService:
             await self.record_retrieved(ctx, "recall", shown, conversation)
         scores = dict((r.id, s) for r, s in fresh)
         return RecallResult(pinned, [(r, scores[r.id]) for r in records],
-                            render(pinned, records, episodes, procedures, blocks), episodes, procedures, blocks)
+                            render(pinned, records, episodes, procedures, shown_blocks), episodes, procedures, blocks)
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()

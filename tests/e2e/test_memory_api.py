@@ -374,8 +374,8 @@ async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, 
         out = json.loads((await mcp.call_tool("curate_block", {"label": "stack", "action": "add", "line": "Python"}))
                          .content[0].text)
         assert out["block"] == {"label": "stack", "text": "Python"}
-        assert await c.blocks() == [{"label": "conventions", "text": "Four spaces\nSquash merges only"},
-                                    {"label": "stack", "text": "Python"}]
+        assert await c.blocks() == [{"scope": "agent", "label": "conventions", "text": "Four spaces\nSquash merges only"},
+                                    {"scope": "agent", "label": "stack", "text": "Python"}]
         await refused(c.curate_block("conventions", "remove", old="Tabs, not spaces"), 404, "NOT_FOUND", "old")
         await refused(c.curate_block("conventions", "add", line="x" * 1990), 409, "LIMIT_EXCEEDED", "line")
         await refused(c.curate_block("Bad Label", "add", line="x"), 422, "VALIDATION_FAILED", "label")
@@ -389,6 +389,26 @@ async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, 
     async with MemlaneClient(stack.api_url, other_key, session="s1") as other:
         assert await other.blocks() == []  # another agent's blocks are its own
         await refused(other.curate_block("conventions", "add", line="x"), 403, "TOOL_NOT_ALLOWED", "tool")
+
+
+async def test_workspace_blocks_reach_every_agent_of_the_tenant_and_only_operators_write_them(stack, new_agent,
+                                                                                               settings):
+    # Seed 002: a block can be workspace-wide (agent scope *) or scoped to one agent.
+    tenant, _, key = await new_agent()
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent="ops") as op:
+        other_key = await op.issue_key(tenant, f"agent{uuid.uuid4().hex[:6]}")
+        out = await op.curate_block("policy", "add", line="Never promise refunds", scope="workspace")
+        assert out["block"] == {"label": "policy", "text": "Never promise refunds"}
+        await refused(op.issue_key(tenant, "@workspace"), 422, "VALIDATION_FAILED", "agent")
+    _, _, stranger = await new_agent()  # another tenant
+    for k, seen in ((key, True), (other_key, True), (stranger, False)):
+        async with MemlaneClient(stack.api_url, k, session="s1") as c:
+            want = [{"scope": "workspace", "label": "policy", "text": "Never promise refunds"}] if seen else []
+            assert await c.blocks() == want
+            if seen:
+                assert "### policy (workspace)\nNever promise refunds" in (await c.recall("conv-ws", "refund"))["rendered"]
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        await refused(c.curate_block("policy", "add", line="x", scope="workspace"), 403, "FORBIDDEN", "scope")
 
 
 # --------------------------------------------------------------------------- turn writes

@@ -38,7 +38,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
         await eventually(switched, timeout=60)
         after = {r: [v.model_dump() for v in await c.history(r)] for r in (first["id"], second["id"])}
         assert after == before
-        assert await c.blocks() == [{"label": "conventions", "text": "Deploys go out on Tuesdays"}]
+        assert await c.blocks() == [{"scope": "agent", "label": "conventions", "text": "Deploys go out on Tuesdays"}]
         hits, _ = await c.search_memory("what is the staging database called?")
         assert hits[0].record.summary == "The staging database is called venus-db"
         assert all(h.record.summary != "The staging database is called mercury-db" for h in hits)
