@@ -29,7 +29,7 @@ from projections.redis_history import RedisHistory
 from workers import consolidation_rules as rules
 from workers.api_reader import ApiReader
 from workers.model_client import CallContext, ModelClient, ModelFailed
-from workers.runtime import DeadLetter, Out, Processor, Transient
+from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
 
 log = structlog.get_logger()
 ANSWER_SCHEMA = rules.answer_schema()
@@ -93,6 +93,8 @@ class ConsolidationProcessor(Processor):
             self.tally["empty_sessions"] += 1
             log.info("session_not_consolidated", reason="no kept history", **ctx)
             return []
+        # Read before the model call: a failure after it would call the model again on retry.
+        previous = await self.api.newest(ended.tenant, ended.agent, ended.session, rules.EPISODE)
         call = CallContext(ended.tenant, ended.agent, ended.session, ended.execution_id, None, ended.event_id)
         try:
             answer = await self.model.json_call(rules.build_messages(ended, events), ANSWER_SCHEMA,
@@ -101,7 +103,6 @@ class ConsolidationProcessor(Processor):
             log.error("consolidation_failed_dead_lettered", error=e.error, attempts=e.attempts, **ctx)
             self.tally["dead_lettered"] += 1
             return [self._usage(u) for u in e.usage] + [DeadLetter(f"consolidation: {e.error}", e.attempts)]
-        previous = await self.api.newest(ended.tenant, ended.agent, ended.session, rules.EPISODE)
         made = rules.to_commands(ended, cfg, answer.value, events, previous.id if previous else None, self.model.model)
         for what, reason, detail in made.refused:
             log.warning("consolidation_refused", part=what, reason=reason, detail=detail, **ctx)
@@ -118,6 +119,8 @@ class ConsolidationProcessor(Processor):
         field = f"{self.settings.topic(TURNS.name)}:{partition}"
         deadline = time.monotonic() + HISTORY_WAIT_S
         while (await self.history.checkpoints()).get(field, -1) < offset:
+            if self.stopping.is_set():
+                raise Stopping("stopping while the history worker catches up")
             if time.monotonic() > deadline:
                 raise Transient(f"the history worker has not folded {field} up to offset {offset}; is it running?")
             await asyncio.sleep(0.1)

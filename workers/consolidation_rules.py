@@ -153,9 +153,14 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
         if hit:
             out.refused.append((part, hit.reason, hit.detail))
             return None
-        cmd = AddMemory(command_id=str(uuid.uuid5(NAMESPACE, f"{ended.event_id}/{part}")), tenant=ended.tenant,
-                        agent=ended.agent, issued_at=ended.occurred_at, provenance=prov, summary=_clip(summary),
-                        content=content, kind=kind, scope=scope, session=ended.session, metadata=metadata)
+        try:
+            cmd = AddMemory(command_id=str(uuid.uuid5(NAMESPACE, f"{ended.event_id}/{part}")), tenant=ended.tenant,
+                            agent=ended.agent, issued_at=ended.occurred_at, provenance=prov, summary=_clip(summary),
+                            content=content, kind=kind, scope=scope, session=ended.session, metadata=metadata)
+        except ValidationError as e:  # an empty summary, content over 16 KiB: refused, not retried
+            err = e.errors()[0]
+            out.refused.append((part, "invalid", f"{'.'.join(map(str, err['loc']))}: {err['msg']}"))
+            return None
         out.commands.append(cmd)
         return cmd
 

@@ -721,11 +721,14 @@ def _dup_scope(r: MemoryRecord | LeanRecord) -> str:
 
 
 def _key_slots_seen(r: MemoryRecord) -> list[str]:
-    """The scopes whose keyed facts a turn writing `r` sees: its own, the agent scope for a
-    session record, and the live ones for a preview record."""
+    """The scopes whose keyed facts a turn writing `r` sees: its own; the agent scope for a
+    session record, and the writing session's for an agent-scope one; and for a preview
+    record, the live ones too."""
     scopes = [f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}"]
     if r.scope is Scope.SESSION:
         scopes.append(f"{Scope.AGENT.value}:")
+    elif r.session:  # an agent-scope write is seen with the session it was written in
+        scopes.append(f"{Scope.SESSION.value}:{r.session}")
     previews = (1, 0) if r.preview else (0,)
     return [f"{scope}:{p}" for p in previews for scope in scopes]
 

@@ -281,19 +281,23 @@ class QdrantProjection:
                             self._on_vector(m.key, m.value, batch)
                         else:
                             event = decode_lean(m.value)
-                            if (REDELIVERED, b"1") in (m.headers or ()):
+                            copy = (REDELIVERED, b"1") in (m.headers or ())
+                            if copy:
                                 batch.done.append(event)  # applied at its original offset
                             else:
                                 self._on_event(event, batch)
                             if self.also:
-                                batch.events.append(event)
+                                # A rebuild's Redis fill skips copies too (see `decode_logged`),
+                                # and still moves its checkpoint past them.
+                                if not copy:
+                                    batch.events.append(event)
                                 batch.event_positions.append((f"{tp.topic}:{tp.partition}", m.offset + 1))
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
                     batch.positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
                 batch.seen += len(msgs)
-            if batch.events:
+            if batch.event_positions:
                 await self.also(batch.events, batch.event_positions)
             settle_heap()
             await land()

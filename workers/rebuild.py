@@ -71,7 +71,7 @@ async def _apply_range(
                         log.warning("rebuild_skipped_message", partition=tp.partition, offset=m.offset, error=str(e))
                     done += 1
             settle_heap()
-            if events:
+            if positions:  # a batch of skipped copies still moves the checkpoint on
                 await (store.fill if fresh else store.apply)(events, positions)
                 applied += len(events)
             active = [tp for tp in active if await c.position(tp) < stop_at[tp]]

@@ -3,10 +3,13 @@ ledger -> projections (Redis, Qdrant Edge) -> HTTP search."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from functools import partial
 
+import httpx
 from aiokafka import AIOKafkaConsumer
 
 from events import Message, ToolCall, TurnCommitted, TurnRolledBack
@@ -200,3 +203,11 @@ async def test_a_redelivered_block_change_does_not_roll_the_block_back(stack, se
         await send(first)  # an API retry after a timeout reuses the command id
         await send(curate("other", "x"))  # later in the same partition: once it shows, the copy was read
         await eventually(partial(blocks, {"notes": "a\nb", "other": "x"}))
+        # A rebuild folds the log again, copy included, into a new generation: the same blocks.
+        old_gen = httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"]
+        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "all"],
+                              env=stack.env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        await eventually(lambda: httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"] > old_gen,
+                         timeout=60)
+        assert await blocks({"notes": "a\nb", "other": "x"})

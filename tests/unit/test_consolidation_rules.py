@@ -85,3 +85,10 @@ def test_a_malformed_answer_names_the_field():
         c.parse_answer('{"outcome": "successful", "success_score": 3, "summary": "x"}')
     with pytest.raises(Malformed, match="outcome"):
         c.parse_answer('{"outcome": "great", "success_score": 0.5, "summary": "x"}')
+
+
+def test_a_procedure_the_contract_refuses_is_refused_not_retried():
+    a = answer(procedure={**PROCEDURE, "name": "   "})  # passes the answer's schema, not AddMemory's
+    made = c.to_commands(ENDED, BOTH, a, [ev(1)], None, "m")
+    assert [x.kind for x in made.commands] == ["episode"]
+    assert [(w, r) for w, r, _ in made.refused] == [("procedure", "invalid")]

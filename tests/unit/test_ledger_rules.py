@@ -418,6 +418,10 @@ def test_keys_conflict_only_among_facts_one_turn_sees_together():
     only(led.add("Plan is Basic", key="plan", scope="AGENT"), "RecordAdded")
     assert only(led.add("Plan is Pro", key="plan", session="s3"), "RecordAdded").record.status is Status.CONFLICT
     assert only(led.add("Plan is Max", key="plan", preview=True), "RecordAdded").record.status is Status.CONFLICT
+    # ... and an agent-scope fact is seen with the session it is written in.
+    only(led.add("Deploys go to staging", key="deploy", session="s4"), "RecordAdded")
+    assert only(led.add("Deploys go to prod", key="deploy", session="s4", scope="AGENT"),
+                "RecordAdded").record.status is Status.CONFLICT
 
 
 def test_a_preview_turn_cannot_change_blocks_and_an_agent_has_at_most_10():
