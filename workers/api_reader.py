@@ -95,18 +95,6 @@ class ApiReader:
             out.extend(f[rank] for f in found if len(f) > rank)
         return out
 
-    async def newest(self, tenant: str, agent: str, session: str | None, kind: str) -> MemoryRecord | None:
-        """The agent's newest record of `kind` that a turn of `session` could read (a
-        lookup, not the agent's retrieval: no RETRIEVED use is recorded)."""
-        item = {"tenant": tenant, "agent": agent, "session": session, "kind": kind, "limit": 1}
-        data = await self._call("POST", "/v1/memory/search/batch", {"Content-Type": "application/json"},
-                                content=to_json({"searches": [item], "retrieved": False}))
-        [res] = data["results"]
-        if "error" in res:
-            raise SearchFailed(f"search answered {res.get('status')}: {res['error'].get('message')}")
-        records = res["records"]
-        return MemoryRecord.model_validate({k: v for k, v in records[0].items() if k != "score"}) if records else None
-
     async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | Exception]:
         # Written and read by pydantic-core's JSON: httpx's `json=` and `.json()` go through
         # the stdlib, several times slower on a batch of 32 searches and their records.

@@ -93,8 +93,6 @@ class ConsolidationProcessor(Processor):
             self.tally["empty_sessions"] += 1
             log.info("session_not_consolidated", reason="no kept history", **ctx)
             return []
-        # Read before the model call: a failure after it would call the model again on retry.
-        previous = await self.api.newest(ended.tenant, ended.agent, ended.session, rules.EPISODE)
         call = CallContext(ended.tenant, ended.agent, ended.session, ended.execution_id, None, ended.event_id)
         try:
             answer = await self.model.json_call(rules.build_messages(ended, events), ANSWER_SCHEMA,
@@ -103,7 +101,7 @@ class ConsolidationProcessor(Processor):
             log.error("consolidation_failed_dead_lettered", error=e.error, attempts=e.attempts, **ctx)
             self.tally["dead_lettered"] += 1
             return [self._usage(u) for u in e.usage] + [DeadLetter(f"consolidation: {e.error}", e.attempts)]
-        made = rules.to_commands(ended, cfg, answer.value, events, previous.id if previous else None, self.model.model)
+        made = rules.to_commands(ended, cfg, answer.value, events, self.model.model)
         for what, reason, detail in made.refused:
             log.warning("consolidation_refused", part=what, reason=reason, detail=detail, **ctx)
         self.tally["sessions"] += 1

@@ -1,8 +1,8 @@
 """What a session that ended becomes (seed 002, DESIGN "Consolidation"). Pure: no I/O.
 
 One model call (purpose `consolidation`) reads the session's kept history and answers with
-the run's goal, outcome, success score and summary: an episode, linked to the agent's
-previous one. A run that scored above 0.7 and contains an approved pattern also gives a
+the run's goal, outcome, success score and summary: an episode, which the ledger links to
+the agent's previous one. A run that scored above 0.7 and contains an approved pattern also gives a
 procedure (its steps); a failed run may give an anti-pattern, a procedure to avoid. They
 reach the ledger as AddMemory commands of the reserved kinds `episode` and `procedure`,
 with source CONSOLIDATION, behind the same write-time filter as extraction.
@@ -138,9 +138,10 @@ def _clip(text: str, limit: int = MAX_SUMMARY_BYTES) -> str:
 
 
 def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnswer, events: list[KeptEvent],
-                previous: str | None, model: str) -> Consolidated:
+                model: str) -> Consolidated:
     """The episode, and a procedure or an anti-pattern when the run gives one. Ids follow
-    the SessionEnded event, so consolidating it again proposes the same commands."""
+    the SessionEnded event, so consolidating it again proposes the same commands. The
+    ledger links the episode to the previous one (`previous_episode`), in log order."""
     out = Consolidated()
     ids = [e.id for e in events]
     scope = Scope.AGENT if "agent" in cfg.memory.scope.write or not ended.session else Scope.SESSION
@@ -167,8 +168,7 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
     episode = command(
         "episode", EPISODE, answer.summary,
         f"Goal: {answer.goal}\nOutcome: {answer.outcome} (success score {answer.success_score:.2f})",
-        {"goal": answer.goal, "outcome": answer.outcome, "success_score": answer.success_score,
-         "previous_episode": previous, "events": ids},
+        {"goal": answer.goal, "outcome": answer.outcome, "success_score": answer.success_score, "events": ids},
     )
     if episode is None:
         return out  # nothing may point back to an episode that was not kept

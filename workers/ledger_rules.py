@@ -462,6 +462,11 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         elif cmd.pending:
             # ... and one within a batch, with no stored fact, as PENDING.
             rec = rec.model_copy(update={"status": Status.PENDING})
+    if rec.kind == "episode" and not old:
+        # Seed 002: an episode links the previous one. Linked here, in log order, so two
+        # sessions ending together cannot both claim the same predecessor, and a replay
+        # links the same.
+        rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
     if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
         raise Rejected(
             "LIMIT_EXCEEDED",
@@ -733,6 +738,14 @@ def _key_slots_seen(r: MemoryRecord) -> list[str]:
     return [f"{scope}:{p}" for p in previews for scope in scopes]
 
 
+def _last_episode(state: LedgerState, ak: str, rec: MemoryRecord) -> str | None:
+    """The newest episode a turn writing `rec` could read: of its own scope, or, for a
+    session's, of the agent scope too."""
+    slots = [_dup_scope(rec)] + ([f"{Scope.AGENT.value}::{int(rec.preview)}"] if rec.scope is Scope.SESSION else [])
+    found = [r for slot in slots if (rid := state.index.get(f"{ak}|episode:{slot}")) and (r := get_record(state, ak, rid))]
+    return max(found, key=lambda r: (r.created, r.id)).id if found else None
+
+
 def _counts_as_fact(r: MemoryRecord | LeanRecord) -> bool:
     """Seed 004's cap is on live facts: episodes and procedures are not facts."""
     return r.status in LIVE and r.kind not in RESERVED_KINDS
@@ -755,6 +768,8 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     state.records[key] = raw
     text_key = f"{ak}|text:{_dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
     key_key = f"{ak}|key:{_dup_scope(r)}:{r.kind}:{r.key}" if r.key else None
+    if r.kind == "episode" and r.version == 1:
+        state.index[f"{ak}|episode:{_dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest
     if r.status in LIVE:
         state.index.setdefault(text_key, r.id)
         if key_key and r.status is Status.ACTIVE:

@@ -31,18 +31,18 @@ def answer(**kw) -> c.ConsolidationAnswer:
 PROCEDURE = {"name": "Restore staging", "steps": ["Stop writes", "Restore the backup"], "approved_pattern": True}
 
 
-def test_an_episode_names_its_run_and_links_the_previous_one():
+def test_an_episode_names_its_run():
     events = [ev(1), ev(2)]
-    made = c.to_commands(ENDED, BOTH, answer(), events, "prev-episode", "m")
+    made = c.to_commands(ENDED, BOTH, answer(), events, "m")
     [episode] = made.commands
     assert (episode.kind, episode.scope, episode.session) == ("episode", Scope.AGENT, "s1")
     assert episode.metadata == {"goal": "Restore staging", "outcome": "successful", "success_score": 0.9,
-                                "previous_episode": "prev-episode", "events": ["m1", "m2"]}
+                                "events": ["m1", "m2"]}
     assert episode.provenance.source is Source.CONSOLIDATION and episode.provenance.prompt_version == c.prompt_version()
     assert "Outcome: successful (success score 0.90)" in episode.content
-    again = c.to_commands(ENDED, BOTH, answer(), events, "prev-episode", "m")
+    again = c.to_commands(ENDED, BOTH, answer(), events, "m")
     assert again.commands[0].command_id == episode.command_id  # consolidating again proposes the same
-    assert c.to_commands(ENDED, AgentConfig(), answer(), events, None, "m").commands[0].scope is Scope.SESSION
+    assert c.to_commands(ENDED, AgentConfig(), answer(), events, "m").commands[0].scope is Scope.SESSION
 
 
 @pytest.mark.parametrize(("score", "outcome", "approved", "made"), [
@@ -53,7 +53,7 @@ def test_an_episode_names_its_run_and_links_the_previous_one():
 ])
 def test_a_procedure_comes_from_a_successful_run_above_0_7_with_an_approved_pattern(score, outcome, approved, made):
     a = answer(success_score=score, outcome=outcome, procedure={**PROCEDURE, "approved_pattern": approved})
-    cmds = c.to_commands(ENDED, BOTH, a, [ev(1)], None, "m").commands
+    cmds = c.to_commands(ENDED, BOTH, a, [ev(1)], "m").commands
     assert [x.kind for x in cmds] == (["episode", "procedure"] if made else ["episode"])
     if made:
         assert cmds[1].metadata["episode"] == record_id_for(cmds[0].command_id)
@@ -63,13 +63,13 @@ def test_a_procedure_comes_from_a_successful_run_above_0_7_with_an_approved_patt
 
 def test_a_failed_run_gives_an_anti_pattern():
     a = answer(outcome="failed", success_score=0.1, anti_pattern="restoring before stopping writes")
-    _, avoid = c.to_commands(ENDED, BOTH, a, [ev(1)], None, "m").commands
+    _, avoid = c.to_commands(ENDED, BOTH, a, [ev(1)], "m").commands
     assert avoid.summary == "Avoid: restoring before stopping writes" and avoid.metadata["anti_pattern"] is True
 
 
 def test_the_write_filter_applies_and_nothing_points_to_a_refused_episode():
     a = answer(summary="Mailed the fix to dana@example.com", procedure=PROCEDURE)
-    made = c.to_commands(ENDED, BOTH, a, [ev(1)], None, "m")
+    made = c.to_commands(ENDED, BOTH, a, [ev(1)], "m")
     assert made.commands == [] and [(w, r) for w, r, _ in made.refused] == [("episode", "pii")]
 
 
@@ -89,6 +89,6 @@ def test_a_malformed_answer_names_the_field():
 
 def test_a_procedure_the_contract_refuses_is_refused_not_retried():
     a = answer(procedure={**PROCEDURE, "name": "   "})  # passes the answer's schema, not AddMemory's
-    made = c.to_commands(ENDED, BOTH, a, [ev(1)], None, "m")
+    made = c.to_commands(ENDED, BOTH, a, [ev(1)], "m")
     assert [x.kind for x in made.commands] == ["episode"]
     assert [(w, r) for w, r, _ in made.refused] == [("procedure", "invalid")]

@@ -445,6 +445,23 @@ def test_an_operator_edits_a_procedure():
     assert [e.type for e in edited] == ["RecordSuperseded", "RecordAdded"] and edited[1].record.kind == "procedure"
 
 
+def test_the_ledger_links_each_episode_to_the_previous_one_a_turn_could_read():
+    led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]})
+    made = Provenance(source=Source.CONSOLIDATION)
+
+    def episode(summary, **kw):
+        return only(led.add(summary, kind="episode", provenance=made, **kw), "RecordAdded").record
+
+    first = episode("first run", scope="AGENT")
+    assert first.metadata["previous_episode"] is None
+    second = episode("second run", scope="AGENT", issued_at=NOW + timedelta(minutes=1))
+    assert second.metadata["previous_episode"] == first.id
+    mine = episode("a session's run", session="s9", issued_at=NOW + timedelta(minutes=2))  # sees the agent's
+    assert mine.metadata["previous_episode"] == second.id
+    third = episode("third run", scope="AGENT", issued_at=NOW + timedelta(minutes=3))  # not the session's
+    assert third.metadata["previous_episode"] == second.id
+
+
 def test_disabled_memory_refuses_writes():
     e = only(Ledger(enabled=False).add(), "CommandRejected")
     assert e.code == "MEMORY_DISABLED"
