@@ -7,6 +7,7 @@ import pytest
 from events import AgentConfig
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, stack_env
+from tests.fakes.model_server import FakeModel
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +50,11 @@ def new_agent(stack, settings):
         return tenant, agent, key
 
     return make
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """The scripted OpenAI-compatible model server, one per test module."""
+    f = FakeModel().start()
+    yield f
+    f.stop()

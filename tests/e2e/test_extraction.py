@@ -18,7 +18,7 @@ from events.topics import EVENTS
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
-from tests.fakes.model_server import Delay, FakeModel, Raw, Reply
+from tests.fakes.model_server import Delay, Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 
 API_PORT = 38501
@@ -32,13 +32,6 @@ def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> d
 
 def answer(*cands: dict) -> Reply:
     return Reply({"candidates": list(cands)})
-
-
-@pytest.fixture(scope="module")
-def fake():
-    f = FakeModel().start()
-    yield f
-    f.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,7 @@ from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
-from tests.fakes.model_server import FakeModel, Reply
-
-
-@pytest.fixture(scope="module")
-def fake():
-    f = FakeModel().start()
-    yield f
-    f.stop()
+from tests.fakes.model_server import Reply
 
 
 @pytest.fixture(scope="module")
