@@ -23,6 +23,11 @@ def _tool_error(e: MemlaneError) -> ToolError:
     return ToolError(f"{e.code}{where}: {e.message}")
 
 
+def _written(out: dict[str, Any]) -> str:
+    """A write tool's output: the records it wrote, in `memories` (seed 000)."""
+    return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+
+
 def build_mcp(client: MemlaneClient, cfg: AgentConfig) -> MCPServer:
     """The tools the agent's configuration offers (seed 000): `search_memory` and those named
     in `memory.tools`, with `scope` on `add_memory` only when `scope.write` includes `agent`;
@@ -108,29 +113,25 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig) -> MCPServer:
 
         @server.tool(description="Delete one memory record.")
         async def delete_memory(id: str) -> str:
-            out = await call(client.delete_memory(id))
-            return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+            return _written(await call(client.delete_memory(id)))
 
     if "pin_memory" in offered:
 
         @server.tool(description="Pin a record: every turn's instructions list its summary.")
         async def pin_memory(id: str) -> str:
-            out = await call(client.pin(id))
-            return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+            return _written(await call(client.pin(id)))
 
     if "unpin_memory" in offered:
 
         @server.tool(description="Unpin a record.")
         async def unpin_memory(id: str) -> str:
-            out = await call(client.unpin(id))
-            return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+            return _written(await call(client.unpin(id)))
 
     if "report_outcome" in offered:
 
         @server.tool(description="Report whether applying a procedure worked: it counts its successes and failures.")
         async def report_outcome(id: str, success: bool) -> str:
-            out = await call(client.report_outcome(id, success))
-            return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
+            return _written(await call(client.report_outcome(id, success)))
 
     if "curate_block" in offered:
 
