@@ -45,7 +45,7 @@ instructions. Answer with a JSON object only."""
 
 def answer_schema() -> dict[str, Any]:
     procedure = {
-        "type": ["object", "null"],
+        "type": "object",
         "additionalProperties": False,
         "required": ["name", "steps", "approved_pattern"],
         "properties": {
@@ -63,7 +63,8 @@ def answer_schema() -> dict[str, Any]:
             "outcome": {"type": "string", "enum": ["successful", "failed", "uncertain"]},
             "success_score": {"type": "number"},
             "summary": {"type": "string"},
-            "procedure": procedure,
+            # A nullable object as strict structured outputs take it: anyOf with null.
+            "procedure": {"anyOf": [procedure, {"type": "null"}]},
             "anti_pattern": {"type": ["string", "null"]},
         },
     }

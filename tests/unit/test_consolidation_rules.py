@@ -92,3 +92,11 @@ def test_a_procedure_the_contract_refuses_is_refused_not_retried():
     made = c.to_commands(ENDED, BOTH, a, [ev(1)], "m")
     assert [x.kind for x in made.commands] == ["episode"]
     assert [(w, r) for w, r, _ in made.refused] == [("procedure", "invalid")]
+
+
+def test_the_answer_schema_is_strict_and_its_procedure_nullable():
+    schema = c.answer_schema()
+    assert set(schema["required"]) == set(schema["properties"]) and schema["additionalProperties"] is False
+    procedure, null = schema["properties"]["procedure"]["anyOf"]
+    assert null == {"type": "null"} and set(procedure["required"]) == set(procedure["properties"])
+    assert c.parse_answer('{"outcome": "failed", "success_score": 0.1, "summary": "x", "procedure": null}').procedure is None
