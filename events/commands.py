@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from events.base import Ident, Message_
 from events.config import AgentConfig
@@ -124,16 +124,19 @@ class CurateBlock(_CommandBase):
     type: Literal["CurateBlock"] = "CurateBlock"
     label: BlockLabel
     action: Literal["add", "replace", "remove"]
-    line: BlockLine | None = None
-    old: BlockLine | None = None
+    # Validated even when left out, so a missing line is refused under its own name.
+    line: BlockLine | None = Field(None, validate_default=True)
+    old: BlockLine | None = Field(None, validate_default=True)
 
-    @model_validator(mode="after")
-    def _needs(self) -> CurateBlock:
-        if self.action in ("add", "replace") and self.line is None:
-            raise ValueError(f"line: {self.action} needs the line to write")
-        if self.action in ("replace", "remove") and self.old is None:
-            raise ValueError(f"old: {self.action} needs the line to change, as it is now")
-        return self
+    @field_validator("line", "old")
+    @classmethod
+    def _needed(cls, v: str | None, info: ValidationInfo) -> str | None:
+        action = info.data.get("action")
+        needs = {"line": ("add", "replace"), "old": ("replace", "remove")}[info.field_name]
+        if v is None and action in needs:
+            what = "the line to write" if info.field_name == "line" else "the line to change, as the block holds it now"
+            raise ValueError(f"{action} needs {what}")
+        return v
 
 
 class ConfigureAgent(_CommandBase):

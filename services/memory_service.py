@@ -193,10 +193,6 @@ class MemoryService:
                 raise ApiError("FORBIDDEN", "scope", "only an operator key curates workspace-wide blocks", 403)
             ctx = dataclasses.replace(ctx, agent=WORKSPACE)
         await self._check_tool(ctx, "curate_block")
-        if action in ("add", "replace") and line is None:
-            raise ApiError("VALIDATION_FAILED", "line", f"line: {action} needs the line to write")
-        if action in ("replace", "remove") and old is None:
-            raise ApiError("VALIDATION_FAILED", "old", f"old: {action} needs the line to change, as the block holds it now")
         return await self._submit(self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old), wait)
 
     async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
