@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ONLY ?=
 PYTEST_ARGS ?=
+# Local development: `memlane serve` and the workers accept the default operator key (with a warning).
+export MEMLANE_DEV ?= 1
 
 .PHONY: install up down test demo bench lint clean
 

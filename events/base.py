@@ -11,6 +11,13 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")]
 
 
+def command_key(tenant: str, agent: str, command_id: str) -> str:
+    """A command id is its caller's idempotency key, unique only within the caller's agent:
+    every id derived from one, every redelivery check and every wait for one goes by this.
+    An Ident has no "/", so two different triples never give the same key."""
+    return f"{tenant}/{agent}/{command_id}"
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

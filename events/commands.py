@@ -5,11 +5,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from events.base import Ident, Message_
 from events.config import AgentConfig
+from events.limits import MAX_TURN_REF_CHARS, check_labels, check_metadata
 from events.record import Content, Provenance, Scope, Summary
+
+# Limited on commands, where a write enters, and not on records: events already in the
+# log keep decoding whatever they hold.
+Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
+Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
 class _CommandBase(Message_):
@@ -19,7 +25,7 @@ class _CommandBase(Message_):
     issued_at: datetime
     provenance: Provenance = Provenance()
     # Set when the write happens inside a turn: it waits for that turn's outcome.
-    turn_ref: str | None = None
+    turn_ref: Annotated[str, Field(max_length=MAX_TURN_REF_CHARS)] | None = None
     preview: bool = False
 
 
@@ -29,7 +35,7 @@ class AddMemory(_CommandBase):
     summary: Summary
     content: Content = ""
     kind: Annotated[str, Field(min_length=1, max_length=64)] = "fact"
-    labels: dict[str, str] = {}
+    labels: Labels = {}
     scope: Scope | None = None
     session: Ident | None = None
     pinned: bool = False
@@ -40,7 +46,7 @@ class AddMemory(_CommandBase):
     # record is PENDING, or CONFLICT when a stored fact holds the key.
     pending: bool = False
     expires_at: datetime | None = None
-    metadata: dict[str, Any] = {}
+    metadata: Metadata = {}
     observed_at: datetime | None = None
     valid_from: datetime | None = None
 
@@ -71,7 +77,7 @@ class EditMemory(_CommandBase):
     record_id: Ident
     summary: Summary | None = None
     content: Content | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
 
 
 class SweepExpired(_CommandBase):

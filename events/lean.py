@@ -64,6 +64,9 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
 class LeanEvent(msgspec.Struct, kw_only=True):
     type: EventType
     command_id: str
+    # A command id is unique within its agent only: a wait for one matches these too.
+    tenant: str = ""
+    agent: str = ""
     last: bool = True
     record: LeanRecord | None = None  # set on record events only
     raw: bytes = b""  # the bytes it was decoded from (not a field of the event)

@@ -12,9 +12,11 @@ from events.record import MemoryRecord
 from projections.qdrant_index import (
     DENSE,
     KEYWORD_FIELDS,
+    SCROLL_PAGE,
     SPARSE,
     Hit,
     Mode,
+    RecordKey,
     SearchFilter,
     filter_terms,
     payload_of,
@@ -60,7 +62,7 @@ class ClientIndex:
             return
         points = [
             models.PointStruct(
-                id=point_id(r.id),
+                id=point_id(r.tenant, r.agent, r.id),
                 vector={DENSE: list(vec), SPARSE: self._sparse(self.bm25.embed_document(r.text))},
                 payload=payload_of(r),
             )
@@ -68,15 +70,27 @@ class ClientIndex:
         ]
         self.client.upsert(self.collection, points, wait=True)
 
-    def delete(self, record_ids: list[str]) -> None:
-        if record_ids:
-            self.client.delete(self.collection, models.PointIdsList(points=[point_id(i) for i in record_ids]))
+    def delete(self, keys: list[RecordKey]) -> None:
+        if keys:
+            self.client.delete(self.collection, models.PointIdsList(points=[point_id(*k) for k in keys]))
 
-    def set_shadowed(self, record_id: str, shadowed: bool) -> None:
-        self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"}, [point_id(record_id)])
+    def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
+        self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"},
+                                [point_id(tenant, agent, record_id)])
 
     def count(self) -> int:
         return self.client.count(self.collection, exact=True).count
+
+    def record_ids(self, tenant: str, agent: str) -> set[str]:
+        owner = models.Filter(must=[models.FieldCondition(key="owner", match=models.MatchValue(value=f"{tenant}/{agent}"))])
+        ids: set[str] = set()
+        offset = None
+        while True:
+            points, offset = self.client.scroll(self.collection, scroll_filter=owner, limit=SCROLL_PAGE, offset=offset,
+                                                with_payload=["record_id"], with_vectors=False)
+            ids.update(p.payload["record_id"] for p in points)
+            if offset is None:
+                return ids
 
     def optimize(self) -> None:
         """A server indexes on its own schedule; local mode has no index to build."""

@@ -1,7 +1,8 @@
 """Qdrant Edge adapter: one point per live record, dense + BM25 sparse vectors.
 
-The point id is uuid5(record id). The payload carries what searches filter on, with
-payload indexes (the agent indexed as the tenant key), and the record id to map back.
+The point id is uuid5 of the tenant, the agent and the record id, so two agents' records
+never share a point even if their record ids are equal. The payload carries what searches
+filter on, with payload indexes (the agent indexed as the tenant key), and the record id to map back.
 Only ACTIVE records are points:
 superseded, deleted, pending and conflicting records leave the index but stay readable
 from Redis.
@@ -26,10 +27,12 @@ from qdrant_edge import (
     Fusion,
     MatchAny,
     MatchValue,
+    PayloadSelector,
     Point,
     Prefetch,
     Query,
     QueryRequest,
+    ScrollRequest,
     UpdateOperation,
 )
 
@@ -38,11 +41,13 @@ from projections.edge_shard import DENSE, SPARSE, open_shard
 
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
+SCROLL_PAGE = 1000
 
 
-def point_id(record_id: str) -> str:
-    """uuid5(POINT_NS, record_id), spelled out: `uuid.uuid5` costs a rebuild ~7 µs a point."""
-    h = bytearray(hashlib.sha1(_NS_BYTES + record_id.encode()).digest()[:16])
+def point_id(tenant: str, agent: str, record_id: str) -> str:
+    """uuid5(POINT_NS, tenant NUL agent NUL record id), spelled out: `uuid.uuid5` costs a
+    rebuild ~7 µs a point. NUL is in no name, so no two triples spell the same name."""
+    h = bytearray(hashlib.sha1(_NS_BYTES + f"{tenant}\0{agent}\0{record_id}".encode()).digest()[:16])
     h[6] = (h[6] & 0x0F) | 0x50
     h[8] = (h[8] & 0x3F) | 0x80
     x = h.hex()
@@ -96,6 +101,7 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
 # (reads by id go to Redis): an index costs every upsert ~6 µs.
 KEYWORD_FIELDS = ("reach", "kind", "labels", "preview", "shadowed")
 Term = tuple[str, "str | list[str]"]
+RecordKey = tuple[str, str, str]  # tenant, agent, record id: what names a point
 
 
 def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
@@ -140,23 +146,24 @@ class EdgeIndex:
 
     def upsert(self, items: list[tuple[MemoryRecord, Sequence[float]]]) -> None:
         points = [
-            Point(point_id(r.id), {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)}, payload_of(r))
+            Point(point_id(r.tenant, r.agent, r.id), {DENSE: vec, SPARSE: self.bm25.embed_document(r.text)},
+                  payload_of(r))
             for r, vec in items
         ]
         if points:
             with self._lock:
                 self.shard.update(UpdateOperation.upsert_points(points))
 
-    def delete(self, record_ids: list[str]) -> None:
-        if record_ids:
+    def delete(self, keys: list[RecordKey]) -> None:
+        if keys:
             with self._lock:
-                self.shard.update(UpdateOperation.delete_points([point_id(i) for i in record_ids]))
+                self.shard.update(UpdateOperation.delete_points([point_id(*k) for k in keys]))
 
-    def set_shadowed(self, record_id: str, shadowed: bool) -> None:
+    def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
         """A preview record that replaces or deletes a live one hides it from preview turns."""
         with self._lock:
             flag = "yes" if shadowed else "no"
-            self.shard.update(UpdateOperation.set_payload([point_id(record_id)], {"shadowed": flag}))
+            self.shard.update(UpdateOperation.set_payload([point_id(tenant, agent, record_id)], {"shadowed": flag}))
 
     def optimize(self) -> None:
         """Build the per-agent HNSW graphs and merge segments: slow, offline work."""
@@ -174,6 +181,21 @@ class EdgeIndex:
 
     def count(self) -> int:
         return self.shard.info().points_count
+
+    def record_ids(self, tenant: str, agent: str) -> set[str]:
+        """The record ids of an agent's points, a page at a time: what a reconciler
+        compares with the record view."""
+        flt = Filter(must=[FieldCondition("owner", match=MatchValue(f"{tenant}/{agent}"))])
+        ids: set[str] = set()
+        offset = None
+        while True:
+            req = ScrollRequest(offset=offset, limit=SCROLL_PAGE, filter=flt,
+                                with_payload=PayloadSelector.Include(["record_id"]), with_vector=False)
+            with self._lock:
+                points, offset = self.shard.scroll(req)
+            ids.update(p.payload["record_id"] for p in points)
+            if offset is None:
+                return ids
 
     # ------------------------------------------------------------------ read side
 

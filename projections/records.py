@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +39,10 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         pad = "=" * (-len(cursor) % 4)
         score, rid = json.loads(base64.urlsafe_b64decode(cursor + pad))
-        return float(score), str(rid)
+        score = float(score)
+        if math.isnan(score):  # Python's JSON reads NaN; no sort score is one, and Redis refuses it
+            raise ValueError("NaN")
+        return score, str(rid)
     except Exception as e:
         raise CursorError("not a cursor this API returned; pass next_cursor from the previous page") from e
 

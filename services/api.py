@@ -11,21 +11,25 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import structlog
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_json
 
+from events.base import Ident
 from events.codec import from_validation_error
 from events.commands import WORKSPACE
 from events.config import AgentConfig
+from events.limits import check_labels, check_metadata
 from events.record import Scope
 from projections.embedder import make_embedder
 from projections.records import CursorError
 from projections.redis_records import RedisRecords
 from projections.redis_records import connect as connect_redis
 from services.auth import KeyStore, Principal
+from services.health import HealthProbe, assess
+from services.input_guard import GuardBodies
 from services.memory_service import EMBED_MS, ApiError, Context, MemoryService
 from services.settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
@@ -36,6 +40,12 @@ log = structlog.get_logger()
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Checked where the request is parsed, before any other work: a body too deep or too
+# large for a command is refused here with the limit, never deeper in the service.
+Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
+Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
 
 
 class SearchRequest(_Body):
@@ -77,14 +87,14 @@ class AddRequest(_Body):
     summary: str
     content: str = ""
     kind: str = "fact"
-    labels: dict[str, str] = {}
+    labels: Labels = {}
     scope: Scope | None = None
     pinned: bool = False
     replaces: str | None = None
     key: str | None = None
     confidence: float | None = None
     expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
-    metadata: dict[str, Any] = {}
+    metadata: Metadata = {}
     command_id: str | None = None
 
 
@@ -101,12 +111,14 @@ class CurateRequest(_Body):
 class EditRequest(_Body):
     summary: str | None = None
     content: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
 
 
 class KeyRequest(_Body):
-    tenant: str
-    agent: str | None = None
+    # Names travel in Kafka and Redis keys: the contract's identifier rule, checked here
+    # so a bad name is refused when the key is issued, not at its first write.
+    tenant: Ident
+    agent: Ident | None = None
     role: Literal["agent", "helper", "operator"] = "agent"
 
 
@@ -140,9 +152,10 @@ class ShardOwner:
         self.memory: MemoryShards | None = None
         self.task: asyncio.Task | None = None
         self.on_swap = None
+        self.embedder = None  # the process's, for the points the shards' reconciler heals
 
     async def open(self, generation: int) -> None:
-        memory = MemoryShards(self.settings, generation)
+        memory = MemoryShards(self.settings, generation, self.embedder)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:
@@ -211,12 +224,14 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         await prod.start()
         embedder = make_embedder(settings)
         await asyncio.to_thread(embedder.embed, ["warm up"])
+        shards.embedder = shards.memory.embedder = embedder
         service = MemoryService(settings, RedisRecords(redis_client, namespace=settings.topic_prefix), shards.memory, embedder, prod)
         shards.on_swap = lambda owner: service.use_shards(owner.memory)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.service = service
-        app.state.keys = KeyStore(redis_client, settings.operator_key)
+        app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root)
         app.state.shards = shards
+        app.state.health = HealthProbe(settings, redis_client)
         for ext in exts:
             await ext.start(app, settings)
         log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)
@@ -226,8 +241,10 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             for ext in reversed(exts):
                 await ext.stop(app)
             watcher.cancel()
+            await app.state.health.close()
             await shards.close()
             await prod.stop()
+            await service.producer.stop()  # the service renews its producer after a failed send
             await redis_client.aclose()
 
     app = FastAPI(
@@ -236,6 +253,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         description="Event-sourced long-term memory for LLM agents.",
         lifespan=lifespan,
     )
+    app.add_middleware(GuardBodies)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -305,12 +323,34 @@ def build_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request):
+        """"ok" (200) or "degraded" (503) with the problems: a registered worker without a
+        heartbeat or too far behind, or this process's projections stopped."""
         shards = request.app.state.shards
-        return {
-            "status": "ok",
+        history = getattr(request.app.state, "history", None)
+        tasks = {"memory projection": shards.task is not None and not shards.task.done()}
+        if history is not None and history.task is not None:
+            tasks["history projection"] = not history.task.done()
+        workers, problems = assess(await request.app.state.health.observe(), settings.health_max_lag, tasks)
+        body = {
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "projection": {**shards.memory.status(), "generation": shards.generation},
+            "workers": workers,
             "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
         }
+        return JSONResponse(body, status_code=503 if problems else 200)
+
+    def tenant_operator(p: Principal, tenant: str | None, what: str) -> str:
+        """The tenant an operator key administers: its own, or, for the bootstrap key, the one named."""
+        if p.role != "operator":
+            raise ApiError("FORBIDDEN", None, f"only an operator key can {what}", 403)
+        if p.tenant == "*":
+            if not tenant:
+                raise ApiError("VALIDATION_FAILED", "tenant", f"tenant: name the tenant whose keys to {what.split()[0]}")
+            return tenant
+        if tenant not in (None, p.tenant):
+            raise ApiError("FORBIDDEN", "tenant", f"only an operator key of this tenant can {what}", 403)
+        return p.tenant
 
     @app.post("/v1/admin/keys", status_code=201)
     async def issue_key(body: KeyRequest, p: Annotated[Principal, Depends(principal)], request: Request):
@@ -318,8 +358,33 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError("FORBIDDEN", None, "only an operator key of this tenant can issue keys", 403)
         if body.agent == WORKSPACE:
             raise ApiError("VALIDATION_FAILED", "agent", f"{WORKSPACE} holds workspace-wide blocks; it has no keys")
-        key = await request.app.state.keys.issue(body.tenant, body.agent, body.role)
-        return {"key": key, "tenant": body.tenant, "agent": body.agent, "role": body.role}
+        if body.role != "operator" and body.agent is None:
+            raise ApiError("VALIDATION_FAILED", "agent", f"agent: an {body.role} key speaks for one agent; name it")
+        key, entry = await request.app.state.keys.issue(body.tenant, body.agent, body.role)
+        return {"key": key, **entry}
+
+    @app.get("/v1/admin/keys")
+    async def list_keys(p: Annotated[Principal, Depends(principal)], request: Request,
+                        tenant: Annotated[str | None, Query(max_length=128)] = None):
+        """The tenant's keys: id, tenant, agent, role, created; never a key. The bootstrap
+        operator key names the tenant; a tenant's operator key lists its own."""
+        tenant = tenant_operator(p, tenant, "list keys")
+        return {"keys": await request.app.state.keys.list(tenant)}
+
+    @app.delete("/v1/admin/keys/{key_id}")
+    async def revoke_key(key_id: Annotated[str, Path(max_length=64)], p: Annotated[Principal, Depends(principal)],
+                         request: Request, tenant: Annotated[str | None, Query(max_length=128)] = None):
+        """Revokes a key of the tenant by its id (from the list), at once."""
+        tenant = tenant_operator(p, tenant, "revoke keys")
+        entry = await request.app.state.keys.revoke(tenant, key_id)
+        if entry is None:
+            raise ApiError("NOT_FOUND", "key_id", f"no key {key_id} in this tenant; list them with GET /v1/admin/keys")
+        return {"revoked": entry}
+
+    @app.get("/v1/whoami")
+    async def whoami(p: Annotated[Principal, Depends(principal)]):
+        """The key's tenant, agent and role (what an MCP server offers depends on it)."""
+        return {"tenant": p.tenant, "agent": p.agent, "role": p.role, "key_id": p.key_id}
 
     @app.put("/v1/config")
     async def put_config(config: AgentConfig, ctx: Ctx, s: Svc):

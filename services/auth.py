@@ -4,7 +4,10 @@
 - `helper`: a subagent or programmatic caller of that agent; searches, never writes.
 - `operator`: administers keys and configuration for any agent of its tenant.
 
-Keys are stored hashed in Redis. The bootstrap operator key comes from settings.
+Keys are stored hashed in Redis under the deployment's root (`ml:<topic prefix>`), so two
+deployments sharing one Redis never accept each other's keys. Each tenant has an index of
+its keys (id, agent, role, creation time; never the key) for listing and revoking. The
+bootstrap operator key comes from settings and is never stored.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import hashlib
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
+
+from events.base import utcnow
 
 Role = Literal["agent", "helper", "operator"]
 
@@ -25,6 +30,7 @@ class Principal:
     tenant: str
     agent: str | None
     role: Role
+    key_id: str | None = None
 
     @property
     def can_write(self) -> bool:
@@ -32,27 +38,72 @@ class Principal:
 
 
 def _hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    # surrogatepass: a key is whatever the caller sent; one that cannot be UTF-8 still hashes (and matches nothing).
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_id(digest: str) -> str:
+    """A key's public id: the start of its hash, enough to name it, useless to use it."""
+    return digest[:16]
 
 
 class KeyStore:
-    def __init__(self, client: aioredis.Redis, operator_key: str, operator_tenant: str = "*") -> None:
+    def __init__(self, client: aioredis.Redis, operator_key: str, root: str = "ml:", operator_tenant: str = "*") -> None:
         self.r = client
-        self.operator_key = operator_key
+        self.operator_key = operator_key.encode("utf-8", "surrogatepass")
         self.operator_tenant = operator_tenant
+        self.root = root
 
-    async def issue(self, tenant: str, agent: str | None, role: Role) -> str:
+    def _key(self, digest: str) -> str:
+        return f"{self.root}apikey:{digest}"
+
+    def _index(self, tenant: str) -> str:
+        return f"{self.root}apikeys:{tenant}"
+
+    async def issue(self, tenant: str, agent: str | None, role: Role) -> tuple[str, dict[str, Any]]:
+        """A new key and its public entry (what `list` shows)."""
         key = f"ml_{role[0]}_{secrets.token_urlsafe(24)}"
-        await self.r.set(f"ml:apikey:{_hash(key)}", json.dumps({"tenant": tenant, "agent": agent, "role": role}))
-        return key
+        digest = _hash(key)
+        entry = {"id": key_id(digest), "tenant": tenant, "agent": agent, "role": role, "created": utcnow().isoformat()}
+        async with self.r.pipeline(transaction=True) as p:
+            p.set(self._key(digest), json.dumps(entry))
+            p.hset(self._index(tenant), entry["id"], json.dumps({**entry, "hash": digest}))
+            await p.execute()
+        return key, entry
 
     async def resolve(self, key: str | None) -> Principal | None:
         if not key:
             return None
-        if self.operator_key and secrets.compare_digest(key, self.operator_key):
+        if self.operator_key and secrets.compare_digest(key.encode("utf-8", "surrogatepass"), self.operator_key):
             return Principal(self.operator_tenant, None, "operator")
-        raw = await self.r.get(f"ml:apikey:{_hash(key)}")
+        digest = _hash(key)
+        raw = await self.r.get(self._key(digest))
         if not raw:
             return None
         d = json.loads(raw)
-        return Principal(d["tenant"], d.get("agent"), d["role"])
+        if "id" not in d:
+            # Issued before keys had ids: it joins its tenant's index the first time it is used.
+            d = {**d, "id": key_id(digest), "created": None}
+            async with self.r.pipeline(transaction=True) as p:
+                p.set(self._key(digest), json.dumps(d))
+                p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest}))
+                await p.execute()
+        return Principal(d["tenant"], d.get("agent"), d["role"], d["id"])
+
+    async def list(self, tenant: str) -> list[dict[str, Any]]:
+        """The tenant's keys, oldest first: id, tenant, agent, role, created. Never a key or its hash."""
+        rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
+        out = [{k: v for k, v in row.items() if k != "hash"} for row in rows]
+        return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
+
+    async def revoke(self, tenant: str, kid: str) -> dict[str, Any] | None:
+        """Revokes the tenant's key with this id at once; None when the tenant has no such key."""
+        raw = await self.r.hget(self._index(tenant), kid)
+        if raw is None:
+            return None
+        entry = json.loads(raw)
+        async with self.r.pipeline(transaction=True) as p:
+            p.delete(self._key(entry.pop("hash")))
+            p.hdel(self._index(tenant), kid)
+            await p.execute()
+        return entry

@@ -26,19 +26,45 @@ def _load(path: str):
     return getattr(module, name)
 
 
+def _refuse_default_operator_key(settings, what: str) -> int | None:
+    """Outside development mode, the operator key every checkout shares must not open a
+    deployment: exit 2 with what to do. In development, start with a warning."""
+    if not settings.default_operator_key:
+        return None
+    if not settings.dev:
+        print(f"memlane {what}: MEMLANE_OPERATOR_KEY is the default development key, which anyone can read in "
+              "the source; set a secret one, or MEMLANE_DEV=1 for local development", file=sys.stderr)
+        return 2
+    import structlog
+
+    structlog.get_logger().warning("default_operator_key", hint="development mode (MEMLANE_DEV): set a secret "
+                                   "MEMLANE_OPERATOR_KEY before this deployment holds real data")
+    return None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import uvloop
 
     from workers.heap import tune_for_service
-    from workers.runtime import run_processor
+    from workers.heartbeat import heartbeat
+    from workers.runtime import Runner, run_processor
 
     settings = get_settings()
     configure(settings.log_level, service=f"worker.{args.name}")
+    if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
+        return refused
     processor = _load(WORKERS[args.name])(settings)
     tune_for_service()
+
+    async def run() -> None:
+        # The heartbeat /health reads names the group the runner consumes in.
+        group = Runner(processor, settings).group
+        async with heartbeat(settings, args.name, group, list(processor.sources)):
+            await run_processor(processor, settings)
+
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
-    uvloop.run(run_processor(processor, settings))
+    uvloop.run(run())
     return 0
 
 
@@ -50,6 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_level, service="api")
+    if (refused := _refuse_default_operator_key(settings, "serve")) is not None:
+        return refused
     host = args.host or settings.api_host
     port = args.port or settings.api_port
     app = build_app(settings)
@@ -180,17 +208,46 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp_key(args: argparse.Namespace) -> str | None:
+    """The key from --key-file or MEMLANE_API_KEY: never from argv, which every user of the
+    machine can read in the process list."""
+    import os
+
+    if args.key_file:
+        try:
+            return open(args.key_file, encoding="utf-8").read().strip() or None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"memlane mcp: cannot read --key-file: {type(e).__name__}") from None
+    return os.environ.get("MEMLANE_API_KEY") or None
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import os
 
+    import httpx
+
+    from services.client import MemlaneError
     from services.mcp_server import run_stdio
 
     settings = get_settings()
-    key = args.key or os.environ.get("MEMLANE_API_KEY")
-    if not key:
-        print("memlane mcp: set MEMLANE_API_KEY (or --key) to the agent's API key", file=sys.stderr)
+    if args.key is not None:
+        print("memlane mcp: --key would show the key in the process list; set MEMLANE_API_KEY or pass --key-file",
+              file=sys.stderr)
         return 2
-    run_stdio(args.api_url or settings.api_url, key, args.session or os.environ.get("MEMLANE_SESSION"))
+    key = _mcp_key(args)
+    if not key:
+        print("memlane mcp: set MEMLANE_API_KEY, or pass --key-file, to the agent's API key", file=sys.stderr)
+        return 2
+    api_url = args.api_url or settings.api_url
+    try:
+        run_stdio(api_url, key, args.session or os.environ.get("MEMLANE_SESSION"))
+    except MemlaneError as e:
+        hint = "; the key is unknown or revoked" if e.status == 401 else ""
+        print(f"memlane mcp: the API refused the key ({e.status} {e.code}){hint}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"memlane mcp: cannot reach the API at {api_url} ({type(e).__name__})", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -234,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     sw.set_defaults(fn=cmd_sweep)
 
     m = sub.add_parser("mcp", help="serve the memory tools over MCP (stdio) for one agent key")
-    m.add_argument("--key", default=None, help="agent API key (default: MEMLANE_API_KEY)")
+    m.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: see cmd_mcp
+    m.add_argument("--key-file", default=None, help="file holding the agent's API key (default: MEMLANE_API_KEY)")
     m.add_argument("--session", default=None, help="session id (default: MEMLANE_SESSION)")
     m.add_argument("--api-url", default=None, help="memlane API (default: MEMLANE_API_URL)")
     m.set_defaults(fn=cmd_mcp)

@@ -81,6 +81,16 @@ class MemlaneClient:
     async def health(self) -> dict[str, Any]:
         return await self._call("GET", "/health")
 
+    async def whoami(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/whoami")
+
+    async def list_keys(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        return (await self._call("GET", "/v1/admin/keys", params={"tenant": tenant} if tenant else {}))["keys"]
+
+    async def revoke_key(self, key_id: str, tenant: str | None = None) -> dict[str, Any]:
+        params = {"tenant": tenant} if tenant else {}
+        return (await self._call("DELETE", f"/v1/admin/keys/{key_id}", params=params))["revoked"]
+
     async def issue_key(self, tenant: str, agent: str | None, role: str = "agent") -> str:
         return (await self._call("POST", "/v1/admin/keys", json={"tenant": tenant, "agent": agent, "role": role}))[
             "key"

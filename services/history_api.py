@@ -225,7 +225,7 @@ class HistoryExtension:
         try:
             pos = decode_cursor(cursor, fp)
             return int(pos) if kind is int else (int(pos[0]), str(pos[1]))
-        except (ValueError, TypeError, IndexError, KeyError) as e:
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError) as e:
             msg = str(e) if str(e).startswith("cursor:") else "cursor: not a cursor this search returned"
             raise ApiError("VALIDATION_FAILED", "cursor", msg) from None
 

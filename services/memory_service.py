@@ -14,7 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from pydantic_core import PydanticSerializationError, to_json
 
 from events.base import utcnow
 from events.codec import encode
@@ -30,6 +33,7 @@ from events.commands import (
     UnpinMemory,
 )
 from events.config import AgentConfig
+from events.limits import COMMAND_LIMIT, MESSAGE_LIMIT, largest_field, too_large
 from events.record import MemoryRecord, Provenance, Scope, Source
 from events.topics import COMMANDS, USAGE
 from events.usage import ModelUsage, Retrieved, RetrievedItem
@@ -38,12 +42,16 @@ from projections.qdrant_index import SearchFilter
 from projections.records import CursorError, Page, encode_cursor, sort_score
 from projections.redis_records import RedisRecords
 from services.auth import Principal
-from services.recall_render import pinned_within_budget, render, within_block
+from services.recall_render import fit, pinned_within_budget, render, render_fitted
 from services.settings import Settings
+from workers import write_filter
+from workers.kafka_io import producer as kafka_producer
 from workers.ledger_rules import RESERVED_KINDS
 
 if TYPE_CHECKING:
     from workers.memory_shards import MemoryShards
+
+log = structlog.get_logger()
 
 STATUS_BY_CODE = {
     "VALIDATION_FAILED": 422,
@@ -193,7 +201,9 @@ class MemoryService:
                 raise ApiError("FORBIDDEN", "scope", "only an operator key curates workspace-wide blocks", 403)
             ctx = dataclasses.replace(ctx, agent=WORKSPACE)
         await self._check_tool(ctx, "curate_block")
-        return await self._submit(self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old), wait)
+        cmd = self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old)
+        self._screen(ctx, label=cmd.label, line=cmd.line)
+        return await self._submit(cmd, wait)
 
     async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
         """Seed 002: an outcome of applying a procedure, counted on it."""
@@ -421,21 +431,22 @@ class MemoryService:
             fresh = [x for x, was in zip(fresh, seen) if not was]
         blocks = await self._blocks(ctx)
         shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text) for scope, label, text in blocks]
-        records, episodes, procedures = within_block(
+        fitted = fit(
             pinned,
             [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results],
             shown_blocks,
             [r for r, _ in fresh if r.kind == "episode"][:RECALLED_PER_SECTION],
             [r for r, _ in fresh if r.kind == "procedure"][:RECALLED_PER_SECTION],
         )
+        records, episodes, procedures = fitted.records, fitted.episodes, fitted.procedures
         shown = records + episodes + procedures
         if shown:
             await self.records.r.sadd(key, *[f"{r.id}:{r.version}" for r in shown])
             await self.records.r.expire(key, RECALLED_TTL_S)
             await self.record_retrieved(ctx, "recall", shown, conversation)
         scores = dict((r.id, s) for r, s in fresh)
-        return RecallResult(pinned, [(r, scores[r.id]) for r in records],
-                            render(pinned, records, episodes, procedures, shown_blocks), episodes, procedures, blocks)
+        return RecallResult(fitted.pinned, [(r, scores[r.id]) for r in records], render_fitted(fitted), episodes,
+                            procedures, blocks)
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()
@@ -512,9 +523,20 @@ class MemoryService:
             )
         return cfg
 
+    def _screen(self, ctx: Context, **fields: Any) -> None:
+        """The write-time filter on an agent's own write, as on a model's: only an operator's
+        write bypasses it. The refusal names the field and the rule, never the text."""
+        if self._provenance(ctx).source is Source.OPERATOR:
+            return
+        if hit := write_filter.check_write(**fields):
+            raise ApiError("WRITE_REFUSED", hit.field, hit.message(), 422)
+
     async def add(self, ctx: Context, wait: bool = True, **fields: Any) -> dict[str, Any]:
         await self._check_tool(ctx, "add_memory")
-        return await self._submit(self._command(AddMemory, ctx, session=ctx.session, **fields), wait)
+        cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
+        self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
+                     metadata=cmd.metadata)
+        return await self._submit(cmd, wait)
 
     def _command(self, cls: type, ctx: Context, **fields: Any) -> Any:
         """A command spoken for `ctx`: its agent, its turn, its provenance."""
@@ -548,10 +570,14 @@ class MemoryService:
         return await self._submit(self._command(ConfigureAgent, ctx, config=config), wait)
 
     async def _submit(self, cmd: Any, wait: bool) -> dict[str, Any]:
+        data = _encoded(cmd)
         fut = self.memory.wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
-        await self.producer.send_and_wait(
-            self.settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd)
-        )
+        try:
+            await self._send_command(cmd, data)
+        except BaseException:
+            if fut is not None:
+                fut.cancel()  # nobody waits for a command that was never sent
+            raise
         if fut is None:
             return {"command_id": cmd.command_id, "status": "accepted"}
         try:
@@ -561,6 +587,44 @@ class MemoryService:
                 "TIMEOUT", None, f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
             ) from None
         return await self._outcome(cmd, events)
+
+    async def _send_command(self, cmd: Any, data: bytes) -> None:
+        """Sends `data` once, or twice when the first send failed and left the producer
+        unusable: the ledger applies a command id of an agent once, so a second copy is
+        harmless. A failed send that the broker refused leaves a gap in the idempotent
+        producer's sequence, and every later send to that partition would then fail with
+        OutOfOrderSequenceNumber; a fresh producer starts a new sequence."""
+        for attempt in (1, 2):
+            used = self.producer
+            try:
+                await used.send_and_wait(self.settings.topic(COMMANDS.name), data, key=COMMANDS.key_bytes(cmd))
+                return
+            except KafkaError as e:
+                log.warning("command_send_failed", error=type(e).__name__, retriable=e.retriable, attempt=attempt)
+                if not e.retriable:
+                    await self._renew_producer(used)
+                if isinstance(e, MessageSizeTooLargeError):
+                    field = largest_field(cmd)
+                    raise ApiError("LIMIT_EXCEEDED", field, too_large("the command", len(data), MESSAGE_LIMIT, field),
+                                   413) from None
+                if e.retriable or attempt == 2:
+                    raise ApiError("UNAVAILABLE", None, "the command could not be written to the log; send it again "
+                                   f"with the same command_id ({cmd.command_id}), which applies it once", 503) from None
+
+    async def _renew_producer(self, failed: AIOKafkaProducer) -> None:
+        """Replaces `failed` unless a concurrent request already did; the old one is closed
+        in the background, its own pending sends failing or completing as they will."""
+        lock = self.__dict__.setdefault("_renewing", asyncio.Lock())
+        async with lock:
+            if self.producer is not failed:
+                return
+            fresh = kafka_producer(self.settings)
+            await fresh.start()
+            self.producer = fresh
+        log.warning("command_producer_renewed")
+        closing = asyncio.ensure_future(asyncio.wait_for(failed.stop(), timeout=10))
+        self.__dict__.setdefault("_closing", set()).add(closing)
+        closing.add_done_callback(lambda t: (self._closing.discard(t), t.cancelled() or t.exception()))
 
     async def _outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
         for e in events:
@@ -582,17 +646,61 @@ class MemoryService:
                     result["id"] = e.record.id
                 elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned", "RecordRevised"):
                     result.setdefault("id", e.record.id)
-        # Read-your-writes: the Redis projection is a separate process; wait for it too.
+        # Read-your-writes: the Redis projection is a separate process; wait for it too, and
+        # never answer "applied" for what a read right after would not show.
         if block := result.get("block"):
-            for _ in range(300):
-                if (await self.records.blocks(cmd.tenant, cmd.agent)).get(block["label"], "") == block["text"]:
-                    break
-                await asyncio.sleep(0.02)
+
+            async def block_shown() -> bool:
+                return (await self.records.blocks(cmd.tenant, cmd.agent)).get(block["label"], "") == block["text"]
+
+            await self._seen(cmd, block_shown, f"block {block['label']}'s new text")
         if "id" in result:
-            want = max(m["version"] for m in result["memories"] if m["id"] == result["id"])
-            for _ in range(300):
-                r = await self.records.get(cmd.tenant, cmd.agent, result["id"])
-                if r and r.version >= want:
-                    break
-                await asyncio.sleep(0.02)
+            rid = result["id"]
+            want = max(m["version"] for m in result["memories"] if m["id"] == rid)
+
+            async def record_shown() -> bool:
+                r = await self.records.get(cmd.tenant, cmd.agent, rid)
+                return bool(r and r.version >= want)
+
+            await self._seen(cmd, record_shown, f"version {want} of record {rid}")
         return result
+
+    READ_YOUR_WRITES_S = 6.0
+
+    async def _seen(self, cmd: Any, shown: Any, what: str) -> None:
+        """Polls `shown` until the record view (the redis-projection worker's) has caught up,
+        or raises TIMEOUT naming what it did not show."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.READ_YOUR_WRITES_S
+        while not await shown():
+            if loop.time() >= deadline:
+                raise ApiError(
+                    "TIMEOUT", None,
+                    f"command {cmd.command_id} was applied by the ledger, but the record view (the redis-projection "
+                    f"worker) did not show {what} within {self.READ_YOUR_WRITES_S:g} s; check that worker and "
+                    "read again before writing again")
+            await asyncio.sleep(0.02)
+
+
+def _encoded(cmd: Any) -> bytes:
+    """The command as sent, refused before sending when it is over `COMMAND_LIMIT` (every
+    event the ledger makes of it must fit the broker's message limit) or holds a string
+    that is not text (a lone surrogate cannot be encoded)."""
+    try:
+        data = encode(cmd)
+    except PydanticSerializationError:
+        field = next((f for f in type(cmd).model_fields if not _serializable(getattr(cmd, f))), None)
+        raise ApiError("VALIDATION_FAILED", field, f"{field or 'the command'} holds a string that is not valid "
+                       "Unicode text (a lone surrogate); send UTF-8 text", 422) from None
+    if len(data) > COMMAND_LIMIT:
+        field = largest_field(cmd)
+        raise ApiError("LIMIT_EXCEEDED", field, too_large("the command", len(data), COMMAND_LIMIT, field), 413)
+    return data
+
+
+def _serializable(value: Any) -> bool:
+    try:
+        to_json(value)
+    except PydanticSerializationError:
+        return False
+    return True

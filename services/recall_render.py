@@ -1,8 +1,19 @@
-"""Renders recalled memory as one block marked as data, never as instructions (pure)."""
+"""Renders recalled memory as one block marked as data, never as instructions (pure).
+
+Every text a record, pin or block supplies is cleaned before it is placed (`clean`): Unicode
+compatibility forms are folded (NFKC), invisible format and control characters are dropped,
+and anything shaped like a tag (angle brackets, their look-alikes and their HTML entities)
+becomes ‹ ›, so no record can close the block or open another. Every line that carries record
+data starts with "- " or "  ", and a '#' that would lead it is escaped, so no record can start a
+section. The whole block, blocks and
+pins included, stays within `BLOCK_CHARS`.
+"""
 
 from __future__ import annotations
 
 import re
+import unicodedata
+from dataclasses import dataclass, field
 
 from events.record import MemoryRecord
 
@@ -14,11 +25,95 @@ HEADER = (
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
 BLOCK_CHARS = 8000  # seed 004: the injected block's cap; records that do not fit are left out whole
+# Memory blocks come first but may take only this share of the cap, so the turn's records
+# always have room; a block that does not fit whole in what is left of it is left out.
+BLOCKS_CHARS = 4000
+SECTIONS = ("Blocks", "Pinned", "Records", "Episodes", "Procedures")
+
+# Every character Python's str.splitlines() breaks on: any of them would start a new line.
+_LINE_BREAK = re.compile(r"\r\n|[\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+# Angle brackets that NFKC leaves alone but a reader takes for < and >.
+_OPEN = "<\u2039\u3008\u27e8\u276e\u29fc\u02c2"
+_CLOSE = ">\u203a\u3009\u27e9\u276f\u29fd\u02c3"
+_BRACKETS = str.maketrans({**dict.fromkeys(_OPEN, "\u2039"), **dict.fromkeys(_CLOSE, "\u203a")})
+# &lt; and &gt; in any spelling (named, decimal, hex, escaped again): decoded once, they are tags.
+_ENTITY = re.compile(r"&(?:amp;)*(?:(lt|#0*60|#x0*3c)|gt|#0*62|#x0*3e);?", re.I)
+_DROPPED = {"Cc", "Cf", "Cs", "Co", "Cn"}  # controls, format (zero-width, soft hyphen, bidi), surrogates
 
 
-def _defang(text: str) -> str:
-    """Nothing inside the block may close it or open another one."""
-    return re.sub(r"</?\s*memory\s*>", lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text, flags=re.I)
+def clean(text: str, multiline: bool = False) -> str:
+    """`text` as it may appear inside the block. Single-line fields have every run of white
+    space (newlines included) collapsed to one space; multi-line ones keep their lines."""
+    text = unicodedata.normalize("NFKC", text)
+    text = _LINE_BREAK.sub("\n", text).replace("\t", " ")
+    text = "".join(ch for ch in text if ch == "\n" or unicodedata.category(ch) not in _DROPPED)
+    text = _ENTITY.sub(lambda m: "\u2039" if m.group(1) else "\u203a", text.translate(_BRACKETS))
+    if not multiline:
+        return _no_heading(" ".join(text.split()))
+    return "\n".join(_no_heading(line.rstrip()) for line in text.split("\n") if line.strip())
+
+
+def _no_heading(line: str) -> str:
+    """A leading '#' escaped as Markdown does, so even an indented line is no heading."""
+    stripped = line.lstrip()
+    return line[:len(line) - len(stripped)] + "\\" + stripped if stripped.startswith("#") else line
+
+
+def _indented(text: str) -> str:
+    """A multi-line field as lines that each start with two spaces."""
+    return "".join(f"  {line}\n" for line in text.split("\n") if line)
+
+
+def _block(label: str, text: str) -> str:
+    return f"### {clean(label)}\n" + _indented(clean(text, multiline=True))
+
+
+def _pin(r: MemoryRecord) -> str:
+    return f"- {clean(r.summary)} (id: {r.id})\n"
+
+
+def _record(r: MemoryRecord) -> str:
+    line = f"- [{clean(r.kind)}] {clean(r.summary)} (id: {r.id}, v{r.version})\n"
+    body = clean(r.content, multiline=True)
+    if body:
+        line += _indented(body if len(body) <= CONTENT_CHARS else body[:CONTENT_CHARS] + "…")
+    return line
+
+
+@dataclass
+class Fitted:
+    """What the block shows, each list in its given order, and each item's rendered text."""
+
+    blocks: list[tuple[str, str]] = field(default_factory=list)
+    pinned: list[MemoryRecord] = field(default_factory=list)
+    records: list[MemoryRecord] = field(default_factory=list)
+    episodes: list[MemoryRecord] = field(default_factory=list)
+    procedures: list[MemoryRecord] = field(default_factory=list)
+    text: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in SECTIONS})
+
+
+def fit(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tuple[str, str]] = (),
+        episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = ()) -> Fitted:
+    """What fits whole in a block of `BLOCK_CHARS`: blocks first (within `BLOCKS_CHARS`),
+    then pins, records, episodes and procedures, each list best first. An item that does
+    not fit is left out whole and a smaller one after it may still fit."""
+    out = Fitted()
+    room = BLOCK_CHARS - len(HEADER) - len(FOOTER)
+    cap = min(BLOCKS_CHARS, room)
+    for section, items, show in (("Blocks", blocks, lambda b: _block(*b)), ("Pinned", pinned, _pin),
+                                 ("Records", records, _record), ("Episodes", episodes, _record),
+                                 ("Procedures", procedures, _record)):
+        kept, texts = getattr(out, section.lower()), out.text[section]
+        for item in items:
+            piece = show(item)
+            cost = len(piece) + (0 if texts else len(f"## {section}\n"))
+            if cost <= cap:
+                kept.append(item)
+                texts.append(piece)
+                cap -= cost
+                room -= cost
+        cap = room  # past the blocks, everything left is for the rest
+    return out
 
 
 def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> list[MemoryRecord]:
@@ -36,37 +131,24 @@ def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> 
 
 def within_block(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tuple[str, str]] = (),
                  episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = ()) -> tuple[list, list, list]:
-    """The records, episodes and procedures, best first, that fit whole in a block of
-    `BLOCK_CHARS` beside the blocks and pins, which have their own limits and are never
-    dropped for it. Records first: facts answer the turn; episodes and procedures add."""
-    kept: dict[str, list[MemoryRecord]] = {"records": [], "episodes": [], "procedures": []}
-    for section, items in (("records", records), ("episodes", episodes), ("procedures", procedures)):
-        for r in items:
-            trial = {**kept, section: [*kept[section], r]}
-            if len(render(pinned, trial["records"], trial["episodes"], trial["procedures"], blocks)) <= BLOCK_CHARS:
-                kept = trial
-    return kept["records"], kept["episodes"], kept["procedures"]
+    """The records, episodes and procedures, best first, that fit whole in the block beside
+    the blocks and pins that fit. Records first: facts answer the turn; episodes and
+    procedures add."""
+    f = fit(pinned, records, blocks, episodes, procedures)
+    return f.records, f.episodes, f.procedures
 
 
-def _record_lines(r: MemoryRecord) -> str:
-    line = f"- [{r.kind}] {_defang(r.summary)} (id: {r.id}, v{r.version})\n"
-    if r.content:
-        body = r.content if len(r.content) <= CONTENT_CHARS else r.content[:CONTENT_CHARS] + "…"
-        line += "  " + _defang(body).replace("\n", "\n  ") + "\n"
-    return line
+def render_fitted(f: Fitted) -> str:
+    parts = [HEADER]
+    for section in SECTIONS:
+        if f.text[section]:
+            parts.append(f"## {section}\n" + "".join(f.text[section]))
+    parts.append(FOOTER)
+    return "".join(parts)
 
 
 def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[MemoryRecord] = (),
            procedures: list[MemoryRecord] = (), blocks: list[tuple[str, str]] = ()) -> str:
     """Memory blocks first (seed 002: always at the top), then pins, records, episodes and
-    procedures, all inside one block marked as data."""
-    parts = [HEADER]
-    if blocks:
-        parts.append("## Blocks\n" + "".join(f"### {label}\n{_defang(text)}\n" for label, text in blocks))
-    if pinned:
-        parts.append("## Pinned\n" + "".join(f"- {_defang(r.summary)} (id: {r.id})\n" for r in pinned))
-    for title, items in (("Records", records), ("Episodes", episodes), ("Procedures", procedures)):
-        if items:
-            parts.append(f"## {title}\n" + "".join(_record_lines(r) for r in items))
-    parts.append(FOOTER)
-    return "".join(parts)
+    procedures, all inside one block marked as data and within `BLOCK_CHARS`."""
+    return render_fitted(fit(pinned, records, blocks, episodes, procedures))

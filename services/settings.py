@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
+# The bootstrap operator key every fresh checkout shares: `memlane serve` and the workers
+# refuse it unless MEMLANE_DEV says this is a development deployment.
+DEFAULT_OPERATOR_KEY = "memlane-local-operator-key"
 
 
 class Settings(BaseSettings):
@@ -29,7 +32,10 @@ class Settings(BaseSettings):
     group_prefix: str = "memlane"
     log_level: str = "INFO"
     # Bootstrap operator key: issues agent keys. Set a secret one outside local development.
-    operator_key: str = "memlane-local-operator-key"
+    operator_key: str = DEFAULT_OPERATOR_KEY
+    # Development mode (`make up`, `make demo`, `make test` and test stacks set it): the
+    # default operator key is accepted, with a warning at start.
+    dev: bool = False
     openai_api_key: str = Field(default="", validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="", validation_alias="OPENAI_BASE_URL")
     model: str = "gpt-4o-mini"
@@ -54,6 +60,14 @@ class Settings(BaseSettings):
     # agent (agents' memory calls refused, nothing recalled, no reviews); any other value,
     # unreadable ones included, leaves memory on.
     memory_kill_switch: bool = Field(default=False, validation_alias="AGENT_MEMORY_KILL_SWITCH")
+    # /health: each worker writes a heartbeat this often, kept this long; a worker without
+    # one is dead. A consumer group further behind than health_max_lag messages is lagging.
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    heartbeat_ttl_s: float = Field(default=10.0, gt=0)
+    health_max_lag: int = Field(default=10_000, ge=0)
+    # The serving process compares the record view with the memory index this often and
+    # heals what differs (`workers.reconciler`); 0 turns the periodic pass off.
+    reconcile_every_s: float = Field(default=300.0, ge=0)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod
@@ -74,6 +88,15 @@ class Settings(BaseSettings):
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    @property
+    def redis_root(self) -> str:
+        """Where this deployment's Redis keys start: with no topic prefix, `ml:` as before."""
+        return f"ml:{self.topic_prefix}"
+
+    @property
+    def default_operator_key(self) -> bool:
+        return self.operator_key == DEFAULT_OPERATOR_KEY
 
     @property
     def model_configured(self) -> bool:

@@ -99,4 +99,6 @@ def stack_env(**overrides: str) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("MEMLANE_EMBED_THREADS", "1")
+    # Test, demo and bench stacks are development deployments: the default operator key is allowed.
+    env.setdefault("MEMLANE_DEV", "1")
     return env

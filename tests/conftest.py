@@ -65,7 +65,7 @@ def settings(infra, run_id, tmp_path_factory):
     s = Settings(
         topic_prefix=f"{run_id}.",
         data_dir=tmp_path_factory.mktemp("data"),
-        api_port=int(os.environ.get("MEMLANE_TEST_API_PORT", "38181")),
+        api_port=int(os.environ.get("MEMLANE_TEST_API_PORT", "28181")),
     )
     yield s
     from concurrent.futures import ThreadPoolExecutor

@@ -173,7 +173,7 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
     )
     if episode is None:
         return out  # nothing may point back to an episode that was not kept
-    episode_id = record_id_for(episode.command_id)
+    episode_id = record_id_for(episode.tenant, episode.agent, episode.command_id)
     p = answer.procedure
     if p and p.approved_pattern and answer.success_score > PROCEDURE_SCORE and answer.outcome == "successful":
         command("procedure", PROCEDURE, p.name, "\n".join(f"{i}. {s}" for i, s in enumerate(p.steps, 1)),

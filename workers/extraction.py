@@ -2,7 +2,8 @@
 
 - Each turn's outcome goes to the ledger as a TurnOutcome command keyed by agent, so the
   ledger never reads `memlane.turns`. add_memory tool calls carried in a committed turn
-  become AddMemory commands staged on that turn.
+  become AddMemory commands staged on that turn, after the write-time filter; a refused
+  call becomes a CandidateRefused usage record instead.
 - With a model configured, a committed turn of an agent with memory enabled is reviewed
   when its cadence is due (`workers.extraction_state`): the window of unreviewed
   messages and the most similar existing memories (from the search API, under integer
@@ -39,6 +40,7 @@ from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused
 from workers import extraction_review as review
+from workers import write_filter
 from workers.api_reader import ApiReader
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed
@@ -53,32 +55,54 @@ def command_id(event_id: str, part: str) -> str:
     return str(uuid.uuid5(NAMESPACE, f"{event_id}/{part}"))
 
 
-def tool_writes(turn: TurnCommitted) -> list[AddMemory]:
-    """add_memory calls the agent made during the turn, as commands staged on the turn."""
-    out = []
+def tool_writes(turn: TurnCommitted) -> tuple[list[AddMemory], list[CandidateRefused]]:
+    """add_memory calls the agent made during the turn, as commands staged on the turn, and
+    the calls the write-time filter refused, as usage records. An agent's tool write passes
+    the same filter as a model's proposal."""
+    out, refused = [], []
     for msg in turn.messages:
         for call in msg.tool_calls:
             if call.name != "add_memory":
                 continue
             try:
-                out.append(
-                    AddMemory(
-                        command_id=command_id(turn.event_id, call.id),
-                        tenant=turn.tenant,
-                        agent=turn.agent,
-                        issued_at=turn.occurred_at,
-                        provenance=turn.provenance(Source.TOOL).model_copy(
-                            update={"source_message_ids": [msg.id]}
-                        ),
-                        turn_ref=turn.turn_ref,
-                        preview=turn.preview,
-                        session=turn.session,
-                        **call.arguments,
-                    )
+                cmd = AddMemory(
+                    command_id=command_id(turn.event_id, call.id),
+                    tenant=turn.tenant,
+                    agent=turn.agent,
+                    issued_at=turn.occurred_at,
+                    provenance=turn.provenance(Source.TOOL).model_copy(update={"source_message_ids": [msg.id]}),
+                    turn_ref=turn.turn_ref,
+                    preview=turn.preview,
+                    session=turn.session,
+                    **call.arguments,
                 )
-            except (ValidationError, TypeError) as e:
-                log.warning("tool_call_invalid", call_id=call.id, error=str(e)[:500], agent=turn.agent)
-    return out
+            except ValidationError as e:
+                # Where and what, never the value: a bad call can carry the very text to keep out.
+                errors = [f"{'.'.join(map(str, err['loc']))}: {err['type']}" for err in e.errors(include_input=False)]
+                log.warning("tool_call_invalid", call_id=call.id, errors=errors[:10], agent=turn.agent)
+                continue
+            except TypeError as e:
+                log.warning("tool_call_invalid", call_id=call.id, error=type(e).__name__, agent=turn.agent)
+                continue
+            hit = write_filter.check_write(cmd.summary, cmd.content, cmd.kind, cmd.labels, cmd.metadata)
+            if hit is None:
+                out.append(cmd)
+                continue
+            r = hit.refusal
+            log.warning("tool_call_refused", call_id=call.id, field=hit.field, reason=r.reason, detail=r.detail,
+                        agent=turn.agent)
+            refused.append(CandidateRefused(
+                usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/tool-refused/{call.id}")),
+                tenant=turn.tenant,
+                agent=turn.agent,
+                occurred_at=turn.occurred_at,
+                session=turn.session,
+                execution_id=turn.execution_id,
+                turn=turn.turn,
+                reason=f"{r.reason}: {r.detail} (add_memory tool call, {hit.field})",
+                summary_preview="" if r.reason in ("pii", "secret") or hit.field != "summary" else cmd.summary[:80],
+            ))
+    return out, refused
 
 
 def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
@@ -160,14 +184,16 @@ class ExtractionProcessor(Processor):
     async def process(self, source: str, partition: int, offset: int, turn: Any) -> list[Any]:
         if not isinstance(turn, (TurnCommitted, TurnRolledBack)):
             return []
-        commands: list[Any] = tool_writes(turn) if isinstance(turn, TurnCommitted) else []
-        if commands and self.settings.memory_kill_switch:
-            self.tally["tool_writes_refused_kill_switch"] += len(commands)
-            commands = []
-        extra: list[Any] = []
+        commands, refused = tool_writes(turn) if isinstance(turn, TurnCommitted) else ([], [])
+        if (commands or refused) and self.settings.memory_kill_switch:
+            self.tally["tool_writes_refused_kill_switch"] += len(commands) + len(refused)
+            commands, refused = [], []
+        if refused:
+            self.tally["tool_writes_refused"] += len(refused)
+        extra: list[Any] = [self._usage_out(u) for u in refused]
         reviewed: dict[str, Any] = {}  # what the review did, for the turn's log line
         if isinstance(turn, TurnCommitted) and self.model is not None:
-            extra = await self.review(turn, partition, offset, reviewed)
+            extra += await self.review(turn, partition, offset, reviewed)
         proposals = [c for c in extra if isinstance(c, Out) and c.topic == COMMANDS.name]
         others = [c for c in extra if c not in proposals]  # usage records and a DeadLetter
         commands.append(outcome(turn))

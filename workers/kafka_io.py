@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from events.limits import MESSAGE_LIMIT
 from events.topics import TOPICS, Topic
 from services.settings import Settings
 
@@ -62,7 +63,9 @@ def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafk
         acks="all",
         linger_ms=5,
         transactional_id=transactional_id,
-        max_request_size=4 * 1024 * 1024,
+        # Checked by the client before a message is sent, so an oversized one fails alone (one
+        # the broker refused would leave a gap in the idempotent sequence for every later send).
+        max_request_size=MESSAGE_LIMIT,
     )
 
 

@@ -15,17 +15,18 @@ from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
+from pydantic import ValidationError
 
 from events.base import utcnow
-from events.codec import encode
+from events.codec import ContractError, encode, from_validation_error
 from events.lean import decode_ledger_view
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers import ledger_snapshot as snapshot_file
 from workers.heap import settle_heap
 from workers.kafka_io import reader
-from workers.ledger_rules import LedgerState, decide, evolve, overdue
+from workers.ledger_rules import LedgerState, command_key, decide, evolve, overdue, oversized, refused
 from workers.ledger_snapshot import Snapshot
-from workers.runtime import Out, Processor, Stopping
+from workers.runtime import DeadLetter, Out, Processor, Stopping
 
 log = structlog.get_logger()
 
@@ -37,30 +38,31 @@ PROCESSED_BYTES = 32 * 1024 * 1024
 
 
 class RecentCommands:
-    """Command id -> the raw events it produced, oldest evicted first past `budget` bytes.
-    A command's events are kept or evicted together."""
+    """Command key (`command_key`: tenant, agent and command id) -> the raw events it
+    produced, oldest evicted first past `budget` bytes. A command's events are kept or
+    evicted together. Keyed by the id alone, one agent's command id answered another's."""
 
     def __init__(self, budget: int = PROCESSED_BYTES) -> None:
         self.budget = budget
         self.events: OrderedDict[str, list[bytes]] = OrderedDict()
         self.size = 0
 
-    def __contains__(self, command_id: str) -> bool:
-        return command_id in self.events
+    def __contains__(self, key: str) -> bool:
+        return key in self.events
 
-    def __getitem__(self, command_id: str) -> list[bytes]:
-        return self.events[command_id]
+    def __getitem__(self, key: str) -> list[bytes]:
+        return self.events[key]
 
-    def add(self, command_id: str, raw: bytes) -> None:
-        self.events.setdefault(command_id, []).append(raw)
+    def add(self, key: str, raw: bytes) -> None:
+        self.events.setdefault(key, []).append(raw)
         self.size += len(raw)
 
     @classmethod
     def restored(cls, items: list[tuple[str, list[bytes]]]) -> RecentCommands:
         """From a snapshot's list, oldest first."""
         recent = cls()
-        for command_id, raws in items:
-            recent.events[command_id] = raws
+        for key, raws in items:
+            recent.events[key] = raws
             recent.size += sum(len(r) for r in raws)
         return recent
 
@@ -159,7 +161,7 @@ class LedgerProcessor(Processor):
                         continue
                     event = decode_ledger_view(m.value)
                     evolve(state, event)
-                    seen.add(event.command_id, m.value)
+                    seen.add(command_key(event.tenant, event.agent, event.command_id), m.value)
                 seen.evict()
                 settle_heap()
                 if n >= next_report:
@@ -189,14 +191,15 @@ class LedgerProcessor(Processor):
             state = self.states[partition]
         seen = self.processed[partition]
         key = EVENTS.key_bytes(cmd)
-        if cmd.command_id in seen:
+        ck = command_key(cmd.tenant, cmd.agent, cmd.command_id)
+        if ck in seen:
             # Effectively once: a redelivered command re-emits its stored events, same ids.
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[cmd.command_id]]
+            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[ck]]
             self.snapshots.sent(partition, outs)
             return outs
-        events = decide(state, cmd)
-        outs = [Out(EVENTS.name, key, encode(e)) for e in events]
+        events, raws, parked = self._decided(state, cmd, partition, offset)
+        outs = [Out(EVENTS.name, key, raw) for raw in raws]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event
         # was a sixth of the ledger's CPU at a few hundred turns per second, and the events
         # themselves, with their provenance, are in the log.
@@ -217,10 +220,39 @@ class LedgerProcessor(Processor):
         # Fold last: nothing above may fail after the state has moved.
         for e, o in zip(events, outs):
             evolve(state, e)
-            seen.add(cmd.command_id, o.value)
+            seen.add(ck, o.value)
         seen.evict()
         self.snapshots.sent(partition, outs)
-        return outs
+        return [*outs, *parked]
+
+    def _decided(self, state: LedgerState, cmd: Any, partition: int,
+                 offset: int) -> tuple[list[Any], list[bytes], list[DeadLetter]]:
+        """The command's events, or a refusal in their place when they cannot be written.
+
+        One message must never stop the ledger: an event over the broker's limit would fail
+        the transaction on every restart, and a rule that raises would do the same after
+        the runner's retries. A refusal answers the caller at once; a failed rule also
+        parks the command in the dead-letter topic for a look."""
+        parked: list[DeadLetter] = []
+        try:
+            events = decide(state, cmd)
+            raws = [encode(e) for e in events]
+            instead = oversized(cmd, raws)
+            if instead is None:
+                return events, raws, parked
+            log.warning("command_too_large", command_id=cmd.command_id, field=instead[0].field, partition=partition,
+                        offset=offset)
+            events = instead
+        except (ValidationError, ContractError) as e:
+            err = from_validation_error(e) if isinstance(e, ValidationError) else e
+            log.warning("command_invalid", command_id=cmd.command_id, field=err.field, partition=partition, offset=offset)
+            events = refused(cmd, "VALIDATION_FAILED", err.field or None, str(err))
+        except Exception as e:
+            log.exception("command_failed", command_id=cmd.command_id, error=type(e).__name__, partition=partition,
+                          offset=offset)
+            reason = f"the ledger could not apply this command ({type(e).__name__}); it was parked for an operator"
+            events, parked = refused(cmd, "COMMAND_FAILED", None, reason), [DeadLetter(f"{type(e).__name__}: {e}")]
+        return events, [encode(e) for e in events], parked
 
     async def tick(self) -> list[Out]:
         """An `ExpireTurns` command for each agent with an overdue turn, sent to the ledger's

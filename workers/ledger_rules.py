@@ -6,7 +6,8 @@ The state is a handful of mappings of frozen models, folded from the ledger's ow
 keyed under `tenant/agent` so one agent can never address another agent's records.
 
 Everything here is deterministic in the command: ids and timestamps derive from the
-command id and `issued_at`, so a redelivered command produces byte-identical events.
+command's tenant, agent and id and its `issued_at`, so a redelivered command produces
+byte-identical events, and two agents that pick the same command id get different ids.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from events.base import command_key
 from events.codec import decode, encode
 from events.commands import (
     BLOCK_CHARS,
@@ -36,6 +38,7 @@ from events.commands import (
 )
 from events.config import AgentConfig, label_numbers_kept
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
+from events.limits import EVENT_LIMIT, largest_field, too_large
 from events.memory import (
     AgentConfigured,
     BlockChanged,
@@ -91,12 +94,12 @@ class Rejected(Exception):
         self.code, self.field, self.reason = code, field, reason
 
 
-def event_id(command_id: str, n: int) -> str:
-    return str(uuid.uuid5(NAMESPACE, f"{command_id}#{n}"))
+def event_id(tenant: str, agent: str, command_id: str, n: int) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"{command_key(tenant, agent, command_id)}#{n}"))
 
 
-def record_id_for(command_id: str) -> str:
-    return str(uuid.uuid5(NAMESPACE, f"record:{command_id}"))
+def record_id_for(tenant: str, agent: str, command_id: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"record:{command_key(tenant, agent, command_id)}"))
 
 
 def agent_key(tenant: str, agent: str) -> str:
@@ -135,7 +138,7 @@ def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
 
 
 def decide(state: LedgerState, cmd: Any) -> list[Any]:
-    """The events `cmd` produces. Event ids are `cmd.command_id` plus a position."""
+    """The events `cmd` produces. Event ids are the command's key plus a position."""
     ak = agent_key(cmd.tenant, cmd.agent)
     expired = _expire_turns(state, ak, cmd)
     if expired:
@@ -145,8 +148,25 @@ def decide(state: LedgerState, cmd: Any) -> list[Any]:
     events = expired + _decide(state, ak, cmd)
     n = len(events)
     return [
-        e.model_copy(update={"event_id": event_id(cmd.command_id, i), "last": i == n - 1}) for i, e in enumerate(events)
+        e.model_copy(update={"event_id": event_id(cmd.tenant, cmd.agent, cmd.command_id, i), "last": i == n - 1}) for i, e in enumerate(events)
     ]
+
+
+def refused(cmd: Any, code: str, field: str | None, reason: str) -> list[CommandRejected]:
+    """What the ledger emits in place of events it cannot write (one over the message limit,
+    or a command its rules failed on): the caller gets an answer, and the partition moves on."""
+    e = _rejection(cmd, Rejected(code, field, reason))
+    return [e.model_copy(update={"event_id": event_id(cmd.tenant, cmd.agent, cmd.command_id, 0), "last": True})]
+
+
+def oversized(cmd: Any, raws: list[bytes]) -> list[CommandRejected] | None:
+    """A refusal naming the command's largest field when one of its encoded events is over
+    `EVENT_LIMIT`, so no event the broker would refuse is ever sent; else None."""
+    size = max((len(r) for r in raws), default=0)
+    if size <= EVENT_LIMIT:
+        return None
+    field = largest_field(cmd)
+    return refused(cmd, "LIMIT_EXCEEDED", field, too_large("an event of this command", size, EVENT_LIMIT, field))
 
 
 def overdue(state: LedgerState, now: datetime) -> list[ExpireTurns]:
@@ -386,7 +406,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         raise Rejected("PIN_NOT_ENABLED", "pinned", "pinning is off: memory.pinned is not configured")
     latest = cmd.issued_at + MAX_EXPIRY
     expires = min(cmd.expires_at, latest) if cmd.expires_at else latest
-    rid = cmd.record_id or record_id_for(cmd.command_id)
+    rid = cmd.record_id or record_id_for(cmd.tenant, cmd.agent, cmd.command_id)
     p = cmd.provenance
     return MemoryRecord(
         id=rid,
@@ -639,7 +659,7 @@ def _tombstone(r: MemoryRecord, cmd: Any, valid_to: datetime) -> MemoryRecord:
 def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
     return r.model_copy(
         update={
-            "id": record_id_for(cmd.command_id),
+            "id": record_id_for(cmd.tenant, cmd.agent, cmd.command_id),
             "version": 1,
             "created": cmd.issued_at,
             "modified": cmd.issued_at,

@@ -24,7 +24,7 @@ from events.topics import EVENTS
 from services.settings import Settings
 from workers.ledger_rules import LedgerState
 
-FORMAT = 2  # 2: key slots name the scope a fact is seen in; a format-1 snapshot is folded again
+FORMAT = 3  # 3: recent commands keyed by tenant, agent and command id; older snapshots are folded again
 
 
 class _State(msgspec.Struct):
@@ -37,7 +37,7 @@ class _State(msgspec.Struct):
     turns_since: datetime | None
     configs: dict[str, bytes]  # AgentConfig JSON
     stats: dict[str, dict[str, int]]
-    recent: list[tuple[str, list[bytes]]]  # RecentCommands, oldest first
+    recent: list[tuple[str, list[bytes]]]  # RecentCommands by command key, oldest first
     blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}; none in snapshots made before blocks
 
 

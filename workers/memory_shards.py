@@ -12,13 +12,16 @@ its shard count (`SHARDS`), the shards `s<k>/` and their checkpoints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from events.topics import EVENTS
+from projections.embedder import Embedder
 from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
 from services.settings import Settings
 from workers.qdrant_projection import VECTOR_CACHE, QdrantProjection
+from workers.reconciler import Reconciler
 
 
 def qdrant_root(settings: Settings) -> Path:
@@ -73,13 +76,18 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
 class MemoryShards:
     """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
 
-    def __init__(self, settings: Settings, generation: int) -> None:
+    def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None) -> None:
+        self.settings = settings
         paths = shard_paths(settings, generation)
         # The process's vector cache is shared among its shards, not one per shard.
         self.projections = [
             QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths))
             for k, p in enumerate(paths)
         ]
+        # The process's embedder, for points the reconciler heals whose vector is not cached
+        # (it makes its own if none is given).
+        self.embedder = embedder
+        self.reconciler = Reconciler(settings, self)
 
     def of(self, tenant: str, agent: str) -> QdrantProjection:
         return self.projections[shard_of(tenant, agent, len(self.projections))]
@@ -89,10 +97,17 @@ class MemoryShards:
         return self.of(f.tenant, f.agent).index.search(f, dense, text, limit, mode, min_score)
 
     def wait_for(self, command_id: str, tenant: str, agent: str) -> asyncio.Future:
-        return self.of(tenant, agent).wait_for(command_id)
+        return self.of(tenant, agent).wait_for(command_id, tenant, agent)
 
     async def run(self) -> None:
-        await asyncio.gather(*(p.run() for p in self.projections))
+        reconciling = asyncio.create_task(self.reconciler.run(self.settings.reconcile_every_s), name="reconciler")
+        try:
+            await asyncio.gather(*(p.run() for p in self.projections))
+        finally:
+            reconciling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconciling
+            await self.reconciler.aclose()
 
     async def caught_up(self) -> None:
         await asyncio.gather(*(p.caught_up.wait() for p in self.projections))
@@ -121,4 +136,5 @@ class MemoryShards:
             "caught_up": all(s["caught_up"] for s in each),
             "applied": sum(s["applied"] for s in each),
             "shards": len(each),
+            "reconciled": self.reconciler.status(),
         }

@@ -6,7 +6,10 @@ Streams' interactive-queries pattern; see `workers.memory_shards`). It reads the
 `memlane.vectors` partitions beside its agents (`events.topics.vector_partition`) and
 joins them with the events by content hash: a record whose vector has not arrived yet
 is parked until it does. It never embeds.
-The checkpoint is a file next to the shard, written after the shard is flushed.
+The checkpoint is a file next to the shard, written after the shard is flushed. It never
+passes an event still parked, nor a vector read before its event: each would be lost
+to a crash. It lists the parked events' offsets, so a restart applies those again and
+skips the events between them that were already applied.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ import asyncio
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from events.base import command_key
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.topics import EVENTS, REDELIVERED, VECTORS, vector_partitions
 from projections.embedder import content_hash, embedder_model_id
-from projections.qdrant_index import EdgeIndex, indexable, read_checkpoint, write_checkpoint
+from projections.qdrant_index import EdgeIndex, RecordKey, indexable, read_checkpoint, write_checkpoint
 from services.settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import reader, seek_to_checkpoints
@@ -35,6 +40,8 @@ Also = Callable[[list[LeanEvent], list[tuple[str, int]]], Awaitable[None]]
 LIVE_FLUSH_S = 5.0
 VECTOR_CACHE = 50_000  # vectors kept as read (about 2.2 KB each) by a serving process
 INLINE_WRITES = 32  # points; more go to a worker thread while serving
+PARKED, READ = "_parked", "_read"  # checkpoint entries besides the `topic:partition` positions
+Heal = tuple[asyncio.Future, list[tuple[LeanRecord, Any]], list[tuple[RecordKey, int]], set[RecordKey]]
 
 
 class QdrantProjection:
@@ -67,18 +74,29 @@ class QdrantProjection:
         self.vector_cache = vector_cache  # None: keep every vector (a rebuild reads them all first)
         self._bound = vector_cache
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
-        self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
+        # Positions read and written to the index (the saved checkpoint may be behind them);
+        # `redo`: partition -> (read position, offsets to apply again) after a restart.
+        self.ckpt, self.redo = load_checkpoint(self.ckpt_path)
+        # Events before these are in the index without this process having read them.
+        self.started = {k: max(v, self.redo[k][0] if k in self.redo else 0) for k, v in self.ckpt.items()}
         # Vectors are kept as read and decoded when a record joins one: a partition can hold
         # vectors of other shards' agents (when the shard count does not divide the vector
         # partitions) and of texts no live record has any more.
         self.vectors: OrderedDict[str, array.array | bytes] = OrderedDict()
-        # content hash -> {record id: (record, event)} waiting for that vector
-        self.parked: dict[str, dict[str, tuple[LeanRecord, LeanEvent]]] = {}
-        self.parked_at: dict[str, str] = {}  # record id -> the content hash it waits on
+        # content hash -> {record: (record, event)} waiting for that vector. Records are
+        # keyed by tenant, agent and id: two agents may hold equal record ids.
+        self.parked: dict[str, dict[RecordKey, tuple[LeanRecord, LeanEvent]]] = {}
+        self.parked_at: dict[RecordKey, tuple[str, str, int]] = {}  # -> (content hash, partition, offset)
         self.parked_commands: Counter[str] = Counter()  # command id -> its events still parked
-        # Vectors read before their event: never evicted, so no record is stranded.
-        self.unused: set[str] = set()
-        self.versions: dict[str, int] = {}
+        # Vectors read before their event (content hash -> partition, offset): never
+        # evicted, so no record is stranded.
+        self.unused: dict[str, tuple[str, int]] = {}
+        # Offsets the checkpoint must not pass, per partition, in log order (so the first is
+        # the lowest): parked events, and vectors read before their event.
+        self.held_events: dict[str, OrderedDict[int, None]] = {}
+        self.held_vectors: dict[str, OrderedDict[int, None]] = {}
+        self.versions: dict[RecordKey, int] = {}
+        self.heals: list[Heal] = []
         self.waiters: dict[str, list[asyncio.Future]] = {}
         self.done_commands: OrderedDict[str, list[LeanEvent]] = OrderedDict()
         self.applied = 0
@@ -87,12 +105,14 @@ class QdrantProjection:
 
     # ------------------------------------------------------------------ read-your-writes
 
-    def wait_for(self, command_id: str) -> asyncio.Future:
+    def wait_for(self, command_id: str, tenant: str, agent: str) -> asyncio.Future:
         """Resolves with the command's (full) events once they are searchable. Call it
-        before sending the command: only commands someone waits for are tracked."""
+        before sending the command: only commands someone waits for are tracked. Keyed by
+        tenant and agent too: two agents may send the same command id."""
+        key = command_key(tenant, agent, command_id)
         fut = asyncio.get_running_loop().create_future()
-        self.waiters.setdefault(command_id, []).append(fut)
-        fut.add_done_callback(lambda f: self._forget(command_id, f) if f.cancelled() else None)
+        self.waiters.setdefault(key, []).append(fut)
+        fut.add_done_callback(lambda f: self._forget(key, f) if f.cancelled() else None)
         return fut
 
     def _forget(self, cid: str, fut: asyncio.Future) -> None:
@@ -107,10 +127,10 @@ class QdrantProjection:
     def _complete(self, cid: str) -> bool:
         """A command is done once its last event is in and none of its events is parked."""
         events = self.done_commands.get(cid)
-        return bool(events) and not self.parked_commands[cid] and any(e.last for e in events)
+        return bool(events) and not self.parked_commands[events[0].command_id] and any(e.last for e in events)
 
     def _command_done(self, event: LeanEvent) -> None:
-        cid = event.command_id
+        cid = command_key(event.tenant, event.agent, event.command_id)
         if cid not in self.waiters:
             return
         self.done_commands.setdefault(cid, []).append(event)
@@ -124,7 +144,7 @@ class QdrantProjection:
 
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, key: bytes | None, value: bytes, batch: _Batch) -> None:
+    def _on_vector(self, key: bytes | None, value: bytes, batch: _Batch, part: str, offset: int) -> None:
         if key is None:  # the topic is keyed "model/hash"; a keyless message says so itself
             msg = decode_lean_vector(value)
             model, h, held = msg.model, msg.content_hash, msg.floats()
@@ -136,50 +156,138 @@ class QdrantProjection:
         self.vectors[h] = held
         self.vectors.move_to_end(h)
         if h not in self.parked:
-            self.unused.add(h)  # its event is still ahead in the log
+            self._hold_vector(h, part, offset)  # its event is still ahead in the log
             return
         vec = self._vector(h)
         if vec is None:
             return
         waiting = self.parked.pop(h)
-        for r, event in waiting.values():
-            self.parked_at.pop(r.id, None)
+        for rk, (r, event) in waiting.items():
+            _, at, off = self.parked_at.pop(rk)
+            self.held_events[at].pop(off, None)
             self._unpark(event)
-            batch.upserts[r.id] = (r, vec)
+            batch.upserts[rk] = (r, vec)
             batch.done.append(event)
 
-    def _on_event(self, e: LeanEvent, batch: _Batch) -> None:
+    def _on_event(self, e: LeanEvent, batch: _Batch, part: str, offset: int) -> None:
         r = e.record
         if r is None:
             batch.done.append(e)
             return
-        if r.version <= self.versions.get(r.id, 0):
+        rk = (r.tenant, r.agent, r.id)
+        if r.version <= self.versions.get(rk, 0):
             batch.done.append(e)  # a duplicate or an older version: already reflected
             return
-        self.versions[r.id] = r.version
-        if r.id in self.parked_at:  # a newer version replaces one still waiting for its vector
-            _, stale = self.parked.get(self.parked_at.pop(r.id), {}).pop(r.id, (None, None))
+        self.versions[rk] = r.version
+        if rk in self.parked_at:  # a newer version replaces one still waiting for its vector
+            stale = self._drop_parked(rk)
             if stale is not None:
-                self._unpark(stale)
-                batch.done.append(stale)
-        batch.upserts.pop(r.id, None)
-        batch.deletes.discard(r.id)
+                batch.done.append(stale[1])
+        batch.upserts.pop(rk, None)
+        batch.deletes.discard(rk)
         if r.preview and r.replaces:
-            batch.shadows.append(r.replaces)
+            batch.shadows.append((r.tenant, r.agent, r.replaces))
         if not indexable(r):
-            batch.deletes.add(r.id)
+            batch.deletes.add(rk)
             batch.done.append(e)
             return
         h = content_hash(r.text)
         vec = self._vector(h)
-        self.unused.discard(h)
+        if (held := self.unused.pop(h, None)) is not None:
+            self.held_vectors[held[0]].pop(held[1], None)
         if vec is None:
-            self.parked.setdefault(h, {})[r.id] = (r, e)
-            self.parked_at[r.id] = h
+            self.parked.setdefault(h, {})[rk] = (r, e)
+            self.parked_at[rk] = (h, part, offset)
+            self.held_events.setdefault(part, OrderedDict())[offset] = None
             self.parked_commands[e.command_id] += 1
             return
-        batch.upserts[r.id] = (r, vec)
+        batch.upserts[rk] = (r, vec)
         batch.done.append(e)
+
+    def _drop_parked(self, rk: RecordKey) -> tuple[LeanRecord, LeanEvent] | None:
+        """Stop waiting for record `rk`'s vector; returns what was parked."""
+        h, part, offset = self.parked_at.pop(rk)
+        self.held_events[part].pop(offset, None)
+        waiting = self.parked.get(h, {})
+        item = waiting.pop(rk, None)
+        if not waiting:
+            self.parked.pop(h, None)
+        if item is not None:
+            self._unpark(item[1])
+        return item
+
+    def _hold_vector(self, h: str, part: str, offset: int) -> None:
+        if (prev := self.unused.get(h)) is not None:  # the same vector again: keep the later copy
+            self.held_vectors[prev[0]].pop(prev[1], None)
+        self.unused[h] = (part, offset)
+        self.held_vectors.setdefault(part, OrderedDict())[offset] = None
+
+    def _release_vectors(self) -> None:
+        """Every event written so far has been read: no record needs a held vector."""
+        if self.unused:
+            self.unused.clear()
+            self.held_vectors.clear()
+
+    def _redone(self, part: str, offset: int) -> bool:
+        """Whether the event at `offset` is to be applied, in a range read before a restart:
+        only the events parked then are, the others are in the index already (and their
+        vectors may be behind the vectors' checkpoint)."""
+        redo = self.redo.get(part)
+        if redo is None:
+            return True
+        end, offsets = redo
+        if offset >= end:
+            del self.redo[part]
+            return True
+        if offset in offsets:
+            offsets.discard(offset)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ healing
+
+    def heal(self, upserts: list[tuple[LeanRecord, Any]], deletes: list[tuple[RecordKey, int]],
+             shadowed: set[RecordKey] = frozenset()) -> asyncio.Future:
+        """Queue points a reconciler found missing (record, vector) or stale (key, version
+        of the record view that is not indexable). The loop applies them in order with its
+        own writes, skipping any record it has since seen a newer version of; resolves with
+        (points upserted, points deleted) once written."""
+        fut = asyncio.get_running_loop().create_future()
+        self.heals.append((fut, upserts, deletes, set(shadowed)))
+        return fut
+
+    def _take_heals(self, batch: _Batch) -> None:
+        for fut, upserts, deletes, shadowed in self.heals:
+            added = removed = 0
+            for r, vec in upserts:
+                rk = (r.tenant, r.agent, r.id)
+                if self.versions.get(rk, 0) > r.version:
+                    continue
+                if rk in self.parked_at:
+                    h = self.parked_at[rk][0]
+                    if self.parked[h][rk][0].version > r.version:
+                        continue
+                    batch.done.append(self._drop_parked(rk)[1])
+                self.versions[rk] = r.version
+                batch.deletes.discard(rk)
+                batch.upserts[rk] = (r, vec)
+                if rk in shadowed:
+                    batch.shadows.append(rk)
+                added += 1
+            for rk, version in deletes:
+                if self.versions.get(rk, 0) > version or rk in self.parked_at or rk in batch.upserts:
+                    continue
+                batch.deletes.add(rk)
+                removed += 1
+            batch.heals.append((fut, (added, removed)))
+        self.heals.clear()
+
+    def cached_vector(self, h: str) -> array.array | None:
+        return self._vector(h)
+
+    def parked_version(self, rk: RecordKey) -> int | None:
+        at = self.parked_at.get(rk)
+        return None if at is None else self.parked[at[0]][rk][0].version
 
     def _vector(self, h: str) -> array.array | None:
         """The vector of content hash `h`, decoded on first use; None if absent or bad."""
@@ -207,15 +315,20 @@ class QdrantProjection:
     def _write(self, batch: _Batch) -> None:
         self.index.upsert(list(batch.upserts.values()))
         self.index.delete(list(batch.deletes))
-        for rid in batch.shadows:
+        for tenant, agent, rid in batch.shadows:
             try:
-                self.index.set_shadowed(rid, True)
+                self.index.set_shadowed(tenant, agent, rid, True)
             except Exception:  # the live record is not a point (not ACTIVE): nothing to hide
                 log.debug("shadow_target_missing", record_id=rid)
 
-    def _save_checkpoint(self) -> None:
+    def checkpoint(self) -> dict[str, Any]:
+        """What a restart may resume from, for what has been written (call it with no batch
+        in flight): each position held back to the first parked event or held vector."""
+        return safe_checkpoint(self.ckpt, self.held_events, self.held_vectors, self.redo)
+
+    def _save_checkpoint(self, ckpt: dict[str, Any]) -> None:
         self.index.flush()
-        write_checkpoint(self.ckpt_path, self.ckpt)
+        write_checkpoint(self.ckpt_path, ckpt)
 
     # ------------------------------------------------------------------ the loop
 
@@ -252,6 +365,7 @@ class QdrantProjection:
         limit = {tp: min(end[tp], stop[tp.partition]) for tp in watch if stop and tp.partition in stop}
         end.update(limit)
         total = sum(end.values())
+        vector_tps = [tp for tp in tps if tp not in watch]
         dirty, last_flush = False, time.monotonic()
         inflight: tuple[asyncio.Task | None, _Batch] | None = None
 
@@ -267,41 +381,47 @@ class QdrantProjection:
                 self.applied += len(done_batch.upserts) + len(done_batch.deletes)
                 for e in done_batch.done:
                     self._command_done(e)
+                for fut, n in done_batch.heals:
+                    if not fut.done():
+                        fut.set_result(n)
                 dirty = True
 
         while not self.stopping.is_set():
             batch = _Batch()
             for tp, msgs in (await c.getmany(timeout_ms=200, max_records=2000)).items():
+                part = f"{tp.topic}:{tp.partition}"
                 for m in msgs:
                     if tp in limit and m.offset >= limit[tp]:
                         c.pause(tp)  # a replay's range ends here
                         break
                     try:
                         if tp.topic == vectors_topic:
-                            self._on_vector(m.key, m.value, batch)
+                            self._on_vector(m.key, m.value, batch, part, m.offset)
                         else:
                             event = decode_lean(m.value)
                             copy = (REDELIVERED, b"1") in (m.headers or ())
-                            if copy:
-                                batch.done.append(event)  # applied at its original offset
+                            if copy or (self.redo and not self._redone(part, m.offset)):
+                                batch.done.append(event)  # applied at its original offset, or before a restart
                             else:
-                                self._on_event(event, batch)
+                                self._on_event(event, batch, part, m.offset)
                             if self.also:
                                 # A rebuild's Redis fill skips copies too (see `decode_logged`),
                                 # and still moves its checkpoint past them.
                                 if not copy:
                                     batch.events.append(event)
-                                batch.event_positions.append((f"{tp.topic}:{tp.partition}", m.offset + 1))
+                                batch.event_positions.append((part, m.offset + 1))
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
-                    batch.positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
+                    batch.positions[part] = m.offset + 1
                 batch.seen += len(msgs)
+            if self.heals:
+                self._take_heals(batch)
             if batch.event_positions:
                 await self.also(batch.events, batch.event_positions)
             settle_heap()
             await land()
-            if batch.seen:
+            if batch.seen or batch.heals:
                 if self.serving and batch.writes() > INLINE_WRITES:
                     inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
                 else:
@@ -320,14 +440,18 @@ class QdrantProjection:
             # flushes only on the way to being caught up (or at the end of a replay).
             live = self.caught_up.is_set()
             every = LIVE_FLUSH_S if live else 30.0
-            if dirty and ((done and (until_caught_up or not live)) or time.monotonic() - last_flush > every):
+            # The vectors-first pass saves none: it holds every vector it read.
+            if dirty and events and ((done and (until_caught_up or not live)) or time.monotonic() - last_flush > every):
                 await land()
-                await asyncio.to_thread(self._save_checkpoint)
+                await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
                 dirty, last_flush = False, time.monotonic()
             if progress:
                 progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
             if done:
-                if not self.caught_up.is_set() and events and (until_caught_up or not self.parked_count()):
+                # Caught up once every record read is in, or waits for a vector not yet written.
+                if not self.caught_up.is_set() and events and (
+                    until_caught_up or not self.parked_count() or await _read_to_end(c, vector_tps)
+                ):
                     self._bound_cache()
                     self.caught_up.set()
                     log.info("qdrant_projection_caught_up", points=self.index.count(), parked=self.parked_count())
@@ -341,7 +465,7 @@ class QdrantProjection:
         pause, so this cannot deadlock."""
         behind = [tp for tp in event_tps if (c.last_stable_offset(tp) or 0) > await c.position(tp)]
         if not behind:
-            self.unused.clear()  # every written event has been read: these are plain cache entries
+            self._release_vectors()  # every written event has been read: these are plain cache entries
         if behind and len(self.unused) >= self.vector_cache:
             c.pause(*vector_tps)
         else:
@@ -358,7 +482,7 @@ class QdrantProjection:
     def _bound_cache(self) -> None:
         if self.vector_cache is None and self._bound is not None:
             self.vector_cache = self._bound
-            self.unused.clear()
+            self._release_vectors()
             self._trim_cache()
 
     def parked_count(self) -> int:
@@ -375,10 +499,11 @@ class QdrantProjection:
 
 class _Batch:
     def __init__(self) -> None:
-        self.upserts: dict[str, tuple[LeanRecord, array.array]] = {}
-        self.deletes: set[str] = set()
-        self.shadows: list[str] = []
+        self.upserts: dict[RecordKey, tuple[LeanRecord, array.array]] = {}
+        self.deletes: set[RecordKey] = set()
+        self.shadows: list[RecordKey] = []
         self.done: list[LeanEvent] = []
+        self.heals: list[tuple[asyncio.Future, tuple[int, int]]] = []
         self.positions: dict[str, int] = {}
         self.events: list[LeanEvent] = []  # for `also`
         self.event_positions: list[tuple[str, int]] = []
@@ -386,3 +511,55 @@ class _Batch:
 
     def writes(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.shadows)
+
+
+async def _read_to_end(c: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:
+    if not tps:
+        return True
+    end = await c.end_offsets(tps)
+    for tp in tps:
+        if await c.position(tp) < end[tp]:
+            return False
+    return True
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, int], dict[str, tuple[int, set[int]]]]:
+    """(positions, redo): see `safe_checkpoint`."""
+    saved: dict[str, Any] = read_checkpoint(path)
+    parked, read = saved.pop(PARKED, {}), saved.pop(READ, {})
+    return saved, {part: (end, set(parked.get(part, ()))) for part, end in read.items()}
+
+
+def safe_checkpoint(
+    read: dict[str, int],
+    held_events: dict[str, OrderedDict[int, None]],
+    held_vectors: dict[str, OrderedDict[int, None]],
+    redo: dict[str, tuple[int, set[int]]],
+) -> dict[str, Any]:
+    """Positions to resume from, given those read (`read`) and the offsets still needed.
+
+    A vector partition resumes at its first held vector. An event partition resumes at
+    its first parked event, and the checkpoint lists the parked offsets (`_parked`) and
+    where reading had got to (`_read`): events between them were applied and are skipped.
+    A range still being redone after a restart carries over what it has not reached."""
+    out: dict[str, Any] = dict(read)
+    for part, offsets in held_vectors.items():
+        if offsets:
+            out[part] = min(out.get(part, 0), next(iter(offsets)))
+    parked: dict[str, list[int]] = {}
+    ends: dict[str, int] = {}
+    for part in held_events.keys() | redo.keys():
+        pos = read.get(part, 0)
+        waiting = list(held_events.get(part, ()))
+        end = pos
+        if part in redo:
+            end = max(pos, redo[part][0])
+            waiting += sorted(o for o in redo[part][1] if o >= pos)
+        if waiting:
+            out[part] = waiting[0]
+            parked[part], ends[part] = waiting, end
+        else:
+            out[part] = end
+    if parked:
+        out[PARKED], out[READ] = parked, ends
+    return out

@@ -1,7 +1,8 @@
 """One consume-process-produce loop that every worker runs.
 
 - Messages that break the contract, or that keep failing, go to `<topic>.dlq` with headers,
-  and the loop goes on.
+  and the loop goes on. So does a message whose outputs the broker would refuse as too
+  large: no output over the message limit ever reaches a transaction.
 - Transient failures (Redis, Qdrant or Kafka unreachable) are retried with backoff. No
   offset is committed past the failure, so the worker catches up once the store is back.
 - A transactional processor's outputs and its input offsets commit in one Kafka
@@ -25,10 +26,12 @@ from typing import Any
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events.codec import ContractError, decode
+from events.limits import MESSAGE_LIMIT
 from services.settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
@@ -78,6 +81,15 @@ class Out:
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
     partition: int | None = None  # None: the key's
+
+
+def message_size(o: Out) -> int:
+    """The size the producer checks against its `max_request_size` (the message limit)."""
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(o.key, o.value, list(o.headers))
+
+
+def fits(o: Out) -> bool:
+    return message_size(o) <= MESSAGE_LIMIT
 
 
 @dataclass(frozen=True)
@@ -258,7 +270,7 @@ class Runner:
             for i, m in enumerate(msgs):
                 results[i] = await self._one(m)
         outs = [o for r in results for o in r]
-        outs.extend(await self._retrying(self.processor.batch_done, "batch_done") or [])
+        outs.extend(self._fitting(await self._retrying(self.processor.batch_done, "batch_done") or [], "batch_done"))
         # Committed in the background: the worker polls and processes the next batch
         # meanwhile. A commit is mostly round trips to the broker (the outputs, the offsets,
         # the end of the transaction), during which the worker had nothing else to do.
@@ -267,7 +279,7 @@ class Runner:
         self.processed += len(msgs)
 
     async def _tick(self) -> None:
-        outs = await self._retrying(self.processor.tick, "tick")
+        outs = self._fitting(await self._retrying(self.processor.tick, "tick") or [], "tick")
         if outs:
             await self.settle()
             self.committing = asyncio.create_task(self._commit({}, outs))
@@ -301,7 +313,8 @@ class Runner:
         while True:
             try:
                 result = await self.processor.process(source, m.partition, m.offset, value)
-                return [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
+                outs = [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
+                return outs if all(map(fits, outs)) else self._oversized(source, m, outs, ctx)
             except Stopping:
                 raise
             except (Transient, *TRANSIENT) as e:
@@ -314,13 +327,35 @@ class Runner:
                     return [self._dlq(source, m, f"{type(e).__name__}: {e}", attempt)]
 
     def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
-        return Out(
+        out = Out(
             topic=f"{source}.dlq",
             key=m.key or b"",
             value=m.value or b"",
             # Each consumer group parks what it cannot handle, so the header says which one did.
             headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode())),
         )
+        if fits(out):
+            return out
+        # A message near the limit no longer fits with the headers: park the headers alone.
+        # They name the source offset, where the message itself stays for its retention.
+        return Out(out.topic, out.key, b"", (*out.headers, ("value_dropped", str(len(out.value)).encode())))
+
+    def _oversized(self, source: str, m: Any, outs: list[Out], ctx: dict) -> list[Out]:
+        """A message with an output over the message limit is parked instead: sent, the output
+        would fail the transaction on every restart, and the worker would never get past it."""
+        big = max(outs, key=message_size)
+        error = f"an output to {big.topic} is {message_size(big)} bytes, over the message limit of {MESSAGE_LIMIT} bytes"
+        log.error("output_too_large", output_topic=big.topic, bytes=message_size(big), limit=MESSAGE_LIMIT, **ctx)
+        return [self._dlq(source, m, error, 1)]
+
+    def _fitting(self, outs: list[Out], what: str) -> list[Out]:
+        """Outputs of no input message (a batch's, a tick's) have nowhere to be parked: one
+        over the limit is dropped, loudly, rather than failing every commit after it."""
+        for o in outs:
+            if not fits(o):
+                log.error("output_too_large_dropped", step=what, output_topic=o.topic, bytes=message_size(o),
+                          limit=MESSAGE_LIMIT)
+        return [o for o in outs if fits(o)]
 
     async def _retrying(self, fn, what: str) -> None:
         attempt = 0

@@ -1,4 +1,8 @@
-"""The write-time filter (seed 004): which extraction candidates must never be stored.
+"""The write-time filter (seed 004): what no agent's or model's write may store.
+
+It runs on every path an agent or a model writes through: extraction candidates,
+consolidation's episodes, HTTP and MCP writes (`MemoryService.add`, `curate`), and
+add_memory tool calls in turns. Only an operator's own write bypasses it.
 
 Pure functions. A candidate is refused when its text carries PII, a secret or a prompt
 injection, or when it is not a memory at all but a transcript or a tool dump. The filter
@@ -145,4 +149,59 @@ def check(summary: str, content: str = "", labels: dict[str, str] | None = None)
         detail = rule(text)
         if detail:
             return Refusal(reason, detail)
+    return None
+
+
+@dataclass(frozen=True)
+class FieldRefusal:
+    """A refused write: which field broke which rule. Label and metadata keys are never named,
+    since a key can be the secret itself."""
+
+    field: str  # summary | content | kind | labels | metadata | line | label
+    refusal: Refusal
+
+    def message(self) -> str:
+        r = self.refusal
+        return (f"{self.field}: refused by the write-time filter ({r.reason}: {r.detail}); memory never keeps "
+                "secrets, personal data, instructions aimed at the agent, transcripts or tool dumps. "
+                f"Take it out of {self.field} and send the write again")
+
+
+def _scalars(value: object) -> list[str]:
+    """Every key and scalar of a JSON value as text, walked without recursion so that a
+    deeply nested value cannot exhaust the stack. Numbers count: a card number can be one."""
+    out: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            out.extend(str(k) for k in v)
+            todo.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+        elif isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(str(v))
+    return out
+
+
+def check_write(summary: str | None = "", content: str | None = "", kind: str | None = "",
+                labels: dict[str, str] | None = None, metadata: object = None,
+                **texts: str | None) -> FieldRefusal | None:
+    """The first field of an agent's or a tool's write that the filter refuses, or None.
+    Each field is checked on its own, so a refusal names it; `texts` adds more named fields
+    (a block's `label` and `line`)."""
+    fields: list[tuple[str, list[str]]] = [
+        ("summary", [summary or ""]),
+        ("content", [content or ""]),
+        ("kind", [kind or ""]),
+        *((name, [text or ""]) for name, text in texts.items()),
+        ("labels", _scalars(labels or {})),
+        ("metadata", _scalars(metadata or {})),
+    ]
+    for name, values in fields:
+        for text in values:
+            if text and (hit := check(text)):
+                return FieldRefusal(name, hit)
     return None

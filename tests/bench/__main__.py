@@ -13,6 +13,7 @@ GROUPS = {
     "extraction": "tests.bench.bench_extraction",
     "recall": "tests.bench.bench_recall",
     "history": "tests.bench.bench_history",
+    "chaos": "tests.bench.bench_chaos",
 }
 
 

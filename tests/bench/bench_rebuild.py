@@ -56,9 +56,9 @@ def _log_items(settings: Settings):
         # Beside the agent's events, as the embedding worker writes it.
         yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of(agent)
         # Ids and event ids as the ledger makes them (UUIDs: a point id needs no payload copy).
-        r = MemoryRecord(id=record_id_for(f"c{i}"), version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
+        r = MemoryRecord(id=record_id_for("bench", agent, f"c{i}"), version=1, created=T0 + timedelta(seconds=i), modified=T0 + timedelta(seconds=i),
                          tenant="bench", agent=agent, scope="AGENT", kind="fact", summary=text)
-        e = RecordAdded(event_id=event_id(f"c{i}", 0), command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
+        e = RecordAdded(event_id=event_id("bench", agent, f"c{i}", 0), command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=r.created,
                         record=r)
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 

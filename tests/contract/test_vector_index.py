@@ -93,9 +93,9 @@ def test_ties_at_the_cut_are_kept_and_upsert_replaces(index):
 
 def test_delete_and_shadow(index):
     put(index, rec("live", "gamma fact"), rec("gone", "gamma fact too"))
-    index.delete(["gone"])
+    index.delete([("t", "a", "gone")])
     assert search(index, "gamma", "lexical") == ["live"]
-    index.set_shadowed("live", True)
+    index.set_shadowed("t", "a", "live", True)
     assert search(index, "gamma", "lexical", flt(preview=True)) == []
     assert search(index, "gamma", "lexical") == ["live"]
 
@@ -108,3 +108,30 @@ def test_an_optimized_index_still_answers_each_agent_alone(index):
     index.optimize()
     assert search(index, "Order 12 shipped to warehouse 5")[0] == "big12"
     assert search(index, "Order 12 shipped to warehouse 5", "vector", f=flt(agent="b")) == ["small1"]
+
+
+def test_equal_record_ids_of_two_agents_are_two_points(index):
+    """A point is named by tenant, agent and record id: a record of another tenant or agent
+    with the same id neither replaces it nor, deleted or shadowed, takes it along."""
+    put(index, rec("same", "delta fact of t/a"), rec("same", "delta fact of u/a", tenant="u"),
+        rec("same", "delta fact of t/b", agent="b"))
+    assert index.count() == 3
+    index.delete([("u", "a", "same")])
+    index.set_shadowed("t", "b", "same", True)
+    assert search(index, "delta", "lexical") == ["same"]
+    assert search(index, "delta", "lexical", flt(preview=True)) == ["same"]
+    assert search(index, "delta", "lexical", flt(tenant="u")) == []
+    assert search(index, "delta", "lexical", flt(agent="b", preview=True)) == []
+
+
+def test_record_ids_lists_one_agents_points_page_by_page(index, monkeypatch):
+    import projections.qdrant_client_index as client_module
+    import projections.qdrant_index as edge_module
+
+    monkeypatch.setattr(edge_module, "SCROLL_PAGE", 2)
+    monkeypatch.setattr(client_module, "SCROLL_PAGE", 2)
+    put(index, *[rec(f"r{i}", f"epsilon {i}") for i in range(5)], rec("theirs", "epsilon", agent="b"),
+        rec("r0", "epsilon", tenant="u"))
+    assert index.record_ids("t", "a") == {f"r{i}" for i in range(5)}
+    assert index.record_ids("t", "b") == {"theirs"}
+    assert index.record_ids("t", "nobody") == set()

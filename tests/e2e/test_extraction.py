@@ -21,7 +21,7 @@ from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic
 from tests.fakes.model_server import Delay, Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 
-API_PORT = 38501
+API_PORT = 28501  # below the ephemeral range (32768+), where an outgoing connection can hold it
 
 
 def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> dict:

@@ -46,11 +46,11 @@ def make_commands(run: str) -> list:
                 # Some restate an earlier fact: those merge instead of adding.
                 n = rnd.randrange(i + 1) if rnd.random() < 0.1 else i
                 cmds.append(AddMemory(**common, summary=f"{agent} fact {n}", session="s"))
-                added.append(record_id_for(cid))
+                added.append(record_id_for(f"crash{run}", agent, cid))
             elif roll < 0.75:
                 cmds.append(AddMemory(**common, summary=f"{agent} correction {i}", session="s",
                                       replaces=rnd.choice(added)))
-                added.append(record_id_for(cid))
+                added.append(record_id_for(f"crash{run}", agent, cid))
             elif roll < 0.9:
                 cmds.append(DeleteMemory(**common, record_id=rnd.choice(added), session="s"))
             else:
@@ -92,7 +92,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
 def crash_stack(settings, infra, tmp_path):
     prefix = f"{settings.topic_prefix}crash{uuid.uuid4().hex[:4]}."
     env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(tmp_path / "data"),
-                    MEMLANE_API_PORT="38191", **infra)
+                    MEMLANE_API_PORT="28191", **infra)
     s = Stack(env, tmp_path / "logs")
     yield s, prefix
     s.stop()

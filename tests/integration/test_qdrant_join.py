@@ -122,7 +122,7 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
         again = QdrantProjection(s, index)
         task = asyncio.create_task(again.run())
         await again.caught_up.wait()
-        waiter = again.wait_for("c-re-1")
+        waiter = again.wait_for("c-re-1", "t", "a")
         # A redelivered first version, its vector also sent again (the cache would hold it).
         await producer.send_and_wait(events, encode(e1), key=EVENTS.key_bytes(e1), headers=[(REDELIVERED, b"1")])
         await producer.send_and_wait(s.topic(VECTORS.name), encode(vec), key=VECTORS.key_bytes(vec))

@@ -56,7 +56,7 @@ def test_a_procedure_comes_from_a_successful_run_above_0_7_with_an_approved_patt
     cmds = c.to_commands(ENDED, BOTH, a, [ev(1)], "m").commands
     assert [x.kind for x in cmds] == (["episode", "procedure"] if made else ["episode"])
     if made:
-        assert cmds[1].metadata["episode"] == record_id_for(cmds[0].command_id)
+        assert cmds[1].metadata["episode"] == record_id_for(cmds[0].tenant, cmds[0].agent, cmds[0].command_id)
         assert cmds[1].content == "1. Stop writes\n2. Restore the backup"
         assert (cmds[1].metadata["successes"], cmds[1].metadata["anti_pattern"]) == (1, False)
 

@@ -690,3 +690,35 @@ def test_a_sweep_tombstones_exactly_the_expired_live_records_it_names():
     assert sweep(led, NOW + timedelta(days=8), short.id) == []  # already a tombstone
     assert [x.record.id for x in sweep(led, NOW + timedelta(days=181), *both)] == [long.id]
     assert led.state.stats["t/a"]["live"] == 0
+
+
+def test_ids_derive_from_tenant_agent_and_command_id():
+    """A command id is unique within its agent only: another tenant's or agent's command
+    with the same id makes a record and events of its own."""
+    ledger = Ledger()
+    made = {}
+    for tenant, agent in (("ta", "a"), ("tb", "a"), ("ta", "b")):
+        events = decide(ledger.state, AddMemory(command_id="idem-key-0002", tenant=tenant, agent=agent, issued_at=NOW,
+                                                summary=f"{tenant} {agent} text", session="s1"))
+        e = only(events, "RecordAdded")
+        made[tenant, agent] = (e.record.id, e.event_id)
+    assert len({rid for rid, _ in made.values()}) == 3
+    assert len({eid for _, eid in made.values()}) == 3
+    # Still deterministic: the same command makes the same ids.
+    again = decide(LedgerState(), AddMemory(command_id="idem-key-0002", tenant="ta", agent="a", issued_at=NOW,
+                                            summary="ta a text", session="s1"))
+    assert (again[0].record.id, again[0].event_id) == made["ta", "a"]
+
+
+def test_a_preview_tombstone_id_is_scoped_too():
+    ledger = Ledger()
+    rid = only(ledger.add(command_id="live"), "RecordAdded").record.id
+    shadow = [ledger.run(DeleteMemory(command_id="del-1", tenant="t", agent="a", issued_at=NOW, record_id=rid,
+                                      session="s1", preview=True))]
+    other = Ledger()
+    rid2 = only(other.run(AddMemory(command_id="live", tenant="t2", agent="a", issued_at=NOW, summary="x",
+                                    session="s1")), "RecordAdded").record.id
+    shadow.append(other.run(DeleteMemory(command_id="del-1", tenant="t2", agent="a", issued_at=NOW, record_id=rid2,
+                                         session="s1", preview=True)))
+    ids = [only(e, "RecordDeleted").record.id for e in shadow]
+    assert ids[0] != ids[1]

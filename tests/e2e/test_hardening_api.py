@@ -1,0 +1,245 @@
+"""The HTTP, MCP and CLI surface under hostile or unlucky use: keys stay in their deployment
+and can be listed and revoked; bad input gets a 4xx naming the field; /health tells the
+truth; `wait=true` never claims what the record view does not show; the MCP server offers
+a helper no write tools and answers every request."""
+
+from __future__ import annotations
+
+import base64
+import json
+import select
+import signal
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+
+from services.client import MemlaneClient
+from services.stack import Stack, free_port, stack_env
+from tests.conftest import eventually, refused
+
+
+@pytest.fixture(scope="module")
+def other(stack, settings, infra, tmp_path_factory):
+    """A second deployment on the same Redis and broker: another topic prefix, its own API."""
+    prefix = f"{settings.topic_prefix}o{uuid.uuid4().hex[:6]}."  # deleted with the run's topics
+    data = tmp_path_factory.mktemp("other")
+    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(free_port()),
+                    **infra)
+    s = Stack(env, data / "logs")
+    try:
+        s.start_all(workers=())
+        yield s
+    finally:
+        s.stop()
+
+
+async def test_a_key_of_one_deployment_is_refused_by_another(stack, other, settings):
+    tenant = f"ten{uuid.uuid4().hex[:6]}"
+    async with MemlaneClient(stack.api_url, settings.operator_key) as boot:
+        agent_key = await boot.issue_key(tenant, "bot")
+        operator_key = await boot.issue_key(tenant, None, "operator")
+    for key in (agent_key, operator_key):
+        async with MemlaneClient(stack.api_url, key, agent="bot") as here, MemlaneClient(
+            other.api_url, key, agent="bot"
+        ) as there:
+            await here.config()  # accepted where it was issued
+            await refused(there.config(), 401, "UNAUTHENTICATED", "authorization")
+    async with MemlaneClient(other.api_url, settings.operator_key) as boot:
+        theirs = await boot.issue_key(tenant, "bot")
+    async with MemlaneClient(stack.api_url, theirs) as here:
+        await refused(here.config(), 401, "UNAUTHENTICATED")
+
+
+async def test_keys_are_listed_without_secrets_and_revoked_at_once(stack, settings):
+    tenant, stranger = f"ten{uuid.uuid4().hex[:6]}", f"ten{uuid.uuid4().hex[:6]}"
+    async with MemlaneClient(stack.api_url, settings.operator_key) as boot:
+        op_key = await boot.issue_key(tenant, None, "operator")
+        await boot.issue_key(stranger, "bot")
+        await refused(boot.list_keys(), 422, "VALIDATION_FAILED", "tenant")
+    async with MemlaneClient(stack.api_url, op_key) as op:
+        agent_key = await op.issue_key(tenant, "bot")
+        helper_key = await op.issue_key(tenant, "bot", "helper")
+        listed = await op.list_keys()
+        assert sorted((k["role"], k["agent"]) for k in listed) == [("agent", "bot"), ("helper", "bot"),
+                                                                  ("operator", None)]
+        assert all(set(k) == {"id", "tenant", "agent", "role", "created"} and k["tenant"] == tenant for k in listed)
+        raw = (await op.http.get("/v1/admin/keys")).text
+        assert not any(secret in raw for secret in (op_key, agent_key, helper_key))
+        await refused(op.list_keys(stranger), 403, "FORBIDDEN", "tenant")
+        async with MemlaneClient(stack.api_url, agent_key, agent="bot") as agent:
+            assert (await agent.whoami())["role"] == "agent"
+            await refused(agent.list_keys(tenant), 403, "FORBIDDEN")
+            victim = next(k["id"] for k in listed if k["role"] == "agent")
+            revoked = await op.revoke_key(victim)
+            assert revoked["id"] == victim and "key" not in revoked
+            await refused(agent.whoami(), 401, "UNAUTHENTICATED")
+        assert victim not in [k["id"] for k in await op.list_keys()]
+        await refused(op.revoke_key(victim), 404, "NOT_FOUND", "key_id")
+        async with MemlaneClient(stack.api_url, helper_key) as helper:
+            assert (await helper.whoami())["role"] == "helper"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"tenant": "acme corp", "agent": "bot"}, "tenant"),
+    ({"tenant": "a/b", "agent": "bot"}, "tenant"),
+    ({"tenant": "", "agent": "bot"}, "tenant"),
+    ({"tenant": "acme", "agent": "bot\nx"}, "agent"),
+    ({"tenant": "acme", "agent": "*"}, "agent"),
+    ({"tenant": "t" * 129, "agent": "bot"}, "tenant"),
+    ({"tenant": "acme", "agent": None, "role": "agent"}, "agent"),
+])
+def test_key_requests_with_bad_names_are_refused(stack, settings, body, field):
+    r = httpx.post(f"{stack.api_url}/v1/admin/keys", json=body,
+                   headers={"Authorization": f"Bearer {settings.operator_key}"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+
+
+def _raw(stack, method: str, path: str, body: str | None = None, **headers: str) -> httpx.Response:
+    h = [(k.replace("_", "-").encode(), v.encode("latin-1")) for k, v in headers.items()]
+    if body is not None:
+        h.append((b"content-type", b"application/json"))
+    return httpx.request(method, f"{stack.api_url}{path}", content=body, headers=h, timeout=60)
+
+
+async def test_hostile_input_gets_a_4xx_naming_the_field(stack, new_agent, settings):
+    _, _, key = await new_agent()
+    auth = {"Authorization": f"Bearer {key}", "X_Session": "s1"}
+    nan = base64.urlsafe_b64encode(b'[NaN, "x"]').decode().rstrip("=")
+    cases = [
+        ("GET", f"/v1/memory?after={nan}", None, auth, 422, "after"),
+        ("POST", "/v1/memory/search", json.dumps({"after": nan}), auth, 422, "after"),
+        ("POST", "/v1/memory/search", '{"query": "x", "mode": "lexical", "labels": {"a": "\\ud800"}}', auth, 422,
+         "labels.a"),
+        ("POST", "/v1/memory/search", '{"query": "x", "mode": "lexical", "labels": {"\\udfff": "a"}}', auth, 422,
+         "labels"),
+        ("POST", "/v1/memory/search", '{"query": "x", "mode": "lexical", "kind": "x\\ud800"}', auth, 422, "kind"),
+        ("POST", "/v1/memory", '{"summary": "s", "metadata": {"k": ["\\udc80"]}}', auth, 422, "metadata.k.0"),
+        ("POST", "/v1/admin/keys", '{"tenant": "\\ud800", "agent": "a"}',
+         {"Authorization": f"Bearer {settings.operator_key}"}, 422, "tenant"),
+        ("GET", "/v1/config", None, {"Authorization": "Bearer \u00e9\u00ff"}, 401, "authorization"),
+        ("POST", "/v1/memory", json.dumps({"summary": "s", "metadata": _nested(500)}), auth, 422, "metadata"),
+        ("POST", "/v1/memory", json.dumps({"summary": "s", "metadata": {"blob": "m" * 2_200_000}}), auth, 413, "body"),
+    ]
+    for method, path, body, headers, status, field in cases:
+        r = _raw(stack, method, path, body, **headers)
+        assert (r.status_code, r.json()["error"]["field"]) == (status, field), (path, body and body[:80], r.text[:300])
+    deep = _raw(stack, "POST", "/v1/memory", json.dumps({"summary": "s", "metadata": _nested(500)}), **auth)
+    assert "nested deeper than" in deep.json()["error"]["message"]
+
+
+def _nested(depth: int) -> dict:
+    node: dict = {"leaf": 1}
+    for _ in range(depth):
+        node = {"n": node}
+    return node
+
+
+async def test_health_degrades_while_the_ledger_is_dead(stack):
+    async def health() -> httpx.Response:
+        async with httpx.AsyncClient() as c:
+            return await c.get(f"{stack.api_url}/health", timeout=10)
+
+    ok = await health()
+    assert ok.status_code == 200 and ok.json()["workers"]["ledger"]["alive"], ok.text
+    stack.kill("ledger")  # SIGKILL: no goodbye, only a heartbeat that stops
+    try:
+        async def degraded():
+            r = await health()
+            return r if r.status_code == 503 else None
+
+        r = await eventually(degraded, timeout=30)
+        assert r.json()["status"] == "degraded" and not r.json()["workers"]["ledger"]["alive"]
+        assert any("worker ledger" in p for p in r.json()["problems"]), r.text
+    finally:
+        stack.start("ledger")
+
+    async def recovered():
+        r = await health()
+        return r if r.status_code == 200 else None
+
+    assert (await eventually(recovered, timeout=60)).json()["status"] == "ok"
+
+
+async def test_wait_true_answers_504_when_the_record_view_is_stopped(stack, new_agent):
+    _, _, key = await new_agent()
+    projection = stack.procs["redis-projection"]
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        projection.send_signal(signal.SIGSTOP)
+        try:
+            e = await refused(c.add_memory("The invoice cutoff is the 25th"), 504, "TIMEOUT")
+            assert "redis-projection" in e.message and "record" in e.message
+        finally:
+            projection.send_signal(signal.SIGCONT)
+
+        async def listed():
+            return [r for r in (await c.list_memory())["records"] if r["summary"] == "The invoice cutoff is the 25th"]
+
+        assert len(await eventually(listed, timeout=30)) == 1
+
+
+def _mcp(stack, key: str | None, *args: str, **env: str) -> subprocess.Popen:
+    e = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_SESSION": "s1", **env}
+    e.pop("MEMLANE_API_KEY", None)
+    if key is not None:
+        e["MEMLANE_API_KEY"] = key
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "mcp", *args], env=e, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _rpc(p: subprocess.Popen, line: str, reply: bool = True, timeout: float = 30) -> dict | None:
+    p.stdin.write(line.encode() + b"\n")
+    p.stdin.flush()
+    if not reply:
+        return None
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    return json.loads(p.stdout.readline()) if ready else None
+
+
+async def test_mcp_offers_a_helper_no_write_tools_and_answers_bad_requests(stack, new_agent, settings, tmp_path):
+    tools = {"memory": {"tools": ["add_memory", "read_memory", "delete_memory", "pin_memory", "curate_block"]}}
+    tenant, agent, _ = await new_agent(tools)
+    async with MemlaneClient(stack.api_url, settings.operator_key) as boot:
+        helper = await boot.issue_key(tenant, agent, "helper")
+    key_file = tmp_path / "key"
+    key_file.write_text(helper + "\n")
+    p = _mcp(stack, None, "--key-file", str(key_file))
+    try:
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        assert "result" in _rpc(p, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}))
+        _rpc(p, json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}), reply=False)
+        listed = _rpc(p, json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        assert sorted(t["name"] for t in listed["result"]["tools"]) == ["read_memory", "search_memory"]
+        bad = '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "search_memory", ' \
+              '"arguments": {"query": "\\ud800"}}}'
+        reply = _rpc(p, bad)
+        assert reply is not None, "no reply to a request holding a lone surrogate"
+        assert reply["id"] == 3 and "lone surrogate" in reply["error"]["message"]
+        fine = _rpc(p, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                                   "params": {"name": "search_memory", "arguments": {"query": "ok"}}}))
+        assert fine["id"] == 4 and fine["result"]["isError"] is False
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_cli_refuses_keys_in_argv_unknown_keys_and_the_default_operator_key(stack):
+    argv = _mcp(stack, None, "--key", "ml_a_secret")
+    out, err = argv.communicate(timeout=60)
+    assert argv.returncode == 2 and "MEMLANE_API_KEY" in err.decode() and "Traceback" not in err.decode()
+    unknown = _mcp(stack, "ml_a_nobody")
+    out, err = unknown.communicate(timeout=60)
+    lines = err.decode().strip().splitlines()
+    assert unknown.returncode == 1 and len(lines) == 1 and "unknown or revoked" in lines[0], err.decode()
+    for args in (["serve", "--port", str(free_port())], ["worker", "ledger"]):
+        env = {**stack.env, "MEMLANE_DEV": "0"}
+        proc = subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2 and "default development key" in proc.stderr, proc.stderr[-500:]
+
+
+def test_dev_mode_warns_about_the_default_operator_key(stack):
+    assert '"default_operator_key"' in (stack.log_dir / "api.log").read_text()

@@ -1,0 +1,77 @@
+"""Worker heartbeats, which `/health` reads to tell a dead worker from a quiet one.
+
+Each worker process writes `<root>hb:<worker>` (with a TTL) every `heartbeat_s` seconds,
+holding its consumer group and source topics, and adds its name to `<root>workers`. A
+graceful stop removes both; a crash or kill -9 leaves the name without a heartbeat, which
+is how `/health` knows that worker is expected and dead. Several processes of one worker
+share its heartbeat: any of them alive keeps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+import structlog
+
+from services.settings import Settings
+
+log = structlog.get_logger()
+
+
+def heartbeat_key(settings: Settings, worker: str) -> str:
+    return f"{settings.redis_root}hb:{worker}"
+
+
+def registry_key(settings: Settings) -> str:
+    return f"{settings.redis_root}workers"
+
+
+async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) -> None:
+    failing = False
+    while True:
+        try:
+            async with r.pipeline(transaction=False) as p:
+                p.sadd(registry_key(settings), worker)
+                p.set(heartbeat_key(settings, worker), json.dumps({**body, "at": time.time()}),
+                      px=int(settings.heartbeat_ttl_s * 1000))
+                await p.execute()
+            failing = False
+        except Exception as e:  # Redis away: the worker goes on; /health shows it as dead meanwhile
+            if not failing:
+                log.warning("heartbeat_failed", worker=worker, error=type(e).__name__)
+            failing = True
+        await asyncio.sleep(settings.heartbeat_s)
+
+
+@asynccontextmanager
+async def heartbeat(settings: Settings, worker: str, group: str, topics: list[str]):
+    """Beats while the body runs. A clean exit deregisters the worker; an exception keeps it
+    registered, so `/health` reports it dead until it runs again."""
+    r = aioredis.from_url(settings.redis_url)
+    body = {"group": group, "topics": topics, "pid": os.getpid(), "host": socket.gethostname()}
+    task = asyncio.create_task(_beat(r, settings, worker, body), name="heartbeat")
+    clean = False
+    try:
+        yield
+        clean = True
+    finally:
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        if clean:
+            try:
+                async with r.pipeline(transaction=True) as p:
+                    p.srem(registry_key(settings), worker)
+                    p.delete(heartbeat_key(settings, worker))
+                    await p.execute()
+            except Exception as e:
+                log.warning("heartbeat_deregister_failed", worker=worker, error=type(e).__name__)
+        await r.aclose()
