@@ -140,18 +140,28 @@ class _Stored(BaseModel):
 _STORED = TypeAdapter(_Stored)
 
 
+# Connections one process opens at most. A burst of requests beyond it waits for a free
+# connection (up to POOL_WAIT_S) instead of failing with "Too many connections".
+POOL_SIZE = 128
+POOL_WAIT_S = 20.0
+
+
 def connect(url: str) -> aioredis.Redis:
     """A client that reconnects and retries a few times when Redis restarts under it."""
+    from redis.asyncio import BlockingConnectionPool
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError, TimeoutError
 
-    return aioredis.from_url(
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=POOL_SIZE,
+        timeout=POOL_WAIT_S,
         decode_responses=True,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
         retry_on_error=[ConnectionError, TimeoutError],
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 class RedisRecords:

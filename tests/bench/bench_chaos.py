@@ -8,9 +8,9 @@ acknowledged turns missing from history). Both must be 0. Then `fuzz_requests` a
 
 from __future__ import annotations
 
-from services.settings import Settings
 import asyncio
 
+from services.settings import Settings
 from tests.bench.common import bench_stack, figure, progress
 from tests.e2e.chaos_support import VICTIMS, chaos_round
 from tests.e2e.fuzz_support import run_fuzz

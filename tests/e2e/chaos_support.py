@@ -130,8 +130,14 @@ async def _in_history(http: httpx.AsyncClient, tok: str) -> bool:
 async def settle(check, items: list, timeout: float) -> list:
     """The items `check` still refuses once `timeout` has passed (checked in rounds)."""
     left, deadline = list(items), time.monotonic() + timeout
+    gate = asyncio.Semaphore(16)  # as many requests at once as a few agents would send
+
+    async def one(x) -> bool:
+        async with gate:
+            return await check(x)
+
     while left and time.monotonic() < deadline:
-        oks = await asyncio.gather(*(check(x) for x in left))
+        oks = await asyncio.gather(*(one(x) for x in left))
         left = [x for x, ok in zip(left, oks) if not ok]
         if left:
             await asyncio.sleep(0.5)
@@ -152,7 +158,7 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
     turn_acked: list[tuple[Agent, str]] = []
     deadline = time.monotonic() + 120
     per = -(-writes // WRITERS)
-    http_jobs = [tokens[i:i + per] for i in range(0, writes, per)]
+    http_jobs = [tokens[i:min(i + per, writes)] for i in range(0, writes, per)]
     turn_toks = tokens[writes:]
     async with TurnPublisher(bootstrap, topic_prefix) as publisher:
         tasks = [asyncio.create_task(_http_writer(stack.api_url, agents[i % n_agents], job, http_acked, deadline))

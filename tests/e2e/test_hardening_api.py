@@ -5,6 +5,7 @@ a helper no write tools and answers every request."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import select
@@ -136,6 +137,17 @@ def _nested(depth: int) -> dict:
     for _ in range(depth):
         node = {"n": node}
     return node
+
+
+async def test_a_burst_of_requests_waits_for_connections_instead_of_failing(stack, new_agent):
+    # More concurrent requests than the API's Redis connection pool holds.
+    _, _, key = await new_agent()
+    limits = httpx.Limits(max_connections=400)
+    async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                                 limits=limits) as http:
+        answers = await asyncio.gather(*(http.post("/v1/memory/search", json={"query": f"burst {i}", "mode": "lexical"},
+                                                   headers={"X-Session": "s1"}) for i in range(400)))
+    assert [r.status_code for r in answers if r.status_code != 200] == []
 
 
 async def test_health_degrades_while_the_ledger_is_dead(stack):
