@@ -39,6 +39,7 @@ bench: up
 
 lint: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean: down
 	rm -rf .run

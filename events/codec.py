@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from events.commands import Command
+from events.limits import STORED
 from events.memory import MemoryEvent
 from events.turns import TurnEvent
 from events.usage import UsageEvent
@@ -40,6 +41,19 @@ def decode(topic: str, data: bytes | str) -> Any:
         raise ContractError("topic", f"no contract for topic {topic!r}")
     try:
         return adapter.validate_json(data)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+def decode_stored(topic: str, data: bytes | str) -> Any:
+    """Decodes a message that was accepted before, e.g. a staged write in the ledger's state:
+    the size limits of `events.limits` are skipped, so a write accepted before an upgrade
+    tightened them still resolves instead of failing every later command of its agent."""
+    adapter = _ADAPTERS.get(topic)
+    if adapter is None:
+        raise ContractError("topic", f"no contract for topic {topic!r}")
+    try:
+        return adapter.validate_json(data, context=STORED)
     except ValidationError as e:
         raise from_validation_error(e) from None
 

@@ -9,13 +9,14 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from events.base import Ident, Message_
 from events.config import AgentConfig
-from events.limits import MAX_TURN_REF_CHARS, check_labels, check_metadata
+from events.limits import check_labels, check_metadata, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
 
 # Limited on commands, where a write enters, and not on records: events already in the
-# log keep decoding whatever they hold.
-Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
-Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
+# log keep decoding whatever they hold, and so does a staged write decoded as stored.
+Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata))]
+Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
+TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
 
 
 class _CommandBase(Message_):
@@ -25,7 +26,7 @@ class _CommandBase(Message_):
     issued_at: datetime
     provenance: Provenance = Provenance()
     # Set when the write happens inside a turn: it waits for that turn's outcome.
-    turn_ref: Annotated[str, Field(max_length=MAX_TURN_REF_CHARS)] | None = None
+    turn_ref: TurnRef = None
     preview: bool = False
 
 
@@ -42,7 +43,7 @@ class AddMemory(_CommandBase):
     replaces: Ident | None = None
     key: Annotated[str, Field(max_length=256)] | None = None
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
-    # Another write of the same review gives this key a different text (seed 004): the
+    # Another write of the same review gives this key a different text: the
     # record is PENDING, or CONFLICT when a stored fact holds the key.
     pending: bool = False
     expires_at: datetime | None = None
@@ -70,7 +71,7 @@ class UnpinMemory(_CommandBase):
 
 
 class EditMemory(_CommandBase):
-    """An operator's edit (seed 004). Different text makes a successor that replaces the
+    """An operator's edit. Different text makes a successor that replaces the
     record; the same text changes nothing, so a PENDING or CONFLICT record stays so."""
 
     type: Literal["EditMemory"] = "EditMemory"
@@ -106,7 +107,7 @@ class TurnOutcome(_CommandBase):
 
 
 class ReportOutcome(_CommandBase):
-    """Seed 002: applying a procedure and reporting the outcome strengthens or weakens it."""
+    """How applying a procedure went: a success strengthens it, a failure weakens it."""
 
     type: Literal["ReportOutcome"] = "ReportOutcome"
     record_id: Ident
@@ -114,8 +115,8 @@ class ReportOutcome(_CommandBase):
     session: Ident | None = None
 
 
-BLOCK_CHARS = 2000  # seed 002: blocks are limited to 2,000 characters
-# The agent id under which a tenant's workspace-wide blocks live (seed 002: "agent scope *").
+BLOCK_CHARS = 2000  # a memory block holds at most this many characters
+# The agent id under which a tenant's workspace-wide blocks live (agent scope "*").
 # No key is issued for it.
 WORKSPACE = "@workspace"
 BlockLabel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")]
@@ -123,7 +124,7 @@ BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r
 
 
 class CurateBlock(_CommandBase):
-    """Seed 002's memory blocks: small labeled texts at the top of every recall, kept line
+    """Memory blocks: small labeled texts at the top of every recall, kept line
     by line. `add` appends `line`; `replace` puts `line` in place of the line `old`;
     `remove` takes out the line `old`."""
 

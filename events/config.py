@@ -1,4 +1,4 @@
-"""Agent memory configuration: seed 000's `harness.memory` and `harness.history`."""
+"""An agent's memory configuration: `harness.memory` (records) and `harness.history` (session history)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class RecordUnpinned(_RecordEvent):
 
 
 class RecordRevised(_RecordEvent):
-    """A procedure's counts after an outcome was reported for it (seed 002): a new version
+    """A procedure's counts after an outcome was reported for it: a new version
     with the same text."""
 
     type: Literal["RecordRevised"] = "RecordRevised"
@@ -97,7 +97,7 @@ class AgentConfigured(_EventBase):
 
 
 class BlockChanged(_EventBase):
-    """A memory block's whole text after a curation (seed 002); empty once its last line is removed."""
+    """A memory block's whole text after a curation; empty once its last line is removed."""
 
     type: Literal["BlockChanged"] = "BlockChanged"
     label: str

@@ -1,4 +1,4 @@
-"""The memory record and its provenance (seed 000's fields, plus seeds 002 and 004)."""
+"""The memory record and its provenance: who wrote each version, when, and in which turn."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from events.base import Ident, Message_
 
 MAX_SUMMARY_BYTES = 512
 MAX_CONTENT_BYTES = 16 * 1024
-LABEL_NUMBERS = range(5, 19)
 
 
 class Scope(str, Enum):
@@ -68,7 +67,7 @@ class Provenance(Message_):
     source_message_ids: list[str] = []
 
 
-# Statuses that count toward the live-fact cap and can expire (seed 004).
+# Statuses that count toward the live-fact cap and can expire.
 LIVE = (Status.ACTIVE, Status.PENDING, Status.CONFLICT)
 
 
@@ -95,7 +94,7 @@ class MemoryRecord(Message_):
     replaced_by: Ident | None = None
     preview: bool = False
     provenance: Provenance = Provenance()
-    # Bi-temporal fields (seed 002).
+    # Bi-temporal fields: when a fact was observed and when it holds, beside when it was recorded.
     observed_at: datetime | None = None
     valid_from: datetime | None = None
     valid_to: datetime | None = None

@@ -1,4 +1,4 @@
-"""The topic registry: names, keys and partition counts (DESIGN.md, "Topics and keys")."""
+"""The topic registry: names, keys and partition counts (the choices: docs/topics.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.partitioner import murmur2
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (its Java client's `Utils.murmur2`), the hash its default partitioner
+    takes: here so the contract computes partitions without a Kafka client."""
+    n = len(data)
+    h = 0x9747B28C ^ n
+    end = n - n % 4
+    for i in range(0, end, 4):
+        k = int.from_bytes(data[i : i + 4], "little") * _M & _MASK
+        k = (k ^ (k >> 24)) * _M & _MASK
+        h = (h * _M & _MASK) ^ k
+    tail = n % 4
+    if tail >= 3:
+        h ^= data[end + 2] << 16
+    if tail >= 2:
+        h ^= data[end + 1] << 8
+    if tail >= 1:
+        h = (h ^ data[end]) * _M & _MASK
+    h = (h ^ (h >> 13)) * _M & _MASK
+    return h ^ (h >> 15)
 
 
 def agent_key(m: Any) -> str:

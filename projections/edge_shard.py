@@ -19,10 +19,8 @@ from qdrant_edge import (
 )
 
 DENSE, SPARSE = "dense", "bm25"
-# A search runs on the thread that asks. Edge's default fans each search out to a pool of
-# its own threads: on 2 cores a filtered hybrid search over 5,000 points then cost ~550 us
-# of CPU (~440 of it in the pool) against ~150 us on the caller, and took twice as long.
-# Searches in memlane already run concurrently, one per API worker thread.
+# A search runs on the thread that asks, not on a pool of Edge's own: searches already run
+# concurrently, one per API worker thread (figures: docs/qdrant-edge.md).
 SEARCH_THREADS = 1
 _opened = False
 

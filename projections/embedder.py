@@ -7,7 +7,6 @@ what sentence-transformers does for this model.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -15,25 +14,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from functools import cached_property
 from importlib import resources
-from typing import Protocol
 
 import numpy as np
 
-MODEL_ID = "all-MiniLM-L6-v2-int8"
+from projections.embedding_port import MODEL_ID, content_hash
+
 DIM = 384
 MAX_TOKENS = 256
-
-
-class Embedder(Protocol):
-    model_id: str
-    dim: int
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
-
-
-def content_hash(text: str) -> str:
-    """Key of a text in `memlane.vectors`: the same text is embedded once per model."""
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class OnnxMiniLM:
@@ -173,13 +160,7 @@ BATCH_TOKENS = 64  # longer texts are embedded alone: their own work dwarfs a ca
 def length_batches(lengths: Sequence[int], max_size: int = BATCH_MAX, spread: float = BATCH_SPREAD) -> list[list[int]]:
     """Indexes of texts to embed together, by token count: similar lengths only, shortest first.
 
-    Why: a batch pads every text to its longest one, and padding costs attention work that
-    is thrown away. Texts of one length embed faster together than one by one (on this
-    int8 model, ~30% less CPU per short text); mixed lengths padded together ran ~3x slower
-    than one by one. So a batch only spans lengths within `spread` of each other, and a
-    text with no neighbour of its length is embedded alone, and so is a long text (batching
-    saves per-call overhead, which only short texts notice). Token counts, not characters:
-    texts of one character length (codes, ids, numbers) can differ by a third in tokens.
+    Similar lengths, because a batch pads every text to its longest one (figures: docs/embedder-batching.md).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
@@ -191,28 +172,3 @@ def length_batches(lengths: Sequence[int], max_size: int = BATCH_MAX, spread: fl
             batches.append([i])
     return batches
 
-
-def make_embedder(settings, cache_size: int = 20_000) -> Embedder:
-    """The embedder the settings choose: `MEMLANE_EMBEDDINGS=openai` or the local default.
-
-    `cache_size`: recent texts whose vectors are kept, for a process that embeds the same
-    texts for several readers (the API: the review's queries and history folds). It is the
-    API's only vector cache, so it is sized for a history backlog, whose repeated texts
-    (greetings, tool boilerplate) recur thousands of turns apart."""
-    if settings.embeddings == "openai":
-        from projections.openai_embedder import OpenAIEmbedder
-
-        return OpenAIEmbedder(
-            settings.openai_base_url, settings.openai_api_key, settings.embedding_model, settings.embedding_dim,
-            cache_size=cache_size,
-        )
-    if settings.embeddings != "local":
-        raise ValueError(f"embeddings: {settings.embeddings!r} is not one of 'local', 'openai'")
-    return OnnxMiniLM(cache_size=cache_size)
-
-
-def embedder_model_id(settings) -> str:
-    """The model id vectors carry, without loading the model (the Qdrant projection joins on it)."""
-    if settings.embeddings == "openai":
-        return f"openai:{settings.embedding_model}:{settings.embedding_dim}"
-    return MODEL_ID

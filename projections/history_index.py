@@ -30,8 +30,8 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from events.rules.history import HistoryFilter, KeptEvent, point_id, split_parts
 from projections.edge_shard import DENSE, SPARSE, open_shard
-from projections.history_rules import HistoryFilter, KeptEvent, point_id, split_parts
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
@@ -70,10 +70,9 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
     }
 
 
-# Payload keys search filters or sorts on. The rest of a part's payload is stored as one
-# JSON string under `doc`: the Edge bindings convert each payload value by trying bool and
-# number before str (~4 us a key), so ten display-only keys cost a history upsert more
-# than its vectors did. A point written before `doc` existed reads as it was.
+# Payload keys search filters or sorts on. The rest of a part's payload is one JSON string
+# under `doc`, which Edge writes far faster than separate keys (docs/qdrant-edge.md). A
+# point written before `doc` existed reads as it was.
 FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id")
 
 

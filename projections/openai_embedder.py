@@ -1,4 +1,4 @@
-"""Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (DESIGN.md, "Embeddings").
+"""Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (the choices: docs/embeddings.md).
 
 The model id names the served model and its dimension, so vectors of another model or
 size never join records in a collection bound to this one. The index is 384-dimensional:
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from projections.embedder import content_hash
+from projections.embedding_port import content_hash, openai_model_id
 
 BATCH = 256
 
@@ -30,7 +30,7 @@ class OpenAIEmbedder:
                  cache_size: int = 0) -> None:
         self.model = model
         self.dim = dim
-        self.model_id = f"openai:{model}:{dim}"
+        self.model_id = openai_model_id(model, dim)
         self._client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "not-needed", timeout=timeout, max_retries=3)
         self._cache_size = cache_size
         # content hash -> float32 vector: a list of Python floats took ~8x the memory.

@@ -19,7 +19,7 @@ from events.record import LIVE, MemoryRecord, Status
 
 
 def listed(r: MemoryRecord) -> bool:
-    """Listing omits deleted and superseded records, except preview deletions (seed 000)."""
+    """Listing omits deleted and superseded records, except preview deletions."""
     return r.status in LIVE or (r.preview and r.status is Status.DELETED)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from projections.history_rules import SEQ_SLOTS, HistoryFilter, KeptEvent
+from events.rules.history import SEQ_SLOTS, HistoryFilter, KeptEvent
 
 
 class RedisHistory:

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from events.config import AgentConfig
 from events.lean import as_lean
 from events.record import LIVE, MemoryRecord, Status
+from projections.applied_waiter import AppliedListener
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
-# field: next offset}; then 8 arguments per event: agent key, record id, version, the
+# field: next offset}; ARGV[3]: the channel to announce the batch on, or "" (no one waits);
+# ARGV[4]: the batch's changed blocks as a JSON array; then 8 arguments per event: agent key, record id, version, the
 # event's raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or
 # -1, and the live record a preview record shadows or "". Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more than
 # the writes. A batch's sorted-set changes go out as one ZADD and one ZREM per key, not a
@@ -34,12 +36,13 @@ APPLY = """
 local ns = ARGV[1]
 local applied = 0
 local changes = {}
+local announce, announced = ARGV[3] ~= '', {}
 local function put(key, member, score)
   local t = changes[key]
   if not t then t = {}; changes[key] = t end
   t[member] = score
 end
-for i = 3, #ARGV, 8 do
+for i = 5, #ARGV, 8 do
   local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local rk = ns .. ':rec:' .. ak
   local cur = tonumber(redis.call('HGET', rk, rid) or '0')
@@ -56,6 +59,7 @@ for i = 3, #ARGV, 8 do
     if expiry ~= '-1' then put(ns .. ':expiry', ak .. '|' .. rid, expiry)
     elseif later then put(ns .. ':expiry', ak .. '|' .. rid, false) end
     applied = applied + 1
+    if announce then announced[#announced + 1] = {ak, rid, ver} end
   else
     redis.call('HSETNX', rk, rid .. '#' .. ver, ARGV[i + 3])
   end
@@ -74,6 +78,12 @@ for field, nxt in pairs(cjson.decode(ARGV[2])) do
   local cur = tonumber(redis.call('HGET', ck, field) or '-1')
   if nxt > cur then redis.call('HSET', ck, field, nxt) end
 end
+-- Published with the writes, so whoever hears of a version can read it.
+if announce and (#announced > 0 or ARGV[4] ~= '[]') then
+  local rows = '[]'
+  if #announced > 0 then rows = cjson.encode(announced) end
+  redis.call('PUBLISH', ARGV[3], '{"b":' .. ARGV[4] .. ',"r":' .. rows .. '}')
+end
 return applied
 """
 
@@ -88,6 +98,7 @@ return {page[1], #keys}
 
 
 READ_GENERATION_TTL_S = 1.0
+LIST_PAGE = 2000  # ids per ZRANGE when a reader walks a whole listing
 
 
 def _checkpoints(positions: list[tuple[str, int]] | None) -> dict[str, int]:
@@ -116,15 +127,17 @@ def _config_item(ns: str, e: Any) -> tuple[str, str]:
     return f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()
 
 
-def _block_change(pipe: Any, ns: str, e: Any) -> None:
+def _block_change(pipe: Any, ns: str, e: Any) -> tuple[str, str]:
     """A block's text replaces the last; an empty one removes the block. Events of one agent
-    come in log order, so the last applied is the newest, as for configurations."""
+    come in log order, so the last applied is the newest, as for configurations. Returns
+    the block's (agent key, label)."""
     full = as_lean(e).full()
     key = f"{ns}:blocks:{full.tenant}/{full.agent}"
     if full.text:
         pipe.hset(key, full.label, full.text)
     else:
         pipe.hdel(key, full.label)
+    return f"{full.tenant}/{full.agent}", full.label
 
 
 def snapshot(raw: str) -> MemoryRecord:
@@ -165,11 +178,18 @@ def connect(url: str) -> aioredis.Redis:
 
 
 class RedisRecords:
-    def __init__(self, client: aioredis.Redis, generation: int | None = None, namespace: str = "") -> None:
+    def __init__(
+        self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", announce: bool = False
+    ) -> None:
         self.r = client
         self.fixed_generation = generation
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
+        # `apply` publishes what it applied here: the live worker's writes, which API
+        # requests wait for (`AppliedListener`). Rebuilds and replays have no one waiting.
+        self.applied_channel = f"{self.root}applied"
+        self.announce = announce
+        self._listener: AppliedListener | None = None
         self._apply = client.register_script(APPLY)
         self._drop_page = client.register_script(DROP_PAGE)
         self._registered: set[int] = set()
@@ -177,8 +197,15 @@ class RedisRecords:
         self._filled: dict[tuple[str, str], int] = {}  # (agent hash, record id) -> version, for `fill`
 
     @classmethod
-    def from_url(cls, url: str, generation: int | None = None, namespace: str = "") -> RedisRecords:
-        return cls(connect(url), generation, namespace)
+    def from_url(cls, url: str, generation: int | None = None, namespace: str = "", announce: bool = False
+                 ) -> RedisRecords:
+        return cls(connect(url), generation, namespace, announce)
+
+    def applied(self) -> AppliedListener:
+        """This process's one subscription to what the view's worker applies."""
+        if self._listener is None:
+            self._listener = AppliedListener(self.r, self.applied_channel)
+        return self._listener
 
     async def generation(self) -> int:
         if self.fixed_generation is not None:
@@ -222,6 +249,48 @@ class RedisRecords:
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
         return [f"{ns}:rec:{ak}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
 
+    # ------------------------------------------------------------------ reconciler's reads
+
+    async def scan_agents(self, gen: int, cursor: int, count: int) -> tuple[int, list[tuple[str, str]]]:
+        """One SCAN page of the (tenant, agent) pairs that have records in generation `gen`:
+        the next cursor (0 when done) and the pairs."""
+        prefix = f"{self._ns(gen)}:rec:"
+        cursor, keys = await self.r.scan(cursor, match=f"{prefix}*", count=count)
+        out = []
+        for k in keys:
+            tenant, _, agent = k[len(prefix):].partition("/")
+            out.append((tenant, agent))
+        return cursor, out
+
+    async def listing(self, gen: int, tenant: str, agent: str, part: str) -> tuple[int, list[str]]:
+        """The view's checkpoint of `part` and the agent's listed record ids, the checkpoint
+        first: the view read after it is at least that new."""
+        rec_key, list_key, _, ckpt_key = self._keys(gen, tenant, agent)
+        view_at = await self.r.hget(ckpt_key, part)
+        # Pages, not one ZRANGE: an agent's list can hold 100,000 ids, and one call that large
+        # holds Redis (single-threaded) for every other caller.
+        ids: list[str] = []
+        while True:
+            page = await self.r.zrange(list_key, len(ids), len(ids) + LIST_PAGE - 1)
+            ids += page
+            if len(page) < LIST_PAGE:
+                return int(view_at or 0), ids
+
+    async def current_raw(self, gen: int, tenant: str, agent: str, ids: list[str]) -> list[str]:
+        """The stored JSON of the current version of each of `ids` the view holds, undecoded
+        (a caller decoding thousands does so off the event loop)."""
+        if not ids:
+            return []
+        rec_key = self._keys(gen, tenant, agent)[0]
+        versions = await self.r.hmget(rec_key, ids)
+        fields = [f"{rid}#{v}" for rid, v in zip(ids, versions, strict=True) if v is not None]
+        raws = await self.r.hmget(rec_key, fields) if fields else []
+        return [raw for raw in raws if raw is not None]
+
+    async def shadowed_in(self, gen: int, tenant: str, agent: str) -> set[str]:
+        """`shadowed` in a given generation."""
+        return await self.r.smembers(f"{self._ns(gen)}:shadowed:{tenant}/{agent}")
+
     # ------------------------------------------------------------------ write side
 
     async def _register(self) -> str:
@@ -237,9 +306,10 @@ class RedisRecords:
         The view and its checkpoints change in one script call: either both or neither.
         """
         ns = await self._register()
-        args: list[Any] = [ns, json.dumps(_checkpoints(positions))]
+        args: list[Any] = [ns, json.dumps(_checkpoints(positions)), self.applied_channel if self.announce else "", ""]
         configs = []
         blocks = self.r.pipeline(transaction=False)
+        changed: list[tuple[str, str]] = []
         for e in events:
             row = _row(e)
             if row is not None:
@@ -247,7 +317,8 @@ class RedisRecords:
             elif e.type == "AgentConfigured":
                 configs.append(_config_item(ns, e))
             elif e.type == "BlockChanged":
-                _block_change(blocks, ns, e)
+                changed.append(_block_change(blocks, ns, e))
+        args[3] = json.dumps(changed)
         if configs:
             await self.r.mset(dict(configs))
         if len(blocks):
@@ -394,4 +465,6 @@ class RedisRecords:
         return out
 
     async def aclose(self) -> None:
+        if self._listener is not None:
+            await self._listener.aclose()
         await self.r.aclose()

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from functools import partial
 
-from services.logging import configure
-from services.settings import get_settings
+from settings import get_settings
+from settings.logging import configure
 
 WORKERS = {
     "extraction": "workers.extraction:ExtractionProcessor",
@@ -51,6 +51,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_level, service=f"worker.{args.name}")
+    if args.deregister:
+        from workers.heartbeat import deregister
+
+        asyncio.run(deregister(settings, args.name))
+        print(f"worker {args.name}: deregistered; /health no longer expects it")
+        return 0
     if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
         return refused
     processor = _load(WORKERS[args.name])(settings)
@@ -71,7 +77,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from services.api import build_app
+    from services.http import build_app
     from workers.heap import tune_for_service
 
     settings = get_settings()
@@ -263,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
 
     w = sub.add_parser("worker", help="run one stream worker (scale each on its own)")
     w.add_argument("name", choices=sorted(WORKERS), help="which worker to run")
+    w.add_argument("--deregister", action="store_true",
+                   help="do not run it: tell /health this worker is stopped for good (killed, not restarted)")
     w.set_defaults(fn=cmd_worker)
 
     s = sub.add_parser("serve", help="serve the HTTP API and the Qdrant projection of its shard")

@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 
 from events.codec import encode
 from events.config import AgentConfig
+from events.errors import ErrorCode
 from events.record import MemoryRecord
 from events.topics import TURNS
 from events.turns import SessionEnded, TurnCommitted, TurnRolledBack
@@ -74,7 +75,7 @@ class MemlaneClient:
             try:
                 err = resp.json()["error"]
             except Exception:
-                raise MemlaneError(resp.status_code, "HTTP_ERROR", None, resp.text) from None
+                raise MemlaneError(resp.status_code, ErrorCode.HTTP_ERROR, None, resp.text) from None
             raise MemlaneError(resp.status_code, err["code"], err.get("field"), err["message"])
         return resp.json()
 

@@ -16,8 +16,8 @@ from rich.table import Table
 
 from events import AgentConfig, Message, ToolCall, TurnCommitted, TurnRolledBack
 from services.client import MemlaneClient, TurnPublisher
-from services.settings import ROOT, Settings
 from services.stack import PIPELINE, Stack, stack_env
+from settings import ROOT, Settings
 
 console = Console()
 

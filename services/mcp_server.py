@@ -21,6 +21,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from events import AgentConfig
+from events.limits import unencodable
 from services.client import MemlaneClient, MemlaneError
 
 
@@ -30,7 +31,7 @@ def _tool_error(e: MemlaneError) -> ToolError:
 
 
 def _written(out: dict[str, Any]) -> str:
-    """A write tool's output: the records it wrote, in `memories` (seed 000)."""
+    """A write tool's output: the records it wrote, in `memories`."""
     return json.dumps({"memories": out.get("memories", []), "status": out["status"]})
 
 
@@ -39,9 +40,9 @@ WRITE_TOOLS = frozenset({"add_memory", "delete_memory", "pin_memory", "unpin_mem
 
 
 def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> MCPServer:
-    """The tools the agent's configuration offers (seed 000): `search_memory` and those named
+    """The tools the agent's configuration offers: `search_memory` and those named
     in `memory.tools`, with `scope` on `add_memory` only when `scope.write` includes `agent`;
-    `search_history` with `harness.history`. With memory off, no memory tools (seed 003:
+    `search_history` with `harness.history`. With memory off, no memory tools (so
     new runs no longer get them); for a helper key, no write tools. The API still applies
     every rule to each call."""
     server = MCPServer(
@@ -187,22 +188,14 @@ def refusal(line: str) -> mcp_types.JSONRPCError | None:
     rid = msg.get("id") if isinstance(msg, dict) else None
     if isinstance(msg, dict) and "method" in msg and rid is None:
         return None
-    if not isinstance(rid, int | str) or isinstance(rid, bool) or _unencodable(str(rid)):
+    if not isinstance(rid, int | str) or isinstance(rid, bool) or unencodable(str(rid)):
         rid = None
-    if _unencodable(json.dumps(msg, ensure_ascii=False)):
+    if unencodable(json.dumps(msg, ensure_ascii=False)):
         return mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=mcp_types.ErrorData(
             code=mcp_types.INVALID_PARAMS,
             message="params: text that cannot be encoded as UTF-8 (a lone surrogate); send valid Unicode text"))
     return mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=mcp_types.ErrorData(
         code=mcp_types.INVALID_REQUEST, message="not a JSON-RPC message this server takes"))
-
-
-def _unencodable(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class _ScreenedLines:

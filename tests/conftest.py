@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.settings import Settings
+from settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

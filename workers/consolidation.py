@@ -1,10 +1,10 @@
-"""`memlane worker consolidation`: a session that ended becomes an episode (seed 002).
+"""`memlane worker consolidation`: a session that ended becomes an episode (docs/consolidation.md).
 
 It reads `memlane.turns` in its own consumer group and acts on `SessionEnded` only. The
 session's kept history comes from the history view in Redis, once the history worker has
 folded every turn before the end on that partition (a session's turns and its end share a
 partition, in order). One model call (purpose `consolidation`) gives the episode, and a
-procedure or an anti-pattern when the run has one (`workers.consolidation_rules`); they go
+procedure or an anti-pattern when the run has one (`events.rules.consolidation`); they go
 to the ledger as commands, with the usage records, in one transaction with the input
 offset, so a crash never consolidates a session twice in effect (the command ids follow the
 SessionEnded event). A model that keeps failing sends the SessionEnded to the DLQ.
@@ -21,15 +21,16 @@ from typing import Any
 import structlog
 
 from events.codec import encode
+from events.rules import consolidation as rules
+from events.rules.history import HistoryFilter
 from events.topics import COMMANDS, TURNS, USAGE
 from events.turns import SessionEnded
 from events.usage import CandidateRefused
-from projections.history_rules import HistoryFilter
 from projections.redis_history import RedisHistory
-from workers import consolidation_rules as rules
 from workers.api_reader import ApiReader
 from workers.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
+from workers.topic_reader import checkpoint_key
 
 log = structlog.get_logger()
 ANSWER_SCHEMA = rules.answer_schema()
@@ -114,7 +115,7 @@ class ConsolidationProcessor(Processor):
 
     async def _history_folded(self, partition: int, offset: int) -> None:
         """Until the history worker has folded this partition up to the end event."""
-        field = f"{self.settings.topic(TURNS.name)}:{partition}"
+        field = checkpoint_key(self.settings.topic(TURNS.name), partition)
         deadline = time.monotonic() + HISTORY_WAIT_S
         while (await self.history.checkpoints()).get(field, -1) < offset:
             if self.stopping.is_set():

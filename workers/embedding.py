@@ -20,7 +20,8 @@ from events.memory import RECORD_EVENTS
 from events.record import Status
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import content_hash, make_embedder
+from projections.embedders import make_embedder
+from projections.embedding_port import content_hash
 from workers.runtime import Out, Processor
 
 log = structlog.get_logger()

@@ -8,7 +8,7 @@
   when its cadence is due (`workers.extraction_state`): the window of unreviewed
   messages and the most similar existing memories (from the search API, under integer
   handles) go to the model in one call, and its add/replace/delete decisions become
-  commands staged on the turn, after the write-time filter (`workers.write_filter`).
+  commands staged on the turn, after the write-time filter (`events.rules.write_filter`).
 - Everything a turn produces (tool writes, proposals, usage, refusals, the outcome) goes
   out in one Kafka transaction with the input offset. A crash before it commits leaves
   nothing; the turn is processed again with the same command ids (turn event id, attempt,
@@ -36,11 +36,11 @@ from events.base import utcnow
 from events.codec import encode
 from events.commands import AddMemory, TurnOutcome
 from events.record import Source
+from events.rules import extraction_review as review
+from events.rules import write_filter
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused
-from workers import extraction_review as review
-from workers import write_filter
 from workers.api_reader import ApiReader
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed

@@ -1,10 +1,11 @@
 """Worker heartbeats, which `/health` reads to tell a dead worker from a quiet one.
 
 Each worker process writes `<root>hb:<worker>` (with a TTL) every `heartbeat_s` seconds,
-holding its consumer group and source topics, and adds its name to `<root>workers`. A
-graceful stop removes both; a crash or kill -9 leaves the name without a heartbeat, which
-is how `/health` knows that worker is expected and dead. Several processes of one worker
-share its heartbeat: any of them alive keeps it.
+holding its consumer group and source topics, adds its name to `<root>workers` and the
+time to `<root>workers:seen`. A graceful stop removes all three; a crash or kill -9 leaves
+the name without a heartbeat, which is how `/health` knows that worker is expected and
+dead, until `worker_forget_s` after its last beat (a worker killed and never restarted).
+Several processes of one worker share its heartbeat: any of them alive keeps it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 import structlog
 
-from services.settings import Settings
+from settings import Settings
 
 log = structlog.get_logger()
 
@@ -32,12 +33,18 @@ def registry_key(settings: Settings) -> str:
     return f"{settings.redis_root}workers"
 
 
+def seen_key(settings: Settings) -> str:
+    """Hash of worker name -> time of its last beat (seconds since the epoch)."""
+    return f"{settings.redis_root}workers:seen"
+
+
 async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) -> None:
     failing = False
     while True:
         try:
             async with r.pipeline(transaction=False) as p:
                 p.sadd(registry_key(settings), worker)
+                p.hset(seen_key(settings), worker, time.time())
                 p.set(heartbeat_key(settings, worker), json.dumps({**body, "at": time.time()}),
                       px=int(settings.heartbeat_ttl_s * 1000))
                 await p.execute()
@@ -47,6 +54,19 @@ async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) 
                 log.warning("heartbeat_failed", worker=worker, error=type(e).__name__)
             failing = True
         await asyncio.sleep(settings.heartbeat_s)
+
+
+async def deregister(settings: Settings, worker: str) -> None:
+    """Forget `worker` at once, as its clean stop would: `memlane worker NAME --deregister`."""
+    r = aioredis.from_url(settings.redis_url)
+    try:
+        async with r.pipeline(transaction=True) as p:
+            p.srem(registry_key(settings), worker)
+            p.hdel(seen_key(settings), worker)
+            p.delete(heartbeat_key(settings, worker))
+            await p.execute()
+    finally:
+        await r.aclose()
 
 
 @asynccontextmanager
@@ -70,6 +90,7 @@ async def heartbeat(settings: Settings, worker: str, group: str, topics: list[st
             try:
                 async with r.pipeline(transaction=True) as p:
                     p.srem(registry_key(settings), worker)
+                    p.hdel(seen_key(settings), worker)
                     p.delete(heartbeat_key(settings, worker))
                     await p.execute()
             except Exception as e:

@@ -16,11 +16,12 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.rules.history import KeptEvent, kept_events
 from events.topics import TURNS
 from events.turns import TurnCommitted
-from projections.history_rules import KeptEvent, kept_events
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
+from workers.topic_reader import checkpoint_key, seek_to_checkpoints
 
 log = structlog.get_logger()
 
@@ -37,18 +38,13 @@ class HistoryProjector(Processor):
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         ckpts = await self.store.checkpoints()
-        for tp in consumer.assignment():
-            nxt = ckpts.get(f"{tp.topic}:{tp.partition}")
-            if nxt is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, nxt)
+        await seek_to_checkpoints(consumer, consumer.assignment(), ckpts)
         log.info("history_projection_seeked", checkpoints=len(ckpts))
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         if isinstance(event, TurnCommitted):
             self.pending.extend(kept_events(event))
-        self.positions[f"{self.settings.topic(TURNS.name)}:{partition}"] = offset + 1
+        self.positions[checkpoint_key(self.settings.topic(TURNS.name), partition)] = offset + 1
         return []
 
     async def batch_done(self) -> list[Out]:

@@ -8,7 +8,7 @@ re-folding a turn upserts the same point ids. Deleting the shard and its checkpo
 rebuilds it from the topic.
 
 Parts are embedded here, in a worker thread, batched per fetch: history takes the
-short path of DESIGN.md (no ledger, no `memlane.vectors`).
+short path (no ledger, no `memlane.vectors`; why: docs/history-path.md).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import structlog
 from aiokafka import TopicPartition
 
 from events.codec import ContractError, decode
+from events.rules.history import kept_events
 from events.topics import TURNS
 from events.turns import TurnCommitted
 from projections.history_index import HistoryIndex, event_parts
-from projections.history_rules import kept_events
 from projections.qdrant_index import read_checkpoint, write_checkpoint
-from services.settings import Settings
-from workers.kafka_io import reader, seek_to_checkpoints
+from settings import Settings
+from workers.topic_reader import TopicReader, reached, read_so_far, tp_key
 
 log = structlog.get_logger()
 FLUSH_EVERY_S = 5.0
@@ -52,10 +52,9 @@ class HistoryQdrantProjection:
         self.caught_up = asyncio.Event()
 
     def _embed(self, texts: list[str]) -> list[list[float]]:
-        # One call per fold, each distinct text once: the embedder batches texts of one token
-        # count (on LoCoMo, 10-20% less CPU than one call per text) and claims them batch by
-        # batch, so a search waits at most for one batch of the fold. Texts repeated across
-        # folds (greetings, tool boilerplate) are the API embedder's cache's to keep.
+        # One call per fold, each distinct text once, so the embedder batches texts of one
+        # token count (figures: docs/embedder-batching.md). Texts repeated across folds
+        # (greetings, tool boilerplate) are the API embedder's cache's to keep.
         unique = list(dict.fromkeys(texts))
         by_text = dict(zip(unique, self.embedder.embed(unique), strict=True))
         return [by_text[t] for t in texts]
@@ -73,17 +72,16 @@ class HistoryQdrantProjection:
     async def run(self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None) -> None:
         s = self.settings
         tps = [TopicPartition(s.topic(TURNS.name), p) for p in range(TURNS.partitions)]
-        c = reader(s)
-        await c.start()
-        try:
-            await seek_to_checkpoints(c, tps, self.ckpt)
-            end = await c.end_offsets(tps)
+        async with TopicReader(s) as c:
+            await c.assign(tps, self.ckpt)
+            end = await c.ends(tps)
             total = sum(end.values())
             dirty, last_flush = False, time.monotonic()
             while not self.stopping.is_set():
                 turns: list[TurnCommitted] = []
                 positions: dict[str, int] = {}
-                for tp, msgs in (await c.getmany(timeout_ms=200, max_records=1000)).items():
+                for tp, msgs in (await c.poll(timeout_ms=200, max_records=1000)).items():
+                    part = tp_key(tp)
                     for m in msgs:
                         try:
                             ev = decode(TURNS.name, m.value)
@@ -93,24 +91,24 @@ class HistoryQdrantProjection:
                             ev = None
                         if isinstance(ev, TurnCommitted):
                             turns.append(ev)
-                        positions[f"{tp.topic}:{tp.partition}"] = m.offset + 1
+                        positions[part] = m.offset + 1
                 if positions:
                     kept = await asyncio.to_thread(self._write, turns)
                     self.ckpt.update(positions)
                     self.turns += len(turns)
                     self.events += kept
                     dirty = True
-                pos = {tp: await c.position(tp) for tp in tps}
-                done = all(pos[tp] >= end[tp] for tp in tps)
+                pos = await c.positions(tps)
+                done = reached(pos, end)
                 # Flushing is what makes a checkpoint safe, and it is costly (it grows with the
-                # shard: ~0.1 s of CPU each on a bench-sized one), so it runs every few seconds,
+                # shard; figures: docs/qdrant-edge.md), so it runs every few seconds,
                 # not on each pause of the stream; a crash replays those seconds' turns, which
                 # upsert the same point ids.
                 if dirty and time.monotonic() - last_flush > FLUSH_EVERY_S:
                     await asyncio.to_thread(self._save_checkpoint)
                     dirty, last_flush = False, time.monotonic()
                 if progress:
-                    progress(sum(min(pos[tp], end[tp]) for tp in tps), total)
+                    progress(read_so_far(pos, end), total)
                 if done and not self.caught_up.is_set():
                     self.caught_up.set()
                     log.info("history_projection_caught_up", points=self.index.count(), turns=self.turns)
@@ -118,8 +116,6 @@ class HistoryQdrantProjection:
                         break
             if dirty:
                 await asyncio.to_thread(self._save_checkpoint)
-        finally:
-            await c.stop()
 
     def status(self) -> dict[str, Any]:
         return {

@@ -12,7 +12,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from events.limits import MESSAGE_LIMIT
 from events.topics import TOPICS, Topic
-from services.settings import Settings
+from settings import Settings
 
 log = structlog.get_logger()
 
@@ -28,8 +28,8 @@ async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.val
             name = settings.topic(t.name)
             if name not in existing:
                 wanted.append(NewTopic(name, t.partitions, 1, topic_configs=t.config))
-            if f"{name}.dlq" not in existing:
-                wanted.append(NewTopic(f"{name}.dlq", 1, 1))
+            if settings.topic(t.dlq) not in existing:
+                wanted.append(NewTopic(settings.topic(t.dlq), 1, 1))
         for nt in wanted:
             try:
                 await admin.create_topics([nt])
@@ -85,7 +85,8 @@ def consumer(settings: Settings, *topics: str, group: str | None) -> AIOKafkaCon
 
 
 def reader(settings: Settings, max_poll_records: int = 1000) -> AIOKafkaConsumer:
-    """A group-less consumer for processes that own their partitions and their checkpoints."""
+    """A group-less consumer for processes that own their partitions and their checkpoints
+    (`workers.topic_reader.TopicReader` reads with one)."""
     return AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=None,
@@ -95,17 +96,6 @@ def reader(settings: Settings, max_poll_records: int = 1000) -> AIOKafkaConsumer
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=100,
     )
-
-
-async def seek_to_checkpoints(c: AIOKafkaConsumer, tps: list, ckpt: dict[str, int]) -> None:
-    """Resume each partition after its checkpoint (`topic:partition` -> next offset)."""
-    c.assign(tps)
-    for tp in tps:
-        nxt = ckpt.get(f"{tp.topic}:{tp.partition}")
-        if nxt is None:
-            await c.seek_to_beginning(tp)
-        else:
-            c.seek(tp, nxt)
 
 
 def dlq_headers(topic: str, partition: int, offset: int, error: str, attempt: int) -> list[tuple[str, bytes]]:

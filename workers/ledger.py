@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -19,21 +20,20 @@ from pydantic import ValidationError
 
 from events.base import utcnow
 from events.codec import ContractError, encode, from_validation_error
+from events.errors import ErrorCode
 from events.lean import decode_ledger_view
+from events.rules.ledger import LedgerState, command_key, decide, evolve, overdue, oversized, refused
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers import ledger_snapshot as snapshot_file
 from workers.heap import settle_heap
 from workers.kafka_io import reader
-from workers.ledger_rules import LedgerState, command_key, decide, evolve, overdue, oversized, refused
 from workers.ledger_snapshot import Snapshot
 from workers.runtime import DeadLetter, Out, Processor, Stopping
 
 log = structlog.get_logger()
 
 # The events of recent commands, per partition, re-sent as they were when a command is
-# redelivered (API retries reuse ids). Bounded by bytes, not by count: a staged write's or
-# a new record's event is 1.2-1.3 kB, so 200,000 commands of extraction turns kept about
-# 300 MB per partition.
+# redelivered (API retries reuse ids). Bounded by bytes, not by count (why: docs/ledger-state.md).
 PROCESSED_BYTES = 32 * 1024 * 1024
 
 
@@ -94,6 +94,8 @@ class LedgerProcessor(Processor):
         self.kinds: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
         self.clock = utcnow
+        # How long a turn's staged writes wait for its outcome before they are discarded.
+        self.turn_timeout = timedelta(seconds=settings.turn_timeout_s)
         self.asked: set[str] = set()  # ExpireTurns sent and not yet decided
         self.snapshots = Snapshots(self)
         self.recovering: dict[int, asyncio.Future] = {}
@@ -235,7 +237,7 @@ class LedgerProcessor(Processor):
         parks the command in the dead-letter topic for a look."""
         parked: list[DeadLetter] = []
         try:
-            events = decide(state, cmd)
+            events = decide(state, cmd, self.turn_timeout)
             raws = [encode(e) for e in events]
             instead = oversized(cmd, raws)
             if instead is None:
@@ -246,12 +248,12 @@ class LedgerProcessor(Processor):
         except (ValidationError, ContractError) as e:
             err = from_validation_error(e) if isinstance(e, ValidationError) else e
             log.warning("command_invalid", command_id=cmd.command_id, field=err.field, partition=partition, offset=offset)
-            events = refused(cmd, "VALIDATION_FAILED", err.field or None, str(err))
+            events = refused(cmd, ErrorCode.VALIDATION_FAILED, err.field or None, str(err))
         except Exception as e:
             log.exception("command_failed", command_id=cmd.command_id, error=type(e).__name__, partition=partition,
                           offset=offset)
             reason = f"the ledger could not apply this command ({type(e).__name__}); it was parked for an operator"
-            events, parked = refused(cmd, "COMMAND_FAILED", None, reason), [DeadLetter(f"{type(e).__name__}: {e}")]
+            events, parked = refused(cmd, ErrorCode.COMMAND_FAILED, None, reason), [DeadLetter(f"{type(e).__name__}: {e}")]
         return events, [encode(e) for e in events], parked
 
     async def tick(self) -> list[Out]:
@@ -260,7 +262,7 @@ class LedgerProcessor(Processor):
         decides it the same. A command already asked for is not asked for again while it
         waits in the partition (a backlog can hold it longer than a tick)."""
         now = self.clock()
-        due = [cmd for state in self.states.values() for cmd in overdue(state, now)]
+        due = [cmd for state in self.states.values() for cmd in overdue(state, now, self.turn_timeout)]
         self.asked &= {cmd.command_id for cmd in due}
         new = [cmd for cmd in due if cmd.command_id not in self.asked]
         if new:

@@ -20,9 +20,9 @@ from pathlib import Path
 import msgspec
 
 from events.config import AgentConfig
+from events.rules.ledger import LedgerState
 from events.topics import EVENTS
-from services.settings import Settings
-from workers.ledger_rules import LedgerState
+from settings import Settings
 
 FORMAT = 3  # 3: recent commands keyed by tenant, agent and command id; older snapshots are folded again
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from events.topics import EVENTS
-from projections.embedder import Embedder
+from projections.embedding_port import Embedder
 from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
-from services.settings import Settings
+from settings import Settings
 from workers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.reconciler import Reconciler
 

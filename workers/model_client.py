@@ -27,8 +27,9 @@ from openai import AsyncOpenAI
 from pydantic_core import to_json
 
 from events.base import utcnow
+from events.rules.model_answer import Malformed
 from events.usage import ModelUsage
-from services.settings import Settings
+from settings import Settings
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -39,10 +40,6 @@ class ModelFailed(Exception):
     def __init__(self, error: str, attempts: int, usage: list[ModelUsage]) -> None:
         super().__init__(error)
         self.error, self.attempts, self.usage = error, attempts, usage
-
-
-class Malformed(ValueError):
-    """The model's answer does not parse or does not match the schema."""
 
 
 @dataclass
@@ -243,13 +240,3 @@ class ModelClient:
 
 def _count(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
-
-def parse_json_object(text: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise Malformed(f"not JSON: {e.msg} at position {e.pos}") from None
-    if not isinstance(data, dict):
-        raise Malformed(f"expected a JSON object, got {type(data).__name__}")
-    return data

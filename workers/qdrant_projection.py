@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
@@ -23,17 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from events.base import command_key
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.topics import EVENTS, REDELIVERED, VECTORS, vector_partitions
-from projections.embedder import content_hash, embedder_model_id
+from projections.embedding_port import content_hash, embedder_model_id
 from projections.qdrant_index import EdgeIndex, RecordKey, indexable, read_checkpoint, write_checkpoint
-from services.settings import Settings
+from settings import Settings
 from workers.heap import settle_heap
-from workers.kafka_io import reader, seek_to_checkpoints
+from workers.topic_reader import TopicReader, reached, read_so_far, tp_key
 
 log = structlog.get_logger()
 Also = Callable[[list[LeanEvent], list[tuple[str, int]]], Awaitable[None]]
@@ -59,11 +60,8 @@ class QdrantProjection:
         self.index = index
         # The event partitions whose records this index holds (a shard's; all by default).
         self.partitions = list(range(EVENTS.partitions)) if partitions is None else partitions
-        # Serving searches from the same process: large writes go to a worker thread, so the
-        # event loop gets a turn between Edge calls (which hold the GIL). A rebuild serves
-        # nothing, and writing inline spares it the GIL hand-offs: ~15% faster. Small writes
-        # (most live batches hold a turn's few events, often none to index) stay inline too:
-        # they block the loop for less than the thread hop costs.
+        # Serving searches too: large writes go to a worker thread, so the event loop gets a
+        # turn between Edge calls; a rebuild and small writes stay inline (docs/qdrant-edge.md).
         self.serving = serving
         # Another view folded from the same pass over the events, each batch with its
         # checkpoint positions: a rebuild's shard process also fills its agents' Redis
@@ -87,7 +85,7 @@ class QdrantProjection:
         # keyed by tenant, agent and id: two agents may hold equal record ids.
         self.parked: dict[str, dict[RecordKey, tuple[LeanRecord, LeanEvent]]] = {}
         self.parked_at: dict[RecordKey, tuple[str, str, int]] = {}  # -> (content hash, partition, offset)
-        self.parked_commands: Counter[str] = Counter()  # command id -> its events still parked
+        self.parked_commands: Counter[str] = Counter()  # command_key -> its events still parked
         # Vectors read before their event (content hash -> partition, offset): never
         # evicted, so no record is stranded.
         self.unused: dict[str, tuple[str, int]] = {}
@@ -127,7 +125,7 @@ class QdrantProjection:
     def _complete(self, cid: str) -> bool:
         """A command is done once its last event is in and none of its events is parked."""
         events = self.done_commands.get(cid)
-        return bool(events) and not self.parked_commands[events[0].command_id] and any(e.last for e in events)
+        return bool(events) and not self.parked_commands[cid] and any(e.last for e in events)
 
     def _command_done(self, event: LeanEvent) -> None:
         cid = command_key(event.tenant, event.agent, event.command_id)
@@ -174,7 +172,9 @@ class QdrantProjection:
         if r is None:
             batch.done.append(e)
             return
-        rk = (r.tenant, r.agent, r.id)
+        # Interned: `versions` keeps a key per record, and every decoded record holds its own
+        # copy of the tenant and agent strings (~100 bytes a record for nothing).
+        rk = (sys.intern(r.tenant), sys.intern(r.agent), r.id)
         if r.version <= self.versions.get(rk, 0):
             batch.done.append(e)  # a duplicate or an older version: already reflected
             return
@@ -199,7 +199,7 @@ class QdrantProjection:
             self.parked.setdefault(h, {})[rk] = (r, e)
             self.parked_at[rk] = (h, part, offset)
             self.held_events.setdefault(part, OrderedDict())[offset] = None
-            self.parked_commands[e.command_id] += 1
+            self.parked_commands[command_key(e.tenant, e.agent, e.command_id)] += 1
             return
         batch.upserts[rk] = (r, vec)
         batch.done.append(e)
@@ -260,7 +260,7 @@ class QdrantProjection:
         for fut, upserts, deletes, shadowed in self.heals:
             added = removed = 0
             for r, vec in upserts:
-                rk = (r.tenant, r.agent, r.id)
+                rk = (sys.intern(r.tenant), sys.intern(r.agent), r.id)
                 if self.versions.get(rk, 0) > r.version:
                     continue
                 if rk in self.parked_at:
@@ -308,9 +308,10 @@ class QdrantProjection:
         return vec
 
     def _unpark(self, event: LeanEvent) -> None:
-        self.parked_commands[event.command_id] -= 1
-        if self.parked_commands[event.command_id] <= 0:
-            del self.parked_commands[event.command_id]
+        key = command_key(event.tenant, event.agent, event.command_id)
+        self.parked_commands[key] -= 1
+        if self.parked_commands[key] <= 0:
+            del self.parked_commands[key]
 
     def _write(self, batch: _Batch) -> None:
         self.index.upsert(list(batch.upserts.values()))
@@ -343,9 +344,8 @@ class QdrantProjection:
         s = self.settings
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in self.partitions]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in vector_partitions(self.partitions)]
-        c = reader(s, max_poll_records=2000)
-        await c.start()
-        try:
+        c = TopicReader(s, max_poll_records=2000)
+        async with c:
             if until_caught_up or not self.ckpt:
                 # From the start of the log, vectors and events arrive in any order: read
                 # the vectors first and keep them all, so no record waits on a vector that
@@ -353,17 +353,13 @@ class QdrantProjection:
                 self._bound, self.vector_cache = self.vector_cache, None
                 await self._follow(c, vtps, until_caught_up=True, progress=None)
             await self._follow(c, etps + vtps, until_caught_up, progress, events=etps, stop=stop)
-        finally:
-            await c.stop()
 
-    async def _follow(self, c, tps, until_caught_up, progress, events=None, stop=None) -> None:
+    async def _follow(self, c: TopicReader, tps, until_caught_up, progress, events=None, stop=None) -> None:
         s = self.settings
         vectors_topic = s.topic(VECTORS.name)
-        await seek_to_checkpoints(c, tps, self.ckpt)
+        await c.assign(tps, self.ckpt)
         watch = events or tps
-        end = await c.end_offsets(watch)
-        limit = {tp: min(end[tp], stop[tp.partition]) for tp in watch if stop and tp.partition in stop}
-        end.update(limit)
+        end = await c.ends(watch, {tp: stop[tp.partition] for tp in watch if stop and tp.partition in stop})
         total = sum(end.values())
         vector_tps = [tp for tp in tps if tp not in watch]
         dirty, last_flush = False, time.monotonic()
@@ -388,12 +384,9 @@ class QdrantProjection:
 
         while not self.stopping.is_set():
             batch = _Batch()
-            for tp, msgs in (await c.getmany(timeout_ms=200, max_records=2000)).items():
-                part = f"{tp.topic}:{tp.partition}"
+            for tp, msgs in (await c.poll(timeout_ms=200, max_records=2000)).items():
+                part = tp_key(tp)
                 for m in msgs:
-                    if tp in limit and m.offset >= limit[tp]:
-                        c.pause(tp)  # a replay's range ends here
-                        break
                     try:
                         if tp.topic == vectors_topic:
                             self._on_vector(m.key, m.value, batch, part, m.offset)
@@ -429,12 +422,12 @@ class QdrantProjection:
                     inflight = (None, batch)
             if events and self.vector_cache is not None:
                 await self._pace_vectors(c, [tp for tp in tps if tp not in events], events)
-            pos = {tp: await c.position(tp) for tp in watch}
-            done = all(pos[tp] >= end[tp] for tp in watch)
+            pos = await c.positions(watch)
+            done = reached(pos, end)
             if done or not batch.seen:
                 await land()
-            # Flushing is what makes a checkpoint safe, and it is costly (~0.1 s of CPU on a
-            # busy shard): every few seconds when live, rarely while catching up. A crash
+            # Flushing is what makes a checkpoint safe, and it is costly (docs/qdrant-edge.md):
+            # every few seconds when live, rarely while catching up. A crash
             # replays what came after the last flush; searches never wait for one.
             # A live projection is caught up after nearly every batch, so reaching the end
             # flushes only on the way to being caught up (or at the end of a replay).
@@ -446,11 +439,11 @@ class QdrantProjection:
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
                 dirty, last_flush = False, time.monotonic()
             if progress:
-                progress(sum(min(pos[tp], end[tp]) for tp in watch), total)
+                progress(read_so_far(pos, end), total)
             if done:
                 # Caught up once every record read is in, or waits for a vector not yet written.
                 if not self.caught_up.is_set() and events and (
-                    until_caught_up or not self.parked_count() or await _read_to_end(c, vector_tps)
+                    until_caught_up or not self.parked_count() or await c.read_to_end(vector_tps)
                 ):
                     self._bound_cache()
                     self.caught_up.set()
@@ -459,7 +452,7 @@ class QdrantProjection:
                     break
         await land()
 
-    async def _pace_vectors(self, c: AIOKafkaConsumer, vector_tps: list, event_tps: list) -> None:
+    async def _pace_vectors(self, c: TopicReader, vector_tps: list, event_tps: list) -> None:
         """Join in bounded memory: a vector read before its event is kept until the event
         comes; when too many wait, vectors pause until the events catch up. Events never
         pause, so this cannot deadlock."""
@@ -511,16 +504,6 @@ class _Batch:
 
     def writes(self) -> int:
         return len(self.upserts) + len(self.deletes) + len(self.shadows)
-
-
-async def _read_to_end(c: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:
-    if not tps:
-        return True
-    end = await c.end_offsets(tps)
-    for tp in tps:
-        if await c.position(tp) < end[tp]:
-            return False
-    return True
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, int], dict[str, tuple[int, set[int]]]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -21,11 +22,11 @@ from events.topics import EVENTS
 from projections import edge_shard
 from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
-from services.settings import Settings
+from settings import Settings
 from workers.heap import collected_between_batches, settle_heap
-from workers.kafka_io import reader
 from workers.memory_shards import current_generation, generation_path, set_generation, shard_partitions, shard_paths
 from workers.qdrant_projection import QdrantProjection
+from workers.topic_reader import TopicReader, checkpoint_key, of_topic, tp_key
 
 log = structlog.get_logger()
 Progress = Callable[[int, int], None]
@@ -42,34 +43,29 @@ async def _apply_range(
     """Apply events with start <= offset < stop (per partition) to `store`; `fresh`: into
     a generation that nothing else writes (`RedisRecords.fill`)."""
     topic = settings.topic(EVENTS.name)
-    c = reader(settings, max_poll_records=5000)
-    await c.start()
     applied = 0
-    try:
+    async with TopicReader(settings, max_poll_records=5000) as c:
         tps = [TopicPartition(topic, p) for p in range(EVENTS.partitions)]
-        c.assign(tps)
-        end = await c.end_offsets(tps)
-        stop_at = {tp: min(end[tp], (stop or {}).get(tp.partition, end[tp])) for tp in tps}
-        for tp in tps:
-            c.seek(tp, (start or {}).get(tp.partition, 0))
-        first = {tp: await c.position(tp) for tp in tps}
+        await c.assign(tps, start={p: 0 for p in range(EVENTS.partitions)} | (start or {}))
+        # Every partition ends where it ends now, or at `stop` if that is sooner.
+        stop_at = await c.ends(tps, {tp: (stop or {}).get(tp.partition, sys.maxsize) for tp in tps})
+        first = await c.positions(tps)
         total = sum(max(0, stop_at[tp] - first[tp]) for tp in tps)
         done = 0
         active = [tp for tp in tps if first[tp] < stop_at[tp]]
         while active:
-            batches = await c.getmany(*active, timeout_ms=500, max_records=5000)
+            batches = await c.poll(*active, timeout_ms=500, max_records=5000)
             events, positions = [], []
             for tp, msgs in batches.items():
+                part = tp_key(tp)
                 for m in msgs:
-                    if m.offset >= stop_at[tp]:
-                        break
                     try:
                         if (ev := decode_logged(m.value, m.headers)) is not None:
                             events.append(ev)
-                        positions.append((f"{topic}:{tp.partition}", m.offset + 1))
+                        positions.append((part, m.offset + 1))
                     except ContractError as e:
                         log.warning("rebuild_skipped_message", partition=tp.partition, offset=m.offset, error=str(e))
-                    done += 1
+                done += len(msgs)
             settle_heap()
             if positions:  # a batch of skipped copies still moves the checkpoint on
                 await (store.fill if fresh else store.apply)(events, positions)
@@ -77,8 +73,6 @@ async def _apply_range(
             active = [tp for tp in active if await c.position(tp) < stop_at[tp]]
             if progress:
                 progress(done, total)
-    finally:
-        await c.stop()
     return applied
 
 
@@ -109,17 +103,13 @@ async def rebuild_redis(
             else:
                 applied = await fill(gen)
             # Caught up: reach at least where the live generation's worker has got to.
-            live_ckpt = await live.checkpoints(old)
+            live_ckpt = of_topic(await live.checkpoints(old), settings.topic(EVENTS.name))
             while True:
-                mine = await new.checkpoints(gen)
-                behind = {
-                    int(k.rsplit(":", 1)[1]): v
-                    for k, v in live_ckpt.items()
-                    if k.startswith(settings.topic(EVENTS.name) + ":") and mine.get(k, 0) < v
-                }
+                mine = of_topic(await new.checkpoints(gen), settings.topic(EVENTS.name))
+                behind = {p: v for p, v in live_ckpt.items() if mine.get(p, 0) < v}
                 if not behind:
                     break
-                start = {p: mine.get(f"{settings.topic(EVENTS.name)}:{p}", 0) for p in behind}
+                start = {p: mine.get(p, 0) for p in behind}
                 applied += await _apply_range(settings, new, start, behind, None)
             if switch:
                 await live.switch_generation(gen)
@@ -155,21 +145,21 @@ async def replay_qdrant(
 
     A point keeps no version (each payload key costs every upsert), so a replay only ever
     moves a generation forward: `start` is for a generation that holds no events yet."""
-    events_topic = settings.topic(EVENTS.name) + ":"
+    events_topic = settings.topic(EVENTS.name)
     paths = shard_paths(settings, generation)
     applied = 0
     for k, path in enumerate(paths):
         index = EdgeIndex(path)
         try:
             projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None, serving=False)
-            held = {key: v for key, v in projection.ckpt.items() if key.startswith(events_topic)}
+            held = {checkpoint_key(events_topic, p): v for p, v in of_topic(projection.ckpt, events_topic).items()}
             if start and held:
                 raise ValueError(
                     f"qdrant generation {generation} already holds events up to its checkpoint; a replay continues "
                     "from there: leave out --from-offset, or replay into a new generation"
                 )
             # Vectors from the start of their topic: a record may join a vector written long before.
-            projection.ckpt = held | {f"{events_topic}{p}": o for p, o in (start or {}).items()}
+            projection.ckpt = held | {checkpoint_key(events_topic, p): o for p, o in (start or {}).items()}
             with collected_between_batches():
                 await projection.run(until_caught_up=True, progress=_share(progress, k, len(paths)), stop=stop)
             applied += projection.applied
@@ -192,8 +182,8 @@ async def _build_shard(
     the Redis records of the shard's agents into that generation in the same pass.
     Returns (points, events applied to Redis).
 
-    `optimize` builds the HNSW index too: slow to build (minutes per 100k points on 2
-    cores), about 4x faster filtered queries at 200k points."""
+    `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
+    docs/qdrant-edge.md)."""
     paths = shard_paths(settings, gen)
     index = EdgeIndex(paths[k])
     store = None if redis_gen is None else RedisRecords.from_url(
@@ -269,7 +259,7 @@ def _child_init(settings: Settings, queue) -> None:
     global _progress_queue
     import sys
 
-    from services.logging import configure
+    from settings.logging import configure
 
     # A forked child inherits the parent's streams, which a progress display may have
     # replaced with proxies that take its lock: log to the real stderr.

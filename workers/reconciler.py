@@ -31,10 +31,12 @@ import structlog
 from events.codec import ContractError
 from events.lean import LeanRecord, decode_lean
 from events.topics import EVENTS
-from projections.embedder import Embedder, content_hash, make_embedder
+from projections.embedders import make_embedder
+from projections.embedding_port import Embedder, content_hash
 from projections.qdrant_index import indexable
 from projections.redis_records import RedisRecords
-from services.settings import Settings
+from settings import Settings
+from workers.topic_reader import checkpoint_key
 
 if TYPE_CHECKING:
     from workers.memory_shards import MemoryShards
@@ -45,6 +47,8 @@ RECORDS_PER_RUN = 20_000  # records compared per run, at most about
 HEALS_PER_RUN = 500  # points written per run, at most about: embedding is the costly part
 SCAN_PAGE = 500
 LAG_WAIT_S = 5.0  # how long an agent waits for its projection to reach the view's position
+READ_PAGE = 1000  # records read from the view per Redis call
+READ_PACE = 20_000  # records per second at most: the reconciler runs beside live traffic
 
 
 @dataclass
@@ -85,7 +89,7 @@ class Reconciler:
         self.embedder = embedder
         self.generation: int | None = None  # of the view the scan cursor walks
         self.cursor = 0
-        self.pending: list[str] = []  # agent keys of a scan page not visited yet
+        self.pending: list[tuple[str, str]] = []  # (tenant, agent) of a scan page not visited yet
         # (tenant, agent) -> {record id: version} parked for a vector at the last visit
         self.parked_seen: dict[tuple[str, str], dict[str, int]] = {}
         self.healed = self.added = self.removed = self.deferred = self.runs = 0
@@ -117,7 +121,6 @@ class Reconciler:
         gen = await store.generation()
         if gen != self.generation:
             self.generation, self.cursor, self.pending = gen, 0, []
-        prefix = f"{store._ns(gen)}:rec:"  # the view's key of an agent's records (`RedisRecords._keys`)
         compared = healed = 0
         started_cycle = self.cursor == 0 and not self.pending
         while compared < records and healed < heals:
@@ -125,10 +128,9 @@ class Reconciler:
                 if self.cursor == 0 and not started_cycle:
                     break  # every agent visited
                 started_cycle = False
-                self.cursor, keys = await store.r.scan(self.cursor, match=f"{prefix}*", count=SCAN_PAGE)
-                self.pending = [k[len(prefix):] for k in keys]
+                self.cursor, self.pending = await store.scan_agents(gen, self.cursor, SCAN_PAGE)
                 continue
-            tenant, _, agent = self.pending.pop().partition("/")
+            tenant, agent = self.pending.pop()
             n, fixed = await self._agent(store, gen, tenant, agent)
             compared += n
             healed += fixed
@@ -146,12 +148,12 @@ class Reconciler:
     async def _agent(self, store: RedisRecords, gen: int, tenant: str, agent: str) -> tuple[int, int]:
         """(records compared, points healed) for one agent."""
         proj = self.shards.of(tenant, agent)
-        part = f"{self.settings.topic(EVENTS.name)}:{EVENTS.partition_of(f'{tenant}/{agent}'.encode())}"
-        rec_key, list_key, _, ckpt_key = store._keys(gen, tenant, agent)
-        candidates = set(await store.r.zrange(list_key, 0, -1))
-        candidates |= await asyncio.to_thread(proj.index.record_ids, tenant, agent)
-        view = await _current(store, rec_key, sorted(candidates))
-        view_at = int(await store.r.hget(ckpt_key, part) or 0)
+        part = checkpoint_key(self.settings.topic(EVENTS.name), EVENTS.partition_of(f"{tenant}/{agent}".encode()))
+        # The checkpoint is read first: a view read after it is at least as new, never older
+        # than the position the projection is then waited for.
+        view_at, listed = await store.listing(gen, tenant, agent, part)
+        candidates = set(listed) | await asyncio.to_thread(proj.index.record_ids, tenant, agent)
+        view = await _current(store, gen, tenant, agent, sorted(candidates))
         if not await _landed(proj, part, view_at):
             self.deferred += 1
             return 0, 0
@@ -165,7 +167,7 @@ class Reconciler:
         upserts = await self._vectors(proj, missing)
         shadowed = set()
         if upserts:
-            ids = await store.r.smembers(f"{store._ns(gen)}:shadowed:{tenant}/{agent}")
+            ids = await store.shadowed_in(gen, tenant, agent)
             shadowed = {(tenant, agent, rid) for rid in ids}
         try:
             added, removed = await asyncio.wait_for(proj.heal(upserts, stale, shadowed), timeout=30)
@@ -214,23 +216,30 @@ class Reconciler:
             self.store = None
 
 
-async def _current(store: RedisRecords, rec_key: str, ids: list[str]) -> dict[str, LeanRecord]:
-    """The current version of each of `ids` the view holds, as the projection reads records."""
-    if not ids:
-        return {}
-    versions = await store.r.hmget(rec_key, ids)
-    known = [(rid, v) for rid, v in zip(ids, versions, strict=True) if v is not None]
-    raws = await store.r.hmget(rec_key, [f"{rid}#{v}" for rid, v in known]) if known else []
+async def _current(store: RedisRecords, gen: int, tenant: str, agent: str, ids: list[str]) -> dict[str, LeanRecord]:
+    """The current version of each of `ids` the view holds, as the projection reads records.
+
+    A page at a time, decoded in a thread, with a pause after each: an agent can hold
+    100,000 records, and reading them in one Redis call or decoding them in one go stalled
+    the searches and recalls the same process and Redis serve."""
+    out: dict[str, LeanRecord] = {}
+    for i in range(0, len(ids), READ_PAGE):
+        raws = await store.current_raw(gen, tenant, agent, ids[i:i + READ_PAGE])
+        if raws:
+            out.update(await asyncio.to_thread(_decode_records, raws))
+        await asyncio.sleep(READ_PAGE / READ_PACE)
+    return out
+
+
+def _decode_records(raws: list[str]) -> dict[str, LeanRecord]:
     out = {}
-    for (rid, _), raw in zip(known, raws, strict=True):
-        if raw is None:
-            continue
+    for raw in raws:
         try:
             record = decode_lean(raw.encode()).record
         except ContractError:
             continue  # the view stores what the ledger wrote; a reader only skips
         if record is not None:
-            out[rid] = record
+            out[record.id] = record
     return out
 
 

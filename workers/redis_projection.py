@@ -15,6 +15,7 @@ from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.redis_records import RedisRecords
 from workers.runtime import Out, Processor
+from workers.topic_reader import checkpoint_key, seek_to_checkpoints
 
 log = structlog.get_logger()
 
@@ -25,35 +26,28 @@ class RedisProjection(Processor):
 
     def __init__(self, settings, generation: int | None = None) -> None:
         super().__init__(settings)
-        self.store = RedisRecords.from_url(settings.redis_url, generation, settings.topic_prefix)
+        # It announces what it applies: API requests with `wait=true` wait for that.
+        self.store = RedisRecords.from_url(settings.redis_url, generation, settings.topic_prefix, announce=True)
         self.pending: list[Any] = []
         self.positions: list[tuple[str, int]] = []
         self.assignment: set[TopicPartition] = set()
         self.generation: int | None = None
+        self.topic = settings.topic(EVENTS.name)
 
     def decode_message(self, source: str, message: Any) -> Any:
         return decode_logged(message.value, message.headers)
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         self.assignment = set(consumer.assignment())
-        await self._seek_to_checkpoints(consumer)
-
-    async def _seek_to_checkpoints(self, consumer) -> None:
         self.generation = await self.store.generation()
         ckpts = await self.store.checkpoints(self.generation)
-        for tp in self.assignment:
-            nxt = ckpts.get(f"{tp.topic}:{tp.partition}")
-            if nxt is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, nxt)
+        await seek_to_checkpoints(consumer, self.assignment, ckpts)
         log.info("projection_seeked", generation=self.generation, checkpoints=len(ckpts))
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         if event is not None:
             self.pending.append(event)
-        # The checkpoint names the real topic: several deployments may share one Redis.
-        self.positions.append((f"{self.settings.topic(EVENTS.name)}:{partition}", offset + 1))
+        self.positions.append((checkpoint_key(self.topic, partition), offset + 1))
         return []
 
     async def batch_done(self) -> list[Out]:

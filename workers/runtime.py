@@ -26,13 +26,13 @@ from typing import Any
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events.codec import ContractError, decode
 from events.limits import MESSAGE_LIMIT
-from services.settings import Settings
+from events.topics import TOPICS
+from settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
 
@@ -83,9 +83,18 @@ class Out:
     partition: int | None = None  # None: the key's
 
 
+# A record batch's own header (61 bytes in format v2) and one record's varints (lengths,
+# offset and timestamp deltas, attributes), each at its widest: what a message takes on top
+# of its key, value and headers, rounded up.
+MESSAGE_OVERHEAD = 100
+HEADER_OVERHEAD = 10  # one header's two length varints
+
+
 def message_size(o: Out) -> int:
-    """The size the producer checks against its `max_request_size` (the message limit)."""
-    return DefaultRecordBatchBuilder.estimate_size_in_bytes(o.key, o.value, list(o.headers))
+    """An upper bound of the size the producer checks against its `max_request_size` (the
+    message limit): at least what the Kafka client's own estimate says, by at most ~40 bytes."""
+    headers = sum(len(k.encode()) + len(v) + HEADER_OVERHEAD for k, v in o.headers)
+    return len(o.key or b"") + len(o.value or b"") + headers + MESSAGE_OVERHEAD
 
 
 def fits(o: Out) -> bool:
@@ -328,7 +337,7 @@ class Runner:
 
     def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
         out = Out(
-            topic=f"{source}.dlq",
+            topic=TOPICS[source].dlq,
             key=m.key or b"",
             value=m.value or b"",
             # Each consumer group parks what it cannot handle, so the header says which one did.

@@ -14,7 +14,7 @@ from events import SweepExpired, encode
 from events.record import Provenance, Source
 from events.topics import COMMANDS
 from projections.redis_records import RedisRecords
-from services.settings import Settings
+from settings import Settings
 from workers.kafka_io import producer
 
 BATCH = 500

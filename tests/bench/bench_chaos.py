@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.settings import Settings
+from settings import Settings
 from tests.bench.common import bench_stack, figure, progress
 from tests.e2e.chaos_support import VICTIMS, chaos_round
 from tests.e2e.fuzz_support import run_fuzz

@@ -50,7 +50,7 @@ from events.topics import COMMANDS
 from events.turns import TurnCommitted
 from projections.embedder import OnnxMiniLM
 from services.client import MemlaneClient, TurnPublisher
-from services.settings import ROOT
+from settings import ROOT
 from tests.bench.common import discard, figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel, Reply

@@ -7,22 +7,27 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from events import AddMemory, RecordAdded, encode
+from events import AddMemory, CommandRejected, RecordAdded, decode, encode
 from events.record import MemoryRecord
+from events.rules.ledger import event_id, record_id_for
 from events.topics import COMMANDS, EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, content_hash
-from services.settings import ROOT, Settings
+from projections.embedding_port import MODEL_ID, content_hash
+from projections.qdrant_index import EdgeIndex
+from projections.redis_records import RedisRecords
+from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from workers.kafka_io import ensure_topics
-from workers.ledger_rules import event_id, record_id_for
+from workers.memory_shards import shard_paths
 
 RECORDS = 100_000
 AGENTS = 500
@@ -45,11 +50,15 @@ async def _produce(settings: Settings, items) -> None:
         await p.stop()
 
 
+def _record_text(i: int, agent: str) -> str:
+    return f"Record {i} of {agent}: the customer prefers option {i % 97} for shipping"
+
+
 def _log_items(settings: Settings):
     rng = np.random.default_rng(1)
     for i in range(RECORDS):
         agent = f"agent{i % AGENTS}"
-        text = f"Record {i} of {agent}: the customer prefers option {i % 97} for shipping"
+        text = _record_text(i, agent)
         vec = rng.standard_normal(384).astype(np.float32)
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
@@ -76,25 +85,83 @@ def _bench_redis_url() -> str:
 def _rebuild_child(prefix: str, data_dir: str) -> dict:
     """Rebuild in a child process (as `memlane rebuild` does), so peak RSS is the rebuild's alone.
 
-    First each projection alone, then both at once as `memlane rebuild` runs them."""
+    First each projection alone, then both at once as `memlane rebuild` runs them. After
+    each rebuild the child waits, untimed, while this process counts what it built
+    (`_check_built`): the next rebuild drops it, and one that read nothing would report a
+    huge rate."""
     code = f"""
-import asyncio, json, time
-from services.settings import Settings
+import asyncio, json, sys, time
+from settings import Settings
 from workers.rebuild import rebuild_all
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
-t0 = time.perf_counter(); asyncio.run(rebuild_all(s, targets=("redis",))); t1 = time.perf_counter()
-asyncio.run(rebuild_all(s, targets=("qdrant",))); t2 = time.perf_counter()
-both = []
-for _ in range({BOTH_RUNS}):
-    t3 = time.perf_counter(); asyncio.run(rebuild_all(s)); both.append(time.perf_counter() - t3)
-print(json.dumps({{"redis_s": t1 - t0, "qdrant_s": t2 - t1, "both_s": both}}))
+def timed(targets):
+    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, targets=targets)); secs = time.perf_counter() - t0
+    print(json.dumps({{"built": built}}), flush=True)
+    sys.stdin.readline()
+    return secs
+redis_s = timed(("redis",))
+qdrant_s = timed(("qdrant",))
+both = [timed(("redis", "qdrant")) for _ in range({BOTH_RUNS})]
+print(json.dumps({{"redis_s": redis_s, "qdrant_s": qdrant_s, "both_s": both}}), flush=True)
 """
+    settings = Settings(topic_prefix=prefix, data_dir=data_dir, redis_url=_bench_redis_url())
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    result = None
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True, cwd=ROOT)
+        try:
+            for line in proc.stdout:
+                msg = json.loads(line) if line.startswith("{") else {}
+                if "built" in msg:
+                    progress(f"rebuilt {msg['built']}: {_check_built(settings, msg['built'])}")
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                elif "both_s" in msg:
+                    result = msg
+        finally:
+            if proc.poll() is None and result is None:
+                proc.kill()
+            proc.wait()
+        if proc.returncode or result is None:
+            err.seek(0)
+            raise RuntimeError(f"the rebuild process failed ({proc.returncode}): {err.read()[-2000:]}")
     rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = json.loads(out.stdout.strip().splitlines()[-1])
     result["peak_rss_mb"] = max(rss_kb, before) / 1024
     return result
+
+
+def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
+    """The records of each generation a rebuild built: every one of the log's, or it raises."""
+    counts = {}
+    if "redis" in built:
+        counts["redis"] = asyncio.run(_redis_records(settings, built["redis"]))
+    if "qdrant" in built:
+        counts["qdrant"] = 0
+        for path in shard_paths(settings, built["qdrant"]):
+            index = EdgeIndex(path)
+            try:
+                counts["qdrant"] += index.count()
+            finally:
+                index.close()
+    if any(n != RECORDS for n in counts.values()):
+        raise RuntimeError(f"the rebuild's generations {built} hold {counts} records, not the log's {RECORDS}")
+    return counts
+
+
+async def _redis_records(settings: Settings, gen: int) -> int:
+    """Records listed in Redis generation `gen`, after reading a few back whole."""
+    store = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
+    try:
+        for i in (0, RECORDS // 2, RECORDS - 1):
+            agent = f"agent{i % AGENTS}"
+            r = await store.get("bench", agent, record_id_for("bench", agent, f"c{i}"))
+            if r is None or r.summary != _record_text(i, agent):
+                raise RuntimeError(f"redis generation {gen} lacks record {i} of the log, or holds it changed")
+        keys = [store._keys(gen, "bench", f"agent{a}")[1] for a in range(AGENTS)]
+        return sum(await asyncio.gather(*(store.r.zcard(k) for k in keys)))
+    finally:
+        await store.aclose()
 
 
 async def _ledger_throughput() -> None:
@@ -114,7 +181,7 @@ async def _ledger_throughput() -> None:
     env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_LOG_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "worker", "ledger"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
+    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, isolation_level="read_committed")
     await c.start()
     try:
         tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
@@ -123,18 +190,26 @@ async def _ledger_throughput() -> None:
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         first, last, n = None, None, 0
-        while n < COMMANDS_N:
+        outcome: dict[str, object] = {}  # command id -> its event: a rejection is an event too
+        while len(outcome) < COMMANDS_N:
             for ms in (await c.getmany(timeout_ms=1000, max_records=5000)).values():
                 for m in ms:
                     first = m.timestamp if first is None else min(first, m.timestamp)
                     last = m.timestamp if last is None else max(last, m.timestamp)
                     n += 1
+                    e = decode(EVENTS.name, m.value)
+                    outcome[e.command_id] = e
     finally:
         await c.stop()
         proc.terminate()
         proc.wait()
     secs = max((last - first) / 1000, 1e-3)
-    figure("ledger_commands_per_s", COMMANDS_N / secs, "commands/s", COMMANDS_N)
+    rejected = Counter(e.code for e in outcome.values() if isinstance(e, CommandRejected))
+    applied = sum(not isinstance(e, CommandRejected) for e in outcome.values())
+    if applied != COMMANDS_N:
+        raise RuntimeError(f"the ledger applied {applied} of the bench's {COMMANDS_N} commands (rejected: "
+                           f"{dict(rejected)}): the figure counts applied commands only")
+    figure("ledger_commands_per_s", applied / secs, "commands/s", applied, rejected=sum(rejected.values()))
     await _ledger_recovery(settings, n)
     discard(settings)
 
@@ -144,7 +219,7 @@ async def _ledger_recovery(settings: Settings, events: int) -> None:
     snapshot (a new machine, or fewer events than a snapshot waits for): it folds its
     partitions of the event log from the start, so this rate and the log's length set how
     long a restarted or rebalanced ledger takes to start."""
-    from services.logging import configure
+    from settings.logging import configure
     from workers.ledger import LedgerProcessor
 
     configure("WARNING")  # the per-partition lines would go to stderr among the progress

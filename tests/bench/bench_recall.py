@@ -22,9 +22,9 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, content_hash
+from projections.embedding_port import MODEL_ID, content_hash
 from services.client import MemlaneClient
-from services.settings import Settings
+from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
 from workers.memory_shards import current_generation

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.settings import ROOT, Settings
 from services.stack import Stack, free_port, stack_env
+from settings import ROOT, Settings
 from workers.kafka_io import delete_prefixed_topics
 
 

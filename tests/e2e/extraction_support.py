@@ -13,8 +13,8 @@ from events import AgentConfig, Message, TurnCommitted
 from events.codec import decode
 from events.topics import TOPICS
 from services.client import MemlaneClient
-from services.settings import Settings
 from services.stack import Stack, stack_env
+from settings import Settings
 from tests.conftest import eventually
 
 

@@ -108,7 +108,7 @@ async def test_add_decision_becomes_a_record_with_extraction_provenance(xstack, 
 
 
 async def test_facts_that_disagree_on_a_key_are_kept_pending_or_in_conflict(xstack, fake, pub, agent):
-    # Seed 004: a disagreement with a stored fact is saved as conflict; an in-batch
+    # A disagreement with a stored fact is saved as conflict; an in-batch
     # disagreement with no stored fact as pending. Neither is served to the agent.
     tenant, a, key = await agent()
     m1, m2 = marker(), marker()
@@ -396,7 +396,7 @@ def consolidation(m: str, **kw) -> Reply:
 
 
 async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_procedure(xstack, fake, pub, agent):
-    # Seed 002: consolidating a run makes an episode (goal, outcome, score, summary, its
+    # Consolidating a run makes an episode (goal, outcome, score, summary, its
     # events, a link to the previous episode); a run above 0.7 with an approved pattern
     # gives a procedure, a failed run an anti-pattern. Reviews are off here (cadence), so
     # only consolidation asks the model.
@@ -448,7 +448,7 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
         with pytest.raises(MemlaneError) as e:
             await c.add_memory("I consolidated myself", kind="episode")
         assert (e.value.code, e.value.field) == ("VALIDATION_FAILED", "kind")
-        # Applying the procedure and reporting how it went counts on it (seed 002).
+        # Applying the procedure and reporting how it went counts on it.
         revised = (await c.report_outcome(procedure["id"], False))["memories"][0]
         assert (revised["version"], revised["metadata"]["validations"], revised["metadata"]["failures"]) == (2, 2, 1)
     usage = [u for u, _ in await read_topic(xstack[1], "memlane.usage", "memlane.usage")

@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx
@@ -180,10 +181,17 @@ async def test_wait_true_answers_504_when_the_record_view_is_stopped(stack, new_
     _, _, key = await new_agent()
     projection = stack.procs["redis-projection"]
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        await c.add_memory("Warm-up: the ledger and both projections have seen this agent")
+        command_id = str(uuid.uuid4())
         projection.send_signal(signal.SIGSTOP)
         try:
-            e = await refused(c.add_memory("The invoice cutoff is the 25th"), 504, "TIMEOUT")
+            t0 = time.monotonic()
+            e = await refused(c.add_memory("The invoice cutoff is the 25th", command_id=command_id), 504, "TIMEOUT")
+            waited = time.monotonic() - t0
             assert "redis-projection" in e.message and "record" in e.message
+            assert command_id in e.message, "the 504 names the command to look for or send again"
+            # The record view's wait is bounded (6 s) on top of the ledger and the index.
+            assert waited < 15, waited
         finally:
             projection.send_signal(signal.SIGCONT)
 
@@ -191,6 +199,37 @@ async def test_wait_true_answers_504_when_the_record_view_is_stopped(stack, new_
             return [r for r in (await c.list_memory())["records"] if r["summary"] == "The invoice cutoff is the 25th"]
 
         assert len(await eventually(listed, timeout=30)) == 1
+
+        # A request waiting for the stopped worker is answered once the worker resumes and
+        # applies the version, well before its timeout.
+        async def points() -> int:
+            async with httpx.AsyncClient() as h:
+                return (await h.get(f"{stack.api_url}/health", timeout=10)).json()["projection"]["points"]
+
+        before = await points()
+        projection.send_signal(signal.SIGSTOP)
+        try:
+            waiting = asyncio.ensure_future(c.add_memory("The late fee is 2 percent"))
+
+            async def indexed() -> bool:  # from then on the request waits for the record view alone
+                return await points() > before
+
+            await eventually(indexed, timeout=30)
+            assert not waiting.done()
+        finally:
+            projection.send_signal(signal.SIGCONT)
+        t0 = time.monotonic()
+        added = await asyncio.wait_for(waiting, 30)
+        assert time.monotonic() - t0 < 3, "the record view's announcement answers the waiting request"
+        assert (await c.read_memory(added["id"])).summary == "The late fee is 2 percent"
+
+        # With the worker running, `wait=true` answers as soon as the view has the version,
+        # and a read right after shows it.
+        for i in range(3):
+            t0 = time.monotonic()
+            added = await c.add_memory(f"The renewal notice goes out {i + 2} weeks ahead")
+            assert time.monotonic() - t0 < 3, "wait=true waits for the view's announcement, not for a timeout"
+            assert (await c.read_memory(added["id"])).version == added["memories"][0]["version"]
 
 
 def _mcp(stack, key: str | None, *args: str, **env: str) -> subprocess.Popen:

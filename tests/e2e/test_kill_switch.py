@@ -1,4 +1,4 @@
-"""AGENT_MEMORY_KILL_SWITCH (seed 004): one setting turns memory off for every agent."""
+"""AGENT_MEMORY_KILL_SWITCH: one setting turns memory off for every agent."""
 
 from __future__ import annotations
 
@@ -29,12 +29,25 @@ def kstack(fake, infra, settings, tmp_path_factory):
 
 async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothing(kstack, fake):
     stack, settings = kstack
-    tools = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}})
+    tools = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"], "pinned": {"max_tokens": 400}}})
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, tools)
+    # What recall would show with memory on: an operator's pinned record and a block.
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1") as op:
+        # Not waited for: this stack runs no embedding worker, so the record never gets a vector.
+        await op.add_memory("The release train leaves on Thursdays", kind="fact", pinned=True, wait=False)
+        await op.curate_block("conventions", "add", line="Deploys go out on Tuesdays")
+
+        async def listed():
+            return [f.record for f in (await op.search_memory(None))[0]]
+
+        [planted] = await eventually(listed)
+        assert planted.pinned and (await op.blocks())[0]["text"] == "Deploys go out on Tuesdays"
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         for call in (c.search_memory("anything"), c.add_memory("a fact")):
             await refused(call, 403, "MEMORY_DISABLED", "AGENT_MEMORY_KILL_SWITCH")
-        assert (await c.recall("conv-1", "anything"))["records"] == []
+        recalled = await c.recall("conv-1", "when does the release train leave?")
+        assert recalled["pinned"] == recalled["records"] == recalled["blocks"] == []
+        assert "Thursdays" not in recalled["rendered"] and "Tuesdays" not in recalled["rendered"]
     # A committed turn with an add_memory call, and a model that would propose a record:
     # the outcome is forwarded, and neither the call nor a review becomes a command.
     marker = f"kill-{uuid.uuid4().hex[:8]}"
@@ -58,4 +71,5 @@ async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothin
     assert [c.type for c in await eventually(commands)] == ["TurnOutcome"]
     assert not [r for r in fake.requests if marker in str(r)]
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1") as op:
-        assert (await op.search_memory(None))[0] == []  # operators still list: there is nothing
+        # Operators still list: the planted record, and nothing the turn caused.
+        assert [f.record.id for f in (await op.search_memory(None))[0]] == [planted.id]

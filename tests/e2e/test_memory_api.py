@@ -94,7 +94,7 @@ async def test_no_other_session_and_no_sessionless_call_changes_a_session_record
         kept = await s1.read_memory(private["id"])
         assert (kept.status.value, kept.pinned, kept.version) == ("ACTIVE", False, 1)
         assert (await s1.pin(private["id"]))["memories"][0]["pinned"] is True
-    # An operator reaches every session's records (seed 000: deleteAgentMemory).
+    # An operator reaches every session's records with its delete.
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
         assert (await op.delete_memory(private["id"]))["memories"][0]["status"] == "DELETED"
 
@@ -111,7 +111,7 @@ async def test_memory_off_refuses_the_agents_calls_but_not_the_operators(stack, 
             return not (await op.config()).memory.enabled
 
         await eventually(off)
-        # Seed 003: with memory off, calls are refused at once.
+        # With memory off, calls are refused at once.
         for call in (c.search_memory("colour"), c.search_memory(None), c.read_memory(kept["id"]), c.history(kept["id"]),
                      c.add_memory("another fact"), c.delete_memory(kept["id"]), c.pin(kept["id"])):
             await refused(call, 403, "MEMORY_DISABLED", "memory.enabled")
@@ -119,7 +119,7 @@ async def test_memory_off_refuses_the_agents_calls_but_not_the_operators(stack, 
         async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as http:
             r = await http.post("/v1/memory/search/batch", json={"searches": [{"query": "colour", "session": "s1"}]})
             assert r.json()["results"][0]["error"]["code"] == "MEMORY_DISABLED"
-        # The operator still reads and deletes (seed 004: the dashboard, and deletion).
+        # The operator still reads and deletes (for the dashboard, and for deletion).
         assert [f.record.id for f in (await op.search_memory(None))[0]] == [kept["id"]]
         assert (await op.delete_memory(kept["id"]))["memories"][0]["status"] == "DELETED"
 
@@ -208,7 +208,7 @@ async def test_live_turns_never_see_preview_records(stack, new_agent):
         assert [f.record.id for f in (await live.search_memory(None))[0]] == [original["id"]]
         assert [r["id"] for r in (await preview.list_memory())["records"]] == [draft["id"]]
         assert (await live.read_memory(original["id"])).status.value == "ACTIVE"
-        # Seed 000: a turn in preview mode never changes a record a live turn wrote.
+        # A turn in preview mode never changes a record a live turn wrote.
         await refused(preview.pin(original["id"]), 403, "PREVIEW_READ_ONLY", "record_id")
         assert (await live.read_memory(original["id"])).pinned is False
         await live.pin(original["id"])
@@ -345,7 +345,7 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
 
 
 async def test_recall_leaves_out_whole_records_past_8000_characters(stack, new_agent):
-    # Seed 004: the injected block is capped at 8,000 characters; facts that do not fit are skipped whole.
+    # The injected block is capped at 8,000 characters; facts that do not fit are skipped whole.
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"search": {"max_results": 10}}}))
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         for i in range(10):
@@ -360,7 +360,7 @@ async def test_recall_leaves_out_whole_records_past_8000_characters(stack, new_a
 
 
 async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, new_agent):
-    # Seed 002: blocks are small labeled texts, maintained line by line with add, replace and
+    # Blocks are small labeled texts, maintained line by line with add, replace and
     # remove, limited to 2,000 characters, and always included at the top of a recall.
     cfg = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
     _, _, key = await new_agent(cfg)
@@ -393,7 +393,7 @@ async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, 
 
 async def test_workspace_blocks_reach_every_agent_of_the_tenant_and_only_operators_write_them(stack, new_agent,
                                                                                                settings):
-    # Seed 002: a block can be workspace-wide (agent scope *) or scoped to one agent.
+    # A block can be workspace-wide (agent scope *) or scoped to one agent.
     tenant, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent="ops") as op:
         other_key = await op.issue_key(tenant, f"agent{uuid.uuid4().hex[:6]}")

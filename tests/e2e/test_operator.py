@@ -14,7 +14,7 @@ from tests.e2e.test_memory_api import BOTH_SCOPES
 
 
 async def test_an_operator_lists_and_reads_every_sessions_and_preview_records(stack, new_agent, settings):
-    # Seed 000: Action.memories "lists both kinds"; agentMemory reads any of the agent's records.
+    # An operator's listing shows every session's and preview records; its read reaches any of the agent's.
     tenant, agent, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
     async with MemlaneClient(stack.api_url, key, session="s1") as s1, MemlaneClient(
         stack.api_url, key, session="s2", preview=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -9,10 +10,34 @@ import uuid
 import httpx
 
 from services.client import MemlaneClient
+from services.stack import stack_env
 from tests.conftest import eventually
 
 
-async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_agent, settings):
+def no_embedding_env(env: dict[str, str], tmp_path) -> tuple[dict[str, str], object]:
+    """`env` with onnxruntime shadowed by a module that notes the process and refuses to load,
+    so a process (or a shard process it starts) that embeds leaves a note and fails."""
+    shadow = tmp_path / "no_embedding"
+    (shadow / "onnxruntime").mkdir(parents=True)
+    (shadow / "onnxruntime" / "__init__.py").write_text(
+        "import os\n"
+        "with open(os.environ['MEMLANE_TEST_EMBED_NOTE'], 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "raise ImportError('embedding is switched off in this test')\n"
+    )
+    note = tmp_path / "embedded"
+    return {**env, "PYTHONPATH": f"{shadow}{os.pathsep}{env['PYTHONPATH']}", "MEMLANE_TEST_EMBED_NOTE": str(note)}, note
+
+
+def test_the_embedding_shadow_catches_a_process_that_embeds(tmp_path):
+    env, note = no_embedding_env(stack_env(), tmp_path)
+    proc = subprocess.run([sys.executable, "-c", "from projections.embedder import OnnxMiniLM; OnnxMiniLM().embed(['x'])"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "embedding is switched off" in proc.stderr
+    assert note.read_text().strip().isdigit()
+
+
+async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_agent, settings, tmp_path):
     tenant, agent, key = await new_agent()
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
         await op.curate_block("conventions", "add", line="Deploys go out on Tuesdays")
@@ -24,13 +49,16 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
         health = httpx.get(f"{stack.api_url}/health").json()
         old_gen = health["projection"]["generation"]
 
+        # A rebuild never embeds: it completes with the embedding runtime unloadable, and
+        # neither it nor its shard processes tried to load it.
+        env, embedded = no_embedding_env(stack.env, tmp_path)
         proc = subprocess.run(
             [sys.executable, "-m", "services.cli", "rebuild", "--target", "all"],
-            env=stack.env, capture_output=True, text=True, timeout=300,
+            env=env, capture_output=True, text=True, timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "redis: generation" in proc.stdout and "qdrant: generation" in proc.stdout
-        assert "vectors_sent" not in proc.stderr  # a rebuild never embeds
+        assert not embedded.exists(), f"processes {embedded.read_text().split()} loaded the embedding runtime"
 
         def switched():
             return httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"] > old_gen

@@ -16,7 +16,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from events import AddMemory
 from events.codec import decode
 from events.topics import COMMANDS
-from services.memory_service import ApiError, MemoryService
+from services.errors import ApiError
+from services.memory.commands import MemoryCommands
+from services.memory.kafka import KafkaCommandPublisher
 from workers.kafka_io import ensure_topics, producer, reader
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -34,7 +36,8 @@ async def test_a_refused_send_does_not_poison_later_sends(settings):
     await ensure_topics(s)
     first = producer(s)
     await first.start()
-    svc = MemoryService(s, None, None, None, first)
+    publisher = KafkaCommandPublisher(s, first)
+    svc = MemoryCommands(s, None, None, publisher)
     try:
         def cmd(summary: str, content: str = "") -> AddMemory:
             return AddMemory(command_id=str(uuid.uuid4()), tenant="t", agent="a", issued_at=NOW, summary=summary,
@@ -42,15 +45,15 @@ async def test_a_refused_send_does_not_poison_later_sends(settings):
 
         # Same agent, so the same partition: the broker knows the producer's sequence there.
         sent = [cmd(f"a normal write {i}") for i in range(4)]
-        assert (await svc._submit(sent[0], wait=False))["status"] == "accepted"
+        assert (await svc.submit(sent[0], wait=False))["status"] == "accepted"
         with pytest.raises(ApiError) as e:
-            await svc._submit(cmd("too big for this broker", "x" * 8000), wait=False)
+            await svc.submit(cmd("too big for this broker", "x" * 8000), wait=False)
         assert (e.value.status, e.value.code, e.value.field) == (413, "LIMIT_EXCEEDED", "content")
         for c in sent[1:]:
-            assert (await svc._submit(c, wait=False))["status"] == "accepted"
-        assert svc.producer is not first
+            assert (await svc.submit(c, wait=False))["status"] == "accepted"
+        assert publisher.producer is not first
     finally:
-        await svc.producer.stop()
+        await publisher.stop()
         await first.stop()
     c = reader(s)
     await c.start()

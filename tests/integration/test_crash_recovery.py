@@ -18,15 +18,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, decode, encode
 from events.record import Status
+from events.rules.ledger import LedgerState, decide, evolve, record_id_for
 from events.topics import COMMANDS, EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
 from services.stack import Stack, stack_env
 from tests.conftest import eventually
-from workers.ledger_rules import LedgerState, decide, evolve, record_id_for
 
 AGENTS = 100
 PER_AGENT = 100  # 10,000 commands in all
+KILL_AFTER = 1000  # committed offsets of the event log (events and transaction markers) before the kill
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
 
@@ -114,13 +115,28 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
             await producer.send(commands_topic, encode(c), key=COMMANDS.key_bytes(c))
         await producer.flush()
 
-        async def ledger_busy():
-            async with httpx.AsyncClient() as h:
-                return (await h.get(f"{stack.api_url}/health")).json()["projection"]["applied"] > 200
+        # The kill point: once the ledger has committed KILL_AFTER offsets of the event log,
+        # watched closely enough that it is still deciding the first half's commands.
+        watcher = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                                   isolation_level="read_committed")
+        await watcher.start()
+        try:
+            tps = [TopicPartition(events_topic, p) for p in range(EVENTS.partitions)]
 
-        await eventually(ledger_busy, timeout=60)
-        stack.kill("ledger", signal.SIGKILL)
-        stack.kill("redis-projection", signal.SIGKILL)
+            async def committed_offsets():
+                n = sum((await watcher.end_offsets(tps)).values())
+                return n if n >= KILL_AFTER else None
+
+            at_kill = await eventually(committed_offsets, timeout=60, interval=0.01)
+            stack.kill("ledger", signal.SIGKILL)
+            stack.kill("redis-projection", signal.SIGKILL)
+        finally:
+            await watcher.stop()
+        # Reached the point, and killed mid-burst: the log holds some, not all, of the
+        # events the first half's commands make.
+        killed_with = len(await read_all(settings.kafka_bootstrap, events_topic, EVENTS.partitions))
+        first_half = len(pure_events(cmds[:half]))
+        assert at_kill >= KILL_AFTER and 0 < killed_with < first_half, (at_kill, killed_with, first_half)
         for c in cmds[half:]:
             await producer.send(commands_topic, encode(c), key=COMMANDS.key_bytes(c))
         await producer.flush()

@@ -15,8 +15,8 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, content_hash
-from services.api import ShardOwner
+from projections.embedding_port import MODEL_ID, content_hash
+from services.http.shards import ShardOwner
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics
 

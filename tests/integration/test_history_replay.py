@@ -12,13 +12,13 @@ import uuid
 
 from aiokafka import TopicPartition
 
+from events.rules.history import kept_events
 from events.topics import TURNS
 from projections.embedder import OnnxMiniLM
 from projections.history_index import HistoryIndex, event_parts
-from projections.history_rules import kept_events
 from projections.redis_history import RedisHistory
 from services.client import TurnPublisher
-from services.settings import Settings
+from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
 from workers.history import HistoryProjector

@@ -12,14 +12,14 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from events import AddMemory, TurnOutcome, encode
+from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS
-from services.settings import Settings
+from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
 from workers import ledger_snapshot
 from workers.kafka_io import ensure_topics
 from workers.ledger import LedgerProcessor
-from workers.ledger_rules import LedgerState
 from workers.runtime import Runner
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

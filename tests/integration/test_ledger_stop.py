@@ -10,11 +10,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from events import AddMemory, encode
+from events.rules.ledger import LedgerState, decide, evolve
 from events.topics import COMMANDS, EVENTS
-from services.settings import Settings
+from settings import Settings
 from workers.kafka_io import ensure_topics
 from workers.ledger import LedgerProcessor
-from workers.ledger_rules import LedgerState, decide, evolve
 from workers.runtime import Stopping
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -19,7 +19,7 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, content_hash
+from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import EdgeIndex
 from tests.conftest import eventually
 from workers import qdrant_projection
@@ -177,7 +177,7 @@ async def test_a_crash_during_the_first_pass_over_the_vectors_strands_nothing(se
         await pipe.vectors(*e)
         first = QdrantProjection(pipe.s, EdgeIndex(tmp_path / "shard"))
         saves.live.append(first)
-        c = qdrant_projection.reader(pipe.s)
+        c = qdrant_projection.TopicReader(pipe.s)
         await c.start()
         try:
             from aiokafka import TopicPartition

@@ -1,4 +1,4 @@
-"""The projection law (DESIGN.md): for any event sequence with duplicates and
+"""The projection law (docs/projection-law.md): for any event sequence with duplicates and
 redeliveries, the incremental Redis projection, a fresh rebuild and the pure fold agree.
 A rebuild writes with `fill`, which keeps versions itself instead of asking Redis."""
 
@@ -12,9 +12,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
+from events.rules.ledger import LedgerState, decide, evolve
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
-from workers.ledger_rules import LedgerState, decide, evolve
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _gens = itertools.count(5_000_000)

@@ -15,7 +15,7 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, REDELIVERED, VECTORS
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, content_hash
+from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import EdgeIndex, SearchFilter
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics

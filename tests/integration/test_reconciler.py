@@ -15,7 +15,8 @@ from events.lean import as_lean
 from events.record import MemoryRecord, Status
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import MODEL_ID, OnnxMiniLM, content_hash
+from projections.embedder import OnnxMiniLM
+from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import SearchFilter
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually

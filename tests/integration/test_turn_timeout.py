@@ -12,13 +12,13 @@ from aiokafka import AIOKafkaProducer
 
 from events import AddMemory, TurnOutcome, encode
 from events.base import utcnow
+from events.rules.ledger import TURN_TIMEOUT
 from events.topics import COMMANDS, EVENTS
-from services.settings import Settings
+from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
 from workers.kafka_io import ensure_topics
 from workers.ledger import LedgerProcessor
-from workers.ledger_rules import TURN_TIMEOUT
 from workers.runtime import Runner
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from services.health import Observed, assess
-from services.input_guard import MAX_BODY_BYTES, body_refusal, unencodable_field
+from services.http.health_probe import Observed, assess
+from services.http.input_guard import MAX_BODY_BYTES, body_refusal, unencodable_field
 from services.mcp_server import refusal
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from events import AgentConfig, SessionEnded
 from events.record import Scope, Source
-from projections.history_rules import KeptEvent
-from workers import consolidation_rules as c
-from workers.ledger_rules import record_id_for
-from workers.model_client import Malformed
+from events.rules import consolidation as c
+from events.rules.history import KeptEvent
+from events.rules.ledger import record_id_for
+from events.rules.model_answer import Malformed
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 ENDED = SessionEnded(event_id="end-1", tenant="t", agent="a", session="s1", execution_id="x", outcome="successful",

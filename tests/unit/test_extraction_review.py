@@ -10,9 +10,9 @@ from events import AgentConfig, TurnCommitted
 from events.commands import AddMemory, DeleteMemory
 from events.config import EveryMessages, ExtractionConfig, MemoryConfig, ScopeConfig
 from events.record import MemoryRecord, Scope
-from workers import extraction_review as r
+from events.rules import extraction_review as r
+from events.rules.model_answer import Malformed
 from workers.extraction_state import decide_due
-from workers.model_client import Malformed
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TURN = TurnCommitted(event_id="ev1", tenant="t", agent="a", session="s1", turn=3, attempt=2, execution_id="x", occurred_at=NOW)
@@ -82,7 +82,6 @@ def test_decisions_become_commands_with_deterministic_ids_and_handles_resolved()
 
 
 def test_a_fact_cites_at_most_five_source_messages():
-    # Seed 004: "Source messages cited by one fact | 5".
     shown = [msg(i) for i in range(12)]
     answer = r.ReviewAnswer.model_validate({"candidates": [
         {"decision": "add", "summary": "cites six", "source_message_ids": [f"m{i}" for i in range(6)]},

@@ -16,11 +16,11 @@ from events import AddMemory, CommandRejected
 from events.codec import decode, encode
 from events.lean import decode_lean
 from events.limits import EVENT_LIMIT, MESSAGE_LIMIT
+from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS
-from services.settings import Settings
+from settings import Settings
 from workers import ledger as ledger_mod
 from workers.ledger import LedgerProcessor, RecentCommands
-from workers.ledger_rules import LedgerState
 from workers.runtime import DeadLetter, Out, Processor, Runner, fits
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -68,7 +68,7 @@ async def test_an_event_over_the_message_limit_becomes_a_refusal_naming_the_fiel
 async def test_a_rule_that_fails_answers_the_caller_and_parks_the_command(monkeypatch):
     ledger = fresh_ledger()
 
-    def broken(state, cmd):
+    def broken(state, cmd, *_):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(ledger_mod, "decide", broken)

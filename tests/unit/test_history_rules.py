@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events import Message, ToolCall, TurnCommitted
-from projections.history_rules import (
+from events.rules.history import (
     HistoryFilter,
     KeptEvent,
     decode_cursor,

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events import AddMemory
+from events.rules.ledger import LedgerState
 from events.topics import REDELIVERED
-from services.settings import Settings
+from settings import Settings
 from workers.ledger import LedgerProcessor, RecentCommands
-from workers.ledger_rules import LedgerState
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 

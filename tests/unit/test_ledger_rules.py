@@ -18,7 +18,7 @@ from events import (
     UnpinMemory,
 )
 from events.record import MemoryRecord, Provenance, Source, Status
-from workers.ledger_rules import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
+from events.rules.ledger import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 _ids = count()
@@ -177,7 +177,7 @@ def test_live_fact_cap():
         only(led.add(f"fact number {i}"), "RecordAdded")
     e = only(led.add("one too many"), "CommandRejected")
     assert e.code == "LIMIT_EXCEEDED" and f"cap is {LIVE_FACT_CAP}" in e.reason
-    # Seed 004's cap is on facts: an episode still comes, and takes no fact's place.
+    # The cap is on facts: an episode still comes, and takes no fact's place.
     made = Provenance(source=Source.CONSOLIDATION)
     only(led.add("an episode", kind="episode", provenance=made), "RecordAdded")
     assert led.state.stats["t/a"]["live"] == LIVE_FACT_CAP
@@ -237,7 +237,7 @@ def test_turn_write_waits_for_commit():
 
 
 def test_a_turn_write_names_the_turn_its_outcome_describes():
-    # Seed 000: each record names the execution, invocation, agent version and session that wrote it.
+    # Each record names the execution, invocation, agent version and session that wrote it.
     led = Ledger()
     led.add("learned over HTTP", turn_ref="x:1:1", provenance=Provenance(execution_id="x", modified_by="agent:a"))
     turn = Provenance(execution_id="other", invocation=2, agent_version=7, session="s1", turn=1)
@@ -313,7 +313,7 @@ def test_live_turn_cannot_touch_a_preview_record():
 @pytest.mark.parametrize("session", [None, "s2"])
 @pytest.mark.parametrize("command", ["delete", "pin", "unpin", "replace"])
 def test_an_agents_command_never_reaches_another_sessions_record(command, session):
-    # Seed 000: a SESSION record "never reaches another session"; an agent without a
+    # A SESSION record never reaches another session; an agent without a
     # session has no session scope at all.
     led = Ledger(scope={"read": ["session", "agent"], "write": ["session", "agent"]}, pinned={"max_tokens": 2000})
     r = only(led.add("s1's fact", pinned=command == "unpin"), "RecordAdded").record
@@ -330,7 +330,7 @@ def test_an_agents_command_never_reaches_another_sessions_record(command, sessio
 
 
 def test_an_operator_reaches_every_sessions_record():
-    # Seed 000: `deleteAgentMemory` deletes any of the agent's records.
+    # An operator's delete reaches any of the agent's records.
     led = Ledger()
     r = only(led.add("s1's fact"), "RecordAdded").record
     d = only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=r.id,
@@ -474,7 +474,7 @@ def test_sessionless_agent_must_use_agent_scope(field):
 
 
 def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
-    from workers.ledger_rules import TURN_TIMEOUT
+    from events.rules.ledger import TURN_TIMEOUT
 
     led = Ledger()
     led.add("staged then forgotten", turn_ref="x:9:1")
@@ -492,7 +492,7 @@ def test_a_turn_without_an_outcome_times_out_and_discards_its_writes():
 
 
 def test_an_overdue_turn_of_a_quiet_agent_is_expired_by_the_command_the_ledger_sends_itself():
-    from workers.ledger_rules import TURN_TIMEOUT, overdue
+    from events.rules.ledger import TURN_TIMEOUT, overdue
 
     led = Ledger()
     led.add("staged, then the agent went quiet", turn_ref="x:7:1")
@@ -515,7 +515,7 @@ def test_an_overdue_turn_of_a_quiet_agent_is_expired_by_the_command_the_ledger_s
 
 
 def test_a_turn_within_the_timeout_still_commits():
-    from workers.ledger_rules import TURN_TIMEOUT
+    from events.rules.ledger import TURN_TIMEOUT
 
     led = Ledger()
     led.add("staged", turn_ref="x:8:1")
@@ -524,13 +524,27 @@ def test_a_turn_within_the_timeout_still_commits():
     assert [e.type for e in events] == ["TurnResolved", "RecordAdded"]
 
 
+def test_a_shorter_turn_timeout_expires_a_turn_sooner():
+    from events.rules.ledger import overdue
+
+    led = Ledger()
+    led.add("staged", turn_ref="x:6:1")
+    at, timeout = NOW + timedelta(seconds=31), timedelta(seconds=30)
+    assert overdue(led.state, at) == [] and len(overdue(led.state, at, timeout)) == 1
+    later = AddMemory(command_id=nid(), tenant="t", agent="a", issued_at=at, summary="later", session="s1")
+    assert [e.type for e in decide(led.state, later)] == ["RecordAdded"]
+    events = decide(led.state, later, timeout)
+    assert [e.type for e in events] == ["TurnResolved", "WriteDiscarded", "RecordAdded"]
+    assert events[1].reason == "turn timed out: no outcome within 30 s"
+
+
 def _outcome_at(led, at, ref, committed=True, agent="a"):
     return led.run(TurnOutcome(command_id=nid(), tenant="t", agent=agent, issued_at=at, turn_ref=ref,
                                committed=committed))
 
 
 def test_resolved_turns_are_remembered_for_a_day_then_forgotten():
-    from workers.ledger_rules import TURN_MEMORY, outcome_of
+    from events.rules.ledger import TURN_MEMORY, outcome_of
 
     led = Ledger()
     hour = timedelta(hours=1)
@@ -573,7 +587,7 @@ def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
     events: both folds must make the same state, byte for byte."""
     from events import encode
     from events.lean import decode_ledger_view
-    from workers.ledger_rules import TURN_TIMEOUT
+    from events.rules.ledger import TURN_TIMEOUT
 
     memory = {"labels": {"customer_id": {"number": 5}}, "pinned": {"max_tokens": 100}}
     led, log = Ledger(**memory), []
@@ -608,7 +622,7 @@ def test_recovery_folds_the_lean_view_of_the_events_to_the_same_state():
 
 
 def test_an_agents_open_turns_are_its_own():
-    from workers.ledger_rules import TURN_TIMEOUT
+    from events.rules.ledger import TURN_TIMEOUT
 
     led = Ledger()
     led.add("a's write", turn_ref="x:1:1")

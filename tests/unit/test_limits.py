@@ -23,8 +23,9 @@ from events.limits import (
     MESSAGE_LIMIT,
 )
 from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, Provenance
-from services.memory_service import ApiError, _encoded
-from workers.ledger_rules import LedgerState, decide, evolve
+from events.rules.ledger import LedgerState, decide, evolve
+from services.errors import ApiError
+from services.memory.commands import encoded
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -97,6 +98,13 @@ def test_labels_are_limited_in_count_and_value_size():
     assert refusal(labels={"x" * 65: "v"}).field == "labels"
 
 
+def test_a_label_refusal_never_names_the_label():
+    """A label name can be a secret, and refusals are logged as CommandRejected events."""
+    for labels in ({"sk-secret-name": "v" * (MAX_LABEL_VALUE_BYTES + 1)}, {"sk-secret-name": "\ud800"}):
+        err = refusal(labels=labels)
+        assert err.field == "labels" and "sk-secret-name" not in str(err)
+
+
 def test_a_turn_reference_is_limited():
     assert refusal(turn_ref="t" * (MAX_TURN_REF_CHARS + 1)).field == "turn_ref"
 
@@ -104,16 +112,16 @@ def test_a_turn_reference_is_limited():
 def test_a_command_over_the_command_limit_is_refused_before_it_is_sent():
     big = add(provenance=Provenance(candidates=["c" * 1000] * 300))
     with pytest.raises(ApiError) as e:
-        _encoded(big)
+        encoded(big)
     assert (e.value.status, e.value.code, e.value.field) == (413, "LIMIT_EXCEEDED", "provenance")
     assert f"limit of {COMMAND_LIMIT} bytes" in e.value.message
-    assert _encoded(add()) == encode(add())
+    assert encoded(add()) == encode(add())
 
 
 def test_a_string_that_is_not_text_is_refused_naming_its_field():
     # Validation refuses lone surrogates in typed strings; this is the net under anything else.
     with pytest.raises(ApiError) as e:
-        _encoded(add().model_copy(update={"kind": "f\ud800"}))
+        encoded(add().model_copy(update={"kind": "f\ud800"}))
     assert (e.value.status, e.value.field) == (422, "kind")
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.record import MemoryRecord, Scope
-from services.recall_render import BLOCK_CHARS, fit, render, within_block
+from events.rules.recall_render import BLOCK_CHARS, fit, render, within_block
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -20,7 +20,7 @@ def rec(i: int, summary: str, content: str = "", pinned: bool = False) -> Memory
 
 
 def test_records_that_do_not_fit_the_block_are_left_out_whole():
-    # Seed 004: the block is capped at 8,000 characters; facts that do not fit are skipped whole.
+    # The block is capped at 8,000 characters; facts that do not fit are skipped whole.
     big = [rec(i, f"fact {i} " + "x" * 300, content="y" * 2000) for i in range(10)]
     small = rec(99, "a short fact")
     kept, _, _ = within_block([], [*big, small])

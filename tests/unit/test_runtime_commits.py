@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import TopicPartition
 
-from services.settings import Settings
+from settings import Settings
 from workers.runtime import Out, Processor, Runner
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.settings import Settings
+from settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -10,7 +10,7 @@ from services.settings import Settings
     [("1", True), ("true", True), ("ON", True), (" enabled ", True), ("0", False), ("off", False), ("maybe", False), ("", False)],
 )
 def test_the_kill_switch_turns_memory_off_only_for_its_four_values(monkeypatch, value, off):
-    # Seed 004: 1, true, on and enabled turn memory off; an unreadable value leaves it on.
+    # 1, true, on and enabled turn memory off; an unreadable value leaves it on.
     monkeypatch.setenv("AGENT_MEMORY_KILL_SWITCH", value)
     assert Settings().memory_kill_switch is off
 

@@ -1,6 +1,6 @@
-"""Session history over HTTP: `search_history(query, ids, limit)` with seed 003's filters.
+"""Session history over HTTP: `search_history(query, ids, limit)` with its filters.
 
-An API extension (services/api.py, `extensions()`): it owns the history Edge shard and
+An API extension (services/http/app.py, `extensions()`): it owns the history Edge shard and
 runs its projection in this process; whole events and listings come from the Redis side
 that `memlane worker history` keeps.
 
@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Annotated, Any, Literal
 
 import structlog
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, FastAPI
+from pydantic import Field
 
-from events.base import utcnow
-from events.codec import encode
-from events.topics import USAGE
-from events.usage import ModelUsage, Retrieved, RetrievedItem
-from projections.history_index import HYBRID_DEPTH, HistoryIndex
-from projections.history_rules import (
+from events.errors import ErrorCode
+from events.rules.history import (
     MAX_RANKED_DEPTH,
     HistoryFilter,
     decode_cursor,
@@ -41,18 +36,20 @@ from projections.history_rules import (
     split_parts,
     time_window,
 )
+from events.usage import Retrieved, RetrievedItem
+from projections.history_index import HYBRID_DEPTH, HistoryIndex
 from projections.redis_history import RedisHistory
-from services.auth import Principal
-from services.memory_service import ApiError
-from services.settings import Settings
+from services.errors import ApiError
+from services.http.deps import Ctx
+from services.http.models import Body
+from services.memory import Context
+from settings import Settings
 from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
 log = structlog.get_logger()
 
 
-class HistorySearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class HistorySearchRequest(Body):
     query: Annotated[str, Field(max_length=4000)] | None = None
     ids: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=100)] = []
     limit: Annotated[int, Field(ge=1, le=100)] = 10
@@ -63,46 +60,9 @@ class HistorySearchRequest(BaseModel):
     cursor: Annotated[str, Field(max_length=512)] | None = None
     turn: Annotated[int, Field(ge=0)] | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
-    # Seed 003's memory_search names what it searches: "messages" is this history search;
+    # A request may name what it searches: "messages" is this history search;
     # "notes" are memory records, which POST /v1/memory/search searches.
     kind: Literal["messages", "notes"] = "messages"
-
-
-class Caller(BaseModel):
-    tenant: str
-    agent: str
-    session: str | None
-    preview: bool
-    turn: int | None
-    execution_id: str | None
-
-
-async def caller(
-    request: Request,
-    authorization: Annotated[str | None, Header()] = None,
-    x_agent: Annotated[str | None, Header()] = None,
-    x_tenant: Annotated[str | None, Header()] = None,
-    x_session: Annotated[str | None, Header()] = None,
-    x_preview: Annotated[bool, Header()] = False,
-    x_turn: Annotated[int | None, Header(ge=0)] = None,
-    x_execution_id: Annotated[str | None, Header()] = None,
-) -> Caller:
-    # The same rules as services/api.py's `context`: a key speaks for its own agent only.
-    key = (authorization or "").removeprefix("Bearer ").strip()
-    p: Principal | None = await request.app.state.keys.resolve(key)
-    if p is None:
-        raise ApiError("UNAUTHENTICATED", "authorization", "send 'Authorization: Bearer <api key>'", 401)
-    if p.role == "operator":
-        if not x_agent or not (x_tenant or p.tenant != "*"):
-            raise ApiError("VALIDATION_FAILED", "x-agent", "an operator key must name X-Tenant and X-Agent")
-        tenant, agent = (x_tenant if p.tenant == "*" else p.tenant), x_agent
-    else:
-        if x_agent and x_agent != p.agent:
-            raise ApiError("FORBIDDEN", "x-agent", "this key belongs to another agent", 403)
-        tenant, agent = p.tenant, p.agent
-    return Caller(
-        tenant=tenant, agent=agent, session=x_session, preview=x_preview, turn=x_turn, execution_id=x_execution_id
-    )
 
 
 class HistoryExtension:
@@ -141,15 +101,15 @@ class HistoryExtension:
     async def status(self) -> dict[str, Any]:
         return self.projection.status() if self.projection else {"caught_up": False}
 
-    async def search(self, body: HistorySearchRequest, who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+    async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
         if body.kind == "notes":
-            raise ApiError("VALIDATION_FAILED", "kind", 'kind "notes": notes are memory records; search them with '
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", 'kind "notes": notes are memory records; search them with '
                            "POST /v1/memory/search. This endpoint searches messages")
         service = self.app.state.service
         cfg = await service.config(who.tenant, who.agent)
         if cfg.history is None:
             raise ApiError(
-                "HISTORY_DISABLED", "harness.history", "history is off for this agent; set harness.history.index", 403
+                ErrorCode.HISTORY_DISABLED, "harness.history", "history is off for this agent; set harness.history.index", 403
             )
         turn = body.turn if body.turn is not None else who.turn
         if not who.session or not cfg.has_sessions:
@@ -160,7 +120,7 @@ class HistoryExtension:
             since, until = time_window(body.day, body.since, body.until)
         except ValueError as e:
             field, _, _ = str(e).partition(":")
-            raise ApiError("VALIDATION_FAILED", field, str(e)) from None
+            raise ApiError(ErrorCode.VALIDATION_FAILED, field, str(e)) from None
         f = HistoryFilter(
             tenant=who.tenant,
             agent=who.agent,
@@ -227,36 +187,15 @@ class HistoryExtension:
             return int(pos) if kind is int else (int(pos[0]), str(pos[1]))
         except (ValueError, TypeError, IndexError, KeyError, OverflowError) as e:
             msg = str(e) if str(e).startswith("cursor:") else "cursor: not a cursor this search returned"
-            raise ApiError("VALIDATION_FAILED", "cursor", msg) from None
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "cursor", msg) from None
 
-    async def _record(self, who: Caller, turn: int | None, out: list[dict[str, Any]], embedded: str | None) -> None:
+    async def _record(self, who: Context, turn: int | None, out: list[dict[str, Any]], embedded: str | None) -> None:
         """Each search is a RETRIEVED output use; its query embedding is usage of purpose `embed`."""
-        s, producer = self.settings, self.app.state.service.producer
-        base = dict(
-            tenant=who.tenant,
-            agent=who.agent,
-            occurred_at=utcnow(),
-            session=who.session,
-            execution_id=who.execution_id,
-            turn=turn,
-        )
-        msgs: list[Any] = [
-            Retrieved(
-                usage_id=str(uuid.uuid4()),
-                tool="search_history",
-                items=[RetrievedItem(id=o["id"]) for o in out],
-                **base,
-            )
-        ]
-        if embedded:
-            model = getattr(self.app.state.service.embedder, "model_id", "embedder")
-            msgs.append(
-                ModelUsage(
-                    usage_id=str(uuid.uuid4()), purpose="embed", model=model, input_tokens=len(embedded) // 4 + 1, **base
-                )
-            )
+        usage = self.app.state.service.usage
         t0 = time.perf_counter()
-        for m in msgs:
-            # Enqueued, not awaited: the producer delivers in the background, and search latency stays low.
-            await producer.send(s.topic(USAGE.name), encode(m), key=USAGE.key_bytes(m))
+        # Enqueued, not awaited: the recorder delivers in the background, and search latency stays low.
+        await usage.record(Retrieved(**usage.base(who, turn), tool="search_history",
+                                     items=[RetrievedItem(id=o["id"]) for o in out]))
+        if embedded:
+            await usage.embedded(who, embedded, turn=turn)
         log.debug("history_search_recorded", items=len(out), ms=round((time.perf_counter() - t0) * 1000, 2))

@@ -16,6 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 
 from events.record import MemoryRecord
+from events.rules.tokens import pin_budget_chars, pin_line_chars
 
 HEADER = (
     "<memory>\n"
@@ -24,7 +25,7 @@ HEADER = (
 )
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
-BLOCK_CHARS = 8000  # seed 004: the injected block's cap; records that do not fit are left out whole
+BLOCK_CHARS = 8000  # the injected block's cap; records that do not fit are left out whole
 # Memory blocks come first but may take only this share of the cap, so the turn's records
 # always have room; a block that does not fit whole in what is left of it is left out.
 BLOCKS_CHARS = 4000
@@ -39,15 +40,27 @@ _BRACKETS = str.maketrans({**dict.fromkeys(_OPEN, "\u2039"), **dict.fromkeys(_CL
 # &lt; and &gt; in any spelling (named, decimal, hex, escaped again): decoded once, they are tags.
 _ENTITY = re.compile(r"&(?:amp;)*(?:(lt|#0*60|#x0*3c)|gt|#0*62|#x0*3e);?", re.I)
 _DROPPED = {"Cc", "Cf", "Cs", "Co", "Cn"}  # controls, format (zero-width, soft hyphen, bidi), surrogates
+# Anything but printable ASCII and newlines, or a character a tag or entity needs: text
+# without any is already clean but for white space and headings.
+_NOT_PLAIN = re.compile(r"[^\x20-\x7e\n]|[<>&]")
+# A field is cut to this many times its display length before it is cleaned: cleaning costs
+# per character, and a record's content can be 16 KiB of which 600 characters are shown.
+CUT_MARGIN = 2
 
 
 def clean(text: str, multiline: bool = False) -> str:
     """`text` as it may appear inside the block. Single-line fields have every run of white
     space (newlines included) collapsed to one space; multi-line ones keep their lines."""
+    if _NOT_PLAIN.search(text) is None:
+        return _spaced(text, multiline)
     text = unicodedata.normalize("NFKC", text)
     text = _LINE_BREAK.sub("\n", text).replace("\t", " ")
     text = "".join(ch for ch in text if ch == "\n" or unicodedata.category(ch) not in _DROPPED)
     text = _ENTITY.sub(lambda m: "\u2039" if m.group(1) else "\u203a", text.translate(_BRACKETS))
+    return _spaced(text, multiline)
+
+
+def _spaced(text: str, multiline: bool) -> str:
     if not multiline:
         return _no_heading(" ".join(text.split()))
     return "\n".join(_no_heading(line.rstrip()) for line in text.split("\n") if line.strip())
@@ -74,9 +87,11 @@ def _pin(r: MemoryRecord) -> str:
 
 def _record(r: MemoryRecord) -> str:
     line = f"- [{clean(r.kind)}] {clean(r.summary)} (id: {r.id}, v{r.version})\n"
-    body = clean(r.content, multiline=True)
+    cut = CONTENT_CHARS * CUT_MARGIN
+    body = clean(r.content[:cut], multiline=True)
     if body:
-        line += _indented(body if len(body) <= CONTENT_CHARS else body[:CONTENT_CHARS] + "…")
+        short = len(body) <= CONTENT_CHARS and len(r.content) <= cut
+        line += _indented(body if short else body[:CONTENT_CHARS] + "…")
     return line
 
 
@@ -119,9 +134,9 @@ def fit(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tu
 def pinned_within_budget(pinned: list[MemoryRecord], max_tokens: int | None) -> list[MemoryRecord]:
     if not max_tokens:
         return []
-    budget, used, out = max_tokens * 4, 0, []
+    budget, used, out = pin_budget_chars(max_tokens), 0, []
     for r in pinned:
-        line = len(r.summary) + len(r.id) + 3
+        line = pin_line_chars(r)
         if used + line > budget:
             break
         used += line
@@ -149,6 +164,6 @@ def render_fitted(f: Fitted) -> str:
 
 def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: list[MemoryRecord] = (),
            procedures: list[MemoryRecord] = (), blocks: list[tuple[str, str]] = ()) -> str:
-    """Memory blocks first (seed 002: always at the top), then pins, records, episodes and
+    """Memory blocks first (always at the top), then pins, records, episodes and
     procedures, all inside one block marked as data and within `BLOCK_CHARS`."""
     return render_fitted(fit(pinned, records, blocks, episodes, procedures))

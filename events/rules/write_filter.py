@@ -1,4 +1,4 @@
-"""The write-time filter (seed 004): what no agent's or model's write may store.
+"""The write-time filter: what no agent's or model's write may store.
 
 It runs on every path an agent or a model writes through: extraction candidates,
 consolidation's episodes, HTTP and MCP writes (`MemoryService.add`, `curate`), and
@@ -74,7 +74,38 @@ def _luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
+# Cheap tests that rule a pattern group out before its regexes run (most writes hold none
+# of them). Each is a necessary condition of every pattern of its group, on ASCII text only:
+# there `lower()` is exactly what the patterns' case-insensitivity means and `\d` is 0-9.
+# (Why not one alternation per group: docs/write-filter.md.)
+_SECRET_HINTS = ("private key", "sk-", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "aiza", "eyj",
+                 "bearer", "pass", "pwd", "secret", "token")
+_INJECTION_HINTS = ("ignore", "disregard", "forget", "you are now", "from now on", "act as", "system", "instruction",
+                    "im_start", "im_end", "endoftext", "inst]", "sys]", "always")
+
+
+def _no_secret(text: str) -> bool:
+    if not text.isascii():
+        return False
+    low = text.lower()
+    return not any(h in low for h in _SECRET_HINTS) and not ("api" in low and "key" in low)
+
+
+def _no_injection(text: str) -> bool:
+    if not text.isascii():
+        return False
+    low = text.lower()
+    return not any(h in low for h in _INJECTION_HINTS)
+
+
+def _digits(text: str) -> int:
+    return sum(map(text.count, "0123456789"))
+
+
 def find_pii(text: str) -> str | None:
+    if text.isascii() and "@" not in text and _digits(text) < 8:
+        # A phone, card or national id number has 8 digits or more: only an IBAN can be here.
+        return "bank account number (IBAN)" if IBAN.search(text) else None
     if EMAIL.search(text):
         return "email address"
     if SSN.search(text):
@@ -91,6 +122,8 @@ def find_pii(text: str) -> str | None:
 
 
 def find_secret(text: str) -> str | None:
+    if _no_secret(text):
+        return None
     for name, pattern in SECRETS:
         if pattern.search(text):
             return name
@@ -98,6 +131,8 @@ def find_secret(text: str) -> str | None:
 
 
 def find_injection(text: str) -> str | None:
+    if _no_injection(text):
+        return None
     for name, pattern in INJECTION:
         if pattern.search(text):
             return name
@@ -122,10 +157,18 @@ def looks_like_transcript(text: str) -> str | None:
 
 
 def looks_like_tool_dump(text: str) -> str | None:
+    return _tool_fields(text) or _tool_shape(text)
+
+
+def _tool_fields(text: str) -> str | None:
     if TOOL_DUMP_HINTS.search(text):
         return "tool call fields"
     if STACK_TRACE.search(text):
         return "stack trace"
+    return None
+
+
+def _tool_shape(text: str) -> str | None:
     if _looks_like_json_dump(text):
         return "raw JSON document"
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -136,19 +179,32 @@ def looks_like_tool_dump(text: str) -> str | None:
     return None
 
 
-def check(summary: str, content: str = "", labels: dict[str, str] | None = None) -> Refusal | None:
-    """The first rule a candidate breaks, or None when it may be stored."""
-    text = "\n".join([summary, content, *(labels or {}).values()])
+# Between the values of one field, scanned together: no rule's match can span it (the
+# patterns allow at most one separator character between the parts of a number or key).
+_JOIN = "\n\x1f\n"
+
+
+def _check_field(values: list[str]) -> Refusal | None:
+    """The first rule one of a field's values breaks. The patterns scan the values at once;
+    the rules about a whole text's shape (a transcript, a JSON or log dump) look at each value
+    on its own, and only at one long or multi-line enough to have that shape."""
+    text = values[0] if len(values) == 1 else _JOIN.join(values)
     for reason, rule in (
         ("secret", find_secret),  # before PII: a key inside an email-like string is a secret first
         ("pii", find_pii),
         ("prompt_injection", find_injection),
-        ("transcript", looks_like_transcript),
-        ("tool_dump", looks_like_tool_dump),
     ):
-        detail = rule(text)
-        if detail:
+        if detail := rule(text):
             return Refusal(reason, detail)
+    shaped = [v for v in values if "\n" in v or len(v) >= 80]
+    for v in shaped:
+        if detail := looks_like_transcript(v):
+            return Refusal("transcript", detail)
+    if detail := _tool_fields(text):
+        return Refusal("tool_dump", detail)
+    for v in shaped:
+        if detail := _tool_shape(v):
+            return Refusal("tool_dump", detail)
     return None
 
 
@@ -189,9 +245,9 @@ def _scalars(value: object) -> list[str]:
 def check_write(summary: str | None = "", content: str | None = "", kind: str | None = "",
                 labels: dict[str, str] | None = None, metadata: object = None,
                 **texts: str | None) -> FieldRefusal | None:
-    """The first field of an agent's or a tool's write that the filter refuses, or None.
-    Each field is checked on its own, so a refusal names it; `texts` adds more named fields
-    (a block's `label` and `line`)."""
+    """The first field of a write that the filter refuses, or None: every write an agent, a
+    tool or a model makes goes through here. Each field is checked on its own, so a refusal
+    names it; `texts` adds more named fields (a block's `label` and `line`)."""
     fields: list[tuple[str, list[str]]] = [
         ("summary", [summary or ""]),
         ("content", [content or ""]),
@@ -201,7 +257,7 @@ def check_write(summary: str | None = "", content: str | None = "", kind: str | 
         ("metadata", _scalars(metadata or {})),
     ]
     for name, values in fields:
-        for text in values:
-            if text and (hit := check(text)):
-                return FieldRefusal(name, hit)
+        values = [v for v in values if v]
+        if values and (hit := _check_field(values)):
+            return FieldRefusal(name, hit)
     return None

@@ -1,4 +1,4 @@
-"""What a session that ended becomes (seed 002, DESIGN "Consolidation"). Pure: no I/O.
+"""What a session that ended becomes (the choices: docs/consolidation.md). Pure: no I/O.
 
 One model call (purpose `consolidation`) reads the session's kept history and answers with
 the run's goal, outcome, success score and summary: an episode, which the ledger links to
@@ -20,14 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from events.commands import AddMemory
 from events.config import AgentConfig
 from events.record import MAX_SUMMARY_BYTES, Provenance, Scope, Source
+from events.rules import write_filter
+from events.rules.history import KeptEvent
+from events.rules.ledger import RESERVED_KINDS, record_id_for
+from events.rules.model_answer import Malformed, parse_json_object
 from events.turns import SessionEnded
-from projections.history_rules import KeptEvent
-from workers import write_filter
-from workers.ledger_rules import RESERVED_KINDS, record_id_for
-from workers.model_client import Malformed, parse_json_object
 
 EPISODE, PROCEDURE = RESERVED_KINDS
-PROCEDURE_SCORE = 0.7  # seed 002: procedures come from runs that scored above this
+PROCEDURE_SCORE = 0.7  # procedures come from runs that scored above this
 SHOWN_EVENTS = 200  # the session's newest kept events the model reads
 SHOWN_CHARS = 24_000
 EVENT_CHARS = 2_000  # one long tool result must not crowd out the rest of the run
@@ -151,9 +151,9 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
                       source_message_ids=ids[-5:])
 
     def command(part: str, kind: str, summary: str, content: str, metadata: dict[str, Any]) -> AddMemory | None:
-        hit = write_filter.check(summary, content)
+        hit = write_filter.check_write(summary, content, kind)
         if hit:
-            out.refused.append((part, hit.reason, hit.detail))
+            out.refused.append((part, hit.refusal.reason, hit.refusal.detail))
             return None
         try:
             cmd = AddMemory(command_id=str(uuid.uuid5(NAMESPACE, f"{ended.event_id}/{part}")), tenant=ended.tenant,

@@ -20,9 +20,8 @@ class Settings(BaseSettings):
     kafka_port: int = 39092
     kafka_bootstrap: str = ""
     redis_port: int = 36379
-    # REDIS_URL (no prefix) wins, as DESIGN.md says; MEMLANE_REDIS_URL works too.
+    # REDIS_URL (no prefix: the name Redis hosts and tools set) wins; MEMLANE_REDIS_URL works too.
     redis_url: str = Field(default="", validation_alias="REDIS_URL")
-    qdrant_url: str = Field(default="", validation_alias="QDRANT_URL")
     data_dir: Path = ROOT / ".run" / "data"
     api_host: str = "127.0.0.1"
     api_port: int = 38080
@@ -56,7 +55,7 @@ class Settings(BaseSettings):
     # generation keeps the count it was built with: a new count takes effect with the next
     # `memlane rebuild qdrant`.
     memory_shards: int = Field(default=2, ge=1, le=8)
-    # Seed 004's deployment kill switch: 1, true, on or enabled turn memory off for every
+    # The deployment's kill switch: 1, true, on or enabled turn memory off for every
     # agent (agents' memory calls refused, nothing recalled, no reviews); any other value,
     # unreadable ones included, leaves memory on.
     memory_kill_switch: bool = Field(default=False, validation_alias="AGENT_MEMORY_KILL_SWITCH")
@@ -64,6 +63,9 @@ class Settings(BaseSettings):
     # one is dead. A consumer group further behind than health_max_lag messages is lagging.
     heartbeat_s: float = Field(default=2.0, gt=0)
     heartbeat_ttl_s: float = Field(default=10.0, gt=0)
+    # A registered worker without a heartbeat for this long was stopped for good (killed
+    # and not restarted): /health forgets it instead of reporting it dead forever.
+    worker_forget_s: float = Field(default=3600.0, gt=0)
     health_max_lag: int = Field(default=10_000, ge=0)
     # The serving process compares the record view with the memory index this often and
     # heals what differs (`workers.reconciler`); 0 turns the periodic pass off.

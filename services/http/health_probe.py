@@ -2,7 +2,9 @@
 bound, the API's own projections running. Anything else is "degraded" (HTTP 503).
 
 `assess` is the pure rule; `HealthProbe` gathers its inputs (Redis heartbeats, Kafka group
-offsets) at most once a second, however often `/health` is asked.
+offsets) at most once a second, however often `/health` is asked, on its own Redis
+connection: sharing the API's pool, a burst of requests made the probe time out and
+report the API degraded. A worker without a heartbeat for `worker_forget_s` is forgotten.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from redis import asyncio as aioredis
 
 from events.topics import TOPICS
-from services.settings import Settings
-from workers.heartbeat import heartbeat_key, registry_key
+from settings import Settings
+from workers.heartbeat import heartbeat_key, registry_key, seen_key
 from workers.kafka_io import reader
 
 PROBE_TIMEOUT_S = 3.0
@@ -43,7 +46,8 @@ def assess(seen: Observed, max_lag: int, tasks: dict[str, bool]) -> tuple[dict[s
         beat, lag = seen.beats[name], seen.lags.get(name)
         workers[name] = {"alive": beat is not None, "lag": lag}
         if beat is None:
-            problems.append(f"worker {name}: no heartbeat; it is stopped or dead, start `memlane worker {name}`")
+            problems.append(f"worker {name}: no heartbeat; it is stopped or dead, start `memlane worker {name}` "
+                            f"(or, if it is gone for good, `memlane worker {name} --deregister`)")
         elif lag is not None and lag > max_lag:
             problems.append(f"worker {name}: {lag} messages behind, over the bound of {max_lag}")
     for name, running in sorted(tasks.items()):
@@ -52,10 +56,19 @@ def assess(seen: Observed, max_lag: int, tasks: dict[str, bool]) -> tuple[dict[s
     return workers, problems
 
 
+def forgotten(dead: list[str], seen: dict[str, float], now: float, bound_s: float) -> tuple[list[str], list[str]]:
+    """(names to forget, names to start timing) among the registered workers without a
+    heartbeat. `seen`: name -> time of its last beat; a name with none (registered before
+    beats were timed) starts being timed now."""
+    drop = [n for n in dead if n in seen and now - seen[n] > bound_s]
+    return drop, [n for n in dead if n not in seen]
+
+
 class HealthProbe:
-    def __init__(self, settings: Settings, redis: Any) -> None:
+    def __init__(self, settings: Settings, redis: Any = None) -> None:
         self.settings = settings
-        self.r = redis
+        self._own_redis = redis is None
+        self.r = aioredis.from_url(settings.redis_url) if redis is None else redis
         self.admin: AIOKafkaAdminClient | None = None
         self.ends: Any = None
         self.cached: tuple[float, Observed] | None = None
@@ -80,10 +93,28 @@ class HealthProbe:
         raw = await self.r.mget([heartbeat_key(s, n) for n in names]) if names else []
         for name, value in zip(names, raw):
             seen.beats[name] = json.loads(value) if value else None
+        dead = [n for n, b in seen.beats.items() if b is None]
+        if dead:
+            await self._forget(seen, dead)
         groups = {n: b for n, b in seen.beats.items() if b}
         if groups:
             lags = await self._lags({n: (b["group"], b["topics"]) for n, b in groups.items()})
             seen.lags.update(lags)
+
+    async def _forget(self, seen: Observed, dead: list[str]) -> None:
+        s = self.settings
+        raw = await self.r.hgetall(seen_key(s))
+        last = {(k if isinstance(k, str) else k.decode()): float(v) for k, v in raw.items()}
+        drop, start = forgotten(dead, last, time.time(), s.worker_forget_s)
+        async with self.r.pipeline(transaction=False) as p:
+            for name in start:
+                p.hsetnx(seen_key(s), name, time.time())
+            if drop:
+                p.srem(registry_key(s), *drop)
+                p.hdel(seen_key(s), *drop)
+            await p.execute()
+        for name in drop:
+            del seen.beats[name]
 
     async def _lags(self, groups: dict[str, tuple[str, list[str]]]) -> dict[str, int | None]:
         s = self.settings
@@ -106,6 +137,8 @@ class HealthProbe:
         return out
 
     async def close(self) -> None:
+        if self._own_redis:
+            await self.r.aclose()
         for c in (self.ends, self.admin):
             if c is not None:
                 try:

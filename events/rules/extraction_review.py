@@ -17,17 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from events.commands import AddMemory, DeleteMemory
 from events.config import AgentConfig
 from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope, Source
+from events.rules import write_filter
+from events.rules.ledger import normalized_hash
+from events.rules.model_answer import Malformed, parse_json_object
 from events.turns import Message, TurnCommitted
-from workers import write_filter
-from workers.ledger_rules import normalized_hash
-from workers.model_client import Malformed, parse_json_object
 
 WINDOW_MESSAGES = 12
 WINDOW_CHARS = 16_000
 MAX_CANDIDATES = 10
 SIMILAR_PER_MESSAGE = 3
 MAX_HANDLES = 20
-MAX_SOURCES = 5  # seed 004: source messages cited by one fact
+MAX_SOURCES = 5  # source messages one fact may cite
 MAX_KEY_CHARS = 256
 NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")  # same as workers.extraction
 
@@ -265,14 +265,14 @@ def _check_candidate(c: Candidate, cfg: AgentConfig, session: str | None, handle
     cited = len(set(c.source_message_ids))
     if cited > MAX_SOURCES:
         return "citation", f"cites {cited} messages; the limit is {MAX_SOURCES} per fact"
-    hit = write_filter.check(c.summary, c.content, c.labels)
+    hit = write_filter.check_write(c.summary, c.content, c.kind, c.labels)
     if hit:
-        return hit.reason, hit.detail
+        return hit.refusal.reason, hit.refusal.detail
     return None
 
 
 def disputed_keys(candidates: list[Candidate]) -> set[tuple[str, str]]:
-    """(kind, key) pairs that new facts of one review give different texts for. Seed 004: an
+    """(kind, key) pairs that new facts of one review give different texts for. An
     in-batch disagreement with no stored fact is saved as PENDING (the ledger makes it
     CONFLICT when a stored fact holds the key). A correction names what it replaces, so
     only adds count."""

@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from events.base import command_key
-from events.codec import decode, encode
+from events.codec import decode_stored, encode
 from events.commands import (
     BLOCK_CHARS,
     AddMemory,
@@ -37,6 +37,7 @@ from events.commands import (
     UnpinMemory,
 )
 from events.config import AgentConfig, label_numbers_kept
+from events.errors import ErrorCode
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.limits import EVENT_LIMIT, largest_field, too_large
 from events.memory import (
@@ -55,19 +56,21 @@ from events.memory import (
     WriteStaged,
 )
 from events.record import LIVE, MemoryRecord, Provenance, Scope, Source, Status
+from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
-RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (workers.consolidation_rules)
+RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (events.rules.consolidation)
 MAX_BLOCKS = 10  # labels per agent: blocks come with every recall, so they stay few
+# How long a turn's staged writes wait for its outcome; the default of `decide` and `overdue`,
+# whose caller (the ledger worker) passes the configured one.
 TURN_TIMEOUT = timedelta(minutes=10)
 # How long, in event time, a resolved turn's outcome is remembered: at least this, at most
 # twice. A write or an outcome that names an older turn is treated as if the turn were
-# open (it waits TURN_TIMEOUT, then is discarded). Kept forever, the outcomes grew by one
+# open (it waits the turn timeout, then is discarded). Kept forever, the outcomes grew by one
 # entry per turn for the life of the ledger.
 TURN_MEMORY = timedelta(days=1)
-CHARS_PER_TOKEN = 4
 
 
 @dataclass
@@ -89,7 +92,7 @@ class LedgerState:
 
 
 class Rejected(Exception):
-    def __init__(self, code: str, field: str | None, reason: str) -> None:
+    def __init__(self, code: ErrorCode, field: str | None, reason: str) -> None:
         super().__init__(reason)
         self.code, self.field, self.reason = code, field, reason
 
@@ -112,11 +115,6 @@ def normalized_hash(summary: str, content: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def pin_line_chars(r: MemoryRecord | LeanRecord) -> int:
-    # One line per pin: the summary and the record id.
-    return len(r.summary) + len(r.id) + 3
-
-
 DEFAULT_CONFIG = AgentConfig()  # frozen, so one instance serves every unconfigured agent
 
 
@@ -137,10 +135,11 @@ def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
 # --------------------------------------------------------------------------- decide
 
 
-def decide(state: LedgerState, cmd: Any) -> list[Any]:
-    """The events `cmd` produces. Event ids are the command's key plus a position."""
+def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT) -> list[Any]:
+    """The events `cmd` produces. Event ids are the command's key plus a position. Writes
+    staged on a turn whose first write is `turn_timeout` older than `cmd` are discarded first."""
     ak = agent_key(cmd.tenant, cmd.agent)
-    expired = _expire_turns(state, ak, cmd)
+    expired = _expire_turns(state, ak, cmd, turn_timeout)
     if expired:
         state = _scratch(state)
         for e in expired:
@@ -152,7 +151,7 @@ def decide(state: LedgerState, cmd: Any) -> list[Any]:
     ]
 
 
-def refused(cmd: Any, code: str, field: str | None, reason: str) -> list[CommandRejected]:
+def refused(cmd: Any, code: ErrorCode, field: str | None, reason: str) -> list[CommandRejected]:
     """What the ledger emits in place of events it cannot write (one over the message limit,
     or a command its rules failed on): the caller gets an answer, and the partition moves on."""
     e = _rejection(cmd, Rejected(code, field, reason))
@@ -166,18 +165,19 @@ def oversized(cmd: Any, raws: list[bytes]) -> list[CommandRejected] | None:
     if size <= EVENT_LIMIT:
         return None
     field = largest_field(cmd)
-    return refused(cmd, "LIMIT_EXCEEDED", field, too_large("an event of this command", size, EVENT_LIMIT, field))
+    reason = too_large("an event of this command", size, EVENT_LIMIT, field)
+    return refused(cmd, ErrorCode.LIMIT_EXCEEDED, field, reason)
 
 
-def overdue(state: LedgerState, now: datetime) -> list[ExpireTurns]:
-    """An `ExpireTurns` for each agent with a turn whose first write is `TURN_TIMEOUT` old
+def overdue(state: LedgerState, now: datetime, turn_timeout: timedelta = TURN_TIMEOUT) -> list[ExpireTurns]:
+    """An `ExpireTurns` for each agent with a turn whose first write is `turn_timeout` old
     at `now`. Its id names the agent and that turn, so asking again for the same turn sends
     the same command."""
     out = []
     for ak, opened in state.open_turns.items():
         # One command expires all of the agent's overdue turns; it is named after the oldest.
         key, first = min(opened.items(), key=lambda kv: kv[1])
-        if now - first >= TURN_TIMEOUT:
+        if now - first >= turn_timeout:
             tenant, agent = ak.split("/", 1)  # an Ident has no "/"
             out.append(
                 ExpireTurns(
@@ -191,8 +191,8 @@ def overdue(state: LedgerState, now: datetime) -> list[ExpireTurns]:
     return out
 
 
-def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
-    """Writes staged on a turn whose outcome never came are discarded after TURN_TIMEOUT.
+def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta) -> list[Any]:
+    """Writes staged on a turn whose outcome never came are discarded after `turn_timeout`.
 
     Time is the command's own `issued_at`, so a replay decides exactly the same.
     """
@@ -203,41 +203,49 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     # decoding writes to age them cost a decode per open turn. Writes are decoded only for
     # a turn that timed out.
     for key, first in (state.open_turns.get(ak) or {}).items():
-        if cmd.issued_at - first < TURN_TIMEOUT:
+        if cmd.issued_at - first < turn_timeout:
             continue
         ref = key[len(prefix) :]
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
-        writes = [decode("memlane.memory.commands", raw) for raw in state.staged.get(key) or []]
+        writes = [decode_stored("memlane.memory.commands", raw) for raw in state.staged.get(key) or []]
         out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
-        reason = f"turn timed out: no outcome within {int(TURN_TIMEOUT.total_seconds())} s"
+        reason = f"turn timed out: no outcome within {int(turn_timeout.total_seconds())} s"
         out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
     return out
+
+
+# A command handler appends the command's events to `events`, or raises `Rejected`.
+Handler = Callable[[LedgerState, str, Any, list], None]
 
 
 def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     events: list[Any] = []
     try:
-        if isinstance(cmd, ConfigureAgent):
-            _configure(state, ak, cmd, events)
-        elif isinstance(cmd, TurnOutcome):
-            _turn_outcome(state, ak, cmd, events)
-        elif isinstance(cmd, ExpireTurns):
-            pass  # `decide` expires every overdue turn of the agent before any command
-        elif cmd.turn_ref:
-            outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
-            if outcome is None:
-                _validate_write(state, ak, cmd)
-                events.append(_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
-            elif outcome == "committed":
-                _apply_write(state, ak, cmd, events)
-            else:
-                events.append(_base(WriteDiscarded, cmd, turn_ref=cmd.turn_ref, reason=f"turn {outcome}"))
-        else:
-            _apply_write(state, ak, cmd, events)
+        _COMMANDS.get(type(cmd), _write)(state, ak, cmd, events)
     except Rejected as r:
         events = [_rejection(cmd, r)]
     return events
+
+
+def _write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
+    """A write (any command but the turn and configuration ones): staged while its turn is
+    open, applied once the turn committed, discarded if it did not."""
+    if not cmd.turn_ref:
+        _apply_write(state, ak, cmd, events)
+        return
+    outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
+    if outcome is None:
+        _validate_write(state, ak, cmd)
+        events.append(_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
+    elif outcome == "committed":
+        _apply_write(state, ak, cmd, events)
+    else:
+        events.append(_base(WriteDiscarded, cmd, turn_ref=cmd.turn_ref, reason=f"turn {outcome}"))
+
+
+def _expire(state: LedgerState, ak: str, cmd: ExpireTurns, events: list) -> None:
+    """Nothing of its own: `decide` expires every overdue turn of the agent before any command."""
 
 
 def _base(cls: type, cmd: Any, **fields: Any) -> Any:
@@ -262,7 +270,7 @@ def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -
         changed = label_numbers_kept(old, cmd.config)
         if changed:
             raise Rejected(
-                "VALIDATION_FAILED",
+                ErrorCode.VALIDATION_FAILED,
                 f"memory.labels.{changed}",
                 f"label {changed!r} was declared with a number; it keeps that number and cannot be removed",
             )
@@ -278,7 +286,7 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
     # without this function touching the real state (evolve does that, from the events).
     scratch = _scratch(state)
     for raw in state.staged.get(ref) or []:
-        write = _in_turn(decode("memlane.memory.commands", raw), cmd.provenance)
+        write = _in_turn(decode_stored("memlane.memory.commands", raw), cmd.provenance)
         if not cmd.committed:
             reason = cmd.reason or "turn rolled back"
             events.append(_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
@@ -294,7 +302,7 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
 
 
 def _in_turn(write: Any, turn: Provenance) -> Any:
-    """A write made during a turn names that turn (seed 000: each record names the execution,
+    """A write made during a turn names that turn (each record names the execution,
     invocation, agent version and session that wrote it). A call over HTTP knows only its
     turn reference; the turn's outcome carries the rest, and fills what the write left out."""
     known = write.provenance.model_dump(exclude_none=True)
@@ -347,25 +355,15 @@ class _Overlay(dict):
 
 
 def _validate_write(state: LedgerState, ak: str, cmd: Any) -> None:
-    if isinstance(cmd, AddMemory):
-        _new_record(state, ak, cmd)  # raises Rejected on any rule
+    """The rules a write is held to before it is staged: only a new record's (raises `Rejected`)."""
+    if type(cmd) is AddMemory:
+        _new_record(state, ak, cmd)
 
 
 def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
-    if isinstance(cmd, AddMemory):
-        _add(state, ak, cmd, events)
-    elif isinstance(cmd, DeleteMemory):
-        _delete(state, ak, cmd, events)
-    elif isinstance(cmd, (PinMemory, UnpinMemory)):
-        _pin(state, ak, cmd, events)
-    elif isinstance(cmd, EditMemory):
-        _edit(state, ak, cmd, events)
-    elif isinstance(cmd, SweepExpired):
-        _sweep(state, ak, cmd, events)
-    elif isinstance(cmd, CurateBlock):
-        _curate(state, ak, cmd, events)
-    elif isinstance(cmd, ReportOutcome):
-        _report(state, ak, cmd, events)
+    handler = _WRITES.get(type(cmd))
+    if handler is not None:
+        handler(state, ak, cmd, events)
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
@@ -374,7 +372,7 @@ def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
         return Scope.SESSION if "session" in write else Scope.AGENT
     if cmd.scope.value.lower() not in write:
         raise Rejected(
-            "SCOPE_NOT_ALLOWED",
+            ErrorCode.SCOPE_NOT_ALLOWED,
             "scope",
             f"scope {cmd.scope.value} is not allowed: memory.scope.write is {write}",
         )
@@ -384,26 +382,27 @@ def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
 def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = False) -> MemoryRecord:
     cfg = config_of(state, ak)
     if not cfg.memory.enabled:
-        raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
+        raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
     if cmd.kind in RESERVED_KINDS:
-        # Episodes and procedures are what consolidation makes of sessions (seed 002).
+        # Episodes and procedures are what consolidation makes of sessions (docs/consolidation.md).
         if cmd.provenance.source is not Source.CONSOLIDATION and not operator:
-            raise Rejected("VALIDATION_FAILED", "kind", f"kind {cmd.kind!r} is reserved for consolidation")
+            raise Rejected(ErrorCode.VALIDATION_FAILED, "kind", f"kind {cmd.kind!r} is reserved for consolidation")
     elif cmd.kind not in cfg.memory.kinds:
         raise Rejected(
-            "VALIDATION_FAILED",
+            ErrorCode.VALIDATION_FAILED,
             "kind",
             f"kind {cmd.kind!r} is not declared; declared kinds: {', '.join(cfg.memory.kinds)}",
         )
     for name in cmd.labels:
         if name not in cfg.memory.labels:
-            raise Rejected("VALIDATION_FAILED", f"labels.{name}", f"label {name!r} is not declared in memory.labels")
+            raise Rejected(ErrorCode.VALIDATION_FAILED, f"labels.{name}",
+                           f"label {name!r} is not declared in memory.labels")
     # An operator edits records of any scope; the agent writes only what scope.write allows.
     scope = cmd.scope if operator and cmd.scope else _scope_for(cfg, cmd)
     if scope is Scope.SESSION and not cmd.session:
-        raise Rejected("VALIDATION_FAILED", "session", "session scope requires a session")
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "session", "session scope requires a session")
     if cmd.pinned and cfg.memory.pinned is None:
-        raise Rejected("PIN_NOT_ENABLED", "pinned", "pinning is off: memory.pinned is not configured")
+        raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
     latest = cmd.issued_at + MAX_EXPIRY
     expires = min(cmd.expires_at, latest) if cmd.expires_at else latest
     rid = cmd.record_id or record_id_for(cmd.tenant, cmd.agent, cmd.command_id)
@@ -439,7 +438,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
 def _visible(r: MemoryRecord, cmd: Any) -> bool:
     """A command addresses a record only within its own session and preview rules.
 
-    Seed 000: a SESSION record "never reaches another session", and an agent without a
+    A SESSION record never reaches another session, and an agent without a
     session has no session scope, so an agent's command without a session reaches no
     SESSION record. An operator's reaches every session (`deleteAgentMemory` deletes any
     of the agent's records)."""
@@ -450,10 +449,19 @@ def _visible(r: MemoryRecord, cmd: Any) -> bool:
     return True
 
 
+def _addressed(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "record_id") -> MemoryRecord:
+    """The record `cmd` names in `field`, if it exists and `cmd` may address it (`_visible`);
+    else the same NOT_FOUND either way, so a command learns nothing of records it cannot see."""
+    r = get_record(state, ak, rid)
+    if r is None or not _visible(r, cmd):
+        raise Rejected(ErrorCode.NOT_FOUND, field, f"record {rid} does not exist for this agent")
+    return r
+
+
 def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
     rec = _new_record(state, ak, cmd, operator)
     if get_record(state, ak, rec.id):
-        raise Rejected("DUPLICATE_ID", "record_id", f"record {rec.id} already exists")
+        raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(ak) or {"live": 0, "pinned_chars": 0}
     h = normalized_hash(cmd.summary, cmd.content)
     same = state.index.get(f"{ak}|text:{_dup_scope(rec)}:{h}")
@@ -464,12 +472,11 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
             return
     old: MemoryRecord | None = None
     if cmd.replaces:
-        old = get_record(state, ak, cmd.replaces)
-        if old is None or not _visible(old, cmd):
-            raise Rejected("NOT_FOUND", "replaces", f"record {cmd.replaces} does not exist for this agent")
+        old = _addressed(state, ak, cmd, cmd.replaces, "replaces")
         if old.status not in LIVE:
             raise Rejected(
-                "NOT_LIVE", "replaces", f"record {cmd.replaces} is {old.status.value}; only a live record can be replaced"
+                ErrorCode.NOT_LIVE, "replaces",
+                f"record {cmd.replaces} is {old.status.value}; only a live record can be replaced",
             )
         # Labels stay once declared: the successor keeps the old values it does not override.
         rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
@@ -477,19 +484,19 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         holders = (state.index.get(f"{ak}|key:{slot}:{rec.kind}:{rec.key}") for slot in _key_slots_seen(rec))
         holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
         if holder_rec and holder_rec.status in LIVE:
-            # Seed 004: a disagreement with a stored fact is kept, as CONFLICT, never injected.
+            # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
             rec = rec.model_copy(update={"status": Status.CONFLICT})
         elif cmd.pending:
             # ... and one within a batch, with no stored fact, as PENDING.
             rec = rec.model_copy(update={"status": Status.PENDING})
     if rec.kind == "episode" and not old:
-        # Seed 002: an episode links the previous one. Linked here, in log order, so two
+        # An episode links the previous one. Linked here, in log order, so two
         # sessions ending together cannot both claim the same predecessor, and a replay
         # links the same.
         rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
     if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
         raise Rejected(
-            "LIMIT_EXCEEDED",
+            ErrorCode.LIMIT_EXCEEDED,
             "summary",
             f"the agent holds {stats['live']} live records, the cap is {LIVE_FACT_CAP}; replace or delete records first",
         )
@@ -514,13 +521,12 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
 
 
 def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
-    """Seed 004: an edit bypasses the write-time filter; the same text changes nothing (a
+    """An operator's edit bypasses the write-time filter; the same text changes nothing (a
     PENDING or CONFLICT record stays out of the prompt); new text makes a successor."""
-    old = get_record(state, ak, cmd.record_id)
-    if old is None or not _visible(old, cmd):
-        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    old = _addressed(state, ak, cmd, cmd.record_id)
     if old.status not in LIVE:
-        raise Rejected("NOT_LIVE", "record_id", f"record {old.id} is {old.status.value}; only a live record can be edited")
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {old.id} is {old.status.value}; only a live record can be edited")
     summary = old.summary if cmd.summary is None else cmd.summary
     content = old.content if cmd.content is None else cmd.content
     metadata = old.metadata if cmd.metadata is None else cmd.metadata
@@ -551,15 +557,16 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
 
 
 def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None:
-    """Seed 002: a block is kept line by line, up to `BLOCK_CHARS`. A line already there is
+    """A block is kept line by line, up to `BLOCK_CHARS`. A line already there is
     not added twice; `replace` and `remove` name the line to change as it is now."""
     if not config_of(state, ak).memory.enabled:
-        raise Rejected("MEMORY_DISABLED", "memory.enabled", "memory is not enabled for this agent")
+        raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
     if cmd.preview:
-        raise Rejected("PREVIEW_READ_ONLY", "label", "blocks are live memory for every turn; a preview turn cannot change them")
+        raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "label",
+                       "blocks are live memory for every turn; a preview turn cannot change them")
     blocks = state.blocks.get(ak) or {}
     if cmd.label not in blocks and len(blocks) >= MAX_BLOCKS:
-        raise Rejected("LIMIT_EXCEEDED", "label",
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "label",
                        f"the agent has {len(blocks)} blocks, the limit is {MAX_BLOCKS}; add to one of them or empty one")
     text = blocks.get(cmd.label, "")
     lines = text.split("\n") if text else []
@@ -567,29 +574,31 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
         lines = lines if cmd.line in lines else [*lines, cmd.line]
     else:
         if cmd.old not in lines:
-            raise Rejected("NOT_FOUND", "old", f"block {cmd.label!r} has no line {cmd.old[:80]!r}; read the block first")
+            raise Rejected(ErrorCode.NOT_FOUND, "old",
+                           f"block {cmd.label!r} has no line {cmd.old[:80]!r}; read the block first")
         at = lines.index(cmd.old)
         lines = [*lines[:at], *([cmd.line] if cmd.action == "replace" else []), *lines[at + 1 :]]
     new = "\n".join(dict.fromkeys(lines))
     if len(new) > BLOCK_CHARS:
         raise Rejected(
-            "LIMIT_EXCEEDED", "line",
+            ErrorCode.LIMIT_EXCEEDED, "line",
             f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
         )
     events.append(_base(BlockChanged, cmd, label=cmd.label, text=new))
 
 
 def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
-    """Seed 002: each procedure counts its validations, successes and failures."""
-    r = get_record(state, ak, cmd.record_id)
-    if r is None or not _visible(r, cmd):
-        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    """Each procedure counts its validations, successes and failures."""
+    r = _addressed(state, ak, cmd, cmd.record_id)
     if r.kind != "procedure":
-        raise Rejected("VALIDATION_FAILED", "record_id", f"record {r.id} is a {r.kind}; only procedures take outcomes")
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "record_id",
+                       f"record {r.id} is a {r.kind}; only procedures take outcomes")
     if cmd.preview and not r.preview:
-        raise Rejected("PREVIEW_READ_ONLY", "record_id", f"record {r.id} was written by a live turn; a preview turn cannot change it")
+        raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "record_id",
+                       f"record {r.id} was written by a live turn; a preview turn cannot change it")
     if r.status is not Status.ACTIVE:
-        raise Rejected("NOT_LIVE", "record_id", f"record {r.id} is {r.status.value}; only ACTIVE procedures take outcomes")
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {r.id} is {r.status.value}; only ACTIVE procedures take outcomes")
     m = dict(r.metadata)
     counted = "successes" if cmd.success else "failures"
     m["validations"] = int(m.get("validations", 0)) + 1
@@ -612,13 +621,13 @@ def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None
 def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
     cfg = config_of(state, ak)
     if cfg.memory.pinned is None:
-        raise Rejected("PIN_NOT_ENABLED", "pinned", "pinning is off: memory.pinned is not configured")
-    budget = cfg.memory.pinned.max_tokens * CHARS_PER_TOKEN
+        raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
+    budget = pin_budget_chars(cfg.memory.pinned.max_tokens)
     used = stats["pinned_chars"] - freed
     need = pin_line_chars(rec)
     if used + need > budget:
         raise Rejected(
-            "PIN_BUDGET_EXCEEDED",
+            ErrorCode.PIN_BUDGET_EXCEEDED,
             "pinned",
             f"pinning needs ~{(used + need) // CHARS_PER_TOKEN} tokens, over pinned.max_tokens="
             f"{cfg.memory.pinned.max_tokens}; consolidate: replace several pins with one",
@@ -626,12 +635,11 @@ def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dic
 
 
 def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
-    r = get_record(state, ak, cmd.record_id)
-    if r is None or not _visible(r, cmd):
-        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    r = _addressed(state, ak, cmd, cmd.record_id)
     write = config_of(state, ak).memory.scope.write
     if r.scope.value.lower() not in write:
-        raise Rejected("SCOPE_NOT_ALLOWED", "record_id", f"{r.scope.value} records are outside memory.scope.write {write}")
+        raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "record_id",
+                       f"{r.scope.value} records are outside memory.scope.write {write}")
     if r.status is Status.DELETED:
         events.append(_base(RecordDeleted, cmd, record=r))  # unchanged
         return
@@ -674,17 +682,17 @@ def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
 
 
 def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
-    r = get_record(state, ak, cmd.record_id)
-    if r is None or not _visible(r, cmd):
-        raise Rejected("NOT_FOUND", "record_id", f"record {cmd.record_id} does not exist for this agent")
+    r = _addressed(state, ak, cmd, cmd.record_id)
     want = isinstance(cmd, PinMemory)
     if cmd.preview and not r.preview:
-        # Seed 000: a turn in preview mode never changes a record a live turn wrote.
+        # A turn in preview mode never changes a record a live turn wrote.
         raise Rejected(
-            "PREVIEW_READ_ONLY", "record_id", f"record {r.id} was written by a live turn; a preview turn cannot pin or unpin it"
+            ErrorCode.PREVIEW_READ_ONLY, "record_id",
+            f"record {r.id} was written by a live turn; a preview turn cannot pin or unpin it",
         )
     if want and r.status is not Status.ACTIVE:
-        raise Rejected("NOT_LIVE", "record_id", f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
     if r.pinned == want:
         events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
         return
@@ -696,47 +704,87 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
     events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))
 
 
+# Looked up by the command's exact type, once per command. Any other command is a write (`_write`),
+# applied by its entry in `_WRITES`.
+_COMMANDS: dict[type, Handler] = {
+    ConfigureAgent: _configure,
+    TurnOutcome: _turn_outcome,
+    ExpireTurns: _expire,
+}
+_WRITES: dict[type, Handler] = {
+    AddMemory: _add,
+    DeleteMemory: _delete,
+    PinMemory: _pin,
+    UnpinMemory: _pin,
+    EditMemory: _edit,
+    SweepExpired: _sweep,
+    CurateBlock: _curate,
+    ReportOutcome: _report,
+}
+
+
 # --------------------------------------------------------------------------- evolve
 
 
 def evolve(state: LedgerState, event: Any) -> None:
-    """Folds `event`: a contract event, or the `LedgerView` of one (recovery)."""
-    ak = agent_key(event.tenant, event.agent)
-    t = event.type
-    if t == "AgentConfigured":
-        lean = isinstance(event, LedgerView)
-        state.configs[ak] = AgentConfig.model_validate_json(bytes(event.config_json)) if lean else event.config
-    elif t == "BlockChanged":
-        blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if k != event.label}
-        if event.text:
-            blocks[event.label] = event.text
-        state.blocks[ak] = blocks
-    elif t == "TurnResolved":
-        outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
-        key = f"{ak}|{event.turn_ref}"
-        if state.turns_since is None:
-            state.turns_since = event.occurred_at
-        elif event.occurred_at - state.turns_since >= TURN_MEMORY:
-            state.turns_before, state.turns, state.turns_since = state.turns, {}, event.occurred_at
-        state.turns[key] = outcome
-        state.staged.pop(key, None)
-        rest = {k: at for k, at in (state.open_turns.get(ak) or {}).items() if k != key}
-        if rest:
-            state.open_turns[ak] = rest
-        else:
-            state.open_turns.pop(ak, None)
-    elif t == "WriteStaged":
-        key = f"{ak}|{event.turn_ref}"
-        state.staged[key] = [*(state.staged.get(key) or []), event.command]
-        opened = state.open_turns.get(ak) or {}
-        if key not in opened:  # a WriteStaged's time is its write's `issued_at`
-            state.open_turns[ak] = {**opened, key: event.occurred_at}
-    elif t in RECORD_EVENT_TYPES:
-        if isinstance(event, LedgerView):
-            raw = bytes(event.record_json)
-            _store(state, ak, decode_lean_record(raw), raw)
-        else:
-            _store(state, ak, event.record, event.record.model_dump_json().encode())
+    """Folds `event`: a contract event, or the `LedgerView` of one (recovery). Both carry the
+    event's type name, so one table serves both; an event that changes no state has no entry."""
+    fold = _FOLDS.get(event.type)
+    if fold is not None:
+        fold(state, agent_key(event.tenant, event.agent), event)
+
+
+def _configured(state: LedgerState, ak: str, event: Any) -> None:
+    lean = isinstance(event, LedgerView)
+    state.configs[ak] = AgentConfig.model_validate_json(bytes(event.config_json)) if lean else event.config
+
+
+def _block_changed(state: LedgerState, ak: str, event: Any) -> None:
+    blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if k != event.label}
+    if event.text:
+        blocks[event.label] = event.text
+    state.blocks[ak] = blocks
+
+
+def _turn_resolved(state: LedgerState, ak: str, event: Any) -> None:
+    outcome = "committed" if event.committed else "timed_out" if event.timed_out else "rolled_back"
+    key = f"{ak}|{event.turn_ref}"
+    if state.turns_since is None:
+        state.turns_since = event.occurred_at
+    elif event.occurred_at - state.turns_since >= TURN_MEMORY:
+        state.turns_before, state.turns, state.turns_since = state.turns, {}, event.occurred_at
+    state.turns[key] = outcome
+    state.staged.pop(key, None)
+    rest = {k: at for k, at in (state.open_turns.get(ak) or {}).items() if k != key}
+    if rest:
+        state.open_turns[ak] = rest
+    else:
+        state.open_turns.pop(ak, None)
+
+
+def _write_staged(state: LedgerState, ak: str, event: Any) -> None:
+    key = f"{ak}|{event.turn_ref}"
+    state.staged[key] = [*(state.staged.get(key) or []), event.command]
+    opened = state.open_turns.get(ak) or {}
+    if key not in opened:  # a WriteStaged's time is its write's `issued_at`
+        state.open_turns[ak] = {**opened, key: event.occurred_at}
+
+
+def _record_changed(state: LedgerState, ak: str, event: Any) -> None:
+    if isinstance(event, LedgerView):
+        raw = bytes(event.record_json)
+        _store(state, ak, decode_lean_record(raw), raw)
+    else:
+        _store(state, ak, event.record, event.record.model_dump_json().encode())
+
+
+_FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
+    "AgentConfigured": _configured,
+    "BlockChanged": _block_changed,
+    "TurnResolved": _turn_resolved,
+    "WriteStaged": _write_staged,
+    **dict.fromkeys(RECORD_EVENT_TYPES, _record_changed),
+}
 
 
 def _dup_scope(r: MemoryRecord | LeanRecord) -> str:
@@ -767,7 +815,7 @@ def _last_episode(state: LedgerState, ak: str, rec: MemoryRecord) -> str | None:
 
 
 def _counts_as_fact(r: MemoryRecord | LeanRecord) -> bool:
-    """Seed 004's cap is on live facts: episodes and procedures are not facts."""
+    """The live-fact cap counts facts only: episodes and procedures are not facts."""
     return r.status in LIVE and r.kind not in RESERVED_KINDS
 
 
@@ -795,7 +843,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
         if key_key and r.status is Status.ACTIVE:
             state.index.setdefault(key_key, r.id)
     else:
-        # Tombstones and superseded versions do not hold a uniqueness slot (seed 004).
+        # Tombstones and superseded versions do not hold a uniqueness slot.
         if state.index.get(text_key) == r.id:
             del state.index[text_key]
         if key_key and state.index.get(key_key) == r.id:

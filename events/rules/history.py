@@ -1,4 +1,4 @@
-"""Session history rules (seed 000 "Session history", seed 003 "Searching history").
+"""Session history rules: what a turn keeps, and how history is searched.
 
 Pure functions, no I/O: what a committed turn keeps, how a long event splits into
 parts, how a result is rendered, and the filters and cursors of a history search.
@@ -21,7 +21,7 @@ from events.turns import Message, TurnCommitted
 # About 500 tokens: small enough that one part is about one thing for the embedder
 # (which reads 256 tokens) and for BM25, large enough that most messages are one part.
 PART_CHARS = 2000
-# Seed 003 pages history; a ranked search pages through at most this many hits.
+# History search pages; a ranked search pages through at most this many hits.
 MAX_RANKED_DEPTH = 1000
 # A listing key orders events within a session: turn first, then the message's place in it.
 SEQ_SLOTS = 1000
@@ -80,7 +80,7 @@ def message_kind(m: Message) -> Kind:
 
 
 def message_text(m: Message) -> str:
-    """The searchable text: the content, plus the tools a reply called (seed 000)."""
+    """The searchable text: the content, plus the tools a reply called."""
     parts = [m.content] if m.content else []
     for c in m.tool_calls:
         args = json.dumps(c.arguments, sort_keys=True, ensure_ascii=False)
@@ -95,7 +95,7 @@ def kept_events(turn: TurnCommitted) -> list[KeptEvent]:
     decides at search time whether they are found (see `kinds_for`). That keeps the
     projections a function of the turns topic alone, so a replay rebuilds them exactly,
     whatever the agent's configuration was when the turn went by.
-    Never kept: skill loads and the agent's own retrievals (seed 000), system
+    Never kept: skill loads and the agent's own retrievals (memory it read back), system
     instructions (not something a turn said), and anything of an agent without sessions.
     """
     if not turn.session:
@@ -246,7 +246,7 @@ class HistoryFilter:
 
 
 def time_window(day: str | None, since: int | None, until: int | None) -> tuple[int | None, int | None]:
-    """Seed 003: a UTC `day`, or `since` (inclusive) and `until` (exclusive) in Unix ms.
+    """A UTC `day`, or `since` (inclusive) and `until` (exclusive) in Unix ms.
 
     Raises ValueError naming the field when they are malformed or conflict.
     """

@@ -1,0 +1,1 @@
+"""Pure domain rules: no I/O, shared by workers and services."""

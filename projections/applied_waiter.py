@@ -1,0 +1,171 @@
+"""Read-your-writes: wait until the Redis record view has applied a version, without polling.
+
+The view's writer publishes, with each batch it applies, what the batch changed: a JSON
+object {"r": [[tenant/agent, record id, version], ...], "b": [[tenant/agent, label], ...]}
+on the deployment's channel (`RedisRecords.applied_channel`). A process that waits holds
+one subscription (`AppliedListener`) and wakes only the waiters a message concerns; each
+then reads the view once to confirm (a message may come from another generation).
+`Waiters` is the pure part: who waits for what, and whom a message wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger()
+
+Key = tuple[str, str, str]  # ("r", tenant/agent, record id) or ("b", tenant/agent, label)
+
+
+def record_key(tenant: str, agent: str, rid: str) -> Key:
+    return ("r", f"{tenant}/{agent}", rid)
+
+
+def block_key(tenant: str, agent: str, label: str) -> Key:
+    return ("b", f"{tenant}/{agent}", label)
+
+
+def announcement(records: list[tuple[str, str, int]], blocks: list[tuple[str, str]]) -> str:
+    """The message for applied record versions (agent key, id, version) and changed blocks
+    (agent key, label), as the view's writer publishes it."""
+    return json.dumps({"r": records, "b": blocks})
+
+
+class Waiters:
+    """Futures waiting for a record to reach a version, or for a block to change."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[Key, list[tuple[int, asyncio.Future]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self._waiting.values())
+
+    def watch(self, key: Key, version: int = 0) -> asyncio.Future:
+        """A future resolved when `key` is announced at `version` or later (any change of a block)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, []).append((version, fut))
+        return fut
+
+    def forget(self, key: Key, fut: asyncio.Future) -> None:
+        left = [w for w in self._waiting.get(key, ()) if w[1] is not fut]
+        if left:
+            self._waiting[key] = left
+        else:
+            self._waiting.pop(key, None)
+
+    def applied(self, message: str | bytes) -> int:
+        """Wake the waiters `message` concerns; returns how many. A malformed message wakes none."""
+        if not self._waiting:
+            return 0
+        try:
+            body = json.loads(message)
+            changes = [(("r", ak, rid), int(ver)) for ak, rid, ver in body.get("r", ())]
+            changes += [(("b", ak, label), 0) for ak, label in body.get("b", ())]
+        except (ValueError, TypeError, AttributeError):
+            log.warning("applied_message_malformed")
+            return 0
+        woken = 0
+        for key, ver in changes:
+            for wanted, fut in self._waiting.get(key, ()):
+                if ver >= wanted and not fut.done():
+                    fut.set_result(True)
+                    woken += 1
+        return woken
+
+    def wake_all(self) -> None:
+        """Messages may have been lost (the subscription was down): everyone checks again."""
+        for waiting in self._waiting.values():
+            for _, fut in waiting:
+                if not fut.done():
+                    fut.set_result(True)
+
+
+class AppliedListener:
+    """One subscription to a view's announcements, shared by every waiter of a process."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, client: Any, channel: str) -> None:
+        self.r = client
+        self.channel = channel
+        self.waiters = Waiters()
+        self._task: asyncio.Task | None = None
+        self._ready: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Subscribe, once, and return when the subscription is in place: a change applied
+        after that is announced to this process."""
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            self._task = asyncio.create_task(self._listen(), name="applied-listener")
+        await asyncio.shield(self._ready)
+
+    async def _subscribe(self) -> Any:
+        pubsub = self.r.pubsub()
+        await pubsub.subscribe(self.channel)
+        # The confirmation, read before anyone relies on the subscription.
+        while (m := await pubsub.get_message(timeout=5)) is None or m["type"] != "subscribe":
+            pass
+        return pubsub
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = None
+            try:
+                pubsub = await self._subscribe()
+                if not self._ready.done():
+                    self._ready.set_result(None)
+                self.waiters.wake_all()  # after a reconnect: what went by unheard is read again
+                while True:
+                    m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+                    if m is not None and m["type"] == "message":
+                        self.waiters.applied(m["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("applied_listener_reconnecting", error=type(e).__name__)
+                self.waiters.wake_all()
+                await asyncio.sleep(self.RETRY_S)
+            finally:
+                if pubsub is not None:
+                    try:
+                        await pubsub.aclose()
+                    except Exception:
+                        pass
+
+    async def wait(self, key: Key, shown: Callable[[], Awaitable[bool]], timeout: float, version: int = 0) -> bool:
+        """Whether `shown()` holds within `timeout` seconds. It is checked once now (the change
+        may be in already) and again each time the view announces `key` (at `version` or later)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            await asyncio.wait_for(self.start(), timeout)
+        except TimeoutError:
+            return False  # no subscription (Redis unreachable): nothing to wait on
+        while True:
+            fut = self.waiters.watch(key, version)  # before the check: nothing goes by unseen
+            try:
+                if await shown():
+                    return True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(fut, left)
+                except TimeoutError:
+                    return await shown()  # one last look: the answer must not lag the view
+            finally:
+                self.waiters.forget(key, fut)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass

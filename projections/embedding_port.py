@@ -1,0 +1,36 @@
+"""The embedding port: what an embedder offers, the key of a text's vector, and the model id
+vectors carry. Both embedders and their readers import it; it imports neither embedder."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Protocol
+
+# The local model's id (all-MiniLM-L6-v2, int8 ONNX): `projections.embedder.OnnxMiniLM`.
+MODEL_ID = "all-MiniLM-L6-v2-int8"
+
+
+class Embedder(Protocol):
+    model_id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+def content_hash(text: str) -> str:
+    """Key of a text in `memlane.vectors`: the same text is embedded once per model."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def openai_model_id(model: str, dim: int) -> str:
+    """A served model's id names its dimension too, so vectors of another model or size never
+    join records in a collection bound to this one."""
+    return f"openai:{model}:{dim}"
+
+
+def embedder_model_id(settings) -> str:
+    """The model id vectors carry, without loading the model (the Qdrant projection joins on it)."""
+    if settings.embeddings == "openai":
+        return openai_model_id(settings.embedding_model, settings.embedding_dim)
+    return MODEL_ID

@@ -1,0 +1,111 @@
+"""The HTTP API's bootstrap (FastAPI; OpenAPI at /openapi.json, docs at /docs): what the process
+starts and stops, and the routers it serves."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+
+from projections.embedders import make_embedder
+from projections.redis_records import RedisRecords
+from projections.redis_records import connect as connect_redis
+from services.auth import KeyStore
+from services.http import errors
+from services.http.health_probe import HealthProbe
+from services.http.input_guard import GuardBodies
+from services.http.routes import blocks, config, health, keys, memory, recall, search, whoami
+from services.http.shards import ShardOwner
+from services.memory import MemoryService
+from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
+from settings import Settings, get_settings
+from workers.kafka_io import ensure_topics, producer, wait_for_broker
+from workers.memory_shards import current_generation
+
+log = structlog.get_logger()
+
+# The OpenAPI document lists the operations in this order.
+ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
+           blocks.router, memory.router)
+
+
+class Extension:
+    """A feature served by the API process: its routes, and what it starts and stops.
+
+    `start` runs after the memory service exists (app.state.service, app.state.keys).
+    """
+
+    router: Any = None
+
+    async def start(self, app: FastAPI, settings: Settings) -> None: ...
+
+    async def stop(self, app: FastAPI) -> None: ...
+
+
+def extensions() -> list[Extension]:
+    """The extensions every API process serves. Add new features here."""
+    from services.http.routes.history import HistoryExtension
+
+    return [HistoryExtension()]
+
+
+def build_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    exts = extensions()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await wait_for_broker(settings)
+        await ensure_topics(settings)
+        redis_client = connect_redis(settings.redis_url)
+        await redis_client.ping()
+        shards = ShardOwner(settings)
+        await shards.open(current_generation(settings))
+        prod = producer(settings)
+        await prod.start()
+        embedder = make_embedder(settings)
+        await asyncio.to_thread(embedder.embed, ["warm up"])
+        shards.embedder = shards.memory.embedder = embedder
+        publisher = KafkaCommandPublisher(settings, prod)
+        records = RedisRecords(redis_client, namespace=settings.topic_prefix)
+        service = MemoryService(settings, records, shards.memory, embedder, publisher,
+                                KafkaUsageRecorder(settings, publisher))
+        shards.on_swap = lambda owner: service.use_shards(owner.memory)
+        watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
+        app.state.settings = settings
+        app.state.service = service
+        app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root)
+        app.state.shards = shards
+        app.state.health = HealthProbe(settings)  # its own Redis client: see HealthProbe
+        for ext in exts:
+            await ext.start(app, settings)
+        log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)
+        try:
+            yield
+        finally:
+            for ext in reversed(exts):
+                await ext.stop(app)
+            watcher.cancel()
+            await app.state.health.close()
+            await shards.close()
+            await prod.stop()
+            await publisher.stop()  # the publisher renews its producer after a failed send
+            await records.aclose()  # its applied-listener, then the Redis client everything here shares
+
+    app = FastAPI(
+        title="memlane",
+        version="0.1.0",
+        description="Event-sourced long-term memory for LLM agents.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(GuardBodies)
+    errors.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    for ext in exts:
+        if ext.router is not None:
+            app.include_router(ext.router)
+    return app

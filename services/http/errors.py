@@ -1,0 +1,56 @@
+"""Every error answer has one body: {"error": {"code", "field", "message"}}, with the code's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from events.codec import from_validation_error
+from events.errors import ErrorCode
+from projections.records import CursorError
+from services.errors import ApiError
+
+
+def error_body(code: ErrorCode | str, field: str | None, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "field": field, "message": message}}
+
+
+def error_response(code: ErrorCode | str, field: str | None, message: str, status: int) -> JSONResponse:
+    return JSONResponse(error_body(code, field, message), status_code=status)
+
+
+def api_error_item(e: ApiError) -> dict[str, Any]:
+    """An error as one item of a batch answers it: the body, and the status it would have alone."""
+    return {**error_body(e.code, e.field, e.message), "status": e.status}
+
+
+async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+    return error_response(e.code, e.field, e.message, e.status)
+
+
+async def _cursor(request: Request, e: CursorError) -> JSONResponse:
+    return error_response(ErrorCode.VALIDATION_FAILED, "after", f"after: {e}", 422)
+
+
+async def _model_validation(request: Request, e: ValidationError) -> JSONResponse:
+    # Contract models validate again inside the service (e.g. the 512-byte summary limit).
+    err = from_validation_error(e)
+    return error_response(ErrorCode.VALIDATION_FAILED, err.field, str(err), 422)
+
+
+async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
+    err = e.errors()[0]
+    loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path", "header")]
+    field = ".".join(loc)
+    return error_response(ErrorCode.VALIDATION_FAILED, field, f"{field}: {err['msg']}", 422)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(CursorError, _cursor)
+    app.add_exception_handler(ValidationError, _model_validation)
+    app.add_exception_handler(RequestValidationError, _validation)

@@ -1,0 +1,31 @@
+"""Health: "ok" (200) or "degraded" (503) with the problems."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.http.health_probe import assess
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request):
+    """"ok" (200) or "degraded" (503) with the problems: a registered worker without a
+    heartbeat or too far behind, or this process's projections stopped."""
+    settings = request.app.state.settings
+    shards = request.app.state.shards
+    history = getattr(request.app.state, "history", None)
+    tasks = {"memory projection": shards.task is not None and not shards.task.done()}
+    if history is not None and history.task is not None:
+        tasks["history projection"] = not history.task.done()
+    workers, problems = assess(await request.app.state.health.observe(), settings.health_max_lag, tasks)
+    body = {
+        "status": "degraded" if problems else "ok",
+        "problems": problems,
+        "projection": {**shards.memory.status(), "generation": shards.generation},
+        "workers": workers,
+        "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
+    }
+    return JSONResponse(body, status_code=503 if problems else 200)

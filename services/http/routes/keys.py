@@ -1,0 +1,71 @@
+"""Admin keys: issue, list and revoke a tenant's API keys (operator keys only)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+
+from events.base import Ident
+from events.commands import WORKSPACE
+from events.errors import ErrorCode
+from services.auth import Principal
+from services.errors import ApiError
+from services.http.deps import Caller
+from services.http.models import Body
+from services.http.responses import IssuedKey, KeysOut, RevokedOut
+
+router = APIRouter()
+
+
+class KeyRequest(Body):
+    # Names travel in Kafka and Redis keys: the contract's identifier rule, checked here
+    # so a bad name is refused when the key is issued, not at its first write.
+    tenant: Ident
+    agent: Ident | None = None
+    role: Literal["agent", "helper", "operator"] = "agent"
+
+
+def tenant_operator(p: Principal, tenant: str | None, what: str) -> str:
+    """The tenant an operator key administers: its own, or, for the bootstrap key, the one named."""
+    if p.role != "operator":
+        raise ApiError(ErrorCode.FORBIDDEN, None, f"only an operator key can {what}", 403)
+    if p.tenant == "*":
+        if not tenant:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "tenant", f"tenant: name the tenant whose keys to "
+                           f"{what.split()[0]}")
+        return tenant
+    if tenant not in (None, p.tenant):
+        raise ApiError(ErrorCode.FORBIDDEN, "tenant", f"only an operator key of this tenant can {what}", 403)
+    return p.tenant
+
+
+@router.post("/v1/admin/keys", status_code=201, response_model=IssuedKey)
+async def issue_key(body: KeyRequest, p: Caller, request: Request):
+    if p.role != "operator" or p.tenant not in ("*", body.tenant):
+        raise ApiError(ErrorCode.FORBIDDEN, None, "only an operator key of this tenant can issue keys", 403)
+    if body.agent == WORKSPACE:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "agent", f"{WORKSPACE} holds workspace-wide blocks; it has no keys")
+    if body.role != "operator" and body.agent is None:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "agent", f"agent: an {body.role} key speaks for one agent; name it")
+    key, entry = await request.app.state.keys.issue(body.tenant, body.agent, body.role)
+    return {"key": key, **entry}
+
+
+@router.get("/v1/admin/keys", response_model=KeysOut)
+async def list_keys(p: Caller, request: Request, tenant: Annotated[str | None, Query(max_length=128)] = None):
+    """The tenant's keys: id, tenant, agent, role, created; never a key. The bootstrap
+    operator key names the tenant; a tenant's operator key lists its own."""
+    tenant = tenant_operator(p, tenant, "list keys")
+    return {"keys": await request.app.state.keys.list(tenant)}
+
+
+@router.delete("/v1/admin/keys/{key_id}", response_model=RevokedOut)
+async def revoke_key(key_id: Annotated[str, Path(max_length=64)], p: Caller, request: Request,
+                     tenant: Annotated[str | None, Query(max_length=128)] = None):
+    """Revokes a key of the tenant by its id (from the list), at once."""
+    tenant = tenant_operator(p, tenant, "revoke keys")
+    entry = await request.app.state.keys.revoke(tenant, key_id)
+    if entry is None:
+        raise ApiError(ErrorCode.NOT_FOUND, "key_id", f"no key {key_id} in this tenant; list them with GET /v1/admin/keys")
+    return {"revoked": entry}

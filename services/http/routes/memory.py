@@ -1,0 +1,95 @@
+"""Memory records: write (add, edit, delete, pin, report an outcome) and read (list, one, its history)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from events.record import Scope
+from services.http.deps import Ctx, Svc
+from services.http.models import Body, Labels, Metadata
+from services.http.responses import record_out
+
+router = APIRouter()
+
+
+class AddRequest(Body):
+    summary: str
+    content: str = ""
+    kind: str = "fact"
+    labels: Labels = {}
+    scope: Scope | None = None
+    pinned: bool = False
+    replaces: str | None = None
+    key: str | None = None
+    confidence: float | None = None
+    expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
+    metadata: Metadata = {}
+    command_id: str | None = None
+
+
+class OutcomeRequest(Body):
+    success: bool
+
+
+class EditRequest(Body):
+    summary: str | None = None
+    content: str | None = None
+    metadata: Metadata | None = None
+
+
+@router.post("/v1/memory/{rid}/outcome")
+async def report_outcome(rid: str, body: OutcomeRequest, ctx: Ctx, s: Svc, wait: bool = True):
+    """The outcome of applying a procedure; its validations and successes or failures
+    count up. An agent needs `report_outcome` in memory.tools."""
+    return await s.commands.report(ctx, rid, body.success, wait=wait)
+
+
+@router.post("/v1/memory", status_code=201)
+async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):
+    return await s.commands.add(ctx, wait=wait, **body.model_dump(exclude_none=True))
+
+
+@router.get("/v1/memory")
+async def list_memory(
+    ctx: Ctx,
+    s: Svc,
+    first: Annotated[int, Query(ge=1, le=200)] = 20,
+    after: str | None = None,
+    sort: Literal["DESC", "ASC"] = "DESC",
+):
+    page = await s.reads.memories(ctx, first, after, ascending=sort == "ASC")
+    return {"records": [record_out(r) for r in page.records], "next_cursor": page.next_cursor}
+
+
+@router.get("/v1/memory/{rid}")
+async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None, Query(ge=1)] = None):
+    return record_out(await s.reads.read(ctx, rid, version))
+
+
+@router.get("/v1/memory/{rid}/history")
+async def memory_history(rid: str, ctx: Ctx, s: Svc):
+    return {"versions": [record_out(r) for r in await s.reads.history(ctx, rid)]}
+
+
+@router.delete("/v1/memory/{rid}")
+async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True):
+    return await s.commands.delete(ctx, rid, wait=wait)
+
+
+@router.patch("/v1/memory/{rid}")
+async def edit_memory(rid: str, body: EditRequest, ctx: Ctx, s: Svc, wait: bool = True):
+    """Operator edit: new text makes a successor; the same text changes nothing."""
+    return await s.commands.edit(ctx, rid, wait=wait, **body.model_dump(exclude_none=True))
+
+
+@router.post("/v1/memory/{rid}/pin")
+async def pin_memory(rid: str, ctx: Ctx, s: Svc):
+    return await s.commands.pin(ctx, rid, True)
+
+
+@router.delete("/v1/memory/{rid}/pin")
+async def unpin_memory(rid: str, ctx: Ctx, s: Svc):
+    return await s.commands.pin(ctx, rid, False)

@@ -1,0 +1,104 @@
+"""Memory search: one search, or up to 100 in one request (benchmarked: answers skip FastAPI's encoder)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header
+from pydantic import Field
+
+from events.errors import ErrorCode
+from services.errors import ApiError
+from services.http.deps import Caller, Ctx, Svc, resolve_context
+from services.http.errors import api_error_item
+from services.http.models import Body
+from services.http.responses import FastJSONResponse, record_out
+from services.memory import Context
+
+router = APIRouter()
+
+
+class SearchRequest(Body):
+    query: Annotated[str, Field(max_length=4000)] | None = None
+    kind: str | None = None
+    labels: dict[str, str] = {}
+    ids: Annotated[list[str], Field(max_length=100)] = []
+    limit: Annotated[int, Field(ge=1, le=100)] | None = None
+    after: str | None = None
+    mode: Literal["hybrid", "lexical", "vector"] | None = None
+    min_score: Annotated[float, Field(ge=-1, le=1)] | None = None
+
+
+class SearchItem(SearchRequest):
+    # Whose memory the search reads: the X-Tenant, X-Agent, X-Session and X-Preview headers
+    # of a single search, given per item (the request's headers when left out).
+    tenant: str | None = None
+    agent: str | None = None
+    session: str | None = None
+    preview: bool | None = None
+
+
+class SearchBatchRequest(Body):
+    searches: Annotated[list[SearchItem], Field(min_length=1, max_length=100)]
+    # A RETRIEVED use is an agent's search whose records reached its model. The extraction
+    # worker's review lookups never reach the agent's model (they are shown to the review's,
+    # and the proposals record the handles shown), so it turns this off; only an operator
+    # key may, so an agent cannot hide its own retrievals.
+    retrieved: bool = Field(True, description="record each search as the agent's RETRIEVED use; "
+                                              "false (operator keys only) for lookups that never reach the agent's model")
+
+
+@router.post("/v1/memory/search")
+async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
+    res = await s.reads.search(ctx, **body.model_dump())
+    await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
+    return FastJSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
+
+
+@router.post("/v1/memory/search/batch")
+async def search_memory_batch(
+    body: SearchBatchRequest,
+    p: Caller,
+    s: Svc,
+    x_agent: Annotated[str | None, Header()] = None,
+    x_tenant: Annotated[str | None, Header()] = None,
+    x_session: Annotated[str | None, Header()] = None,
+    x_preview: Annotated[bool, Header()] = False,
+):
+    """Up to 100 searches in one request, each answered as `/v1/memory/search` would
+    answer it alone (same key rules, same usage records), or with its own error.
+
+    For callers that search for many contexts at once (the extraction worker): the
+    queries share one embedding call, and the HTTP round trips collapse into one.
+    """
+    if not body.retrieved and p.role != "operator":
+        raise ApiError(ErrorCode.FORBIDDEN, "retrieved", "retrieved: only an operator key may set it to false", 403)
+    searches: list[tuple[Context, dict[str, Any]]] = []
+    answers: list[dict[str, Any] | None] = []
+    for item in body.searches:
+        try:
+            ctx = resolve_context(
+                p,
+                item.agent or x_agent,
+                item.tenant or x_tenant,
+                item.session if item.session is not None else x_session,
+                item.preview if item.preview is not None else x_preview,
+            )
+        except ApiError as e:
+            answers.append(api_error_item(e))
+            continue
+        searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview"})))
+        answers.append(None)
+    results = iter(await s.reads.search_many(searches))
+    ctxs = iter(searches)
+    for i, a in enumerate(answers):
+        if a is not None:
+            continue
+        res, (ctx, _) = next(results), next(ctxs)
+        if isinstance(res, ApiError):
+            answers[i] = api_error_item(res)
+            continue
+        if body.retrieved:
+            await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
+        answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+    return FastJSONResponse({"results": answers})

@@ -1,0 +1,67 @@
+"""The memory shards this API process serves, and their swap to a rebuilt generation.
+
+The serving process also runs the Qdrant projection for its shard, because an Edge shard
+belongs to one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from settings import Settings
+from workers.memory_shards import MemoryShards, current_generation
+
+log = structlog.get_logger()
+
+
+class ShardOwner:
+    """Owns the memory shards of the current generation and their projection task.
+
+    `memlane rebuild` fills the next generation beside this one and moves the pointer;
+    the owner then opens the new shards, lets their projections catch up, and swaps.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.generation = 0
+        self.memory: MemoryShards | None = None
+        self.task: asyncio.Task | None = None
+        self.on_swap = None
+        self.embedder = None  # the process's, for the points the shards' reconciler heals
+
+    async def open(self, generation: int) -> None:
+        memory = MemoryShards(self.settings, generation, self.embedder)
+        task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
+        old = (self.memory, self.task)
+        if old[0] is not None:
+            await memory.caught_up()
+        self.memory, self.task, self.generation = memory, task, generation
+        if self.on_swap:
+            self.on_swap(self)
+        if old[0] is not None:
+            # Callers that registered on the old shards before the swap hear from them.
+            await old[0].drained(timeout=10)
+            await self._stop(*old)
+            log.info("qdrant_generation_switched", generation=generation)
+
+    async def watch_generation(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            gen = current_generation(self.settings)
+            if gen != self.generation:
+                await self.open(gen)
+
+    @staticmethod
+    async def _stop(memory: MemoryShards, task: asyncio.Task) -> None:
+        memory.stop()
+        try:
+            await asyncio.wait_for(task, 5)
+        except Exception:
+            task.cancel()
+        memory.close()
+
+    async def close(self) -> None:
+        if self.memory is not None:
+            await self._stop(self.memory, self.task)

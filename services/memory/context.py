@@ -1,0 +1,24 @@
+"""Who is asking, from where: what every memory call is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.auth import Principal
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who is asking, from where: the key's principal plus the turn it speaks for."""
+
+    principal: Principal
+    agent: str
+    session: str | None = None
+    preview: bool = False
+    turn_ref: str | None = None
+    execution_id: str | None = None
+    turn: int | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.principal.tenant

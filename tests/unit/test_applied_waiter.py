@@ -1,0 +1,49 @@
+"""Whom an announcement of the record view wakes, and the checkpoint key every reader uses."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+
+from projections.applied_waiter import Waiters, announcement, block_key, record_key
+from workers.topic_reader import checkpoint_key, key_partition, of_topic, reached, read_so_far
+
+
+async def test_a_record_waiter_wakes_only_at_its_version_or_later():
+    w = Waiters()
+    v3 = w.watch(record_key("t", "a", "r1"), 3)
+    other_agent = w.watch(record_key("t", "b", "r1"), 1)
+    assert w.applied(announcement([("t/a", "r1", 2)], [])) == 0 and not v3.done()
+    assert w.applied(announcement([("t/a", "r2", 9)], [])) == 0 and not v3.done()
+    assert w.applied(announcement([("t/a", "r1", 4), ("t/a", "r1", 5)], [])) == 1 and v3.done()
+    assert not other_agent.done()
+
+
+async def test_a_block_waiter_wakes_on_any_change_of_its_label():
+    w = Waiters()
+    fut = w.watch(block_key("t", "a", "persona"))
+    assert w.applied(announcement([], [("t/a", "style")])) == 0
+    assert w.applied(announcement([], [("t/a", "persona")])) == 1 and fut.done()
+
+
+async def test_forgotten_waiters_and_malformed_messages_wake_nobody():
+    w = Waiters()
+    key = record_key("t", "a", "r1")
+    fut = w.watch(key, 1)
+    w.forget(key, fut)
+    assert len(w) == 0 and w.applied(announcement([("t/a", "r1", 1)], [])) == 0
+    kept = w.watch(key, 1)
+    for bad in ("not json", '{"r": [["t/a", "r1"]]}', "[1, 2]", '{"r": 5}'):
+        assert w.applied(bad) == 0
+    assert not kept.done()
+    w.wake_all()
+    assert kept.done()
+
+
+def test_one_checkpoint_key_per_topic_partition():
+    key = checkpoint_key("p1.memlane.memory.events", 7)
+    assert key == "p1.memlane.memory.events:7" and key_partition(key) == 7
+    ckpt = {key: 40, "p1.memlane.memory.events.x:1": 5, "p2.memlane.memory.events:3": 9, "_parked": {}}
+    assert of_topic(ckpt, "p1.memlane.memory.events") == {7: 40}
+    a, b = TopicPartition("x", 0), TopicPartition("x", 1)
+    assert read_so_far({a: 5, b: 12}, {a: 10, b: 10}) == 15
+    assert not reached({a: 5, b: 12}, {a: 10, b: 10}) and reached({a: 10, b: 12}, {a: 10, b: 10})
