@@ -91,17 +91,9 @@ def tool_writes(turn: TurnCommitted) -> tuple[list[AddMemory], list[CandidateRef
             r = hit.refusal
             log.warning("tool_call_refused", call_id=call.id, field=hit.field, reason=r.reason, detail=r.detail,
                         agent=turn.agent)
-            refused.append(CandidateRefused(
-                usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/tool-refused/{call.id}")),
-                tenant=turn.tenant,
-                agent=turn.agent,
-                occurred_at=turn.occurred_at,
-                session=turn.session,
-                execution_id=turn.execution_id,
-                turn=turn.turn,
-                reason=f"{r.reason}: {r.detail} (add_memory tool call, {hit.field})",
-                summary_preview="" if r.reason in ("pii", "secret") or hit.field != "summary" else cmd.summary[:80],
-            ))
+            preview = "" if r.reason in ("pii", "secret") or hit.field != "summary" else cmd.summary[:80]
+            refused.append(_refused(turn, f"tool-refused/{call.id}",
+                                    f"{r.reason}: {r.detail} (add_memory tool call, {hit.field})", preview))
     return out, refused
 
 
@@ -123,15 +115,20 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
 def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
     # PII and secrets are refused precisely because their text must not be kept: no preview.
     preview = "" if r.reason in ("pii", "secret") else r.summary[:80]
+    return _refused(turn, f"refused/{turn.attempt}/{r.index}", f"{r.reason}: {r.detail}", preview)
+
+
+def _refused(turn: TurnCommitted, part: str, reason: str, preview: str) -> CandidateRefused:
+    """A refusal's usage record; its id derives from the turn, so a replay makes the same one."""
     return CandidateRefused(
-        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/refused/{turn.attempt}/{r.index}")),
+        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/{part}")),
         tenant=turn.tenant,
         agent=turn.agent,
         occurred_at=turn.occurred_at,
         session=turn.session,
         execution_id=turn.execution_id,
         turn=turn.turn,
-        reason=f"{r.reason}: {r.detail}",
+        reason=reason,
         summary_preview=preview,
     )
 

@@ -60,13 +60,17 @@ async def deregister(settings: Settings, worker: str) -> None:
     """Forget `worker` at once, as its clean stop would: `memlane worker NAME --deregister`."""
     r = aioredis.from_url(settings.redis_url)
     try:
-        async with r.pipeline(transaction=True) as p:
-            p.srem(registry_key(settings), worker)
-            p.hdel(seen_key(settings), worker)
-            p.delete(heartbeat_key(settings, worker))
-            await p.execute()
+        await _forget(r, settings, worker)
     finally:
         await r.aclose()
+
+
+async def _forget(r: aioredis.Redis, settings: Settings, worker: str) -> None:
+    async with r.pipeline(transaction=True) as p:
+        p.srem(registry_key(settings), worker)
+        p.hdel(seen_key(settings), worker)
+        p.delete(heartbeat_key(settings, worker))
+        await p.execute()
 
 
 @asynccontextmanager
@@ -88,11 +92,7 @@ async def heartbeat(settings: Settings, worker: str, group: str, topics: list[st
             pass
         if clean:
             try:
-                async with r.pipeline(transaction=True) as p:
-                    p.srem(registry_key(settings), worker)
-                    p.hdel(seen_key(settings), worker)
-                    p.delete(heartbeat_key(settings, worker))
-                    await p.execute()
+                await _forget(r, settings, worker)
             except Exception as e:
                 log.warning("heartbeat_deregister_failed", worker=worker, error=type(e).__name__)
         await r.aclose()
