@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     # The serving process compares the record view with the memory index this often and
     # heals what differs (`workers.reconciler`); 0 turns the periodic pass off.
     reconcile_every_s: float = Field(default=300.0, ge=0)
+    # The first pass waits this long after the shards catch up: a process just started (or
+    # just swapped generations) serves its first requests while parked records join their
+    # vectors on their own, and a pass then would only compete with both.
+    reconcile_delay_s: float = Field(default=60.0, ge=0)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

@@ -100,7 +100,7 @@ class MemoryShards:
         return self.of(tenant, agent).wait_for(command_id, tenant, agent)
 
     async def run(self) -> None:
-        reconciling = asyncio.create_task(self.reconciler.run(self.settings.reconcile_every_s), name="reconciler")
+        reconciling = asyncio.create_task(self.reconciler.run(self.settings.reconcile_every_s, self.settings.reconcile_delay_s), name="reconciler")
         try:
             await asyncio.gather(*(p.run() for p in self.projections))
         finally:

@@ -100,9 +100,11 @@ class Reconciler:
         return {"healed": self.healed, "added": self.added, "removed": self.removed, "deferred": self.deferred,
                 "runs": self.runs, "last_run": last}
 
-    async def run(self, every_s: float) -> None:
-        """After the shards are caught up, a run now and then one every `every_s` s (0: only now)."""
+    async def run(self, every_s: float, delay_s: float = 0.0) -> None:
+        """After the shards are caught up and `delay_s` more, a run, then one every `every_s` s
+        (0: only that one)."""
         await self.shards.caught_up()
+        await asyncio.sleep(delay_s)
         while True:
             try:
                 await self.run_once()
