@@ -74,7 +74,8 @@ class Stack:
         await self.view.apply(events, positions)
 
     async def serve(self) -> MemoryShards:
-        self.shards = MemoryShards(self.s, 1)
+        # The first pass at once: a served process waits a minute before it.
+        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1)
         self.task = asyncio.create_task(self.shards.run())
         await self.shards.caught_up()
         # The run at start has nothing to heal.
