@@ -18,7 +18,6 @@ class ErrorCode(str, Enum):
         return self.value.__format__(spec)
 
     VALIDATION_FAILED = "VALIDATION_FAILED"
-    TOO_LARGE = "TOO_LARGE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     FORBIDDEN = "FORBIDDEN"
     SCOPE_NOT_ALLOWED = "SCOPE_NOT_ALLOWED"
