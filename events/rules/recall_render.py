@@ -89,6 +89,8 @@ def _record(r: MemoryRecord) -> str:
     line = f"- [{clean(r.kind)}] {clean(r.summary)} (id: {r.id}, v{r.version})\n"
     cut = CONTENT_CHARS * CUT_MARGIN
     body = clean(r.content[:cut], multiline=True)
+    if len(body) < CONTENT_CHARS and len(r.content) > cut:
+        body = clean(r.content, multiline=True)  # what was cut off collapsed (blank lines): read on
     if body:
         short = len(body) <= CONTENT_CHARS and len(r.content) <= cut
         line += _indented(body if short else body[:CONTENT_CHARS] + "…")

@@ -179,16 +179,9 @@ def _tool_shape(text: str) -> str | None:
     return None
 
 
-# Between the values of one field, scanned together: no rule's match can span it (the
-# patterns allow at most one separator character between the parts of a number or key).
-_JOIN = "\n\x1f\n"
-
-
-def _check_field(values: list[str]) -> Refusal | None:
-    """The first rule one of a field's values breaks. The patterns scan the values at once;
-    the rules about a whole text's shape (a transcript, a JSON or log dump) look at each value
-    on its own, and only at one long or multi-line enough to have that shape."""
-    text = values[0] if len(values) == 1 else _JOIN.join(values)
+def _check_text(text: str) -> Refusal | None:
+    """The first rule one text breaks. The rules about a whole text's shape (a transcript, a
+    JSON or log dump) only look at a text long or multi-line enough to have that shape."""
     for reason, rule in (
         ("secret", find_secret),  # before PII: a key inside an email-like string is a secret first
         ("pii", find_pii),
@@ -196,15 +189,22 @@ def _check_field(values: list[str]) -> Refusal | None:
     ):
         if detail := rule(text):
             return Refusal(reason, detail)
-    shaped = [v for v in values if "\n" in v or len(v) >= 80]
-    for v in shaped:
-        if detail := looks_like_transcript(v):
-            return Refusal("transcript", detail)
+    shaped = "\n" in text or len(text) >= 80
+    if shaped and (detail := looks_like_transcript(text)):
+        return Refusal("transcript", detail)
     if detail := _tool_fields(text):
         return Refusal("tool_dump", detail)
-    for v in shaped:
-        if detail := _tool_shape(v):
-            return Refusal("tool_dump", detail)
+    if shaped and (detail := _tool_shape(text)):
+        return Refusal("tool_dump", detail)
+    return None
+
+
+def _check_field(values: list[str]) -> Refusal | None:
+    """The first rule one of a field's values breaks, each value scanned on its own: joined,
+    two harmless values could make a match across them (`\\s` spans any separator)."""
+    for v in values:
+        if hit := _check_text(v):
+            return hit
     return None
 
 
@@ -260,4 +260,7 @@ def check_write(summary: str | None = "", content: str | None = "", kind: str | 
         values = [v for v in values if v]
         if values and (hit := _check_field(values)):
             return FieldRefusal(name, hit)
+    # A transcript or a secret can be split between summary and content: read together too.
+    if summary and content and (hit := _check_text(f"{summary}\n{content}")):
+        return FieldRefusal("content", hit)
     return None

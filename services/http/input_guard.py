@@ -31,9 +31,12 @@ _LOW = re.compile(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
 def _lone_surrogate(body: bytes) -> bool:
+    """Whether the body may hold a lone surrogate: True sends it to the parse and walk, which decide."""
     paired_low = -1  # where the low half of the last pair starts
     for m in _SURROGATE_ESCAPE.finditer(body):
         start = m.start()
+        if start and body[start - 1] == 0x5C:
+            return True  # `\\ud800` is a backslash and text, or an escape after one: let the parse tell
         if _LOW.match(body, start):
             if start != paired_low:
                 return True  # a low half with no high one before it
@@ -42,6 +45,8 @@ def _lone_surrogate(body: bytes) -> bool:
         else:
             return True  # a high half with no low one after it
     return False
+
+
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

@@ -47,3 +47,21 @@ def test_one_checkpoint_key_per_topic_partition():
     a, b = TopicPartition("x", 0), TopicPartition("x", 1)
     assert read_so_far({a: 5, b: 12}, {a: 10, b: 10}) == 15
     assert not reached({a: 5, b: 12}, {a: 10, b: 10}) and reached({a: 10, b: 12}, {a: 10, b: 10})
+
+
+async def test_without_a_subscription_the_view_is_still_read_once():
+    class Refusing:  # a Redis that never confirms a subscription
+        def pubsub(self):
+            raise ConnectionError("refused")
+
+    from projections.applied_waiter import AppliedListener
+
+    listener = AppliedListener(Refusing(), "ch")
+    listener.RETRY_S = 0.01
+    try:
+        async def shown():
+            return True
+
+        assert await listener.wait(("r", "t/a", "x"), shown, timeout=0.2) is True
+    finally:
+        await listener.aclose()

@@ -25,6 +25,14 @@ def test_only_a_lone_surrogate_escape_counts(body, lone):
     assert (body_refusal(body) is not None) is lone
 
 
+def test_an_escaped_backslash_before_a_pair_cannot_hide_a_lone_half():
+    # `\\ud800` is a backslash and the text "ud800"; the `\udc00` after it is alone.
+    body = b'{"query": "\\\\ud800\\udc00"}'
+    assert json.loads(body)["query"] == "\\ud800\udc00"
+    assert body_refusal(body)[:2] == (422, "query")
+    assert body_refusal(b'{"query": "\\\\ud800 plain"}') is None  # parsed again, and nothing is wrong
+
+
 def test_a_body_with_only_paired_escapes_is_not_parsed_again(monkeypatch):
     def parse(*_):
         raise AssertionError("parsed again")

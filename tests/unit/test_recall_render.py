@@ -143,3 +143,8 @@ def test_any_record_text_renders_one_unforged_block(summary, content, kind, labe
     f = fit(pins, [r] * n, blocks, [r] * n, [r] * n)
     text = render(pins, [r] * n, [r] * n, [r] * n, blocks)
     assert_unforged(text, f)
+
+
+def test_content_that_collapses_when_cleaned_still_shows_its_text():
+    r = rec(1, "a summary", "a" + "\n" * 1300 + "important tail text")
+    assert "important tail text" in render([], [r])

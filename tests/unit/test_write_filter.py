@@ -130,9 +130,11 @@ def test_tool_calls_in_a_turn_pass_the_filter():
 # --------------------------------------------------------------------------- one scan per field
 
 
-def test_values_of_one_field_are_scanned_together_without_joining_into_a_match():
+def test_values_of_one_field_never_join_into_a_match():
     assert check_write("s", metadata={"a": "555", "b": "123", "c": "4567"}) is None  # no phone across values
     assert check_write("s", metadata={"a": "token", "b": "= abcd1234"}) is None
+    assert check_write("s", metadata={"a": "= abcd1234", "b": "token"}) is None
+    assert check_write("s", metadata={"a": "is good", "b": "token"}) is None
     hit = check_write("s", metadata={"a": "ok", "b": "x", "c": "reach me at +1 415-555-0132"})
     assert (hit.field, hit.refusal.reason) == ("metadata", "pii")
     dump = json.dumps({"rows": [{"id": i, "v": i * 2} for i in range(10)]})
@@ -156,3 +158,8 @@ def test_the_model_path_checks_label_names_and_kind_as_every_write_does():
                          occurred_at=datetime(2026, 1, 1, tzinfo=UTC))
     d = r.to_commands(turn, AgentConfig(), answer, [], r.Handles(), "m")
     assert [(x.index, x.reason) for x in d.refused] == [(0, "secret")]
+
+
+def test_a_transcript_split_between_summary_and_content_is_refused():
+    hit = check_write("User: prefers tea", "Assistant: noted, tea it is")
+    assert hit is not None and hit.refusal.reason == "transcript"
