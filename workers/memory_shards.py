@@ -78,6 +78,7 @@ class MemoryShards:
 
     def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None) -> None:
         self.settings = settings
+        self.generation = generation
         paths = shard_paths(settings, generation)
         # The process's vector cache is shared among its shards, not one per shard.
         self.projections = [

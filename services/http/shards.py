@@ -30,6 +30,7 @@ class ShardOwner:
         self.task: asyncio.Task | None = None
         self.on_swap = None
         self.embedder = None  # the process's, for the points the shards' reconciler heals
+        self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
         memory = MemoryShards(self.settings, generation, self.embedder)
@@ -41,10 +42,17 @@ class ShardOwner:
         if self.on_swap:
             self.on_swap(self)
         if old[0] is not None:
-            # Callers that registered on the old shards before the swap hear from them.
-            await old[0].drained(timeout=10)
-            await self._stop(*old)
             log.info("qdrant_generation_switched", generation=generation)
+            # Retired in the background: a slow teardown must never hold up the watcher, or a
+            # generation rebuilt meanwhile would never be opened.
+            retiring = asyncio.create_task(self._retire(*old), name=f"qdrant-retire-g{old[0].generation}")
+            self._retiring.add(retiring)
+            retiring.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, memory: MemoryShards, task: asyncio.Task) -> None:
+        # Callers that registered on the old shards before the swap hear from them.
+        await memory.drained(timeout=10)
+        await self._stop(memory, task)
 
     async def watch_generation(self) -> None:
         while True:
@@ -56,9 +64,11 @@ class ShardOwner:
     @staticmethod
     async def _stop(memory: MemoryShards, task: asyncio.Task) -> None:
         memory.stop()
-        try:
-            await asyncio.wait_for(task, 5)
-        except Exception:
+        # `asyncio.wait`, not `wait_for`: on timeout it does not wait for the cancelled task
+        # to finish, which a projection blocked in a client's shutdown might never do.
+        done, _ = await asyncio.wait({task}, timeout=5)
+        if not done:
+            log.warning("qdrant_projection_stop_slow", generation=memory.generation)
             task.cancel()
         memory.close()
 
