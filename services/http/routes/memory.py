@@ -7,9 +7,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
+# Metadata and labels use the command's own checked types, so a body too deep or too large
+# for a command is refused where it is parsed, with the limit.
+from events.commands import Labels, Metadata
 from events.record import Scope
 from services.http.deps import Ctx, Svc
-from services.http.models import Body, Labels, Metadata
+from services.http.models import Body
 from services.http.responses import record_out
 
 router = APIRouter()
