@@ -11,18 +11,26 @@ from events.commands import (
     CurateBlock,
     DeleteMemory,
     EditMemory,
+    EraseSubject,
     ExpireTurns,
+    GrantConsent,
     PinMemory,
+    RemoveAgent,
+    RemoveUser,
     ReportOutcome,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
+    WithdrawConsent,
 )
-from events.config import AgentConfig, MemoryConfig
+from events.config import AgentConfig, MemoryConfig, member_facts
 from events.memory import (
     AgentConfigured,
+    AgentRemoved,
     BlockChanged,
     CommandRejected,
+    ConsentGranted,
+    ConsentWithdrawn,
     MemoryEvent,
     RecordAdded,
     RecordDeleted,
@@ -31,6 +39,7 @@ from events.memory import (
     RecordRevised,
     RecordSuperseded,
     RecordUnpinned,
+    UserRemoved,
 )
 from events.record import MemoryRecord, Provenance, Scope, Source, Status
 from events.topics import TOPICS, Topic
@@ -38,6 +47,16 @@ from events.turns import Message, SessionEnded, ToolCall, TurnCommitted, TurnEve
 from events.vectors import VectorComputed
 
 __all__ = [
+    "EraseSubject",
+    "GrantConsent",
+    "RemoveAgent",
+    "RemoveUser",
+    "WithdrawConsent",
+    "member_facts",
+    "AgentRemoved",
+    "ConsentGranted",
+    "ConsentWithdrawn",
+    "UserRemoved",
     "AgentConfig",
     "AgentConfigured",
     "BlockChanged",

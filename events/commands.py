@@ -28,6 +28,8 @@ class _CommandBase(Message_):
     # Set when the write happens inside a turn: it waits for that turn's outcome.
     turn_ref: TurnRef = None
     preview: bool = False
+    # The member the command speaks for: the subject of user-scope records and of consent.
+    user: Ident | None = None
 
 
 class AddMemory(_CommandBase):
@@ -146,6 +148,38 @@ class CurateBlock(_CommandBase):
         return v
 
 
+class GrantConsent(_CommandBase):
+    """The member (`user`) lets the agent keep and use memory about them."""
+
+    type: Literal["GrantConsent"] = "GrantConsent"
+
+
+class WithdrawConsent(_CommandBase):
+    """Stops new writes and injection for the member at once; deletes nothing."""
+
+    type: Literal["WithdrawConsent"] = "WithdrawConsent"
+
+
+class EraseSubject(_CommandBase):
+    """An operator erases a member's memory on one agent: every live user-scope record of
+    `user` is tombstoned and the consent is withdrawn."""
+
+    type: Literal["EraseSubject"] = "EraseSubject"
+
+
+class RemoveAgent(_CommandBase):
+    """The agent is soft-deleted: its memory is never served again, and no write is accepted."""
+
+    type: Literal["RemoveAgent"] = "RemoveAgent"
+
+
+class RemoveUser(_CommandBase):
+    """The member (`user`) is deleted from the tenant: sent under the workspace agent, as it
+    holds for every agent; none serves that member's memory again."""
+
+    type: Literal["RemoveUser"] = "RemoveUser"
+
+
 class ConfigureAgent(_CommandBase):
     type: Literal["ConfigureAgent"] = "ConfigureAgent"
     config: AgentConfig
@@ -153,6 +187,7 @@ class ConfigureAgent(_CommandBase):
 
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
-    | ConfigureAgent | CurateBlock | ReportOutcome,
+    | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
+    | RemoveUser,
     Field(discriminator="type"),
 ]

@@ -19,9 +19,12 @@ class LabelSpec(_Strict):
     description: str = ""
 
 
+ScopeName = Literal["session", "user", "agent"]
+
+
 class ScopeConfig(_Strict):
-    read: list[Literal["session", "agent"]] = ["session"]
-    write: list[Literal["session", "agent"]] = ["session"]
+    read: list[ScopeName] = ["session"]
+    write: list[ScopeName] = ["session"]
 
 
 class PinnedConfig(_Strict):
@@ -43,8 +46,31 @@ class ExtractionConfig(_Strict):
     every: Literal["turn"] | EveryMessages = "turn"
 
 
+# Seed 004: memory is read and written in these session channels, and never in the ones
+# below (triggers, scheduled runs, public chats, an agent inside a flow), whatever is configured.
+DEFAULT_CHANNELS = ("studio", "dashboardChat", "api")
+NEVER_CHANNELS = ("slack", "teams", "discord", "email", "scheduled", "explore", "visitor", "flow")
+MEMBER_FACT_CHARS = 4000  # seed 004's fact body
+
+
+class RecallConfig(_Strict):
+    # "sections": memlane's recall block; "facts": seed 004's two header lines and `- {key}: {content}`.
+    format: Literal["sections", "facts"] = "sections"
+    # A version already recalled in a conversation is never recorded as retrieved again;
+    # "omit" also leaves it out of later recalls, "render" shows it again (seed 004).
+    recalled: Literal["omit", "render"] = "omit"
+
+
 class MemoryConfig(_Strict):
     enabled: bool = True
+    # "required": a subject (tenant + user + agent) gets no extraction, recall, injection or
+    # tool write until its member grants consent (seed 004).
+    consent: Literal["required", "not_required"] = "not_required"
+    channels: list[Annotated[str, Field(min_length=1, max_length=64)]] = list(DEFAULT_CHANNELS)
+    # The longest fact text (summary and content together) in characters; None: only the
+    # record's byte limits.
+    fact_chars: Annotated[int, Field(ge=1, le=16_000)] | None = None
+    recall: RecallConfig = RecallConfig()
     scope: ScopeConfig = ScopeConfig()
     kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = list(DEFAULT_KINDS)
     labels: dict[str, LabelSpec] = {}
@@ -61,6 +87,14 @@ class MemoryConfig(_Strict):
             if spec.number in seen:
                 raise ValueError(f"labels.{name}: number {spec.number} is already used by {seen[spec.number]!r}")
             seen[spec.number] = name
+        return v
+
+    @field_validator("channels")
+    @classmethod
+    def _allowed_channels(cls, v: list[str]) -> list[str]:
+        never = [c for c in v if c in NEVER_CHANNELS]
+        if never:
+            raise ValueError(f"channel {never[0]!r} never reads or writes memory; never allowed: {', '.join(NEVER_CHANNELS)}")
         return v
 
     @field_validator("tools")
@@ -85,9 +119,28 @@ class AgentConfig(_Strict):
     def _sessionless_needs_agent_scope(self) -> AgentConfig:
         if not self.has_sessions:
             s = self.memory.scope
-            if s.read != ["agent"] or s.write != ["agent"]:
-                raise ValueError("an agent without sessions must set memory.scope.read and write to ['agent']")
+            if "session" in s.read or "session" in s.write:
+                raise ValueError("an agent without sessions must not read or write session scope: "
+                                 "set memory.scope.read and write to ['agent'] or ['user']")
         return self
+
+
+def member_facts(**memory: object) -> AgentConfig:
+    """Seed 004's configuration: one member's facts per agent, given with consent, in
+    seed 004's channels, 4,000-character facts rendered as `- {key}: {content}` on every turn."""
+    return AgentConfig(memory=MemoryConfig(**{
+        "scope": ScopeConfig(read=["user"], write=["user"]),
+        "consent": "required",
+        "fact_chars": MEMBER_FACT_CHARS,
+        "kinds": ["profile", "semantic", "episodic"],
+        "recall": RecallConfig(format="facts", recalled="render"),
+        **memory,
+    }))
+
+
+def channel_allowed(cfg: AgentConfig, channel: str | None) -> bool:
+    """Whether a session in `channel` reads and writes memory; a turn without one is a platform without channels."""
+    return channel is None or (channel not in NEVER_CHANNELS and channel in cfg.memory.channels)
 
 
 def label_numbers_kept(old: AgentConfig, new: AgentConfig) -> str | None:

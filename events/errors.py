@@ -36,5 +36,11 @@ class ErrorCode(str, Enum):
     COMMAND_FAILED = "COMMAND_FAILED"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
+    # The agent requires a member's consent (memory.consent) and this subject has none.
+    CONSENT_REQUIRED = "CONSENT_REQUIRED"
+    # The session's channel is not in memory.channels.
+    CHANNEL_NOT_ALLOWED = "CHANNEL_NOT_ALLOWED"
+    # The agent or the user was removed: its leftover memory is never served.
+    SUBJECT_REMOVED = "SUBJECT_REMOVED"
     # Made by the Python client when a response is not a memlane error body.
     HTTP_ERROR = "HTTP_ERROR"

@@ -44,6 +44,7 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     agent: str
     scope: Scope
     session: str | None = None
+    user: str | None = None
     kind: str
     summary: str
     content: str = ""
@@ -107,6 +108,8 @@ class LedgerView(msgspec.Struct, kw_only=True):
     record_json: msgspec.Raw = msgspec.field(name="record", default=msgspec.Raw(b"null"))
     label: str | None = None  # BlockChanged
     text: str = ""
+    user: str | None = None  # the consent and removal events
+    erased: bool = False
 
 
 # Not strict: the contract's pydantic models accept "2" for 2, and so must its views.

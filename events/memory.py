@@ -104,6 +104,31 @@ class BlockChanged(_EventBase):
     text: str
 
 
+class ConsentGranted(_EventBase):
+    type: Literal["ConsentGranted"] = "ConsentGranted"
+    user: Ident
+
+
+class ConsentWithdrawn(_EventBase):
+    type: Literal["ConsentWithdrawn"] = "ConsentWithdrawn"
+    user: Ident
+    # Part of an operator's erasure of the subject, not the member's own withdrawal.
+    erased: bool = False
+
+
+class AgentRemoved(_EventBase):
+    """The agent was soft-deleted: nothing of its memory is served, no write is accepted."""
+
+    type: Literal["AgentRemoved"] = "AgentRemoved"
+
+
+class UserRemoved(_EventBase):
+    """A member was deleted from the tenant (under the workspace agent): no agent serves their memory."""
+
+    type: Literal["UserRemoved"] = "UserRemoved"
+    user: Ident
+
+
 class CommandRejected(_EventBase):
     type: Literal["CommandRejected"] = "CommandRejected"
     code: str
@@ -124,6 +149,10 @@ MemoryEvent = Annotated[
     | WriteDiscarded
     | AgentConfigured
     | BlockChanged
+    | ConsentGranted
+    | ConsentWithdrawn
+    | AgentRemoved
+    | UserRemoved
     | CommandRejected,
     Field(discriminator="type"),
 ]

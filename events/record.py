@@ -17,6 +17,8 @@ MAX_CONTENT_BYTES = 16 * 1024
 class Scope(str, Enum):
     SESSION = "SESSION"
     AGENT = "AGENT"
+    # One member's facts on one agent: every session of that user, and no one else (seed 004).
+    USER = "USER"
 
 
 class Status(str, Enum):
@@ -31,6 +33,8 @@ class Source(str, Enum):
     EXTRACTION = "EXTRACTION"
     TOOL = "TOOL"
     OPERATOR = "OPERATOR"
+    # The member a user-scope fact belongs to, editing or deleting it with a member key.
+    MEMBER = "MEMBER"
     CONSOLIDATION = "CONSOLIDATION"
 
 
@@ -58,6 +62,7 @@ class Provenance(Message_):
     invocation: int | None = None
     agent_version: int | None = None
     session: Ident | None = None
+    user: Ident | None = None
     turn: int | None = None
     modified_by: str = "agent"
     # Extraction only: which model, which prompt, which memories it was shown.
@@ -80,6 +85,9 @@ class MemoryRecord(Message_):
     agent: Ident
     scope: Scope
     session: Ident | None = None
+    # The member the record is about (tenant + user + agent is seed 004's subject); set on
+    # every USER record, and on other records written in a turn that named its user.
+    user: Ident | None = None
     kind: Annotated[str, Field(min_length=1, max_length=64)]
     summary: Summary
     content: Content = ""

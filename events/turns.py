@@ -32,11 +32,22 @@ class Message(Message_):
     origin: Literal["conversation", "skill_load", "retrieval"] = "conversation"
 
 
+# Where a session runs. Memory is read and written only in the channels an agent's
+# `memory.channels` lists; a turn that names none is a platform without channels.
+Channel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+
+
 class _TurnBase(Message_):
     event_id: Ident
     tenant: Ident
     agent: Ident
     session: Ident | None = None
+    # The member the session belongs to (seed 004's createdById, or an API key's owner):
+    # with the tenant and agent, the subject of user-scope memory. None for platforms without users.
+    user: Ident | None = None
+    # The platform's own end user of that key (seed 004's endUserId): kept, never splits memory.
+    end_user: Ident | None = None
+    channel: Channel | None = None
     turn: Annotated[int, Field(ge=0)]
     attempt: Annotated[int, Field(ge=1)] = 1
     execution_id: Ident
@@ -55,6 +66,7 @@ class _TurnBase(Message_):
             invocation=self.invocation,
             agent_version=self.agent_version,
             session=self.session,
+            user=self.user,
             turn=self.turn,
             modified_by=f"agent:{self.agent}",
         )
@@ -67,6 +79,8 @@ class _TurnBase(Message_):
 
 class TurnCommitted(_TurnBase):
     type: Literal["TurnCommitted"] = "TurnCommitted"
+    # How the turn ended: only a completed turn is reviewed for facts (seed 004).
+    status: Literal["completed", "failed", "stopped", "output_restricted"] = "completed"
     messages: Annotated[list[Message], Field(max_length=MAX_MESSAGES_PER_TURN)] = []
 
 

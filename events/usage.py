@@ -56,4 +56,15 @@ class CandidateRefused(_UsageBase):
     summary_preview: str = ""
 
 
-UsageEvent = Annotated[ModelUsage | Retrieved | CandidateRefused, Field(discriminator="type")]
+class MemorySkipped(_UsageBase):
+    """A turn got no memory work (no review, no tool writes) and why: the subject has no
+    consent, the session's channel is not a memory channel, the turn did not complete, or the
+    agent or member was removed."""
+
+    type: Literal["MemorySkipped"] = "MemorySkipped"
+    user: Ident | None = None
+    reason: Literal["consent_required", "channel_not_allowed", "turn_not_completed", "subject_removed"]
+    detail: str = ""
+
+
+UsageEvent = Annotated[ModelUsage | Retrieved | CandidateRefused | MemorySkipped, Field(discriminator="type")]

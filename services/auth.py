@@ -2,7 +2,10 @@
 
 - `agent`: the agent itself; reads and writes its own memory.
 - `helper`: a subagent or programmatic caller of that agent; searches, never writes.
-- `operator`: administers keys and configuration for any agent of its tenant.
+- `operator`: administers keys and configuration for any agent of its tenant; erases a
+  member's memory and sees counts, but never reads the text of a member's user-scope facts.
+- `member`: one member (tenant + user) of one agent, or of every agent of the tenant; lists,
+  reads, edits and deletes that member's own user-scope facts and grants or withdraws consent.
 
 Keys are stored hashed in Redis under the deployment's root (`ml:<topic prefix>`), so two
 deployments sharing one Redis never accept each other's keys. Each tenant has an index of
@@ -22,7 +25,7 @@ import redis.asyncio as aioredis
 
 from events.base import utcnow
 
-Role = Literal["agent", "helper", "operator"]
+Role = Literal["agent", "helper", "operator", "member"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Principal:
     agent: str | None
     role: Role
     key_id: str | None = None
+    user: str | None = None  # a member key's member
 
     @property
     def can_write(self) -> bool:

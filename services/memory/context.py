@@ -18,6 +18,9 @@ class Context:
     turn_ref: str | None = None
     execution_id: str | None = None
     turn: int | None = None
+    # The member the call speaks for (X-User, or a member key's own): the subject of user-scope memory.
+    user: str | None = None
+    channel: str | None = None  # the session's channel (X-Channel)
 
     @property
     def tenant(self) -> str:
