@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.memory import RECORD_EVENTS, BlockChanged
+from events.memory import RECORD_EVENTS, AgentRemoved, BlockChanged, ConsentGranted, ConsentWithdrawn, UserRemoved
 from events.record import LIVE, MemoryRecord, Status
+from events.rules.subjects import SubjectState
 
 
 def listed(r: MemoryRecord) -> bool:
@@ -72,6 +73,10 @@ class RecordView(Protocol):
 
     async def blocks(self, tenant: str, agent: str) -> dict[str, str]: ...
 
+    async def subject(self, tenant: str, agent: str, user: str | None) -> SubjectState: ...
+
+    async def consents(self, tenant: str, agent: str) -> dict[str, str]: ...
+
 
 @dataclass
 class MemoryFold:
@@ -81,9 +86,19 @@ class MemoryFold:
     current: dict[tuple[str, str, str], int] = field(default_factory=dict)
     shadows: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     block_texts: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    consent: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    removed_agents: set[tuple[str, str]] = field(default_factory=set)
+    removed_users: set[tuple[str, str]] = field(default_factory=set)
 
     async def apply(self, events: list[Any]) -> None:
         for e in events:
+            if isinstance(e, (ConsentGranted, ConsentWithdrawn)):
+                state = "granted" if isinstance(e, ConsentGranted) else "withdrawn"
+                self.consent.setdefault((e.tenant, e.agent), {})[e.user] = state
+            elif isinstance(e, AgentRemoved):
+                self.removed_agents.add((e.tenant, e.agent))
+            elif isinstance(e, UserRemoved):
+                self.removed_users.add((e.tenant, e.user))
             if isinstance(e, BlockChanged):
                 texts = self.block_texts.setdefault((e.tenant, e.agent), {})
                 if e.text:
@@ -136,3 +151,13 @@ class MemoryFold:
 
     async def blocks(self, tenant, agent):
         return dict(self.block_texts.get((tenant, agent), {}))
+
+    async def subject(self, tenant, agent, user):
+        return SubjectState(
+            consent=self.consent.get((tenant, agent), {}).get(user) if user is not None else None,
+            agent_removed=(tenant, agent) in self.removed_agents,
+            user_removed=user is not None and (tenant, user) in self.removed_users,
+        )
+
+    async def consents(self, tenant, agent):
+        return dict(self.consent.get((tenant, agent), {}))

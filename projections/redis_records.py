@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from events.config import AgentConfig
 from events.lean import as_lean
 from events.record import LIVE, MemoryRecord, Status
+from events.rules.subjects import SubjectState
 from projections.applied_waiter import AppliedListener
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
@@ -138,6 +139,22 @@ def _block_change(pipe: Any, ns: str, e: Any) -> tuple[str, str]:
     else:
         pipe.hdel(key, full.label)
     return f"{full.tenant}/{full.agent}", full.label
+
+
+SUBJECT_EVENTS = ("ConsentGranted", "ConsentWithdrawn", "AgentRemoved", "UserRemoved")
+
+
+def _subject_change(pipe: Any, ns: str, e: Any) -> None:
+    """Consent is the newest grant or withdrawal of the member on the agent; a removal is for
+    good. Events of one agent come in log order, as for configurations."""
+    full = as_lean(e).full()
+    if full.type == "AgentRemoved":
+        pipe.sadd(f"{ns}:removed_agents:{full.tenant}", full.agent)
+    elif full.type == "UserRemoved":
+        pipe.sadd(f"{ns}:removed_users:{full.tenant}", full.user)
+    else:
+        state = "granted" if full.type == "ConsentGranted" else "withdrawn"
+        pipe.hset(f"{ns}:consent:{full.tenant}/{full.agent}", full.user, state)
 
 
 def snapshot(raw: str) -> MemoryRecord:
@@ -318,6 +335,9 @@ class RedisRecords:
                 configs.append(_config_item(ns, e))
             elif e.type == "BlockChanged":
                 changed.append(_block_change(blocks, ns, e))
+            elif e.type in SUBJECT_EVENTS:
+                # Before the batch's records and its checkpoint: a withdrawal is never behind them.
+                _subject_change(blocks, ns, e)
         args[3] = json.dumps(changed)
         if configs:
             await self.r.mset(dict(configs))
@@ -344,6 +364,8 @@ class RedisRecords:
                     configs.append(_config_item(ns, e))
                 elif e.type == "BlockChanged":
                     _block_change(pipe, ns, e)
+                elif e.type in SUBJECT_EVENTS:
+                    _subject_change(pipe, ns, e)
                 continue
             ak, rid, ver, raw, score, flags, expiry, shadows = row
             rk = f"{ns}:rec:{ak}"
@@ -452,6 +474,24 @@ class RedisRecords:
     async def config(self, tenant: str, agent: str) -> AgentConfig | None:
         raw = await self.r.get(f"{self._ns(await self._read_generation())}:config:{tenant}/{agent}")
         return AgentConfig.model_validate_json(raw) if raw else None
+
+    async def subject(self, tenant: str, agent: str, user: str | None) -> SubjectState:
+        """The member's consent on the agent, and whether the agent or the member was removed:
+        one round trip."""
+        ns = self._ns(await self._read_generation())
+        pipe = self.r.pipeline(transaction=False)
+        pipe.sismember(f"{ns}:removed_agents:{tenant}", agent)
+        if user is not None:
+            pipe.hget(f"{ns}:consent:{tenant}/{agent}", user)
+            pipe.sismember(f"{ns}:removed_users:{tenant}", user)
+        got = await pipe.execute()
+        if user is None:
+            return SubjectState(agent_removed=bool(got[0]))
+        return SubjectState(consent=got[1], agent_removed=bool(got[0]), user_removed=bool(got[2]))
+
+    async def consents(self, tenant: str, agent: str) -> dict[str, str]:
+        """Every member's consent on the agent: user -> granted | withdrawn."""
+        return await self.r.hgetall(f"{self._ns(await self._read_generation())}:consent:{tenant}/{agent}")
 
     async def expired(self, at_ms: int) -> dict[tuple[str, str], list[str]]:
         """Live records whose expiry is at or before `at_ms`, by (tenant, agent): what a

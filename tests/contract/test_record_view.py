@@ -121,3 +121,26 @@ async def test_blocks_hold_their_newest_text_and_go_when_emptied(view):
     await view.apply([change(5, "style", "")])
     assert await view.blocks("t", "a") == {"stack": "Python\nKafka"}
     assert await view.blocks("t", "b") == {"stack": "Go"}
+
+
+def subject_ev(cls, agent: str = "a", **kw):
+    return cls(event_id=f"s-{cls.__name__}-{agent}-{kw.get('user')}", command_id="c", tenant="t", agent=agent,
+               occurred_at=T0, **kw)
+
+
+async def test_consent_is_the_newest_grant_or_withdrawal_and_removal_is_for_good(view):
+    from events import AgentRemoved, ConsentGranted, ConsentWithdrawn, UserRemoved
+    from events.commands import WORKSPACE
+
+    assert await view.subject("t", "a", "u1") == type(await view.subject("t", "a", "u1"))()
+    await view.apply([subject_ev(ConsentGranted, user="u1"), subject_ev(ConsentGranted, user="u2")])
+    await view.apply([subject_ev(ConsentWithdrawn, user="u2")])
+    assert (await view.subject("t", "a", "u1")).consent == "granted"
+    assert (await view.subject("t", "a", "u2")).consent == "withdrawn"
+    assert (await view.subject("t", "b", "u1")).consent is None  # consent is per agent
+    assert await view.consents("t", "a") == {"u1": "granted", "u2": "withdrawn"}
+    await view.apply([subject_ev(UserRemoved, agent=WORKSPACE, user="u1"), subject_ev(AgentRemoved, agent="b")])
+    assert (await view.subject("t", "a", "u1")).user_removed  # a member's removal holds for every agent
+    assert not (await view.subject("t", "a", "u2")).user_removed
+    assert (await view.subject("t", "b", None)).agent_removed
+    assert not (await view.subject("t", "a", None)).agent_removed
