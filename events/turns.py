@@ -95,6 +95,8 @@ class SessionEnded(Message_):
     tenant: Ident
     agent: Ident
     session: Ident | None = None
+    user: Ident | None = None  # the session's member, as on its turns
+    channel: Channel | None = None
     execution_id: Ident | None = None
     outcome: Literal["successful", "failed", "uncertain"] = "uncertain"
     occurred_at: datetime

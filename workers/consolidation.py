@@ -22,11 +22,13 @@ import structlog
 
 from events.codec import encode
 from events.rules import consolidation as rules
+from events.rules import subjects
 from events.rules.history import HistoryFilter
 from events.topics import COMMANDS, TURNS, USAGE
 from events.turns import SessionEnded
-from events.usage import CandidateRefused
+from events.usage import CandidateRefused, MemorySkipped
 from projections.redis_history import RedisHistory
+from projections.redis_records import RedisRecords
 from workers.api_reader import ApiReader
 from workers.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
@@ -49,6 +51,7 @@ class ConsolidationProcessor(Processor):
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
         self.history: RedisHistory | None = None
+        self.records: RedisRecords | None = None  # subjects' consent and removal
         self.tally: Counter[str] = Counter()
 
     async def start(self) -> None:
@@ -61,11 +64,12 @@ class ConsolidationProcessor(Processor):
         self.model = ModelClient(s)
         self.api = ApiReader(s)
         self.history = RedisHistory.from_url(s.redis_url, s.topic_prefix)
+        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
         log.info("consolidation_on", model=s.model)
 
     async def stop(self) -> None:
         for closer in (self.model and self.model.close, self.api and self.api.close,
-                       self.history and self.history.aclose):
+                       self.history and self.history.aclose, self.records and self.records.aclose):
             if closer:
                 await closer()
 
@@ -78,11 +82,14 @@ class ConsolidationProcessor(Processor):
     async def process(self, source: str, partition: int, offset: int, ended: Any) -> list[Any]:
         if not isinstance(ended, SessionEnded) or self.model is None or not ended.session:
             return []  # turns are the other workers'; an agent without sessions has no history to consolidate
-        assert self.api and self.history
+        assert self.api and self.history and self.records
         cfg = await self.api.config(ended.tenant, ended.agent)
         if not cfg.memory.enabled:
             self.tally["memory_disabled"] += 1
             return []
+        if refused := await self._refused(ended, cfg):
+            self.tally[refused.reason] += 1
+            return [self._usage(refused)]
         await self._history_folded(partition, offset)
         kept, _ = await self.history.page(
             HistoryFilter(ended.tenant, ended.agent, ended.session, preview=False, kinds=ALL_KINDS),
@@ -123,6 +130,19 @@ class ConsolidationProcessor(Processor):
             if time.monotonic() > deadline:
                 raise Transient(f"the history worker has not folded {field} up to offset {offset}; is it running?")
             await asyncio.sleep(0.1)
+
+    async def _refused(self, ended: SessionEnded, cfg: Any) -> MemorySkipped | None:
+        """A session of a subject without consent, in a channel without memory, or of a removed
+        agent or member is not consolidated: its usage record says why."""
+        state = await self.records.subject(ended.tenant, ended.agent, ended.user)
+        no = subjects.refusal(cfg, ended.user, ended.channel, state)
+        if no is None:
+            return None
+        return MemorySkipped(
+            usage_id=str(uuid.uuid5(rules.NAMESPACE, f"{ended.event_id}/skipped")), tenant=ended.tenant,
+            agent=ended.agent, occurred_at=ended.occurred_at, session=ended.session,
+            execution_id=ended.execution_id, user=ended.user, reason=no.skipped, detail=f"consolidation: {no.reason}",
+        )
 
     @staticmethod
     def _refusal(ended: SessionEnded, what: str, reason: str, detail: str) -> CandidateRefused:

@@ -138,6 +138,16 @@ def _clip(text: str, limit: int = MAX_SUMMARY_BYTES) -> str:
     return text.strip().encode()[:limit].decode(errors="ignore").strip()
 
 
+def scope_of(ended: SessionEnded, cfg: AgentConfig) -> Scope:
+    """A member's session stays that member's (USER) when the agent keeps user memory: an
+    episode retells the session, and agent scope would show it to every other member.
+    Otherwise agent scope when allowed, for what later sessions can learn from, else the session's."""
+    write = cfg.memory.scope.write
+    if "user" in write and ended.user:
+        return Scope.USER
+    return Scope.AGENT if "agent" in write or not ended.session else Scope.SESSION
+
+
 def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnswer, events: list[KeptEvent],
                 model: str) -> Consolidated:
     """The episode, and a procedure or an anti-pattern when the run gives one. Ids follow
@@ -145,9 +155,8 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
     ledger links the episode to the previous one (`previous_episode`), in log order."""
     out = Consolidated()
     ids = [e.id for e in events]
-    scope = Scope.AGENT if "agent" in cfg.memory.scope.write or not ended.session else Scope.SESSION
     prov = Provenance(source=Source.CONSOLIDATION, execution_id=ended.execution_id, session=ended.session,
-                      modified_by="consolidation", model=model, prompt_version=prompt_version(),
+                      user=ended.user, modified_by="consolidation", model=model, prompt_version=prompt_version(),
                       source_message_ids=ids[-5:])
 
     def command(part: str, kind: str, summary: str, content: str, metadata: dict[str, Any]) -> AddMemory | None:
@@ -158,7 +167,8 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
         try:
             cmd = AddMemory(command_id=str(uuid.uuid5(NAMESPACE, f"{ended.event_id}/{part}")), tenant=ended.tenant,
                             agent=ended.agent, issued_at=ended.occurred_at, provenance=prov, summary=_clip(summary),
-                            content=content, kind=kind, scope=scope, session=ended.session, metadata=metadata)
+                            content=content, kind=kind, scope=scope_of(ended, cfg), session=ended.session,
+                            user=ended.user, metadata=metadata)
         except ValidationError as e:  # an empty summary, content over 16 KiB: refused, not retried
             err = e.errors()[0]
             out.refused.append((part, "invalid", f"{'.'.join(map(str, err['loc']))}: {err['msg']}"))

@@ -100,3 +100,16 @@ def test_the_answer_schema_is_strict_and_its_procedure_nullable():
     procedure, null = schema["properties"]["procedure"]["anyOf"]
     assert null == {"type": "null"} and set(procedure["required"]) == set(procedure["properties"])
     assert c.parse_answer('{"outcome": "failed", "success_score": 0.1, "summary": "x", "procedure": null}').procedure is None
+
+
+def test_a_members_session_is_consolidated_into_their_own_memory():
+    from events.config import member_facts
+
+    mine = ENDED.model_copy(update={"user": "u1"})
+    both = AgentConfig.model_validate({"memory": {"scope": {"read": ["user", "agent"], "write": ["user", "agent"]}}})
+    for cfg in (member_facts(kinds=["fact"]), both):
+        [episode] = c.to_commands(mine, cfg, answer(), [ev(1)], "m").commands
+        # Agent scope would retell one member's session to every other member.
+        assert (episode.scope, episode.user, episode.provenance.user) == (Scope.USER, "u1", "u1")
+    # Without a member, the agent keeps today's choice.
+    assert c.to_commands(ENDED, both, answer(), [ev(1)], "m").commands[0].scope is Scope.AGENT
