@@ -24,7 +24,9 @@ from events.rules.ledger import LedgerState
 from events.topics import EVENTS
 from settings import Settings
 
-FORMAT = 3  # 3: recent commands keyed by tenant, agent and command id; older snapshots are folded again
+# 3: recent commands keyed by tenant, agent and command id; 4: consent, removals, the records of
+# each subject, and stats counted per subject. Older snapshots are folded again.
+FORMAT = 4
 
 
 class _State(msgspec.Struct):
@@ -38,6 +40,10 @@ class _State(msgspec.Struct):
     configs: dict[str, bytes]  # AgentConfig JSON
     stats: dict[str, dict[str, int]]
     recent: list[tuple[str, list[bytes]]]  # RecentCommands by command key, oldest first
+    consent: dict[str, bool]
+    removed_agents: dict[str, bool]
+    removed_users: dict[str, bool]
+    subject_records: dict[str, tuple[str, ...]]
     blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}; none in snapshots made before blocks
 
 
@@ -71,6 +77,10 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]]) -> b
             stats={k: dict(v) for k, v in state.stats.items()},
             recent=list(recent.items()),
             blocks={k: dict(v) for k, v in state.blocks.items()},
+            consent=dict(state.consent),
+            removed_agents=dict(state.removed_agents),
+            removed_users=dict(state.removed_users),
+            subject_records={k: tuple(v) for k, v in state.subject_records.items()},
         )
     )
 
@@ -88,6 +98,10 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, list[bytes]]
         configs={k: AgentConfig.model_validate_json(v) for k, v in s.configs.items()},
         stats=s.stats,
         blocks=s.blocks,
+        consent=s.consent,
+        removed_agents=s.removed_agents,
+        removed_users=s.removed_users,
+        subject_records=s.subject_records,
     )
     return state, s.recent
 

@@ -24,17 +24,23 @@ from events.base import command_key
 from events.codec import decode_stored, encode
 from events.commands import (
     BLOCK_CHARS,
+    WORKSPACE,
     AddMemory,
     ConfigureAgent,
     CurateBlock,
     DeleteMemory,
     EditMemory,
+    EraseSubject,
     ExpireTurns,
+    GrantConsent,
     PinMemory,
+    RemoveAgent,
+    RemoveUser,
     ReportOutcome,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
+    WithdrawConsent,
 )
 from events.config import AgentConfig, label_numbers_kept
 from events.errors import ErrorCode
@@ -42,8 +48,11 @@ from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_
 from events.limits import EVENT_LIMIT, largest_field, too_large
 from events.memory import (
     AgentConfigured,
+    AgentRemoved,
     BlockChanged,
     CommandRejected,
+    ConsentGranted,
+    ConsentWithdrawn,
     RecordAdded,
     RecordDeleted,
     RecordExpired,
@@ -52,10 +61,13 @@ from events.memory import (
     RecordSuperseded,
     RecordUnpinned,
     TurnResolved,
+    UserRemoved,
     WriteDiscarded,
     WriteStaged,
 )
 from events.record import LIVE, MemoryRecord, Provenance, Scope, Source, Status
+from events.rules import ledger_subjects as subjects
+from events.rules.ledger_subjects import count_key, dup_scope, key_slots_seen, subject_key
 from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
@@ -88,7 +100,14 @@ class LedgerState:
     turns_since: datetime | None = None  # event time the current window of `turns` began
     configs: MutableMapping[str, AgentConfig] = field(default_factory=dict)  # agent -> config (frozen)
     blocks: MutableMapping[str, Mapping[str, str]] = field(default_factory=dict)  # agent -> {label: text}; replaced
-    stats: MutableMapping[str, Any] = field(default_factory=dict)  # agent -> {live, pinned_chars}
+    # agent, or agent|u:user for USER records (`count_key`) -> {live, pinned_chars}
+    stats: MutableMapping[str, Any] = field(default_factory=dict)
+    consent: MutableMapping[str, bool] = field(default_factory=dict)  # agent|u:user -> granted (else withdrawn)
+    removed_agents: MutableMapping[str, bool] = field(default_factory=dict)  # agent -> True once removed
+    # tenant/@workspace|u:user -> True: a member removed tenant-wide, seen on the workspace's partition only
+    removed_users: MutableMapping[str, bool] = field(default_factory=dict)
+    # agent|u:user -> the subject's live USER record ids (`ledger_subjects.track`); replaced, never mutated
+    subject_records: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Rejected(Exception):
@@ -222,10 +241,20 @@ Handler = Callable[[LedgerState, str, Any, list], None]
 def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
     events: list[Any] = []
     try:
+        _admit(state, ak, cmd)
         _COMMANDS.get(type(cmd), _write)(state, ak, cmd, events)
     except Rejected as r:
         events = [_rejection(cmd, r)]
     return events
+
+
+def _admit(state: LedgerState, ak: str, cmd: Any) -> None:
+    """Refuses a command its agent or subject may not give now (`ledger_subjects.admission`).
+    Asked before any command is decided (a write is refused before it is staged) and again as
+    each staged write is applied, so nothing is written after a removal's or a withdrawal's event."""
+    why = subjects.admission(state, ak, cmd, config_of(state, ak))
+    if why is not None:
+        raise Rejected(*why)
 
 
 def _write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
@@ -293,6 +322,7 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
             continue
         sub: list[Any] = []
         try:
+            _admit(scratch, ak, write)  # a removal or a withdrawal since it was staged refuses it
             _apply_write(scratch, ak, write, sub)
         except Rejected as r:
             sub = [_rejection(write, r)]
@@ -326,6 +356,10 @@ def _scratch(state: LedgerState) -> LedgerState:
         configs=ChainMap({}, state.configs),
         blocks=ChainMap({}, state.blocks),
         stats=ChainMap({}, state.stats),
+        consent=ChainMap({}, state.consent),
+        removed_agents=ChainMap({}, state.removed_agents),
+        removed_users=ChainMap({}, state.removed_users),
+        subject_records=ChainMap({}, state.subject_records),
     )
 
 
@@ -367,9 +401,17 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
+    """A write that names no scope: its session's when allowed, else its member's, else the
+    agent's. An agent that may write session scope keeps it for a write without a session
+    (refused for want of one, as before user scope), unless the write names a member whose
+    scope is allowed."""
     write = cfg.memory.scope.write
     if cmd.scope is None:
-        return Scope.SESSION if "session" in write else Scope.AGENT
+        if "session" in write and (cmd.session or not ("user" in write and cmd.user)):
+            return Scope.SESSION
+        if "user" in write and (cmd.user or "agent" not in write):
+            return Scope.USER
+        return Scope.AGENT
     if cmd.scope.value.lower() not in write:
         raise Rejected(
             ErrorCode.SCOPE_NOT_ALLOWED,
@@ -401,6 +443,15 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
     scope = cmd.scope if operator and cmd.scope else _scope_for(cfg, cmd)
     if scope is Scope.SESSION and not cmd.session:
         raise Rejected(ErrorCode.VALIDATION_FAILED, "session", "session scope requires a session")
+    if scope is Scope.USER and not cmd.user:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "user", "user scope requires a user: name the member (X-User)")
+    limit = cfg.memory.fact_chars
+    size = len(cmd.summary) + len(cmd.content)
+    if limit is not None and size > limit and cmd.kind not in RESERVED_KINDS:
+        # Episodes and procedures are not facts: they retell a session, and the cap counts facts only.
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "content",
+                       f"the fact holds {size} characters (summary and content), over memory.fact_chars={limit}; "
+                       "shorten it or split it into several facts")
     if cmd.pinned and cfg.memory.pinned is None:
         raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
     latest = cmd.issued_at + MAX_EXPIRY
@@ -416,6 +467,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         agent=cmd.agent,
         scope=scope,
         session=cmd.session,
+        user=cmd.user,
         kind=cmd.kind,
         summary=cmd.summary,
         content=cmd.content,
@@ -441,7 +493,9 @@ def _visible(r: MemoryRecord, cmd: Any) -> bool:
     A SESSION record never reaches another session, and an agent without a
     session has no session scope, so an agent's command without a session reaches no
     SESSION record. An operator's reaches every session (`deleteAgentMemory` deletes any
-    of the agent's records)."""
+    of the agent's records). A USER record is its member's (`ledger_subjects.may_address`)."""
+    if not subjects.may_address(r, cmd):
+        return False
     if r.scope is Scope.SESSION and cmd.provenance.source is not Source.OPERATOR and getattr(cmd, "session", None) != r.session:
         return False
     if r.preview and not cmd.preview:
@@ -462,9 +516,9 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
     rec = _new_record(state, ak, cmd, operator)
     if get_record(state, ak, rec.id):
         raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
-    stats = state.stats.get(ak) or {"live": 0, "pinned_chars": 0}
+    stats = state.stats.get(count_key(ak, rec)) or {"live": 0, "pinned_chars": 0}
     h = normalized_hash(cmd.summary, cmd.content)
-    same = state.index.get(f"{ak}|text:{_dup_scope(rec)}:{h}")
+    same = state.index.get(f"{ak}|text:{dup_scope(rec)}:{h}")
     if same and not cmd.replaces:
         existing = get_record(state, ak, same)
         if existing and existing.status in LIVE:
@@ -481,7 +535,7 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         # Labels stay once declared: the successor keeps the old values it does not override.
         rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
     if rec.key and not old:
-        holders = (state.index.get(f"{ak}|key:{slot}:{rec.kind}:{rec.key}") for slot in _key_slots_seen(rec))
+        holders = (state.index.get(f"{ak}|key:{slot}:{rec.kind}:{rec.key}") for slot in key_slots_seen(rec))
         holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
         if holder_rec and holder_rec.status in LIVE:
             # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
@@ -495,11 +549,12 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         # links the same.
         rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
     if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
-        raise Rejected(
-            ErrorCode.LIMIT_EXCEEDED,
-            "summary",
-            f"the agent holds {stats['live']} live records, the cap is {LIVE_FACT_CAP}; replace or delete records first",
-        )
+        # A member's facts are capped per member (`count_key`), the others per agent.
+        n = stats["live"]
+        holds = (f"the member holds {n} live facts on this agent" if rec.scope is Scope.USER
+                 else f"the agent holds {n} live facts")
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "summary",
+                       f"{holds}, the cap is {LIVE_FACT_CAP}; replace or delete facts first")
     if rec.pinned:
         _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
     if old and old.preview == rec.preview:
@@ -521,8 +576,9 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
 
 
 def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
-    """An operator's edit bypasses the write-time filter; the same text changes nothing (a
-    PENDING or CONFLICT record stays out of the prompt); new text makes a successor."""
+    """An operator's edit, or a member's of their own fact, bypasses the write-time filter;
+    the same text changes nothing (a PENDING or CONFLICT record stays out of the prompt); new
+    text makes a successor, in the same scope, and needs the member's consent."""
     old = _addressed(state, ak, cmd, cmd.record_id)
     if old.status not in LIVE:
         raise Rejected(ErrorCode.NOT_LIVE, "record_id",
@@ -533,6 +589,8 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
     if (summary, content, metadata) == (old.summary, old.content, old.metadata):
         events.append(_base(RecordAdded, cmd, record=old, merged=True))
         return
+    if why := subjects.consent_refusal(state, ak, cmd, config_of(state, ak)):
+        raise Rejected(*why)
     successor = AddMemory(
         command_id=cmd.command_id,
         tenant=cmd.tenant,
@@ -547,6 +605,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         labels=old.labels,
         scope=old.scope,
         session=old.session,
+        user=old.user,
         pinned=old.pinned,
         replaces=old.id,
         key=old.key,
@@ -637,7 +696,8 @@ def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dic
 def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
     r = _addressed(state, ak, cmd, cmd.record_id)
     write = config_of(state, ak).memory.scope.write
-    if r.scope.value.lower() not in write:
+    # A member deletes their own facts whatever the agent may write now.
+    if cmd.provenance.source is not Source.MEMBER and r.scope.value.lower() not in write:
         raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "record_id",
                        f"{r.scope.value} records are outside memory.scope.write {write}")
     if r.status is Status.DELETED:
@@ -697,11 +757,46 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
         events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
         return
     if want:
-        _check_pin_budget(state, ak, r, state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
+        _check_pin_budget(state, ak, r, state.stats.get(count_key(ak, r)) or {"live": 0, "pinned_chars": 0})
     changed = r.model_copy(
         update={"version": r.version + 1, "pinned": want, "modified": cmd.issued_at, "provenance": cmd.provenance}
     )
     events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))
+
+
+def _member(cmd: Any) -> str:
+    """The member a subject command is about."""
+    if not cmd.user:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "user", f"{cmd.type} is about a member: name the user")
+    return cmd.user
+
+
+def _consent(state: LedgerState, ak: str, cmd: GrantConsent | WithdrawConsent, events: list) -> None:
+    """Written again when asked again, rather than nothing: the caller waits for an event,
+    and the fold of a second grant changes nothing."""
+    cls = ConsentGranted if type(cmd) is GrantConsent else ConsentWithdrawn
+    events.append(_base(cls, cmd, user=_member(cmd)))
+
+
+def _erase(state: LedgerState, ak: str, cmd: EraseSubject, events: list) -> None:
+    """Tombstones every live USER record of the member on this agent, and withdraws the
+    consent: a later write needs a new grant. Other scopes' records are not the member's."""
+    user = _member(cmd)
+    for rid in state.subject_records.get(subject_key(ak, user)) or ():
+        r = get_record(state, ak, rid)
+        events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
+    events.append(_base(ConsentWithdrawn, cmd, user=user, erased=True))
+
+
+def _remove_agent(state: LedgerState, ak: str, cmd: RemoveAgent, events: list) -> None:
+    events.append(_base(AgentRemoved, cmd))
+
+
+def _remove_user(state: LedgerState, ak: str, cmd: RemoveUser, events: list) -> None:
+    if cmd.agent != WORKSPACE:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
+                       f"a member is removed from the whole tenant: send RemoveUser under {WORKSPACE!r}")
+    events.append(_base(UserRemoved, cmd, user=_member(cmd)))
 
 
 # Looked up by the command's exact type, once per command. Any other command is a write (`_write`),
@@ -710,6 +805,11 @@ _COMMANDS: dict[type, Handler] = {
     ConfigureAgent: _configure,
     TurnOutcome: _turn_outcome,
     ExpireTurns: _expire,
+    GrantConsent: _consent,
+    WithdrawConsent: _consent,
+    EraseSubject: _erase,
+    RemoveAgent: _remove_agent,
+    RemoveUser: _remove_user,
 }
 _WRITES: dict[type, Handler] = {
     AddMemory: _add,
@@ -784,32 +884,14 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     "TurnResolved": _turn_resolved,
     "WriteStaged": _write_staged,
     **dict.fromkeys(RECORD_EVENT_TYPES, _record_changed),
+    **subjects.FOLDS,
 }
-
-
-def _dup_scope(r: MemoryRecord | LeanRecord) -> str:
-    """Who sees a record: its scope, its session for SESSION scope, and preview or live.
-    Restatements merge, and keys conflict, only among records one turn could see together."""
-    return f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}:{int(r.preview)}"
-
-
-def _key_slots_seen(r: MemoryRecord) -> list[str]:
-    """The scopes whose keyed facts a turn writing `r` sees: its own; the agent scope for a
-    session record, and the writing session's for an agent-scope one; and for a preview
-    record, the live ones too."""
-    scopes = [f"{r.scope.value}:{r.session if r.scope is Scope.SESSION else ''}"]
-    if r.scope is Scope.SESSION:
-        scopes.append(f"{Scope.AGENT.value}:")
-    elif r.session:  # an agent-scope write is seen with the session it was written in
-        scopes.append(f"{Scope.SESSION.value}:{r.session}")
-    previews = (1, 0) if r.preview else (0,)
-    return [f"{scope}:{p}" for p in previews for scope in scopes]
 
 
 def _last_episode(state: LedgerState, ak: str, rec: MemoryRecord) -> str | None:
     """The newest episode a turn writing `rec` could read: of its own scope, or, for a
     session's, of the agent scope too."""
-    slots = [_dup_scope(rec)] + ([f"{Scope.AGENT.value}::{int(rec.preview)}"] if rec.scope is Scope.SESSION else [])
+    slots = [dup_scope(rec)] + ([f"{Scope.AGENT.value}::{int(rec.preview)}"] if rec.scope is Scope.SESSION else [])
     found = [r for slot in slots if (rid := state.index.get(f"{ak}|episode:{slot}")) and (r := get_record(state, ak, rid))]
     return max(found, key=lambda r: (r.created, r.id)).id if found else None
 
@@ -819,6 +901,12 @@ def _counts_as_fact(r: MemoryRecord | LeanRecord) -> bool:
     return r.status in LIVE and r.kind not in RESERVED_KINDS
 
 
+def _count(state: LedgerState, key: str, live: int, pinned_chars: int) -> None:
+    """Moves the live facts and pinned characters counted under `key` (`count_key`)."""
+    stats = state.stats.get(key) or {"live": 0, "pinned_chars": 0}
+    state.stats[key] = {"live": stats["live"] + live, "pinned_chars": stats["pinned_chars"] + pinned_chars}
+
+
 def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes) -> None:
     """`raw` is `r` as JSON, as the state keeps it."""
     key = f"{ak}/{r.id}"
@@ -826,18 +914,15 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     prev = decode_lean_record(stored) if stored is not None else None
     if prev and prev.version >= r.version:
         return
-    stats = dict(state.stats.get(ak) or {"live": 0, "pinned_chars": 0})
     if prev:
-        stats["live"] -= _counts_as_fact(prev)
-        stats["pinned_chars"] -= pin_line_chars(prev) if prev.pinned else 0
-    stats["live"] += _counts_as_fact(r)
-    stats["pinned_chars"] += pin_line_chars(r) if r.pinned else 0
-    state.stats[ak] = stats
+        _count(state, count_key(ak, prev), -_counts_as_fact(prev), -(pin_line_chars(prev) if prev.pinned else 0))
+    _count(state, count_key(ak, r), _counts_as_fact(r), pin_line_chars(r) if r.pinned else 0)
+    subjects.track(state, ak, r)
     state.records[key] = raw
-    text_key = f"{ak}|text:{_dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
-    key_key = f"{ak}|key:{_dup_scope(r)}:{r.kind}:{r.key}" if r.key else None
+    text_key = f"{ak}|text:{dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
+    key_key = f"{ak}|key:{dup_scope(r)}:{r.kind}:{r.key}" if r.key else None
     if r.kind == "episode" and r.version == 1:
-        state.index[f"{ak}|episode:{_dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest
+        state.index[f"{ak}|episode:{dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest
     if r.status in LIVE:
         state.index.setdefault(text_key, r.id)
         if key_key and r.status is Status.ACTIVE:
