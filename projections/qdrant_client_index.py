@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import ApiException, ResponseHandlingException
 
 from events.record import MemoryRecord
 from projections.qdrant_index import (
@@ -15,6 +16,7 @@ from projections.qdrant_index import (
     SCROLL_PAGE,
     SPARSE,
     Hit,
+    IndexUnavailable,
     Mode,
     RecordKey,
     SearchFilter,
@@ -113,6 +115,15 @@ class ClientIndex:
         self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode = "hybrid",
         min_score: float = 0.0,
     ) -> list[Hit]:
+        try:
+            return self._search(f, dense, text, limit, mode, min_score)
+        except (ApiException, ResponseHandlingException, OSError) as e:
+            raise IndexUnavailable(f"the Qdrant collection {self.collection} could not search") from e
+        except RuntimeError as e:  # local mode, closed
+            raise IndexUnavailable(f"the local Qdrant collection {self.collection} could not search") from e
+
+    def _search(self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode,
+                min_score: float) -> list[Hit]:
         flt = self._filter(f)
         depth = max(limit * 4, 20)
         sparse = self._sparse(self.bm25.embed_query(text))

@@ -65,18 +65,35 @@ def label_terms(labels: dict[str, str]) -> list[str]:
 class SearchFilter:
     tenant: str
     agent: str
-    scopes: tuple[str, ...]  # "AGENT" and/or "SESSION"
+    scopes: tuple[str, ...]  # "AGENT", "SESSION" and/or "USER"
     session: str | None
     preview: bool
     kind: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     ids: tuple[str, ...] = ()
+    user: str | None = None  # the member whose USER records the search reaches ("USER" in scopes)
+
+
+class IndexUnavailable(Exception):
+    """The index could not answer: its storage or its server failed. Both adapters raise it,
+    so a reader tells memory being unreadable from a fault of its own (a recall answers the
+    first with an empty block and goes on)."""
 
 
 @dataclass(frozen=True)
 class Hit:
     record_id: str
     score: float
+
+
+def reach_of(r: MemoryRecord) -> str:
+    """Who a record reaches: the whole agent, one session, or one member (a USER record is
+    its member's only, so no search of another member, or of none, can match it)."""
+    if r.scope.value == "AGENT":
+        return "AGENT"
+    if r.scope.value == "USER":
+        return f"USER/{r.user}" if r.user is not None else "USER\x00none"  # no member: no one's
+    return f"SESSION/{r.session}"
 
 
 def payload_of(r: MemoryRecord) -> dict[str, Any]:
@@ -86,7 +103,7 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
     # integer. No age: the memory service breaks score ties once it has the records.
     p: dict[str, Any] = {
         "owner": f"{r.tenant}/{r.agent}",
-        "reach": "AGENT" if r.scope.value == "AGENT" else f"SESSION/{r.session}",
+        "reach": reach_of(r),
         "kind": r.kind,
         "record_id": r.id,
     }
@@ -108,7 +125,7 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
     """(must, must_not) conditions of a search, each a key and a value or any-of list."""
     reach = (["AGENT"] if "AGENT" in f.scopes else []) + (
         [f"SESSION/{f.session}"] if "SESSION" in f.scopes and f.session else []
-    )
+    ) + ([f"USER/{f.user}"] if "USER" in f.scopes and f.user else [])
     must: list[Term] = [("owner", f"{f.tenant}/{f.agent}"), ("reach", reach or ["\x00none"])]
     if f.kind:
         must.append(("kind", f.kind))
@@ -140,6 +157,7 @@ class EdgeIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
+        self._closed = False
         self.shard = open_shard(self.path, dim, "owner", KEYWORD_FIELDS)
 
     # ------------------------------------------------------------------ write side
@@ -176,6 +194,9 @@ class EdgeIndex:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self.shard.flush()
             self.shard.close()
 
@@ -239,7 +260,13 @@ class EdgeIndex:
                 with_payload=True,
             )
         with self._lock:
-            points = self.shard.query(req)
+            try:
+                points = self.shard.query(req)
+            except Exception as e:
+                if type(e) is not Exception:
+                    raise
+                # The Edge bindings raise a bare Exception for a storage or service error.
+                raise IndexUnavailable(f"the Qdrant Edge shard at {self.path} could not search") from e
         return rank([Hit(p.payload["record_id"], p.score) for p in points], limit)
 
 

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events.base import utcnow
 from events.commands import WORKSPACE
 from events.config import AgentConfig
 from events.errors import ErrorCode
-from events.record import MemoryRecord
+from events.record import LIVE, MemoryRecord, Scope
 from events.rules.ledger import RESERVED_KINDS
-from events.rules.recall_render import fit, pinned_within_budget, render, render_fitted
+from events.rules.recall_render import fit, fit_facts, pinned_within_budget, render, render_fitted
+from events.rules.subjects import Refusal, SubjectState, refusal
 from events.rules.visibility import readable_scopes, visible
-from projections.qdrant_index import SearchFilter
+from projections.qdrant_index import IndexUnavailable, SearchFilter
 from projections.records import CursorError, Page, encode_cursor, sort_score
 from services.errors import ApiError
 from services.memory.context import Context
@@ -48,9 +55,50 @@ class RecallResult:
     episodes: list[MemoryRecord]
     procedures: list[MemoryRecord]
     blocks: list[tuple[str, str, str]]  # (scope, label, text): the workspace's, then the agent's
+    # Why the subject got no memory (consent, channel, removal): the recall is empty, and the
+    # platform's turn goes on without memory.
+    skipped: Refusal | None = None
+    # Memory could not be read (Redis or the index failed): empty, logged, and the turn goes on.
+    memory_unavailable: bool = False
 
 
+log = structlog.get_logger()
 RECALLED_PER_SECTION = 3  # episodes, and procedures, a recall offers at most
+MEMBER_LIST = 200  # seed 004: a member's list shows up to 200 live facts
+# A listing that skips records (an operator's skips members' facts, a member's everyone
+# else's) reads the agent's listing this many records a page, and at most `WALK_BUDGET`
+# records a call: a page may come back short, with a cursor to read on from.
+WALK_PAGE = 500
+WALK_BUDGET = 10_000
+# What a recall treats as memory being unreadable: Redis down or timing out, a socket
+# error, the index (Qdrant Edge or a Qdrant server) failing.
+READ_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError, IndexUnavailable)
+
+
+def refused(r: Refusal | None) -> None:
+    """A subject's refusal as a read answers it: 403 with its code and field."""
+    if r is not None:
+        raise ApiError(r.code, r.field, r.reason, 403)
+
+
+def refuse_member(ctx: Context, what: str) -> None:
+    """A member key lists, reads and edits its own facts; it never searches or recalls."""
+    if ctx.principal.role == "member":
+        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"a member key lists, reads and edits the member's own "
+                       f"facts; it cannot {what}", 403)
+
+
+def readable_by(ctx: Context, r: MemoryRecord) -> bool:
+    """Whether `ctx` may read record `r` by id, whatever its status: an operator any record but
+    a member's (USER) facts, a member only their own facts, an agent or helper what `visible` lets it."""
+    role = ctx.principal.role
+    if role == "operator":
+        return r.scope is not Scope.USER and r.tenant == ctx.tenant and r.agent == ctx.agent
+    if role == "member":
+        return r.scope is Scope.USER and visible(r, ctx)
+    return visible(r, ctx)
+
+
 # Time spent embedding the query in this request, for the Server-Timing header.
 EMBED_MS: contextvars.ContextVar[float] = contextvars.ContextVar("embed_ms", default=0.0)
 
@@ -96,6 +144,61 @@ class MemoryReads:
     def _check_enabled(self, ctx: Context, cfg: AgentConfig) -> None:
         check_enabled(ctx, cfg, self.settings.memory_kill_switch)
 
+    # ------------------------------------------------------------------ subjects
+
+    def _subject_user(self, ctx: Context) -> str | None:
+        """The member whose subject a call reads: an operator's call reads no member's."""
+        return None if ctx.principal.role == "operator" else ctx.user
+
+    async def _state(self, ctx: Context) -> SubjectState:
+        return await self.records.subject(ctx.tenant, ctx.agent, self._subject_user(ctx))
+
+    def _refusal(self, ctx: Context, cfg: AgentConfig, state: SubjectState) -> Refusal | None:
+        """Why `ctx` gets no memory now. An agent or helper key asks the one rule every entry
+        point asks (consent, channel, removal). An operator or a member manages memory rather
+        than using it: consent and channel do not apply to them, but a removed agent or member
+        is served nothing, even before any wipe runs."""
+        user = self._subject_user(ctx)
+        if ctx.principal.role in ("agent", "helper"):
+            return refusal(cfg, user, ctx.channel, state)
+        if state.agent_removed or state.user_removed:
+            return refusal(cfg, user, None, state)
+        return None
+
+    async def _check_subject(self, ctx: Context, cfg: AgentConfig) -> None:
+        refused(self._refusal(ctx, cfg, await self._state(ctx)))
+
+    def _scopes(self, ctx: Context, cfg: AgentConfig) -> tuple[str, ...]:
+        """The scopes `ctx` reads: an operator never reads a member's (USER) facts."""
+        scopes = readable_scopes(cfg, ctx.session, ctx.user)
+        return tuple(s for s in scopes if s != Scope.USER.value) if ctx.principal.role == "operator" else scopes
+
+    async def subjects(self, ctx: Context) -> list[dict[str, Any]]:
+        """For an operator: every member of the agent who has user-scope facts or a consent
+        state, with their count of live facts (ACTIVE, PENDING, CONFLICT) and their consent
+        ("granted", "withdrawn" or None). Never a fact's text.
+
+        Cost: it walks the agent's whole listing (every live record, `WALK_PAGE` at a time),
+        so it is O(the agent's live records), not O(its members); a per-subject count kept
+        by the record view would make it one read."""
+        if ctx.principal.role != "operator":
+            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only an operator key can list an agent's members "
+                           "and their counts", 403)
+        counts: Counter[str] = Counter()
+        cursor = None
+        while True:
+            page = await self.records.page(ctx.tenant, ctx.agent, WALK_PAGE, cursor)
+            counts.update(r.user for r in page.records
+                          if r.scope is Scope.USER and r.user and r.status in LIVE and not r.preview)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        consents = await self.records.consents(ctx.tenant, ctx.agent)
+        return [{"user": u, "facts": counts.get(u, 0), "consent": consents.get(u)}
+                for u in sorted(set(counts) | set(consents))]
+
+    # ------------------------------------------------------------------ blocks
+
     async def _shadowed(self, ctx: Context) -> set[str]:
         """A preview turn sees every record except the live ones a preview record replaces
         or deletes. (Ranked search filters on the index's own flag.)"""
@@ -104,13 +207,18 @@ class MemoryReads:
     async def blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
         """The blocks an agent's recall shows: (scope, label, text), the tenant's
         workspace-wide ones first, each scope by label."""
-        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
+        refuse_member(ctx, "read an agent's blocks")
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        self._check_enabled(ctx, cfg)
+        await self._check_subject(ctx, cfg)
         return await self._blocks(ctx)
 
     async def _blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
         workspace, own = await asyncio.gather(self.records.blocks(ctx.tenant, WORKSPACE),
                                               self.records.blocks(ctx.tenant, ctx.agent))
         return [("workspace", *b) for b in sorted(workspace.items())] + [("agent", *b) for b in sorted(own.items())]
+
+    # ------------------------------------------------------------------ search
 
     async def search(
         self,
@@ -128,10 +236,19 @@ class MemoryReads:
     ) -> SearchResult:
         """`dense` and `cfg`: the query's vector and the agent's configuration, when the
         caller has them already (`search_many`)."""
+        refuse_member(ctx, "search")
         cfg = cfg or await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
+        await self._check_subject(ctx, cfg)
+        return await self._search(ctx, cfg, query, kind, labels, ids, limit, after, mode, min_score, dense)
+
+    async def _search(self, ctx: Context, cfg: AgentConfig, query: str | None = None, kind: str | None = None,
+                      labels: dict[str, str] | None = None, ids: list[str] | None = None, limit: int | None = None,
+                      after: str | None = None, mode: str | None = None, min_score: float | None = None,
+                      dense: list[float] | None = None) -> SearchResult:
+        """A search whose caller was checked (role, memory on, subject)."""
         limit = limit or cfg.memory.search.max_results
-        scopes = readable_scopes(cfg, ctx.session)
+        scopes = self._scopes(ctx, cfg)
         if ids:
             found = await self.records.get_many(ctx.tenant, ctx.agent, ids[:100])
             hidden = await self._shadowed(ctx)
@@ -149,7 +266,7 @@ class MemoryReads:
     def _ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,
                 limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None) -> _Ranked:
         """A ranked search's filter and settings, the agent's defaults filled in."""
-        scopes = readable_scopes(cfg, ctx.session)
+        scopes = self._scopes(ctx, cfg)
         f = SearchFilter(
             tenant=ctx.tenant,
             agent=ctx.agent,
@@ -158,6 +275,7 @@ class MemoryReads:
             preview=ctx.preview,
             kind=kind,
             labels=tuple(sorted((labels or {}).items())),
+            user=ctx.user if Scope.USER.value in scopes else None,
         )
         mode = mode or cfg.memory.search.mode
         return _Ranked(
@@ -176,25 +294,33 @@ class MemoryReads:
 
         The queries that need a vector are embedded in one embedder call: one model request
         (or one ONNX batch) instead of one per query is what makes a batch cheap. A search
-        that fails with an ApiError gets it in its place; the others still answer.
+        that fails with an ApiError gets it in its place; the others still answer. Each
+        search's subject (its context's member) is checked on its own.
         """
         cfgs: dict[tuple[str, str], AgentConfig] = {}
         for ctx, _ in searches:
             if (ctx.tenant, ctx.agent) not in cfgs:
                 cfgs[(ctx.tenant, ctx.agent)] = await self.config(ctx.tenant, ctx.agent)
+        # Each subject's state once, read together: a batch is often one agent's many members.
+        firsts = {(ctx.tenant, ctx.agent, self._subject_user(ctx)): ctx for ctx, _ in searches}
+        states: dict[tuple[str, str, str | None], SubjectState] = dict(
+            zip(firsts, await asyncio.gather(*(self._state(ctx) for ctx in firsts.values()))))
 
-        refused: dict[int, ApiError] = {}
+        refused_at: dict[int, ApiError] = {}
         for i, (ctx, _) in enumerate(searches):
+            cfg = cfgs[(ctx.tenant, ctx.agent)]
             try:
-                self._check_enabled(ctx, cfgs[(ctx.tenant, ctx.agent)])
+                refuse_member(ctx, "search")
+                self._check_enabled(ctx, cfg)
+                refused(self._refusal(ctx, cfg, states[(ctx.tenant, ctx.agent, self._subject_user(ctx))]))
             except ApiError as e:
-                refused[i] = e
+                refused_at[i] = e
 
         def needs_vector(ctx: Context, kw: dict[str, Any]) -> bool:
             mode = kw.get("mode") or cfgs[(ctx.tenant, ctx.agent)].memory.search.mode
             return bool(kw.get("query")) and not kw.get("ids") and mode != "lexical"
 
-        todo = [i for i, (ctx, kw) in enumerate(searches) if i not in refused and needs_vector(ctx, kw)]
+        todo = [i for i, (ctx, kw) in enumerate(searches) if i not in refused_at and needs_vector(ctx, kw)]
         vectors: dict[int, list[float]] = {}
         if todo:
             loop = asyncio.get_running_loop()
@@ -215,7 +341,7 @@ class MemoryReads:
         # connections), more than the searches themselves.
         ranked: dict[int, _Ranked] = {}
         for i, (ctx, kw) in enumerate(searches):
-            if i not in refused and kw.get("query") and not kw.get("ids"):
+            if i not in refused_at and kw.get("query") and not kw.get("ids"):
                 args = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 ranked[i] = self._ranked(ctx, cfgs[(ctx.tenant, ctx.agent)], kw["query"], dense=vectors.get(i), **args)
         hits = await asyncio.to_thread(lambda: {i: q.run(self.memory) for i, q in ranked.items()})
@@ -229,12 +355,12 @@ class MemoryReads:
 
         async def one(i: int) -> SearchResult | ApiError:
             ctx, kw = searches[i]
-            if i in refused:
-                return refused[i]
+            if i in refused_at:
+                return refused_at[i]
             if i in ranked:
                 return ranked[i].result(hits[i], found[(ctx.tenant, ctx.agent)], now)
             try:
-                return await self.search(ctx, **kw, dense=vectors.get(i), cfg=cfgs[(ctx.tenant, ctx.agent)])
+                return await self._search(ctx, cfgs[(ctx.tenant, ctx.agent)], **kw, dense=vectors.get(i))
             except ApiError as e:
                 return e
             except CursorError as e:
@@ -249,12 +375,42 @@ class MemoryReads:
         await self.usage.embedded(ctx, query, (asyncio.get_running_loop().time() - t0) * 1000)
         return vec
 
+    # ------------------------------------------------------------------ recall
+
+    @staticmethod
+    def _empty(cfg: AgentConfig | None, skipped: Refusal | None = None, unavailable: bool = False) -> RecallResult:
+        """An empty recall: seed 004's facts format appends nothing, memlane's block is empty."""
+        rendered = "" if cfg is not None and cfg.memory.recall.format == "facts" else render([], [])
+        return RecallResult([], [], rendered, [], [], [], skipped=skipped, memory_unavailable=unavailable)
+
     async def recall(self, ctx: Context, conversation: str, text: str) -> RecallResult:
-        """What the agent should remember before its next model call."""
-        cfg = await self.config(ctx.tenant, ctx.agent)
-        if not cfg.memory.enabled or self.settings.memory_kill_switch:
-            return RecallResult([], [], render([], []), [], [], [])
-        scopes, now = readable_scopes(cfg, ctx.session), utcnow()
+        """What the agent should remember before its next model call.
+
+        Never fails the platform's turn for memory's sake: a subject that gets no memory
+        (consent, channel, removal) gets an empty recall naming why (`skipped`), and memory
+        that cannot be read (Redis or the index down) an empty one with `memory_unavailable`,
+        logged without the caller's text or member."""
+        refuse_member(ctx, "recall")
+        cfg: AgentConfig | None = None
+        try:
+            got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),
+                                                  return_exceptions=True)
+            for got in (got_cfg, state):
+                if isinstance(got, BaseException):
+                    raise got
+            cfg = got_cfg
+            if not cfg.memory.enabled or self.settings.memory_kill_switch:
+                return self._empty(cfg)
+            skipped = self._refusal(ctx, cfg, state)
+            if skipped is not None:
+                return self._empty(cfg, skipped=skipped)
+            return await self._recall(ctx, cfg, conversation, text)
+        except READ_FAILURES as e:
+            log.warning("recall_memory_unavailable", tenant=ctx.tenant, agent=ctx.agent, error=type(e).__name__)
+            return self._empty(cfg, unavailable=True)
+
+    async def _recall(self, ctx: Context, cfg: AgentConfig, conversation: str, text: str) -> RecallResult:
+        scopes, now = self._scopes(ctx, cfg), utcnow()
         hidden = await self._shadowed(ctx)
         pinned_all = [
             r for r in await self.records.pinned(ctx.tenant, ctx.agent)
@@ -263,29 +419,46 @@ class MemoryReads:
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         # Episodes and procedures come from the same ranked search, in sections of their own
         # (why, and the figures: docs/recall-sections.md).
-        found = await self.search(ctx, query=text, limit=cfg.memory.search.max_results * 2, cfg=cfg)
+        found = await self._search(ctx, cfg, query=text, limit=cfg.memory.search.max_results * 2)
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
+        # Versions this conversation's recalls showed before are never recorded again;
+        # `memory.recall.recalled` says whether they are shown again ("render", seed 004)
+        # or left out ("omit").
+        again: set[str] = set()
         if fresh:
             seen = await self.recalled.shown(ctx.tenant, ctx.agent, conversation, [r for r, _ in fresh])
-            fresh = [x for x, was in zip(fresh, seen) if not was]
+            again = {r.id for (r, _), was in zip(fresh, seen) if was}
+            if cfg.memory.recall.recalled == "omit":
+                fresh = [x for x in fresh if x[0].id not in again]
         blocks = await self._blocks(ctx)
-        shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text) for scope, label, text in blocks]
-        fitted = fit(
-            pinned,
-            [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results],
-            shown_blocks,
-            [r for r, _ in fresh if r.kind == "episode"][:RECALLED_PER_SECTION],
-            [r for r, _ in fresh if r.kind == "procedure"][:RECALLED_PER_SECTION],
-        )
-        records, episodes, procedures = fitted.records, fitted.episodes, fitted.procedures
-        shown = records + episodes + procedures
-        if shown:
-            await self.recalled.mark(ctx.tenant, ctx.agent, conversation, shown)
-            await self.usage.retrieved(ctx, "recall", shown, conversation)
+        facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results]
+        if cfg.memory.recall.format == "facts":
+            # Seed 004's block: pins and facts, one line each; no blocks, episodes or procedures.
+            kept, rendered = fit_facts(pinned + facts)
+            kept_ids = {r.id for r in kept}
+            shown_pins = [r for r in pinned if r.id in kept_ids]
+            records, episodes, procedures = [r for r in facts if r.id in kept_ids], [], []
+        else:
+            shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text)
+                            for scope, label, text in blocks]
+            fitted = fit(
+                pinned,
+                facts,
+                shown_blocks,
+                [r for r, _ in fresh if r.kind == "episode"][:RECALLED_PER_SECTION],
+                [r for r, _ in fresh if r.kind == "procedure"][:RECALLED_PER_SECTION],
+            )
+            rendered, shown_pins = render_fitted(fitted), fitted.pinned
+            records, episodes, procedures = fitted.records, fitted.episodes, fitted.procedures
+        new = [r for r in records + episodes + procedures if r.id not in again]
+        if new:
+            await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new)
+            await self.usage.retrieved(ctx, "recall", new, conversation)
         scores = dict((r.id, s) for r, s in fresh)
-        return RecallResult(fitted.pinned, [(r, scores[r.id]) for r in records], render_fitted(fitted), episodes,
-                            procedures, blocks)
+        return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks)
+
+    # ------------------------------------------------------------------ listing and reading
 
     async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
         now = utcnow()
@@ -312,27 +485,62 @@ class MemoryReads:
         nxt = encode_cursor(sort_score(out[-1]), out[-1].id) if more else None
         return SearchResult([(r, None) for r in out], nxt)
 
+    async def _walk(self, ctx: Context, first: int, after: str | None, ascending: bool,
+                    keep: Callable[[MemoryRecord], bool], chunk: int = WALK_PAGE) -> Page:
+        """Up to `first` of the agent's listed records that `keep` accepts, by creation time.
+        Reads the listing `chunk` records at a time and at most `WALK_BUDGET` a call; the
+        cursor goes on from the last record returned, or, when the budget ran out first, from
+        the last record read."""
+        out: list[MemoryRecord] = []
+        cursor, read, last = after, 0, None
+        while True:
+            page = await self.records.page(ctx.tenant, ctx.agent, chunk, cursor, ascending=ascending)
+            for r in page.records:
+                read, last = read + 1, r
+                if keep(r):
+                    out.append(r)
+                    if len(out) > first:
+                        return Page(out[:first], encode_cursor(sort_score(out[first - 1]), out[first - 1].id))
+            cursor = page.next_cursor
+            if not cursor:
+                return Page(out, None)
+            if read >= WALK_BUDGET:
+                return Page(out, encode_cursor(sort_score(last), last.id))
+
     async def memories(self, ctx: Context, first: int, after: str | None, ascending: bool) -> Page:
         """A page of the agent's listed records by creation time. An operator sees every
-        session's and preview records; an agent what it may read."""
-        self._check_enabled(ctx, await self.config(ctx.tenant, ctx.agent))
+        session's and preview records but no member's facts; a member their own live facts
+        (pending and conflicting ones too), at most `MEMBER_LIST` a page; an agent what it may read."""
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        self._check_enabled(ctx, cfg)
+        await self._check_subject(ctx, cfg)
+        role = ctx.principal.role
+        if role == "operator":
+            # Most records are the operator's to see: read little more than a page.
+            return await self._walk(ctx, first, after, ascending, lambda r: r.scope is not Scope.USER,
+                                    chunk=min(first + 1, WALK_PAGE))
+        if role == "member":
+            # The member's facts are among every member's: read the listing in large pages.
+            # (Cost: O(the agent's live records) to reach the member's last fact.)
+            return await self._walk(ctx, min(first, MEMBER_LIST), after, ascending,
+                                    lambda r: r.status in LIVE and readable_by(ctx, r))
         page = await self.records.page(ctx.tenant, ctx.agent, first, after, ascending=ascending)
-        if ctx.principal.role == "operator":
-            return page
         hidden = await self._shadowed(ctx)
         return Page([r for r in page.records if visible(r, ctx) and r.id not in hidden], page.next_cursor)
 
     async def read(self, ctx: Context, rid: str, version: int | None = None) -> MemoryRecord:
-        """For an operator: any of the agent's records, whatever its session or mode. For an
-        agent (`read_memory`): a record it may read, whatever its status."""
+        """For an operator: any of the agent's records, whatever its session or mode, but a
+        member's facts. For a member: their own facts. For an agent (`read_memory`): a
+        record it may read. Whatever its status; one the caller may not read is NOT_FOUND,
+        as a missing one is."""
         cfg = await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
-        operator = ctx.principal.role == "operator"
-        if not operator and "read_memory" not in cfg.memory.tools:
+        await self._check_subject(ctx, cfg)
+        if ctx.principal.role in ("agent", "helper") and "read_memory" not in cfg.memory.tools:
             raise ApiError(ErrorCode.TOOL_NOT_ALLOWED, "tool", f"read_memory is not in memory.tools "
                            f"{cfg.memory.tools}; search_memory with ids reads current records")
         r = await self.records.get(ctx.tenant, ctx.agent, rid, version)
-        if r is None or not (operator or visible(r, ctx)):
+        if r is None or not readable_by(ctx, r):
             raise ApiError(ErrorCode.NOT_FOUND, "id", f"no record {rid} for this agent")
         return r
 

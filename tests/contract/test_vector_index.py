@@ -135,3 +135,52 @@ def test_record_ids_lists_one_agents_points_page_by_page(index, monkeypatch):
     assert index.record_ids("t", "a") == {f"r{i}" for i in range(5)}
     assert index.record_ids("t", "b") == {"theirs"}
     assert index.record_ids("t", "nobody") == set()
+
+
+def test_two_users_user_records_never_reach_each_others_search(index):
+    """A USER record reaches its member only: another member, a search naming no member,
+    and a search without the USER scope never match it, in any mode."""
+    put(index,
+        rec("ann1", "favourite colour is teal", scope="USER", user="ann"),
+        rec("ann2", "prefers short answers in teal", scope="USER", user="ann", kind="profile"),
+        rec("bob1", "favourite colour is teal", scope="USER", user="bob"),
+        rec("shared", "the team colour is teal"),
+        rec("s1", "teal session note", scope="SESSION", session="s1"),
+        rec("ann-b", "teal on agent b", scope="USER", user="ann", agent="b"),
+        rec("ann-u", "teal in tenant u", scope="USER", user="ann", tenant="u"))
+    users = ("AGENT", "SESSION", "USER")
+    for mode in ("lexical", "vector", "hybrid"):
+        assert sorted(search(index, "teal colour", mode, flt(scopes=users, user="ann"), limit=10)) == \
+            ["ann1", "ann2", "s1", "shared"]
+        assert sorted(search(index, "teal colour", mode, flt(scopes=users, user="bob"), limit=10)) == \
+            ["bob1", "s1", "shared"]
+        # No member named, or USER not a readable scope: no one's USER records.
+        assert sorted(search(index, "teal colour", mode, flt(scopes=users), limit=10)) == ["s1", "shared"]
+        assert sorted(search(index, "teal colour", mode, flt(scopes=("AGENT",), user="ann"), limit=10)) == ["shared"]
+    assert search(index, "teal", "lexical", flt(scopes=("USER",), user="ann", kind="profile")) == ["ann2"]
+    # The same member on another agent or in another tenant is another subject.
+    assert search(index, "teal", "lexical", flt(scopes=users, user="ann", agent="b")) == ["ann-b"]
+    assert search(index, "teal", "lexical", flt(scopes=users, user="ann", tenant="u")) == ["ann-u"]
+    # By id: a guessed id of the other member's record is not a hit.
+    assert search(index, "teal", "lexical", flt(scopes=users, user="bob", ids=("ann1", "bob1"))) == ["bob1"]
+
+
+def test_an_index_that_cannot_search_says_so(index, request):
+    """A failed index raises `IndexUnavailable` (what a recall answers with an empty block),
+    not whatever its storage or client raised."""
+    from qdrant_client import QdrantClient
+
+    from projections.qdrant_index import IndexUnavailable
+
+    put(index, rec("r1", "zeta fact"))
+    if request.node.callspec.params["index"] == "server":
+        index.client = QdrantClient(url="http://127.0.0.1:1")  # nothing listens there
+    else:
+        index.close()
+    for mode in ("lexical", "vector", "hybrid"):
+        with pytest.raises(IndexUnavailable):
+            search(index, "zeta", mode)
+    if isinstance(index, ClientIndex):  # a server that cannot be reached
+        index.client = QdrantClient(url="http://127.0.0.1:1")
+        with pytest.raises(IndexUnavailable):
+            search(index, "zeta", "hybrid")
