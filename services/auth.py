@@ -9,8 +9,8 @@
 
 Keys are stored hashed in Redis under the deployment's root (`ml:<topic prefix>`), so two
 deployments sharing one Redis never accept each other's keys. Each tenant has an index of
-its keys (id, agent, role, creation time; never the key) for listing and revoking. The
-bootstrap operator key comes from settings and is never stored.
+its keys (id, agent, role, a member key's user, creation time; never the key) for listing and
+revoking. The bootstrap operator key comes from settings and is never stored.
 """
 
 from __future__ import annotations
@@ -38,7 +38,14 @@ class Principal:
 
     @property
     def can_write(self) -> bool:
+        """Whether the key makes the agent's tool writes (add, pin, curate, report, delete).
+        A member key is not the agent: it edits and deletes its own facts, grants and
+        withdraws consent, and never adds a record or uses an agent tool."""
         return self.role in ("agent", "operator")
+
+    @property
+    def is_member(self) -> bool:
+        return self.role == "member"
 
 
 def _hash(key: str) -> str:
@@ -64,11 +71,17 @@ class KeyStore:
     def _index(self, tenant: str) -> str:
         return f"{self.root}apikeys:{tenant}"
 
-    async def issue(self, tenant: str, agent: str | None, role: Role) -> tuple[str, dict[str, Any]]:
-        """A new key and its public entry (what `list` shows)."""
+    async def issue(self, tenant: str, agent: str | None, role: Role, user: str | None = None
+                    ) -> tuple[str, dict[str, Any]]:
+        """A new key and its public entry (what `list` shows). A member key names its member
+        (`user`), and its agent or None for every agent of the tenant; no other key names a user."""
+        if (role == "member") != (user is not None):
+            raise ValueError("a member key names its user, and only a member key does")
         key = f"ml_{role[0]}_{secrets.token_urlsafe(24)}"
         digest = _hash(key)
         entry = {"id": key_id(digest), "tenant": tenant, "agent": agent, "role": role, "created": utcnow().isoformat()}
+        if user is not None:
+            entry["user"] = user
         async with self.r.pipeline(transaction=True) as p:
             p.set(self._key(digest), json.dumps(entry))
             p.hset(self._index(tenant), entry["id"], json.dumps({**entry, "hash": digest}))
@@ -92,10 +105,11 @@ class KeyStore:
                 p.set(self._key(digest), json.dumps(d))
                 p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest}))
                 await p.execute()
-        return Principal(d["tenant"], d.get("agent"), d["role"], d["id"])
+        return Principal(d["tenant"], d.get("agent"), d["role"], d["id"], d.get("user"))
 
     async def list(self, tenant: str) -> list[dict[str, Any]]:
-        """The tenant's keys, oldest first: id, tenant, agent, role, created. Never a key or its hash."""
+        """The tenant's keys, oldest first: id, tenant, agent, role, created, and a member key's
+        user. Never a key or its hash."""
         rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
         out = [{k: v for k, v in row.items() if k != "hash"} for row in rows]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))

@@ -30,7 +30,8 @@ class Found:
 
 
 class MemlaneClient:
-    """Async client of the HTTP API for one key (and optionally one session or turn)."""
+    """Async client of the HTTP API for one key (and optionally one session or turn, and the
+    member, `user`, and channel a call speaks for)."""
 
     def __init__(
         self,
@@ -43,6 +44,8 @@ class MemlaneClient:
         turn: int | None = None,
         tenant: str | None = None,
         agent: str | None = None,
+        user: str | None = None,
+        channel: str | None = None,
         timeout: float = 40.0,
     ) -> None:
         headers = {"Authorization": f"Bearer {key}"}
@@ -51,6 +54,8 @@ class MemlaneClient:
             ("X-Turn-Ref", turn_ref),
             ("X-Tenant", tenant),
             ("X-Agent", agent),
+            ("X-User", user),
+            ("X-Channel", channel),
         ):
             if value:
                 headers[name] = value
@@ -92,10 +97,15 @@ class MemlaneClient:
         params = {"tenant": tenant} if tenant else {}
         return (await self._call("DELETE", f"/v1/admin/keys/{key_id}", params=params))["revoked"]
 
-    async def issue_key(self, tenant: str, agent: str | None, role: str = "agent") -> str:
-        return (await self._call("POST", "/v1/admin/keys", json={"tenant": tenant, "agent": agent, "role": role}))[
-            "key"
-        ]
+    async def issue_key(self, tenant: str, agent: str | None, role: str = "agent", user: str | None = None) -> str:
+        """A new key: `user` names a member key's member (role "member"; agent None: every agent)."""
+        return (await self.issue_key_entry(tenant, agent, role, user))["key"]
+
+    async def issue_key_entry(self, tenant: str, agent: str | None, role: str = "agent",
+                              user: str | None = None) -> dict[str, Any]:
+        """A new key with its public entry (id, tenant, agent, role, created, a member key's user)."""
+        body = {"tenant": tenant, "agent": agent, "role": role, **({"user": user} if user is not None else {})}
+        return await self._call("POST", "/v1/admin/keys", json=body)
 
     async def configure(self, config: AgentConfig | dict[str, Any]) -> dict[str, Any]:
         body = config.model_dump(mode="json") if isinstance(config, AgentConfig) else config
@@ -133,7 +143,7 @@ class MemlaneClient:
         return await self._call("DELETE", f"/v1/memory/{rid}")
 
     async def edit_memory(self, rid: str, **fields: Any) -> dict[str, Any]:
-        """Operator keys only: new text makes a successor record."""
+        """Operator keys, and member keys for their own facts: new text makes a successor record."""
         return await self._call("PATCH", f"/v1/memory/{rid}", json=fields)
 
     async def pin(self, rid: str) -> dict[str, Any]:
@@ -158,6 +168,34 @@ class MemlaneClient:
         if after:
             params["after"] = after
         return await self._call("GET", "/v1/memory", params=params)
+
+    async def consent(self) -> dict[str, Any]:
+        """The member's consent on the agent (a member key's own, or X-User's) and whether they get memory now."""
+        return await self._call("GET", "/v1/consent")
+
+    async def grant_consent(self) -> dict[str, Any]:
+        """Member keys: the member grants the agent consent to keep and use memory about them."""
+        return await self._call("POST", "/v1/consent")
+
+    async def withdraw_consent(self) -> dict[str, Any]:
+        """The member's key, or an operator key naming the member: stops writes and recall, deletes nothing."""
+        return await self._call("DELETE", "/v1/consent")
+
+    async def subjects(self) -> dict[str, Any]:
+        """Operator keys: the agent's members, with their fact counts and consent (never a fact)."""
+        return await self._call("GET", "/v1/subjects")
+
+    async def erase_subject(self, user: str) -> dict[str, Any]:
+        """Operator keys: erases the member's memory on the agent; answers how many facts."""
+        return await self._call("DELETE", f"/v1/subjects/{user}")
+
+    async def remove_agent(self) -> dict[str, Any]:
+        """Operator keys: the agent's memory is never served again."""
+        return await self._call("DELETE", "/v1/agent")
+
+    async def remove_user(self, user: str) -> dict[str, Any]:
+        """Operator keys: no agent of the tenant serves the member's memory again."""
+        return await self._call("DELETE", f"/v1/users/{user}")
 
 
 class TurnPublisher:

@@ -1,8 +1,10 @@
 """MCP server for agent frameworks: memory tools over the same HTTP API and rules.
 
 Run with `memlane mcp` (stdio). It acts for one agent key (MEMLANE_API_KEY) and, when
-set, one session (MEMLANE_SESSION), so every rule the HTTP API applies applies here too. It
-offers the tools the agent's configuration names, read when it starts.
+set, one session (MEMLANE_SESSION), the member the session belongs to (MEMLANE_USER, sent as
+X-User: the subject of user-scope memory) and its channel (MEMLANE_CHANNEL), so every rule the
+HTTP API applies applies here too. It offers the tools the agent's configuration names, read
+when it starts. A member key is refused at start: the tools are the agent's.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ WRITE_TOOLS = frozenset({"add_memory", "delete_memory", "pin_memory", "unpin_mem
 
 def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> MCPServer:
     """The tools the agent's configuration offers: `search_memory` and those named
-    in `memory.tools`, with `scope` on `add_memory` only when `scope.write` includes `agent`;
+    in `memory.tools`, with `scope` on `add_memory` only when `scope.write` offers a choice
+    (more than one scope, or `agent`), listing the scopes it allows;
     `search_history` with `harness.history`. With memory off, no memory tools (so
     new runs no longer get them); for a helper key, no write tools. The API still applies
     every rule to each call."""
@@ -89,19 +92,25 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
         return json.dumps({"memories": out.get("memories", []), "merged": out.get("merged", False),
                            "status": out["status"]})
 
-    if "add_memory" in offered and "agent" in cfg.memory.scope.write:
+    writable = [s.upper() for s in cfg.memory.scope.write]
+    if "add_memory" in offered and ("AGENT" in writable or len(writable) > 1):
 
-        @server.tool(description="Save a memory record the agent has learned. scope AGENT shares it with every session.")
         async def add_memory(
             summary: str,
             content: str = "",
             kind: str = "fact",
             labels: dict[str, str] | None = None,
-            scope: Literal["SESSION", "AGENT"] | None = None,
+            scope: str | None = None,
             pinned: bool = False,
             replaces: str | None = None,
         ) -> str:
             return await add(summary, content, kind, labels, scope, pinned, replaces)
+
+        # The scopes this agent may write (annotations are strings here: the choice is set as a type).
+        add_memory.__annotations__["scope"] = Literal[tuple(writable)] | None
+        server.tool(description="Save a memory record the agent has learned. scope AGENT shares it with every "
+                                "session, USER with every session of this member, SESSION keeps it in this "
+                                "session.")(add_memory)
 
     elif "add_memory" in offered:
 
@@ -217,13 +226,25 @@ class _ScreenedLines:
             yield line
 
 
-def run_stdio(api_url: str, key: str, session: str | None) -> None:
+class StartRefused(Exception):
+    """The server will not start for this key; the message says why and what to use instead."""
+
+
+def run_stdio(api_url: str, key: str, session: str | None, user: str | None = None,
+              channel: str | None = None) -> None:
+    headers = dict(session=session, user=user, channel=channel)
+
     async def config() -> tuple[AgentConfig, str]:  # its own client: the server runs its own event loop
-        async with MemlaneClient(api_url, key, session=session) as c:
-            return await c.config(), (await c.whoami())["role"]
+        async with MemlaneClient(api_url, key, **headers) as c:
+            role = (await c.whoami())["role"]
+            if role == "member":
+                raise StartRefused("a member key lists, edits and deletes its member's facts over the HTTP API; "
+                                   "the MCP tools are the agent's: use the agent's key, with MEMLANE_USER naming "
+                                   "the member")
+            return await c.config(), role
 
     cfg, role = asyncio.run(config())
-    server = build_mcp(MemlaneClient(api_url, key, session=session), cfg, role)
+    server = build_mcp(MemlaneClient(api_url, key, **headers), cfg, role)
 
     async def serve() -> None:
         lines = _ScreenedLines(anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")))

@@ -17,7 +17,7 @@ from services.auth import KeyStore
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.input_guard import GuardBodies
-from services.http.routes import blocks, config, health, keys, memory, recall, search, whoami
+from services.http.routes import blocks, config, health, keys, memory, recall, search, subjects, whoami
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
@@ -29,7 +29,7 @@ log = structlog.get_logger()
 
 # The OpenAPI document lists the operations in this order.
 ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
-           blocks.router, memory.router)
+           blocks.router, memory.router, subjects.router)
 
 
 class Extension:

@@ -1,19 +1,32 @@
 """Who is calling: the one auth and context dependency every route uses (memory, history, admin).
 
 A key speaks for its own agent only. An operator key names the agent (X-Agent) and, for the
-bootstrap key, the tenant (X-Tenant) it acts on.
+bootstrap key, the tenant (X-Tenant) it acts on. A member key speaks for its own member on its
+agent, or, bound to every agent of its tenant, on the agent X-Agent names.
+
+`X-User` names the member a call speaks for (the subject of user-scope memory, with the tenant
+and agent): an agent or helper key may name any member of its platform (the platform vouches for
+its signed-in members); a member key's member is its own, and naming another is refused; an
+operator key names one only to read or change a member's consent, never to read their facts.
+`X-Channel` names the session's channel (memory.channels).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from events.commands import WORKSPACE
 from events.errors import ErrorCode
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context, MemoryService
+
+# The contract's rules for a user id (events.base.Ident) and a channel (events.turns.Channel).
+_IDENT = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
+_CHANNEL = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
 async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
@@ -24,16 +37,55 @@ async def principal(request: Request, authorization: Annotated[str | None, Heade
     return p
 
 
+def checked_user(user: str | None, field: str = "x-user") -> str | None:
+    """A member id as a header or a body names it: letters, digits and `._:@-`, at most 128."""
+    if user is not None and not _IDENT.fullmatch(user):
+        raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: an id is 1 to 128 letters, digits "
+                       "or ._:@- characters", 422)
+    return user
+
+
+def checked_channel(channel: str | None, field: str = "x-channel") -> str | None:
+    if channel is not None and not _CHANNEL.fullmatch(channel):
+        raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: a channel is 1 to 64 letters, digits, "
+                       "_ or - characters", 422)
+    return channel
+
+
+def _member_context(p: Principal, x_agent: str | None, x_user: str | None, x_channel: str | None) -> Context:
+    """A member key reads and changes its own member's facts on one agent: never another
+    member's, and never a session's or a preview's (its context has neither)."""
+    if p.agent is None:
+        if not x_agent:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", "x-agent: this member key holds for every agent "
+                           "of its tenant; name the agent (X-Agent)", 422)
+        if x_agent == WORKSPACE:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", f"x-agent: {WORKSPACE} holds workspace-wide "
+                           "blocks, not a member's facts; name an agent", 422)
+        agent = x_agent
+    elif x_agent and x_agent != p.agent:
+        raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this member key belongs to another agent", 403)
+    else:
+        agent = p.agent
+    if x_user is not None and x_user != p.user:
+        raise ApiError(ErrorCode.FORBIDDEN, "x-user", "a member key speaks for its own member only; leave X-User "
+                       "out or name that member", 403)
+    return Context(Principal(p.tenant, agent, "member", p.key_id, p.user), agent, user=p.user, channel=x_channel)
+
+
 def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref=None, x_execution_id=None,
-                    x_turn=None) -> Context:
+                    x_turn=None, x_user=None, x_channel=None) -> Context:
+    x_user, x_channel = checked_user(x_user), checked_channel(x_channel)
+    if p.role == "member":
+        return _member_context(p, x_agent, x_user, x_channel)
     if p.role == "operator":
         if not x_agent or not (x_tenant or p.tenant != "*"):
             raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", "an operator key must name X-Tenant and X-Agent")
         tenant = x_tenant if p.tenant == "*" else p.tenant
-        p = Principal(tenant, x_agent, "operator")
+        p = Principal(tenant, x_agent, "operator", p.key_id)
     elif x_agent and x_agent != p.agent:
         raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this key belongs to another agent", 403)
-    return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id, x_turn)
+    return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id, x_turn, user=x_user, channel=x_channel)
 
 
 async def context(
@@ -45,8 +97,28 @@ async def context(
     x_turn_ref: Annotated[str | None, Header()] = None,
     x_execution_id: Annotated[str | None, Header()] = None,
     x_turn: Annotated[int | None, Header(ge=0)] = None,
+    x_user: Annotated[str | None, Header(description="the member the call speaks for (user-scope memory)")] = None,
+    x_channel: Annotated[str | None, Header(description="the session's channel (memory.channels)")] = None,
 ) -> Context:
-    return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn)
+    return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn,
+                           x_user, x_channel)
+
+
+def tenant_of(p: Principal, x_tenant: str | None) -> str:
+    """The tenant an operator key acts on: its own, or, for the bootstrap key, X-Tenant."""
+    if p.tenant != "*":
+        return p.tenant
+    if not x_tenant:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "x-tenant", "x-tenant: the bootstrap operator key names the "
+                       "tenant it acts on (X-Tenant)", 422)
+    return checked_user(x_tenant, "x-tenant")
+
+
+def refuse_roles(ctx_or_p: Context | Principal, roles: tuple[str, ...], what: str) -> None:
+    """403 FORBIDDEN naming the key (`authorization`) when its role is one of `roles`."""
+    p = ctx_or_p.principal if isinstance(ctx_or_p, Context) else ctx_or_p
+    if p.role in roles:
+        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"a {p.role} key {what}", 403)
 
 
 def service(request: Request) -> MemoryService:

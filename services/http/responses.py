@@ -36,14 +36,19 @@ class BlocksOut(BaseModel):
     blocks: list[Block]
 
 
+Role = Literal["agent", "helper", "operator", "member"]
+
+
 class KeyEntry(BaseModel):
-    """A key's public entry: never the key or its hash."""
+    """A key's public entry: never the key or its hash. `user`: a member key's member (listed
+    only for member keys)."""
 
     id: str
     tenant: str
     agent: str | None
-    role: Literal["agent", "helper", "operator"]
+    role: Role
     created: str | None
+    user: str | None = None
 
 
 class IssuedKey(BaseModel):
@@ -53,8 +58,9 @@ class IssuedKey(BaseModel):
     id: str
     tenant: str
     agent: str | None
-    role: Literal["agent", "helper", "operator"]
+    role: Role
     created: str | None
+    user: str | None = None
 
 
 class KeysOut(BaseModel):
@@ -68,5 +74,6 @@ class RevokedOut(BaseModel):
 class WhoAmI(BaseModel):
     tenant: str
     agent: str | None
-    role: Literal["agent", "helper", "operator"]
+    role: Role
     key_id: str | None
+    user: str | None = None

@@ -1,8 +1,16 @@
-"""Command submission: the memory writes an agent or operator asks for, checked, then sent to the ledger.
+"""Command submission: the memory writes an agent, a member or an operator asks for, checked,
+then sent to the ledger.
 
 A write is refused here when the key may not make it, memory is off, the tool is not offered, the
-write filter refuses the text, or the command is over its size limit; otherwise it goes to the
-commands log through a `CommandPublisher`, and with `wait` its outcome is awaited and read back.
+subject may not have memory now (consent, channel, removal: `events.rules.subjects`), the write
+filter refuses the text, or the command is over its size limit; otherwise it goes to the commands
+log through a `CommandPublisher`, and with `wait` its outcome is awaited and read back. Every
+command carries the member it speaks for (`user`); the ledger checks it again, last.
+
+Who sends what: an agent key the tool writes its configuration offers; a member key edits and
+deletes its own user-scope facts and grants or withdraws its consent; an operator key edits,
+deletes, configures, withdraws a member's consent, erases a subject and removes an agent or a
+member, and never reads a member's facts in an answer.
 """
 
 from __future__ import annotations
@@ -23,20 +31,25 @@ from events.commands import (
     CurateBlock,
     DeleteMemory,
     EditMemory,
+    EraseSubject,
+    GrantConsent,
     PinMemory,
+    RemoveAgent,
+    RemoveUser,
     ReportOutcome,
     UnpinMemory,
+    WithdrawConsent,
 )
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
-from events.record import Provenance, Source
-from events.rules import write_filter
+from events.record import Provenance, Scope, Source
+from events.rules import subjects, write_filter
 from projections.applied_waiter import Key, block_key, record_key
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
-from services.memory.rules import check_tool
+from services.memory.rules import check_role, check_tool, refused
 from settings import Settings
 
 if TYPE_CHECKING:
@@ -56,18 +69,45 @@ class MemoryCommands:
         return await self.records.config(tenant, agent) or AgentConfig()
 
     def _provenance(self, ctx: Context) -> Provenance:
+        role = ctx.principal.role
         return Provenance(
-            source=Source.OPERATOR if ctx.principal.role == "operator" else Source.TOOL,
+            source={"operator": Source.OPERATOR, "member": Source.MEMBER}.get(role, Source.TOOL),
             execution_id=ctx.execution_id,
             session=ctx.session,
+            user=ctx.user,
             turn=ctx.turn,
-            modified_by=f"{ctx.principal.role}:{ctx.principal.agent or ctx.tenant}",
+            modified_by=f"member:{ctx.user}" if role == "member" else f"{role}:{ctx.principal.agent or ctx.tenant}",
         )
 
     async def _check_tool(self, ctx: Context, tool: str) -> AgentConfig:
+        """The key may make this tool write, and, for an agent's, its subject may have memory now."""
         cfg = await self.config(ctx.tenant, ctx.agent)
         check_tool(ctx, cfg, tool, self.settings.memory_kill_switch)
+        if ctx.principal.role != "operator":
+            await self.check_subject(ctx, cfg)
         return cfg
+
+    async def check_subject(self, ctx: Context, cfg: AgentConfig | None = None) -> None:
+        """The one subject rule (consent, channel, removal) before an agent's call: 403 with its code."""
+        cfg = cfg or await self.config(ctx.tenant, ctx.agent)
+        state = await self.records.subject(ctx.tenant, ctx.agent, ctx.user)
+        refused(subjects.refusal(cfg, ctx.user, ctx.channel, state))
+
+    async def _check_record(self, ctx: Context, rid: str) -> None:
+        """A record the key may never address is refused here, as the ledger refuses it (the
+        same NOT_FOUND whether or not it exists): a member's user-scope facts are theirs alone,
+        never an operator's or another member's, and a member key addresses nothing else.
+        What the view does not hold yet, the ledger answers."""
+        r = await self.records.get(ctx.tenant, ctx.agent, rid)
+        if r is None:
+            return
+        role = ctx.principal.role
+        if r.scope is Scope.USER:
+            hidden = role == "operator" or r.user is None or r.user != ctx.user
+        else:
+            hidden = role == "member"
+        if hidden:
+            raise ApiError(ErrorCode.NOT_FOUND, "record_id", f"record {rid} does not exist for this agent", 404)
 
     def _screen(self, ctx: Context, **fields: Any) -> None:
         """The write-time filter on an agent's own write, as on a model's: only an operator's
@@ -78,7 +118,8 @@ class MemoryCommands:
             raise ApiError(ErrorCode.WRITE_REFUSED, hit.field, hit.message(), 422)
 
     def _command(self, cls: type, ctx: Context, **fields: Any) -> Any:
-        """A command spoken for `ctx`: its agent, its turn, its provenance."""
+        """A command spoken for `ctx`: its agent, its member, its turn, its provenance."""
+        user = fields.pop("user", ctx.user)
         return cls(
             command_id=fields.pop("command_id", None) or str(uuid.uuid4()),
             tenant=ctx.tenant,
@@ -87,6 +128,7 @@ class MemoryCommands:
             provenance=self._provenance(ctx),
             turn_ref=ctx.turn_ref,
             preview=ctx.preview,
+            user=user,
             **fields,
         )
 
@@ -111,29 +153,135 @@ class MemoryCommands:
     async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
         """An outcome of applying a procedure, counted on it."""
         await self._check_tool(ctx, "report_outcome")
+        await self._check_record(ctx, rid)
         return await self.submit(self._command(ReportOutcome, ctx, record_id=rid, success=success, session=ctx.session),
                                  wait)
 
     async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
-        await self._check_tool(ctx, "delete_memory")
+        """An agent's `delete_memory`, an operator's deletion, or a member deleting their own fact
+        (seed 004: with or without consent; the tombstone stays)."""
+        if ctx.principal.role != "member":
+            await self._check_tool(ctx, "delete_memory")
+        await self._check_record(ctx, rid)
         return await self.submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait)
 
     async def edit(self, ctx: Context, rid: str, wait: bool = True, **fields: Any) -> dict[str, Any]:
-        if ctx.principal.role != "operator":
-            raise ApiError(ErrorCode.FORBIDDEN, None, "only an operator key can edit a record; agents replace them", 403)
+        """An operator's edit, or a member's of their own fact: both bypass the write filter
+        (seed 004); the same text changes nothing, new text makes a successor (for a member,
+        only while consent is granted: the ledger checks)."""
+        check_role(ctx, ("operator", "member"), "edit a record; an agent replaces one (add_memory with replaces)")
+        await self._check_record(ctx, rid)
         return await self.submit(self._command(EditMemory, ctx, record_id=rid, **fields), wait)
 
     async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
+        await self._check_record(ctx, rid)
         return await self.submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid,
                                                session=ctx.session), wait)
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
-        if ctx.principal.role != "operator":
-            raise ApiError(ErrorCode.FORBIDDEN, None, "only an operator key can change an agent's configuration", 403)
+        check_role(ctx, ("operator",), "change an agent's configuration")
         return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait)
 
-    async def submit(self, cmd: Any, wait: bool) -> dict[str, Any]:
+    # ------------------------------------------------------------------ subjects
+
+    async def grant_consent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
+        """The member lets the agent keep and use memory about them: only the member's own key
+        grants it (seed 004: granting consent is explicit)."""
+        check_role(ctx, ("member",), "grant consent: the member grants it with their own key")
+        cmd = self._command(GrantConsent, ctx)
+        return await self.submit(cmd, wait, self._consent_outcome("granted"))
+
+    async def withdraw_consent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
+        """Stops new writes and recall for the member at once and deletes nothing: the member's
+        own key, or an operator key naming the member (X-User)."""
+        check_role(ctx, ("member", "operator"), "withdraw consent: the member, or an operator naming them")
+        if ctx.user is None:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-user", "x-user: name the member whose consent to "
+                           "withdraw (X-User)", 422)
+        cmd = self._command(WithdrawConsent, ctx)
+        return await self.submit(cmd, wait, self._consent_outcome("withdrawn"))
+
+    async def erase_subject(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
+        """An operator erases a member's memory on the agent: every live user-scope record of
+        theirs is tombstoned and their consent withdrawn. The answer counts; it never shows a fact."""
+        check_role(ctx, ("operator",), "erase a member's memory")
+        cmd = self._command(EraseSubject, ctx, user=user)
+        return await self.submit(cmd, wait, self._erase_outcome)
+
+    async def remove_agent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
+        """The agent is soft-deleted: its memory is never served again, and no write is accepted."""
+        check_role(ctx, ("operator",), "remove an agent")
+        cmd = self._command(RemoveAgent, ctx)
+
+        async def shown() -> bool:
+            return (await self.records.subject(cmd.tenant, cmd.agent, None)).agent_removed
+
+        return await self.submit(cmd, wait, self._state_outcome(shown, f"agent {cmd.agent} removed"))
+
+    async def remove_user(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
+        """The member is deleted from the tenant: no agent serves their memory again (sent under
+        the workspace agent, as it holds for every agent)."""
+        check_role(ctx, ("operator",), "remove a member")
+        cmd = self._command(RemoveUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user)
+
+        async def shown() -> bool:
+            return (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed
+
+        return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} removed"))
+
+    def _rejected(self, events: list[Any]) -> None:
+        for e in events:
+            if e.type == "CommandRejected":
+                raise ApiError(e.code, e.field, e.reason)
+
+    def _consent_outcome(self, state: str) -> Any:
+        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
+            async def shown() -> bool:
+                return (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent == state
+
+            result = await self._state_outcome(shown, f"consent {state} for {cmd.user}")(cmd, events)
+            return {**result, "user": cmd.user, "consent": state}
+
+        return outcome
+
+    def _state_outcome(self, shown: Any, what: str) -> Any:
+        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
+            self._rejected(events)
+            await self._until(cmd, shown, what)
+            return {"command_id": cmd.command_id, "status": "applied"}
+
+        return outcome
+
+    async def _erase_outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
+        """How many records were erased, once the view shows each tombstone (and the withdrawal)."""
+        self._rejected(events)
+        erased = {e.record.id: e.record.version for e in events if e.type == "RecordDeleted"}
+        withdrawn = any(e.type == "ConsentWithdrawn" for e in events)
+
+        async def shown() -> bool:
+            if withdrawn and (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent != "withdrawn":
+                return False
+            found = {r.id: r.version for r in await self.records.get_many(cmd.tenant, cmd.agent, list(erased))}
+            return all(found.get(rid, 0) >= v for rid, v in erased.items())
+
+        await self._until(cmd, shown, f"the erasure of {cmd.user}'s memory")
+        return {"command_id": cmd.command_id, "status": "applied", "user": cmd.user, "erased": len(erased)}
+
+    async def _until(self, cmd: Any, shown: Any, what: str) -> None:
+        """Read-your-writes for what the view keeps outside records and blocks (consent,
+        removals), which it does not announce: read again until it shows."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.READ_YOUR_WRITES_S
+        while not await shown():
+            if loop.time() >= deadline:
+                raise ApiError(
+                    ErrorCode.TIMEOUT, None,
+                    f"command {cmd.command_id} was applied by the ledger, but the record view (the redis-projection "
+                    f"worker) did not show {what} within {self.READ_YOUR_WRITES_S:g} s; check that worker")
+            await asyncio.sleep(0.02)
+
+    async def submit(self, cmd: Any, wait: bool, outcome: Any = None) -> dict[str, Any]:
         data = encoded(cmd)
         fut = self.memory.wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
         try:
@@ -151,12 +299,10 @@ class MemoryCommands:
                 ErrorCode.TIMEOUT, None,
                 f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
             ) from None
-        return await self._outcome(cmd, events)
+        return await (outcome or self._outcome)(cmd, events)
 
     async def _outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
-        for e in events:
-            if e.type == "CommandRejected":
-                raise ApiError(e.code, e.field, e.reason)
+        self._rejected(events)
         result: dict[str, Any] = {"command_id": cmd.command_id, "status": "applied", "memories": []}
         for e in events:
             if e.type == "WriteStaged":

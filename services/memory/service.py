@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from events.config import AgentConfig
+from events.errors import ErrorCode
+from events.rules import subjects
+from services.errors import ApiError
 from services.memory.commands import MemoryCommands
+from services.memory.context import Context
 from services.memory.ports import CommandPublisher, UsageRecorder
 from services.memory.reads import MemoryReads
+from services.memory.rules import check_role
 from services.memory.usage import UsageLog
 from settings import Settings
 
@@ -22,6 +27,7 @@ class MemoryService:
                  publisher: CommandPublisher, recorder: UsageRecorder) -> None:
         self.settings = settings
         self.embedder = embedder
+        self.records = records
         self.usage = UsageLog(recorder, embedder.model_id if embedder is not None else "embedder")
         self.reads = MemoryReads(settings, records, memory, embedder, self.usage)
         self.commands = MemoryCommands(settings, records, memory, publisher)
@@ -31,3 +37,23 @@ class MemoryService:
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.reads.config(tenant, agent)
+
+    async def consent(self, ctx: Context) -> dict[str, Any]:
+        """A member's consent on the agent and whether they get memory now (and why not): the
+        member's own key, or an agent or operator key naming the member (X-User)."""
+        check_role(ctx, ("member", "agent", "operator"), "read a member's consent")
+        if ctx.user is None:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-user", "x-user: name the member whose consent to read "
+                           "(X-User)", 422)
+        cfg = await self.config(ctx.tenant, ctx.agent)
+        state = await self.records.subject(ctx.tenant, ctx.agent, ctx.user)
+        why = subjects.refusal(cfg, ctx.user, ctx.channel, state)
+        return {
+            "tenant": ctx.tenant,
+            "agent": ctx.agent,
+            "user": ctx.user,
+            "required": subjects.consent_needed(cfg),
+            "consent": state.consent,
+            "memory": why is None,
+            "refusal": None if why is None else {"code": why.code.value, "field": why.field, "reason": why.reason},
+        }

@@ -10,7 +10,7 @@ from events.errors import ErrorCode
 from services.auth import Principal
 from services.errors import ApiError
 from services.http import deps, errors
-from services.http.routes import whoami
+from services.http.routes import keys, whoami
 from services.http.routes.history import HistoryExtension
 
 
@@ -59,4 +59,143 @@ def test_an_unknown_key_gets_the_one_error_body():
         assert bad.json() == {"error": {"code": "UNAUTHENTICATED", "field": "authorization",
                                         "message": "send 'Authorization: Bearer <api key>'"}}
         ok = client.get("/v1/whoami", headers={"Authorization": "Bearer good"})
-        assert ok.json() == {"tenant": "t", "agent": "a", "role": "agent", "key_id": "k1"}
+        assert ok.json() == {"tenant": "t", "agent": "a", "role": "agent", "key_id": "k1", "user": None}
+
+
+# --------------------------------------------------------------------------- members, X-User, X-Channel
+
+
+def refusal(call) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        call()
+    return e.value
+
+
+def test_x_user_and_x_channel_reach_the_context_and_bad_ones_are_refused_naming_the_header():
+    p = Principal("t", "a", "agent", "k1")
+    ctx = deps.resolve_context(p, None, None, "s1", False, x_user="dana@acme.io", x_channel="dashboardChat")
+    assert (ctx.user, ctx.channel, ctx.session) == ("dana@acme.io", "dashboardChat", "s1")
+    assert deps.resolve_context(p, None, None, None, False).user is None
+    for bad in ("dana smith", "a/b", "", "x" * 129, "dana\n"):
+        e = refusal(lambda bad=bad: deps.resolve_context(p, None, None, None, False, x_user=bad))
+        assert (e.code, e.field, e.status) == (ErrorCode.VALIDATION_FAILED, "x-user", 422), bad
+    for bad in ("slack channel", "a.b", "x" * 65):
+        e = refusal(lambda bad=bad: deps.resolve_context(p, None, None, None, False, x_channel=bad))
+        assert (e.code, e.field, e.status) == (ErrorCode.VALIDATION_FAILED, "x-channel", 422), bad
+
+
+def test_an_agent_or_helper_key_may_name_any_member_and_an_operator_key_names_one_too():
+    for role in ("agent", "helper"):
+        assert deps.resolve_context(Principal("t", "a", role), None, None, None, False, x_user="u9").user == "u9"
+    op = deps.resolve_context(Principal("*", None, "operator"), "a", "t", None, False, x_user="u9")
+    assert (op.tenant, op.agent, op.user, op.principal.role) == ("t", "a", "u9", "operator")
+
+
+def test_a_member_key_speaks_for_its_own_member_on_its_own_agent():
+    m = Principal("t", "a", "member", "k2", "dana")
+    ctx = deps.resolve_context(m, None, None, "s1", True, "turn-1", "exec-1", 4)
+    # Its own member, on its own agent; never a session's, a preview's or a turn's records.
+    assert (ctx.tenant, ctx.agent, ctx.user, ctx.principal.user, ctx.principal.role) == ("t", "a", "dana", "dana",
+                                                                                          "member")
+    assert (ctx.session, ctx.preview, ctx.turn_ref, ctx.turn) == (None, False, None, None)
+    assert deps.resolve_context(m, "a", None, None, False, x_user="dana").user == "dana"
+    e = refusal(lambda: deps.resolve_context(m, None, None, None, False, x_user="erin"))
+    assert (e.code, e.field, e.status) == (ErrorCode.FORBIDDEN, "x-user", 403)
+    e = refusal(lambda: deps.resolve_context(m, "b", None, None, False))
+    assert (e.code, e.field, e.status) == (ErrorCode.FORBIDDEN, "x-agent", 403)
+    # X-Tenant changes nothing: a member key stays in its tenant.
+    assert deps.resolve_context(m, None, "other", None, False).tenant == "t"
+
+
+def test_a_member_key_of_every_agent_names_the_agent():
+    m = Principal("t", None, "member", "k3", "dana")
+    e = refusal(lambda: deps.resolve_context(m, None, None, None, False))
+    assert (e.code, e.field, e.status) == (ErrorCode.VALIDATION_FAILED, "x-agent", 422)
+    e = refusal(lambda: deps.resolve_context(m, "@workspace", None, None, False))
+    assert (e.code, e.field) == (ErrorCode.VALIDATION_FAILED, "x-agent")
+    ctx = deps.resolve_context(m, "b", None, None, False)
+    assert (ctx.agent, ctx.principal.agent, ctx.user) == ("b", "b", "dana")
+
+
+def test_member_keys_can_edit_but_never_make_the_agents_tool_writes():
+    assert Principal("t", "a", "agent").can_write and Principal("t", None, "operator").can_write
+    assert not Principal("t", "a", "helper").can_write
+    member = Principal("t", "a", "member", user="dana")
+    assert member.is_member and not member.can_write
+
+
+def test_the_bootstrap_key_names_its_tenant_for_tenant_wide_calls():
+    assert deps.tenant_of(Principal("t", None, "operator"), "other") == "t"
+    assert deps.tenant_of(Principal("*", None, "operator"), "acme") == "acme"
+    for bad in (None, "a/b"):
+        e = refusal(lambda bad=bad: deps.tenant_of(Principal("*", None, "operator"), bad))
+        assert (e.code, e.field) == (ErrorCode.VALIDATION_FAILED, "x-tenant")
+
+
+class _Store:
+    """The key store's interface, in memory: what the keys route asks of it."""
+
+    def __init__(self) -> None:
+        self.issued: list[tuple] = []
+
+    async def resolve(self, key: str | None) -> Principal | None:
+        return {"boot": Principal("*", None, "operator"), "member": Principal("t", "a", "member", "k9", "dana")}.get(key)
+
+    async def issue(self, tenant, agent, role, user=None):
+        self.issued.append((tenant, agent, role, user))
+        entry = {"id": "k1", "tenant": tenant, "agent": agent, "role": role, "created": None}
+        return "ml_x", {**entry, **({"user": user} if user else {})}
+
+    async def list(self, tenant):
+        return [{"id": "k1", "tenant": tenant, "agent": "a", "role": "agent", "created": None},
+                {"id": "k2", "tenant": tenant, "agent": None, "role": "member", "created": None, "user": "dana"}]
+
+
+def _keys_app():
+    app = FastAPI()
+    errors.install(app)
+    app.include_router(keys.router)
+    app.include_router(whoami.router)
+    app.state.keys = _Store()
+    return app
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"tenant": "t", "agent": "a", "role": "member"}, "user"),
+    ({"tenant": "t", "agent": "a", "role": "agent", "user": "dana"}, "user"),
+    ({"tenant": "t", "role": "operator", "user": "dana"}, "user"),
+    ({"tenant": "t", "agent": "a", "role": "member", "user": "dana smith"}, "user"),
+    ({"tenant": "t", "agent": "a", "role": "member", "user": ""}, "user"),
+    ({"tenant": "t", "agent": "a", "role": "owner"}, "role"),
+    ({"tenant": "t", "role": "helper"}, "agent"),
+])
+def test_a_key_request_is_refused_naming_the_field(body, field):
+    app = _keys_app()
+    with TestClient(app) as client:
+        r = client.post("/v1/admin/keys", json=body, headers={"Authorization": "Bearer boot"})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["field"] == field, r.json()
+    assert app.state.keys.issued == []
+
+
+def test_a_member_key_names_its_user_and_its_agent_or_every_agent_and_lists_with_it():
+    app = _keys_app()
+    with TestClient(app) as client:
+        h = {"Authorization": "Bearer boot"}
+        one = client.post("/v1/admin/keys", json={"tenant": "t", "agent": "a", "role": "member", "user": "dana"},
+                          headers=h)
+        every = client.post("/v1/admin/keys", json={"tenant": "t", "role": "member", "user": "erin"}, headers=h)
+        assert (one.status_code, one.json()["user"], one.json()["agent"]) == (201, "dana", "a")
+        assert (every.status_code, every.json()["user"], every.json()["agent"]) == (201, "erin", None)
+        agent = client.post("/v1/admin/keys", json={"tenant": "t", "agent": "a"}, headers=h)
+        assert agent.status_code == 201 and "user" not in agent.json()
+        assert app.state.keys.issued == [("t", "a", "member", "dana"), ("t", None, "member", "erin"),
+                                         ("t", "a", "agent", None)]
+        listed = client.get("/v1/admin/keys", params={"tenant": "t"}, headers=h).json()["keys"]
+        # A member key lists its user; the other keys' entries are as they were.
+        assert [set(k) for k in listed] == [{"id", "tenant", "agent", "role", "created"},
+                                            {"id", "tenant", "agent", "role", "created", "user"}]
+        m = {"Authorization": "Bearer member"}
+        assert client.get("/v1/whoami", headers=m).json()["user"] == "dana"
+        refused = client.post("/v1/admin/keys", json={"tenant": "t", "agent": "a"}, headers=m)
+        assert (refused.status_code, refused.json()["error"]["field"]) == (403, "authorization")

@@ -40,7 +40,7 @@ from events.usage import Retrieved, RetrievedItem
 from projections.history_index import HYBRID_DEPTH, HistoryIndex
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
-from services.http.deps import Ctx
+from services.http.deps import Ctx, refuse_roles
 from services.http.models import Body
 from services.memory import Context
 from settings import Settings
@@ -102,6 +102,7 @@ class HistoryExtension:
         return self.projection.status() if self.projection else {"caught_up": False}
 
     async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
+        refuse_roles(who, ("member",), "reads the member's own facts; session history is the agent's")
         if body.kind == "notes":
             raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", 'kind "notes": notes are memory records; search them with '
                            "POST /v1/memory/search. This endpoint searches messages")

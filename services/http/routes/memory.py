@@ -1,4 +1,8 @@
-"""Memory records: write (add, edit, delete, pin, report an outcome) and read (list, one, its history)."""
+"""Memory records: write (add, edit, delete, pin, report an outcome) and read (list, one, its history).
+
+A member key lists, reads and reads the history of its own user-scope facts, and edits and
+deletes them; it never adds, pins or reports an outcome (those are the agent's tools).
+"""
 
 from __future__ import annotations
 
@@ -84,7 +88,8 @@ async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True):
 
 @router.patch("/v1/memory/{rid}")
 async def edit_memory(rid: str, body: EditRequest, ctx: Ctx, s: Svc, wait: bool = True):
-    """Operator edit: new text makes a successor; the same text changes nothing."""
+    """Operator or member edit (a member: their own user-scope facts): new text makes a
+    successor; the same text changes nothing. Neither passes the write filter (seed 004)."""
     return await s.commands.edit(ctx, rid, wait=wait, **body.model_dump(exclude_none=True))
 
 

@@ -1,15 +1,20 @@
-"""Memory search: one search, or up to 100 in one request (benchmarked: answers skip FastAPI's encoder)."""
+"""Memory search: one search, or up to 100 in one request (benchmarked: answers skip FastAPI's encoder).
+
+Agent and helper keys search; a member key never does (seed 004: no search), it lists its own facts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header
 from pydantic import Field
 
 from events.errors import ErrorCode
+from services.auth import Principal
 from services.errors import ApiError
-from services.http.deps import Caller, Ctx, Svc, resolve_context
+from services.http.deps import Caller, Ctx, Svc, refuse_roles, resolve_context
 from services.http.errors import api_error_item
 from services.http.models import Body
 from services.http.responses import FastJSONResponse, record_out
@@ -30,12 +35,14 @@ class SearchRequest(Body):
 
 
 class SearchItem(SearchRequest):
-    # Whose memory the search reads: the X-Tenant, X-Agent, X-Session and X-Preview headers
-    # of a single search, given per item (the request's headers when left out).
+    # Whose memory the search reads: the X-Tenant, X-Agent, X-Session, X-Preview, X-User and
+    # X-Channel headers of a single search, given per item (the request's headers when left out).
     tenant: str | None = None
     agent: str | None = None
     session: str | None = None
     preview: bool | None = None
+    user: str | None = None
+    channel: str | None = None
 
 
 class SearchBatchRequest(Body):
@@ -48,8 +55,12 @@ class SearchBatchRequest(Body):
                                               "false (operator keys only) for lookups that never reach the agent's model")
 
 
+NO_SEARCH = "lists, reads, edits and deletes the member's own facts; it never searches memory"
+
+
 @router.post("/v1/memory/search")
 async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
+    refuse_roles(ctx, ("member",), NO_SEARCH)
     res = await s.reads.search(ctx, **body.model_dump())
     await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
     return FastJSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
@@ -64,13 +75,21 @@ async def search_memory_batch(
     x_tenant: Annotated[str | None, Header()] = None,
     x_session: Annotated[str | None, Header()] = None,
     x_preview: Annotated[bool, Header()] = False,
+    x_user: Annotated[str | None, Header()] = None,
+    x_channel: Annotated[str | None, Header()] = None,
 ):
     """Up to 100 searches in one request, each answered as `/v1/memory/search` would
     answer it alone (same key rules, same usage records), or with its own error.
 
     For callers that search for many contexts at once (the extraction worker): the
     queries share one embedding call, and the HTTP round trips collapse into one.
+
+    An operator's lookup with `retrieved: false` that names a member (`user`: the extraction
+    worker reviewing that member's turn) reads what the agent reads for that member: their
+    user-scope facts with the agent's, under the agent's rules (consent, channel, removal).
+    Any other operator search never shows a member's facts.
     """
+    refuse_roles(p, ("member",), NO_SEARCH)
     if not body.retrieved and p.role != "operator":
         raise ApiError(ErrorCode.FORBIDDEN, "retrieved", "retrieved: only an operator key may set it to false", 403)
     searches: list[tuple[Context, dict[str, Any]]] = []
@@ -83,11 +102,15 @@ async def search_memory_batch(
                 item.tenant or x_tenant,
                 item.session if item.session is not None else x_session,
                 item.preview if item.preview is not None else x_preview,
+                x_user=item.user if item.user is not None else x_user,
+                x_channel=item.channel if item.channel is not None else x_channel,
             )
         except ApiError as e:
             answers.append(api_error_item(e))
             continue
-        searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview"})))
+        if p.role == "operator" and not body.retrieved and ctx.user is not None:
+            ctx = as_agent(ctx)
+        searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})))
         answers.append(None)
     results = iter(await s.reads.search_many(searches))
     ctxs = iter(searches)
@@ -102,3 +125,8 @@ async def search_memory_batch(
             await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
         answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
     return FastJSONResponse({"results": answers})
+
+
+def as_agent(ctx: Context) -> Context:
+    """An operator's review lookup for a member, read as the agent reads for that member."""
+    return dataclasses.replace(ctx, principal=Principal(ctx.tenant, ctx.agent, "agent", ctx.principal.key_id))

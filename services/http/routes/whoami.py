@@ -12,5 +12,5 @@ router = APIRouter()
 
 @router.get("/v1/whoami", response_model=WhoAmI)
 async def whoami(p: Caller):
-    """The key's tenant, agent and role (what an MCP server offers depends on it)."""
-    return {"tenant": p.tenant, "agent": p.agent, "role": p.role, "key_id": p.key_id}
+    """The key's tenant, agent, role and, for a member key, its member (what an MCP server offers depends on it)."""
+    return {"tenant": p.tenant, "agent": p.agent, "role": p.role, "key_id": p.key_id, "user": p.user}

@@ -1,0 +1,83 @@
+"""Members and subjects: a member's consent, and what an operator does with a subject
+(tenant + user + agent): counts, erasure, removing an agent or a member.
+
+- `GET /v1/consent`: the member's consent (a member key: its own; an agent or operator key:
+  the member X-User names) and whether they get memory now.
+- `POST /v1/consent`, `DELETE /v1/consent`: grant (the member's own key) or withdraw (the
+  member's key, or an operator key naming the member) — commands through the ledger.
+- `GET /v1/subjects`: the agent's members with their fact counts and consent, never a fact (operator).
+- `DELETE /v1/subjects/{user}`: erase the member's memory on the agent (operator).
+- `DELETE /v1/agent`: remove the agent: its memory is never served again (operator).
+- `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them (operator).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path
+
+from events.commands import WORKSPACE
+from services.auth import Principal
+from services.http.deps import Caller, Ctx, Svc, checked_user, tenant_of
+from services.memory import Context
+from services.memory.rules import check_role
+
+router = APIRouter(tags=["members"])
+
+User = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$",
+                           description="the member's user id")]
+
+
+@router.get("/v1/consent")
+async def read_consent(ctx: Ctx, s: Svc) -> dict[str, Any]:
+    """The member's consent on the agent (`granted`, `withdrawn`, or null: never asked),
+    whether the agent requires it, and whether the member gets memory now (`refusal` says why not)."""
+    return await s.consent(ctx)
+
+
+@router.post("/v1/consent")
+async def grant_consent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
+    """The member grants the agent consent to keep and use memory about them (member keys)."""
+    return await s.commands.grant_consent(ctx, wait=wait)
+
+
+@router.delete("/v1/consent")
+async def withdraw_consent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
+    """Withdrawal stops new writes and recall at once and deletes nothing (the member's key,
+    or an operator key naming the member with X-User)."""
+    return await s.commands.withdraw_consent(ctx, wait=wait)
+
+
+@router.get("/v1/subjects")
+async def list_subjects(ctx: Ctx, s: Svc) -> dict[str, Any]:
+    """The agent's members: per user, live fact counts and consent; never a fact (operator keys)."""
+    check_role(ctx, ("operator",), "list an agent's members")
+    out = await s.reads.subjects(ctx)
+    return out if isinstance(out, dict) and "subjects" in out else {"subjects": out}
+
+
+@router.delete("/v1/subjects/{user}")
+async def erase_subject(user: User, ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
+    """Erases the member's memory on the agent (X-Agent): every live user-scope fact is
+    tombstoned and the consent withdrawn; answers how many facts (operator keys)."""
+    return await s.commands.erase_subject(ctx, checked_user(user, "user"), wait=wait)
+
+
+@router.delete("/v1/agent")
+async def remove_agent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
+    """Removes the agent (X-Agent): nothing of its memory is served again, and no write is
+    accepted (operator keys)."""
+    return await s.commands.remove_agent(ctx, wait=wait)
+
+
+@router.delete("/v1/users/{user}")
+async def remove_user(user: User, p: Caller, s: Svc, wait: bool = True,
+                      x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """Removes the member from the tenant: no agent serves their memory again (operator keys;
+    the bootstrap key names the tenant with X-Tenant). Their facts are not erased."""
+    ctx = Context(p, WORKSPACE)
+    check_role(ctx, ("operator",), "remove a member")
+    tenant = tenant_of(p, x_tenant)
+    ctx = Context(Principal(tenant, WORKSPACE, "operator", p.key_id), WORKSPACE)
+    return await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait)
