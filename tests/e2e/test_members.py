@@ -297,6 +297,12 @@ async def test_two_members_of_one_agent_never_see_each_others_facts(stack, membe
         assert [[r["id"] for r in res["records"]] for res in review["results"]] == [[cat["id"]], []]
         plain = await lookup(True)
         assert [[r["id"] for r in res["records"]] for res in plain["results"]] == [[], []]
+        # A tenant's admin (an issued operator key) never reads a member's fact, lookup or not.
+        admin_key = await op.issue_key(m.tenant, None, "operator")
+    async with MemlaneClient(m.api, admin_key, agent=m.agent) as admin:
+        looked = await admin._call("POST", "/v1/memory/search/batch", json={"retrieved": False, "searches": [
+            {"query": "Miso", "mode": "lexical", "user": "dana"}]})
+        assert [r["id"] for r in looked["results"][0]["records"]] == []
     async with m.as_agent() as nobody:
         # Without a member, an agent that requires consent reads nothing.
         await refused(nobody.search_memory("Miso"), 403, "CONSENT_REQUIRED", "user")

@@ -84,10 +84,11 @@ async def search_memory_batch(
     For callers that search for many contexts at once (the extraction worker): the
     queries share one embedding call, and the HTTP round trips collapse into one.
 
-    An operator's lookup with `retrieved: false` that names a member (`user`: the extraction
-    worker reviewing that member's turn) reads what the agent reads for that member: their
-    user-scope facts with the agent's, under the agent's rules (consent, channel, removal).
-    Any other operator search never shows a member's facts.
+    The deployment's own operator key (the workers', from settings) with `retrieved: false`
+    naming a member (`user`: the extraction worker reviewing that member's turn) reads what the
+    agent reads for that member: their user-scope facts with the agent's, under the agent's
+    rules (consent, channel, removal). A tenant's operator keys, and any other operator search,
+    never show a member's facts.
     """
     refuse_roles(p, ("member",), NO_SEARCH)
     if not body.retrieved and p.role != "operator":
@@ -108,7 +109,7 @@ async def search_memory_batch(
         except ApiError as e:
             answers.append(api_error_item(e))
             continue
-        if p.role == "operator" and not body.retrieved and ctx.user is not None:
+        if deployment_key(p) and not body.retrieved and ctx.user is not None:
             ctx = as_agent(ctx)
         searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})))
         answers.append(None)
@@ -125,6 +126,12 @@ async def search_memory_batch(
             await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
         answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
     return FastJSONResponse({"results": answers})
+
+
+def deployment_key(p: Principal) -> bool:
+    """The bootstrap operator key of settings: never stored, so it has no key id. A tenant's
+    admins hold issued operator keys, which never read a member's facts (seed 004)."""
+    return p.role == "operator" and p.key_id is None
 
 
 def as_agent(ctx: Context) -> Context:
