@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from events.codec import from_validation_error
 from events.errors import ErrorCode
+from projections.qdrant_index import IndexUnavailable
 from projections.records import CursorError
 from services.errors import ApiError
 
@@ -36,6 +37,11 @@ async def _cursor(request: Request, e: CursorError) -> JSONResponse:
     return error_response(ErrorCode.VALIDATION_FAILED, "after", f"after: {e}", 422)
 
 
+async def _index_unavailable(request: Request, e: IndexUnavailable) -> JSONResponse:
+    # What failed is the server's, not the caller's: the same request may succeed later.
+    return error_response(ErrorCode.UNAVAILABLE, None, "the memory index could not answer; retry shortly", 503)
+
+
 async def _model_validation(request: Request, e: ValidationError) -> JSONResponse:
     # Contract models validate again inside the service (e.g. the 512-byte summary limit).
     err = from_validation_error(e)
@@ -52,5 +58,6 @@ async def _validation(request: Request, e: RequestValidationError) -> JSONRespon
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(CursorError, _cursor)
+    app.add_exception_handler(IndexUnavailable, _index_unavailable)
     app.add_exception_handler(ValidationError, _model_validation)
     app.add_exception_handler(RequestValidationError, _validation)

@@ -199,3 +199,22 @@ def test_a_member_key_names_its_user_and_its_agent_or_every_agent_and_lists_with
         assert client.get("/v1/whoami", headers=m).json()["user"] == "dana"
         refused = client.post("/v1/admin/keys", json={"tenant": "t", "agent": "a"}, headers=m)
         assert (refused.status_code, refused.json()["error"]["field"]) == (403, "authorization")
+
+
+def test_an_index_that_cannot_answer_is_a_503_the_caller_may_retry():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from projections.qdrant_index import IndexUnavailable
+    from services.http.errors import install
+
+    app = FastAPI()
+    install(app)
+
+    @app.get("/boom")
+    async def boom():
+        raise IndexUnavailable("shard closed")
+
+    r = TestClient(app).get("/boom")
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "UNAVAILABLE" and "shard closed" not in r.text
