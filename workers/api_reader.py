@@ -23,7 +23,7 @@ class ApiReader:
     """The agent's configuration and its most similar memories, as the agent's operator.
 
     Similar-memory searches of concurrent reviews go out together (`MicroBatcher`), each
-    with its own agent and session, to `/v1/memory/search/batch`."""
+    with its own agent, session and user, to `/v1/memory/search/batch`."""
 
     def __init__(self, settings) -> None:
         self.ttl = settings.config_cache_s
@@ -85,7 +85,15 @@ class ApiReader:
         return cfg
 
     async def similar(self, turn: TurnCommitted, queries: list[str]) -> list[MemoryRecord]:
-        ctx = {"tenant": turn.tenant, "agent": turn.agent, "session": turn.session, "preview": turn.preview}
+        ctx: dict[str, Any] = {"tenant": turn.tenant, "agent": turn.agent, "session": turn.session,
+                               "preview": turn.preview}
+        # Searched as the turn's member: user-scope facts are that member's alone, so a
+        # review never shows one member's facts to another's. Left out when unset, as a
+        # search's headers are.
+        if turn.user is not None:
+            ctx["user"] = turn.user
+        if turn.channel is not None:
+            ctx["channel"] = turn.channel
         found = await asyncio.gather(
             *(self.searches.submit({**ctx, "query": q[:4000], "limit": review.SIMILAR_PER_MESSAGE}) for q in queries)
         )

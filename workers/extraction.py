@@ -13,6 +13,15 @@
   out in one Kafka transaction with the input offset. A crash before it commits leaves
   nothing; the turn is processed again with the same command ids (turn event id, attempt,
   candidate index), so it is never extracted twice in effect.
+- Before any memory work, a turn's subject (tenant, member, agent) is asked the one rule
+  every entry point asks (`events.rules.subjects.refusal`: consent, channel, removal). A
+  refused turn gets no review and its tool writes are not forwarded; a `MemorySkipped`
+  usage record says why, and its outcome is still forwarded (the ledger resolves every
+  turn). A committed turn that did not complete (failed, stopped, output restricted) is
+  not reviewed and its messages never join a later window; the tool calls the agent made
+  during it are still forwarded, staged on the turn, like any turn's. The ledger checks
+  consent again when it applies each write, so a review still in flight when consent is
+  withdrawn writes nothing after the withdrawal.
 - When the model keeps failing (timeouts, 429s, 5xx, malformed output after one repair),
   the turn goes to `memlane.turns.dlq` for the review only: its outcome and tool writes
   are still forwarded in the same transaction, and none of its proposals are. Holding the
@@ -24,6 +33,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -35,12 +45,14 @@ from pydantic import ValidationError
 from events.base import utcnow
 from events.codec import encode
 from events.commands import AddMemory, TurnOutcome
+from events.config import AgentConfig
 from events.record import Source
 from events.rules import extraction_review as review
-from events.rules import write_filter
+from events.rules import subjects, write_filter
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
-from events.usage import CandidateRefused
+from events.usage import CandidateRefused, MemorySkipped
+from projections.redis_records import RedisRecords
 from workers.api_reader import ApiReader
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed
@@ -74,6 +86,9 @@ def tool_writes(turn: TurnCommitted) -> tuple[list[AddMemory], list[CandidateRef
                     turn_ref=turn.turn_ref,
                     preview=turn.preview,
                     session=turn.session,
+                    # The turn's member, never the call's: an argument naming a user (or a
+                    # tenant) collides with these and the call is refused as invalid.
+                    user=turn.user,
                     **call.arguments,
                 )
             except ValidationError as e:
@@ -112,6 +127,22 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
     )
 
 
+def skipped(turn: TurnCommitted, reason: str, detail: str) -> MemorySkipped:
+    """The usage record of a turn that got no memory work; one per turn attempt."""
+    return MemorySkipped(
+        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/skipped/{turn.attempt}")),
+        tenant=turn.tenant,
+        agent=turn.agent,
+        occurred_at=turn.occurred_at,
+        session=turn.session,
+        execution_id=turn.execution_id,
+        turn=turn.turn,
+        user=turn.user,
+        reason=reason,
+        detail=detail,
+    )
+
+
 def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
     # PII and secrets are refused precisely because their text must not be kept: no preview.
     preview = "" if r.reason in ("pii", "secret") else r.summary[:80]
@@ -143,8 +174,14 @@ class ExtractionProcessor(Processor):
         super().__init__(settings)
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
+        self.records: RedisRecords | None = None
         self.redis = None
         self.state: ReviewState | None = None
+        # Subjects that were open (no refusal), by (tenant, agent, user): when read, for
+        # `config_cache_s` seconds. Only open ones: a grant takes effect on the next turn,
+        # while a withdrawal the copy has not seen yet costs at most a review whose
+        # proposals the ledger refuses (it checks consent again when it applies them).
+        self.open_subjects: dict[tuple[str, str, str | None], tuple[float, subjects.SubjectState]] = {}
         self.tally: Counter[str] = Counter()  # the current batch, for its summary line
 
     async def start(self) -> None:
@@ -156,6 +193,9 @@ class ExtractionProcessor(Processor):
                 "add_memory tool calls in turns are not (counted in each batch's turns_forwarded line)",
             )
             return
+        # Even without a model: a tool write is forwarded only for a subject that may have memory.
+        self.api = ApiReader(s)
+        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
         if not s.model_configured:
             log.warning(
                 "extraction_off",
@@ -164,7 +204,6 @@ class ExtractionProcessor(Processor):
             )
             return
         self.model = ModelClient(s)
-        self.api = ApiReader(s)
         self.redis = aioredis.from_url(s.redis_url)
         self.state = ReviewState(self.redis, namespace=s.topic_prefix)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
@@ -174,7 +213,8 @@ class ExtractionProcessor(Processor):
             self.state.forget({tp.partition for tp in partitions})
 
     async def stop(self) -> None:
-        for closer in (self.model and self.model.close, self.api and self.api.close, self.redis and self.redis.aclose):
+        for closer in (self.model and self.model.close, self.api and self.api.close, self.redis and self.redis.aclose,
+                       self.records and self.records.aclose):
             if closer:
                 await closer()
 
@@ -185,12 +225,24 @@ class ExtractionProcessor(Processor):
         if (commands or refused) and self.settings.memory_kill_switch:
             self.tally["tool_writes_refused_kill_switch"] += len(commands) + len(refused)
             commands, refused = [], []
+        reviewed: dict[str, Any] = {}  # what the review did, for the turn's log line
+        extra: list[Any] = []
+        # Without a model, a turn's only memory work is its tool writes: a turn with none
+        # needs no configuration or subject read.
+        if isinstance(turn, TurnCommitted) and self.api is not None and (self.model is not None or commands or refused):
+            cfg = await self.api.config(turn.tenant, turn.agent)
+            refusal = await self.refusal(cfg, turn)
+            if refusal is not None:
+                self.tally[f"skipped_{refusal.skipped}"] += 1
+                self.tally["tool_writes_skipped"] += len(commands) + len(refused)
+                commands, refused = [], []
+                reviewed["review"] = refusal.skipped
+                extra.append(self._usage_out(skipped(turn, refusal.skipped, f"{refusal.code.value}: {refusal.reason}")))
+            elif self.model is not None:
+                extra += await self.review(turn, cfg, partition, offset, reviewed)
         if refused:
             self.tally["tool_writes_refused"] += len(refused)
-        extra: list[Any] = [self._usage_out(u) for u in refused]
-        reviewed: dict[str, Any] = {}  # what the review did, for the turn's log line
-        if isinstance(turn, TurnCommitted) and self.model is not None:
-            extra += await self.review(turn, partition, offset, reviewed)
+        extra = [self._usage_out(u) for u in refused] + extra
         proposals = [c for c in extra if isinstance(c, Out) and c.topic == COMMANDS.name]
         others = [c for c in extra if c not in proposals]  # usage records and a DeadLetter
         commands.append(outcome(turn))
@@ -220,14 +272,47 @@ class ExtractionProcessor(Processor):
         # projection reads and skips) and a decode when the turn resolves.
         return [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in commands] + proposals + others
 
-    async def review(self, turn: TurnCommitted, partition: int, offset: int, reviewed: dict[str, Any]) -> list[Any]:
+    async def refusal(self, cfg: AgentConfig, turn: TurnCommitted) -> subjects.Refusal | None:
+        """Why the turn's subject gets no memory, or None: the one rule every entry point
+        asks, over the record view's state of the subject, read once per turn (an open
+        subject's state is reused for `config_cache_s`)."""
+        assert self.records is not None
+        key = (turn.tenant, turn.agent, turn.user)
+        hit = self.open_subjects.get(key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.settings.config_cache_s and self._open(cfg, turn, hit[1]):
+            state = hit[1]
+        else:
+            state = await self.records.subject(turn.tenant, turn.agent, turn.user)
+            if self._open(cfg, turn, state):
+                self.open_subjects[key] = (now, state)
+                if len(self.open_subjects) > 10_000:
+                    self.open_subjects.pop(next(iter(self.open_subjects)))
+            else:
+                self.open_subjects.pop(key, None)
+        return subjects.refusal(cfg, turn.user, turn.channel, state)
+
+    @staticmethod
+    def _open(cfg: AgentConfig, turn: TurnCommitted, state: subjects.SubjectState) -> bool:
+        # What the subject's state allows, whatever the turn's channel (a channel is allowed or not
+        # by the configuration alone).
+        return subjects.refusal(cfg, turn.user, None, state) is None
+
+    async def review(self, turn: TurnCommitted, cfg: AgentConfig, partition: int, offset: int,
+                     reviewed: dict[str, Any]) -> list[Any]:
         """The turn's review outputs. What it did goes into `reviewed`, for the caller's
         per-turn debug line and per-batch summary."""
         assert self.api and self.state and self.model
-        cfg = await self.api.config(turn.tenant, turn.agent)
         if not cfg.memory.enabled:
             reviewed["review"] = "memory_disabled"
             return []
+        if turn.status != "completed":
+            # Not observed either: a failed, stopped or restricted turn's messages never
+            # join a later turn's window.
+            reviewed["review"] = "turn_not_completed"
+            self.tally["skipped_turn_not_completed"] += 1
+            return [self._usage_out(skipped(turn, "turn_not_completed", f"the turn ended {turn.status}; "
+                                                                         "only a completed turn is reviewed"))]
         msgs = [review.compact(m) for m in turn.messages if review.reviewable(m)]
         observed = await self.state.observe(partition, session_key(turn), offset, msgs, cfg.memory.extraction)
         # The cadence state is all that orders a session's turns: the next turn's window
@@ -247,9 +332,15 @@ class ExtractionProcessor(Processor):
             reviewed["review"] = "nothing_to_show"
             return []
         queries = review.search_queries(shown)
-        handles = review.Handles.of(await self.api.similar(turn, queries) if queries else [])
+        found = await self.api.similar(turn, queries) if queries else []
+        # A message a fact was already made from is not asked about again.
+        shown = review.uncited(shown, found, turn.session)
+        if not shown:
+            reviewed["review"] = "all_cited"
+            return []
+        handles = review.Handles.of(found)
         call = CallContext(turn.tenant, turn.agent, turn.session, turn.execution_id, turn.turn, f"{turn.event_id}/{turn.attempt}")
-        messages = review.build_messages(cfg, turn.session, shown, handles)
+        messages = review.build_messages(cfg, turn.session, shown, handles, turn.user)
         try:
             answer = await self.model.json_call(messages, ANSWER_SCHEMA, review.parse_answer, call)
         except ModelFailed as e:

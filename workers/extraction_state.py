@@ -58,6 +58,11 @@ class SessionFacts:
     turns: dict[int, list[dict[str, str]]] = field(default_factory=dict)
     turn_offsets: list[int] = field(default_factory=list)
     reviews: list[int] = field(default_factory=list)
+    # Message id -> the lowest offset of a kept turn that holds it, and the ids more than
+    # one turn holds: a platform may send a message again in a later turn (a retry, or the
+    # whole conversation each time), and a message is shown to the reviews once.
+    first_seen: dict[str, int] = field(default_factory=dict)
+    repeated: set[str] = field(default_factory=set)
 
     @classmethod
     def parse(cls, raw: dict[Any, Any]) -> SessionFacts:
@@ -71,9 +76,32 @@ class SessionFacts:
         return facts
 
     def add_turn(self, offset: int, messages: list[dict[str, str]]) -> None:
-        if offset not in self.turns:
-            bisect.insort(self.turn_offsets, offset)
+        if offset in self.turns:
+            return  # facts are immutable: a retried turn writes the same ones
+        bisect.insort(self.turn_offsets, offset)
         self.turns[offset] = messages
+        self._index(offset, messages)
+
+    def _index(self, offset: int, messages: list[dict[str, str]]) -> None:
+        for m in messages:
+            seen = self.first_seen.get(m["id"])
+            if seen is None:
+                self.first_seen[m["id"]] = offset
+            elif seen != offset:
+                self.repeated.add(m["id"])
+                if offset < seen:
+                    self.first_seen[m["id"]] = offset
+
+    def new_messages(self, offset: int, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """`messages` of the turn at `offset` that no earlier kept turn held, each id once.
+
+        Only offsets below the turn's count, so a retried turn filters as it did the first time."""
+        out: dict[str, dict[str, str]] = {}
+        for m in messages:
+            seen = self.first_seen.get(m["id"])
+            if (seen is None or seen >= offset) and m["id"] not in out:
+                out[m["id"]] = m
+        return list(out.values()) if len(out) < len(messages) else messages
 
     def add_review(self, offset: int) -> None:
         i = bisect.bisect_left(self.reviews, offset)
@@ -85,18 +113,31 @@ class SessionFacts:
         return self.reviews[i - 1] if i else None
 
     def messages_between(self, after: int, before: int) -> list[dict[str, str]]:
-        """Messages of the turns at offsets strictly between `after` and `before`, oldest first."""
+        """Messages of the turns at offsets strictly between `after` and `before`, oldest first,
+        each the first time a kept turn held it (a message already passed to a review, or
+        already pending, is not shown again)."""
         lo, hi = bisect.bisect_right(self.turn_offsets, after), bisect.bisect_left(self.turn_offsets, before)
-        return [m for o in self.turn_offsets[lo:hi] for m in self.turns[o]]
+        return [m for o in self.turn_offsets[lo:hi] for m in self.new_messages(o, self.turns[o])]
 
     def drop_below(self, floor: int) -> list[str]:
         """Forget the facts at offsets below `floor`; their Redis fields."""
         t = bisect.bisect_left(self.turn_offsets, floor)
         r = bisect.bisect_left(self.reviews, floor)
         stale = [f"t:{o}" for o in self.turn_offsets[:t]] + [f"r:{o}" for o in self.reviews[:r]]
+        reindex = False
         for o in self.turn_offsets[:t]:
-            del self.turns[o]
+            for m in self.turns.pop(o):
+                if self.first_seen.get(m["id"]) == o:
+                    del self.first_seen[m["id"]]
+                    reindex = reindex or m["id"] in self.repeated
         del self.turn_offsets[:t], self.reviews[:r]
+        if reindex:
+            # A dropped turn held the first copy of a message a kept turn holds again: index
+            # the kept turns afresh, as a cold start from Redis would (rare: only re-sent ids).
+            self.first_seen.clear()
+            self.repeated.clear()
+            for o in self.turn_offsets:
+                self._index(o, self.turns[o])
         return stale
 
 
@@ -180,7 +221,7 @@ class ReviewState:
         key = self.key(partition, session_key)
         facts = await self._facts(key)
         last = facts.last_review_below(offset)
-        pending = facts.messages_between(-1 if last is None else last, offset) + messages
+        pending = facts.messages_between(-1 if last is None else last, offset) + facts.new_messages(offset, messages)
         since = len(pending)
         due = decide_due(cfg, since)
         floor = facts.last_review_below(offset - MAX_UNCOMMITTED)

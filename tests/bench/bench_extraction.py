@@ -24,6 +24,12 @@ model. Its `cores_busy` is that CPU times the rate: how much of the machine the 
 from what shares the machine's cores with it. 1000 / it is the rate one worker with a core
 to itself could sustain.
 
+`extraction_turns_per_s_1_worker_consent` (served run only) is the same workload for agents
+that require consent and read and write user scope, each session's member granted: its
+bursts alternate with the one-worker bursts, so both figures see the same machine. Each
+consent burst is checked before the figure is printed: every turn's fact was written, as
+its member's (`GET /v1/subjects` counts them per member), and none was skipped.
+
 `extraction_turns_per_s_1_worker_alone` (served run only) tests that bound: one worker
 drains a backlog while the ledger, the embedding worker, the projections and the
 consolidation worker are paused (`drain_alone`). The other figures run the whole pipeline on the machine's cores, as a
@@ -46,13 +52,14 @@ import httpx
 from aiokafka import AIOKafkaConsumer
 
 from events.codec import decode
+from events.config import AgentConfig, MemoryConfig, ScopeConfig
 from events.topics import COMMANDS
 from events.turns import TurnCommitted
 from projections.embedder import OnnxMiniLM
 from services.client import MemlaneClient, TurnPublisher
 from settings import ROOT
 from tests.bench.common import discard, figure, median, percentile, progress
-from tests.e2e.extraction_support import extraction_stack, new_agent, turn
+from tests.e2e.extraction_support import extraction_stack, new_agent, set_consents, turn
 from tests.fakes.model_server import FakeModel, Reply
 
 TURNS = 3000  # several polls of up to 500 turns, so the last poll's tail weighs little
@@ -66,12 +73,16 @@ SESSIONS_PER_AGENT = 2
 SESSIONS = AGENTS * SESSIONS_PER_AGENT
 LATENCY_TURNS = 20
 USER = re.compile(r'role="user">\n(.*?)\n</message>', re.S)
+SCOPES = re.compile(r'"scope" is one of:\s*([a-z, ]+)\.')
+# The consent figure's agents: a member's facts, kept only with their consent.
+CONSENT = AgentConfig(memory=MemoryConfig(consent="required", scope=ScopeConfig(read=["user"], write=["user"])))
 
 
 def echo(body: dict) -> Reply:
-    """Proposes the newest user message as a fact: one record per turn."""
+    """Proposes the newest user message as a fact, in the first scope the prompt allows: one record per turn."""
     said = USER.findall(body["messages"][-1]["content"])
-    return Reply({"candidates": [{"decision": "add", "handle": None, "kind": "fact", "labels": {}, "scope": "session",
+    scope = SCOPES.search(body["messages"][0]["content"]).group(1).split(", ")[0]
+    return Reply({"candidates": [{"decision": "add", "handle": None, "kind": "fact", "labels": {}, "scope": scope,
                                   "summary": said[-1][:200], "content": "", "source_message_ids": []}]} if said else
                  {"candidates": []})
 
@@ -111,36 +122,48 @@ async def outcome_stamps(settings, agents: set[str], n: int) -> list[int]:
 @dataclass
 class Burst:
     rate: float  # turns per second
-    last: list[tuple[str, str, str]]  # per agent: its key, its last turn's session, a word only that turn's record has
+    # Per agent: its key, its last turn's session and member, a word only that turn's record has.
+    last: list[tuple[str, str, str | None, str]]
     cpu_ms: dict[str, float]  # per process: CPU ms per turn from the first turn published to the last outcome
+    agents: list[tuple[str, str, str]]  # (tenant, agent, key)
+    n: int  # turns
 
 
-async def burst_turns(stack, settings, n: int) -> tuple[list[TurnCommitted], set[str], list[tuple[str, str, str]]]:
-    """`n` turns over `AGENTS` new agents; their agents, and per agent its key, its last
-    turn's session and a word only that turn's record has."""
-    agents = await asyncio.gather(*(new_agent(stack.api_url, settings.operator_key) for _ in range(AGENTS)))
+async def burst_turns(stack, settings, n: int, consent: bool = False
+                      ) -> tuple[list[TurnCommitted], list[tuple[str, str, str]], list[tuple[str, str, str | None, str]]]:
+    """`n` turns over `AGENTS` new agents; the agents, and per agent its key, its last
+    turn's session and member and a word only that turn's record has. With `consent`, the
+    agents are configured as `CONSENT`, each session has its member, and every member has
+    granted consent before the turns are made."""
+    agents = await asyncio.gather(*(new_agent(stack.api_url, settings.operator_key, CONSENT if consent else None)
+                                    for _ in range(AGENTS)))
     texts = [fact(i) for i in range(n)]
-    turns, last = [], {}
+    turns, last, members = [], {}, set()
     for i in range(n):
         tenant, agent, key = agents[i % AGENTS]
         session = f"s{i % SESSIONS}"
-        turns.append(turn(tenant, agent, session, i, texts[i], "Noted."))
-        last[agent] = (key, session, texts[i].split()[3])
-    return turns, {a for _, a, _ in agents}, list(last.values())
+        user = f"u{i % SESSIONS}" if consent else None
+        turns.append(turn(tenant, agent, session, i, texts[i], "Noted.", user=user))
+        last[agent] = (key, session, user, texts[i].split()[3])
+        if user:
+            members.add((tenant, agent, user))
+    if members:
+        await set_consents(settings, sorted(members))
+    return turns, list(agents), list(last.values())
 
 
-async def burst(stack, settings, pub, n: int = TURNS) -> Burst:
-    turns, agents, last = await burst_turns(stack, settings, n)
+async def burst(stack, settings, pub, n: int = TURNS, consent: bool = False) -> Burst:
+    turns, agents, last = await burst_turns(stack, settings, n, consent)
     # Published without waiting for each acknowledgement: one at a time, the publisher
     # itself capped the rate at a few hundred turns per second on a loaded machine.
     pids = pipeline_pids(stack)
     cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     since = time.time()
     await pub.publish_many(turns)
-    stamps = await outcome_stamps(settings, agents, n)
+    stamps = await outcome_stamps(settings, {a for _, a, _ in agents}, n)
     rate = n / max(stamps[-1] / 1000 - since, 1e-3)
     cpu_ms = {name: (cpu_s(pid) - cpu0[name]) / n * 1000 for name, pid in pids.items()}
-    return Burst(rate, last, cpu_ms)
+    return Burst(rate, last, cpu_ms, agents, n)
 
 
 # What a worker's outcomes feed, none of which a review waits for, and the consolidation
@@ -175,12 +198,12 @@ async def drain_alone(stack, settings, pub) -> Burst:
     for pid in paused:
         os.kill(pid, signal.SIGSTOP)
     try:
-        stamps = await outcome_stamps(settings, agents, TURNS)
+        stamps = await outcome_stamps(settings, {a for _, a, _ in agents}, TURNS)
     finally:
         for pid in paused:
             os.kill(pid, signal.SIGCONT)
     lo, hi = TURNS // 10, TURNS - TURNS // 10
-    return Burst((hi - lo) / max((stamps[hi - 1] - stamps[lo]) / 1000, 1e-3), last, {})
+    return Burst((hi - lo) / max((stamps[hi - 1] - stamps[lo]) / 1000, 1e-3), last, {}, agents, TURNS)
 
 
 async def history_turns(api_url: str, key: str) -> int:
@@ -205,8 +228,8 @@ async def drained(api_url: str, b: Burst, timeout: float = 180) -> None:
     """Waits until each agent's last record of the burst is searchable: an agent's records
     and vectors arrive in order, so the pipeline has then caught up with the burst."""
     deadline = time.monotonic() + timeout
-    for key, session, code in b.last:
-        async with MemlaneClient(api_url, key, session=session) as c:
+    for key, session, user, code in b.last:
+        async with MemlaneClient(api_url, key, session=session, user=user) as c:
             while not (await c.search_memory(code, mode="lexical", limit=1))[0]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the burst's last records were not searchable within {timeout} s")
@@ -220,6 +243,33 @@ async def measured(stack, settings, pub) -> list[Burst]:
         out.append(await burst(stack, settings, pub))
         await drained(stack.api_url, out[-1])
     return out
+
+
+async def measured_with_consent(stack, settings, pub) -> tuple[list[Burst], list[Burst]]:
+    """`REPEATS` bursts of each workload, alternating, each started once the one before is
+    drained: the machine's drift over minutes reaches both alike."""
+    plain, consent = [], []
+    for _ in range(REPEATS):
+        plain.append(await burst(stack, settings, pub))
+        await drained(stack.api_url, plain[-1])
+        consent.append(await burst(stack, settings, pub, consent=True))
+        await drained(stack.api_url, consent[-1])
+        await members_kept_every_fact(stack.api_url, settings, consent[-1])
+    return plain, consent
+
+
+async def members_kept_every_fact(api_url: str, settings, b: Burst) -> None:
+    """Every turn of a consent burst became its member's fact: the per-member counts of the
+    burst's agents add up to its turns, and each counted member granted consent."""
+    total = 0
+    for tenant, agent, _ in b.agents:
+        async with MemlaneClient(api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+            subjects = (await op._call("GET", "/v1/subjects"))["subjects"]
+        if len(subjects) != SESSIONS_PER_AGENT or any(s["consent"] != "granted" for s in subjects):
+            raise RuntimeError(f"agent {agent}: expected {SESSIONS_PER_AGENT} members with consent, got {subjects}")
+        total += sum(s["facts"] for s in subjects)
+    if total != b.n:
+        raise RuntimeError(f"a consent burst of {b.n} turns left {total} member facts: some turns were skipped or refused")
 
 
 def cpu_s(pid: int) -> float:
@@ -268,10 +318,19 @@ async def one_run(fake: FakeModel, embeddings: str, suffix: str) -> tuple[float,
             figure(f"turn_to_record_ms_p95{suffix}", percentile(lat, 95), "ms", len(lat))
             progress(f"warm-up: {WARMUP_TURNS} turns, not measured")
             await drained(stack.api_url, await burst(stack, settings, pub, WARMUP_TURNS))
-            bursts = await measured(stack, settings, pub)
+            if suffix:
+                bursts = await measured(stack, settings, pub)
+            else:
+                bursts, consented = await measured_with_consent(stack, settings, pub)
             ones = [b.rate for b in bursts]
             one = median(ones)
             figure(f"extraction_turns_per_s_1_worker{suffix}", one, "turns/s", TURNS, runs=rounded(ones))
+            if not suffix:
+                rates = [b.rate for b in consented]
+                consent_ms = [b.cpu_ms["extraction"] for b in consented]
+                figure("extraction_turns_per_s_1_worker_consent", median(rates), "turns/s", TURNS, runs=rounded(rates),
+                       ratio_to_1_worker=round(median(rates) / one, 3),
+                       worker_cpu_ms_per_turn=round(median(consent_ms), 3))
             worker_ms = [b.cpu_ms["extraction"] for b in bursts]
             figure(f"extraction_worker_cpu_ms_per_turn{suffix}", median(worker_ms), "ms", TURNS, runs=rounded(worker_ms),
                    turns_per_worker_cpu_s=round(1000 / median(worker_ms), 1))

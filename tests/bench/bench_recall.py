@@ -2,6 +2,11 @@
 synthetic seeded vectors written through the normal projection path (events + vectors
 topics -> Redis and Qdrant).
 
+`_user_scope` figures recall as one member of a second agent of 100,000 user-scope records
+spread over `USERS` members, configured with consent required and user scope, every
+member's consent granted (a `ConsentGranted` event in the log): the same measurement, run
+right after the agent-scope one. Every answer is checked to hold only that member's records.
+
 The loaded deployment (topics, Redis generation, Edge shards under .run/bench<DEPLOYMENT>) is
 kept between runs: the first run loads the log (minutes), measures the live unoptimized
 index, then builds the optimized generation as `memlane rebuild --target qdrant --optimize`
@@ -18,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import numpy as np
 
-from events import RecordAdded, encode
+from events import ConsentGranted, RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
@@ -33,25 +38,43 @@ from workers.rebuild import rebuild_all
 AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "1000000"))
 OTHER_AGENTS = 900
+USERS = 100  # the user-scope agent's members: 1,000 records each
+MEMBER = "u0"  # the member who recalls
 QUERIES = 200
 # v2: vectors beside their agents' partitions; a log kept from before would never join.
-DEPLOYMENT = f"recall{TOTAL}v2"
+# v3: a user-scope agent ("bigu", records AGENT_RECORDS..2*AGENT_RECORDS-1) beside "big".
+DEPLOYMENT = f"recall{TOTAL}v3"
 WARMUP = 50  # a freshly started server faults its shard pages in on the first queries
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORDS = "invoice shipping refund parcel customer account password billing order delivery address contract".split()
 
 
+def _owner(i: int) -> tuple[str, str | None]:
+    """The agent of record `i`, and its member when it is a user-scope record."""
+    if i < AGENT_RECORDS:
+        return "big", None
+    if i < 2 * AGENT_RECORDS:
+        return "bigu", f"u{i % USERS}"
+    return f"other{i % OTHER_AGENTS}", None
+
+
 def _items(settings):
+    if TOTAL < 2 * AGENT_RECORDS:
+        raise ValueError(f"MEMLANE_BENCH_RECALL_TOTAL must be at least {2 * AGENT_RECORDS}: two measured agents")
+    for u in range(USERS):
+        g = ConsentGranted(event_id=f"g{u}", command_id=f"g{u}", tenant="bench", agent="bigu", occurred_at=T0,
+                           user=f"u{u}")
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(g), encode(g)
     rng = np.random.default_rng(42)
     for i in range(TOTAL):
-        agent = "big" if i < AGENT_RECORDS else f"other{i % OTHER_AGENTS}"
+        agent, user = _owner(i)
         text = f"{WORDS[i % 12]} {WORDS[(i // 12) % 12]} note {i} for {agent}"
         vec = rng.standard_normal(384).astype(np.float32)
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
         yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of(agent)
         r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0, tenant="bench",
-                         agent=agent, scope="AGENT", kind="fact", summary=text)
+                         agent=agent, scope="USER" if user else "AGENT", user=user, kind="fact", summary=text)
         e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="bench", agent=agent, occurred_at=T0, record=r)
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 
@@ -83,17 +106,28 @@ async def _wait_loaded(stack, settings) -> None:
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:
             while True:
                 points = (await h.get("/health")).json()["projection"]["points"]
-                listed = await store.r.zcard(store._keys(await store.generation(), "bench", "big")[1])
-                if points >= TOTAL and listed >= AGENT_RECORDS:
+                gen = await store.generation()
+                listed = [await store.r.zcard(store._keys(gen, "bench", a)[1]) for a in ("big", "bigu")]
+                granted = (await store.subject("bench", "bigu", MEMBER)).consent == "granted"
+                if points >= TOTAL and min(listed) >= AGENT_RECORDS and granted:
                     return
-                progress(f"indexed {points}/{TOTAL} in Qdrant, {listed}/{AGENT_RECORDS} of the agent's records in Redis")
+                progress(f"indexed {points}/{TOTAL} in Qdrant, {listed}/{AGENT_RECORDS} of the agents' records in "
+                         f"Redis, consent {'granted' if granted else 'not seen yet'}")
                 await asyncio.sleep(10)
     finally:
         await store.aclose()
 
 
-async def _measure(stack, key: str, suffix: str) -> None:
-    headers = {"Authorization": f"Bearer {key}"}
+def _check_records(records: list[dict], user: str | None) -> None:
+    """A recall found something, and as `user` only that member's records."""
+    assert records, "recall found nothing: the loaded deployment is incomplete"
+    if user is not None:
+        theirs = [r for r in records if r["user"] == user and _owner(int(r["id"][1:]))[1] == user]
+        assert len(theirs) == len(records), f"a recall as {user} returned another member's or the agent's records"
+
+
+async def _measure(stack, key: str, suffix: str, user: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {key}"} | ({"X-User": user} if user else {})
     lat, no_embed = [], []
     run = uuid.uuid4().hex[:8]  # recall skips what a conversation already saw: fresh ones each run
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=30) as h:
@@ -106,7 +140,7 @@ async def _measure(stack, key: str, suffix: str) -> None:
             r = await h.post("/v1/recall", json=body)
             ms = (time.perf_counter() - t) * 1000
             r.raise_for_status()
-            assert r.json()["records"], "recall found nothing: the loaded deployment is incomplete"
+            _check_records(r.json()["records"], user)
             embed_ms = float(r.headers["server-timing"].split("dur=")[1])
             if q >= WARMUP:
                 lat.append(ms)
@@ -121,7 +155,9 @@ async def _measure(stack, key: str, suffix: str) -> None:
         async def worker(w: int, count: int) -> None:
             for q in range(count):
                 body = {"conversation": f"w{w}-{q}-{run}", "text": f"{WORDS[(w + q) % 12]} note {w} {q} {run}"}
-                (await h.post("/v1/recall", json=body)).raise_for_status()
+                r = await h.post("/v1/recall", json=body)
+                r.raise_for_status()
+                _check_records(r.json()["records"], user)
 
         t = time.perf_counter()
         await asyncio.gather(*(worker(w, 25) for w in range(8)))
@@ -138,6 +174,11 @@ async def run() -> None:
             key = await op.issue_key("bench", "big")
             if not kept:
                 await op.configure({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}, "has_sessions": False})
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="bigu") as op:
+            user_key = await op.issue_key("bench", "bigu")
+            if not kept:
+                await op.configure({"memory": {"consent": "required", "scope": {"read": ["user"], "write": ["user"]}},
+                                    "has_sessions": False})
         t0 = time.perf_counter()
         if not kept:
             await _produce(settings, _items(settings))
@@ -149,6 +190,7 @@ async def run() -> None:
             await _wait_loaded(stack, settings)
         if current_generation(settings) < 2:
             await _measure(stack, key, "_unoptimized")
+            await _measure(stack, user_key, "_unoptimized_user_scope", MEMBER)
             # Build the per-agent HNSW graphs offline in the next generation; the server swaps to it.
             t1 = time.perf_counter()
             await rebuild_all(settings, optimize=True, targets=("qdrant",))
@@ -158,3 +200,4 @@ async def run() -> None:
             figure("recall_optimize_s", time.perf_counter() - t1, "s", TOTAL,
                    note="rebuild --optimize: replay the log into a new shard, then build per-agent graphs")
         await _measure(stack, key, "")
+        await _measure(stack, user_key, "_user_scope", MEMBER)

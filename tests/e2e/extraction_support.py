@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from events import AgentConfig, Message, TurnCommitted
-from events.codec import decode
-from events.topics import TOPICS
+from events.codec import decode, encode
+from events.commands import GrantConsent, WithdrawConsent
+from events.topics import COMMANDS, TOPICS
+from projections.redis_records import RedisRecords
 from services.client import MemlaneClient
 from services.stack import Stack, stack_env
 from settings import Settings
@@ -66,6 +69,11 @@ async def new_agent(api_url: str, operator_key: str, config: AgentConfig | None 
 
 async def read_topic(settings: Settings, topic: str, registry: str | None = None) -> list[tuple[Any, list]]:
     """Everything committed on a topic so far: (decoded value or raw bytes, headers)."""
+    return [(v, h) for _, _, v, h in await read_topic_at(settings, topic, registry)]
+
+
+async def read_topic_at(settings: Settings, topic: str, registry: str | None = None) -> list[tuple[int, int, Any, list]]:
+    """Everything committed on a topic so far, with where: (partition, offset, value, headers)."""
     name = settings.topic(topic)
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, isolation_level="read_committed",
                          enable_auto_commit=False)
@@ -81,7 +89,44 @@ async def read_topic(settings: Settings, topic: str, registry: str | None = None
             batches = await c.getmany(timeout_ms=500)
             for msgs in batches.values():
                 for m in msgs:
-                    out.append((decode(registry, m.value) if registry else m.value, m.headers))
+                    out.append((m.partition, m.offset, decode(registry, m.value) if registry else m.value, m.headers))
         return out
     finally:
         await c.stop()
+
+
+async def send_commands(settings: Settings, *commands: Any) -> None:
+    """Commands straight onto `memlane.memory.commands`, keyed as memlane keys them."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        for cmd in commands:
+            await producer.send_and_wait(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
+    finally:
+        await producer.stop()
+
+
+def consent_command(tenant: str, agent: str, user: str, grant: bool = True) -> GrantConsent | WithdrawConsent:
+    kind = GrantConsent if grant else WithdrawConsent
+    return kind(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, user=user, issued_at=datetime.now(UTC))
+
+
+async def set_consent(settings: Settings, tenant: str, agent: str, user: str, grant: bool = True) -> None:
+    """Grants (or withdraws) a member's consent through the ledger, and waits until the
+    record view, which the workers and the API read, holds it."""
+    await set_consents(settings, [(tenant, agent, user)], grant)
+
+
+async def set_consents(settings: Settings, subjects: list[tuple[str, str, str]], grant: bool = True) -> None:
+    """`set_consent` for many (tenant, agent, user) subjects at once."""
+    await send_commands(settings, *(consent_command(t, a, u, grant) for t, a, u in subjects))
+    records = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    want = "granted" if grant else "withdrawn"
+    try:
+        async def held():
+            states = await asyncio.gather(*(records.subject(t, a, u) for t, a, u in subjects))
+            return all(s.consent == want for s in states)
+
+        await eventually(held, timeout=60)
+    finally:
+        await records.aclose()

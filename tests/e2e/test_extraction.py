@@ -295,7 +295,7 @@ async def test_rolled_back_turn_is_never_extracted(xstack, fake, pub, agent):
     fake.on(m, answer(cand("add", f"Rolled back fact {m}")))
     fake.on(barrier, answer(cand("add", f"Committed fact {barrier}")))
     rolled = turn(tenant, a, "s1", 1, f"secret plan {m}", "ok")
-    await pub.publish(TurnRolledBack(**rolled.model_dump(exclude={"type", "messages"}), reason="tool failed"))
+    await pub.publish(TurnRolledBack(**rolled.model_dump(exclude={"type", "messages", "status"}), reason="tool failed"))
     await pub.publish(turn(tenant, a, "s1", 2, f"Remember {barrier}", "ok"))
     async with client(xstack, key) as c:
         recs = await listed(c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -138,3 +139,113 @@ def test_acknowledgements_and_repeats_are_not_searched():
              {"id": "m3", "role": "user", "content": "My invoice number is INV-2231"},
              {"id": "m4", "role": "assistant", "content": "ok thanks"}]
     assert r.search_queries(shown) == ["My invoice number is INV-2231"]
+
+
+# ------------------------------------------------------------------ subjects: user scope, end users, cited messages
+
+USER_TURN = TURN.model_copy(update={"user": "u1", "end_user": "e1"})
+USER_SCOPE = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(read=["user"], write=["user"])))
+
+
+def test_user_scope_is_allowed_only_with_a_user_and_the_default_follows_session_user_agent():
+    both = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(write=["session", "user", "agent"])))
+    assert r.allowed_scopes(both, "s1", "u1") == ["session", "user", "agent"]
+    assert r.allowed_scopes(both, None, "u1") == ["user", "agent"]
+    assert r.allowed_scopes(USER_SCOPE, "s1", None) == []
+    assert r.default_scope(both, "s1", "u1") == "session"
+    assert r.default_scope(both, None, "u1") == "user"
+    assert r.default_scope(both, None, None) == "agent"
+    assert "user" in r.answer_schema()["properties"]["candidates"]["items"]["properties"]["scope"]["enum"]
+    # The model is told the scopes it may use.
+    system = r.build_messages(USER_SCOPE, "s1", [msg(0)], r.Handles(), "u1")[0]["content"]
+    assert '"scope" is one of:\nuser.' in system
+    assert '"scope" is one of:\nnone.' in r.build_messages(USER_SCOPE, "s1", [msg(0)], r.Handles())[0]["content"]
+
+
+def test_proposals_carry_the_turns_user_and_default_to_user_scope():
+    answer = r.ReviewAnswer.model_validate({"candidates": [
+        {"decision": "add", "summary": "no scope named"},
+        {"decision": "add", "summary": "user scope", "scope": "user"},
+        {"decision": "add", "summary": "agent scope", "scope": "agent"},
+        {"decision": "delete", "handle": 1},
+    ]})
+    d = r.to_commands(USER_TURN, USER_SCOPE, answer, [msg(0)], r.Handles.of([rec(1)]), "m")
+    assert [(c.summary, c.scope) for c in d.commands[:2]] == [("no scope named", Scope.USER), ("user scope", Scope.USER)]
+    assert all(c.user == "u1" and c.provenance.user == "u1" for c in d.commands)
+    assert [(x.index, x.reason) for x in d.refused] == [(2, "scope")]
+    # Without a user, user scope cannot be written: a candidate naming it is refused.
+    d = r.to_commands(TURN, USER_SCOPE, answer, [msg(0)], r.Handles.of([rec(1)]), "m")
+    assert [x.index for x in d.refused if x.reason == "scope"] == [1, 2]
+    assert all(c.user is None for c in d.commands)
+
+
+def test_the_end_user_never_splits_memory():
+    from events import Message, ToolCall
+    from workers.extraction import tool_writes
+
+    call = ToolCall(id="c1", name="add_memory", arguments={"summary": "Prefers tea", "scope": "USER"})
+    answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "Prefers tea"}]})
+    subjects = []
+    for end_user in ("e1", "e2", None):
+        t = USER_TURN.model_copy(update={"end_user": end_user, "messages": [
+            Message(id="m0", role="user", content="I prefer tea"),
+            Message(id="m1", role="assistant", tool_calls=[call])]})
+        [review_cmd] = r.to_commands(t, USER_SCOPE, answer, [msg(0)], r.Handles(), "m").commands
+        [tool_cmd], _ = tool_writes(t)
+        subjects += [(c.tenant, c.agent, c.user, c.scope, c.provenance.user) for c in (review_cmd, tool_cmd)]
+    assert set(subjects) == {("t", "a", "u1", Scope.USER, "u1")}
+
+
+def test_a_tool_call_cannot_name_another_member():
+    from events import Message, ToolCall
+    from workers.extraction import tool_writes
+
+    t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
+        ToolCall(id="c1", name="add_memory", arguments={"summary": "Owes money", "user": "u2"})])]})
+    assert tool_writes(t) == ([], [])
+
+
+def cited_rec(i: int, session: str | None, ids: list[str]) -> MemoryRecord:
+    base = rec(i)
+    return base.model_copy(update={"provenance": base.provenance.model_copy(
+        update={"session": session, "source_message_ids": ids})})
+
+
+def test_messages_a_found_fact_cites_are_not_shown_again():
+    shown = [msg(i) for i in range(4)]
+    found = [cited_rec(1, "s1", ["m0", "m2"]), cited_rec(2, "s2", ["m1"]), cited_rec(3, "s1", ["elsewhere"])]
+    # A fact of another session citing "m1" speaks of another session's m1.
+    assert [m["id"] for m in r.uncited(shown, found, "s1")] == ["m1", "m3"]
+    assert r.uncited(shown, [], "s1") == shown
+    assert r.uncited(shown, [cited_rec(1, "s1", [f"m{i}" for i in range(4)])], "s1") == []
+
+
+def test_a_message_sent_again_is_passed_to_a_review_once():
+    from workers.extraction_state import SessionFacts
+
+    facts = SessionFacts()
+
+    def observe(offset: int, ids: list[str], review: bool) -> list[str]:
+        # What ReviewState.observe computes, on the in-memory facts only.
+        last = facts.last_review_below(offset)
+        messages = [{"id": i, "role": "user", "content": i} for i in ids]
+        pending = facts.messages_between(-1 if last is None else last, offset) + facts.new_messages(offset, messages)
+        facts.add_turn(offset, messages)
+        if review:
+            facts.add_review(offset)
+        return [m["id"] for m in pending]
+
+    assert observe(1, ["a", "b"], review=True) == ["a", "b"]
+    # The platform sends the whole conversation again: only the new messages are pending.
+    assert observe(2, ["a", "b", "c", "c"], review=False) == ["c"]
+    assert observe(3, ["a", "b", "c", "d"], review=True) == ["c", "d"]
+    # Retried at its own offset, a turn sees what it saw the first time.
+    assert observe(3, ["a", "b", "c", "d"], review=True) == ["c", "d"]
+    # A cold start (the facts as Redis holds them) filters the same.
+    raw = {f"t:{o}": json.dumps(m) for o, m in facts.turns.items()} | {"r:1": "1", "r:3": "1"}
+    cold = SessionFacts.parse(raw)
+    assert cold.first_seen == facts.first_seen and cold.repeated == facts.repeated == {"a", "b", "c"}
+    # Dropping the turn that first held a re-sent id indexes the kept turns afresh.
+    facts.drop_below(2)
+    assert facts.first_seen == {"a": 2, "b": 2, "c": 2, "d": 3}
+    assert observe(4, ["d", "e"], review=True) == ["e"]
