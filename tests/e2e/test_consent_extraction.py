@@ -302,3 +302,42 @@ async def test_without_a_model_tool_writes_of_a_member_without_consent_are_not_f
     cmds = [c for c, _ in await read_topic(settings, COMMANDS.name, COMMANDS.name) if c.agent == a]
     assert [c.user for c in cmds if c.type == "AddMemory"] == ["alice"]
     assert sum(1 for c in cmds if c.type == "TurnOutcome") == 2  # both turns' outcomes still reach the ledger
+
+
+# ---------------------------------------------------------------------------------- consolidation
+
+
+async def test_a_members_ended_session_is_consolidated_into_their_own_memory_only_with_consent(cstack, fake, pub):
+    from datetime import UTC, datetime
+
+    from events import SessionEnded
+    from tests.e2e.test_extraction import consolidation
+
+    stack, settings = cstack
+    cfg = member_facts(extraction=ExtractionConfig(every=EveryMessages(messages=100)))  # no reviews: only consolidation
+    tenant, a, _ = await new_agent(stack.api_url, settings.operator_key, cfg)
+    await set_consent(settings, tenant, a, "alice")
+    before, after = marker(), marker()
+    fake.on(before, consolidation(before))
+    fake.on(after, consolidation(after))
+
+    def ended(session: str, user: str) -> SessionEnded:
+        return SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session=session, user=user,
+                            channel="studio", outcome="successful", occurred_at=datetime.now(UTC))
+
+    # Bob never granted consent: his session is not consolidated, and the usage record says why.
+    await pub.publish(member_turn(tenant, a, "s-bob", 1, f"{before}: restore staging", "Done.", user="bob"))
+    await pub.publish(ended("s-bob", "bob"))
+    skips = await eventually(partial(_of, settings, USAGE.name, a, "MemorySkipped", 2), timeout=40)
+    [skip] = [s for s in skips if s.detail.startswith("consolidation")]  # the other is his turn's, extraction's
+    assert (skip.reason, skip.user, skip.session) == ("consent_required", "bob", "s-bob")
+    assert fake.requests_with(before) == []
+    # Alice did: her episode is hers (USER scope), not the agent's, so Bob never reads it.
+    await pub.publish(member_turn(tenant, a, "s-alice", 1, f"{after}: restore staging", "Done."))
+    await pub.publish(ended("s-alice", "alice"))
+    [added] = await eventually(partial(_of, settings, EVENTS.name, a, "RecordAdded", 1), timeout=40)
+    r = added.record
+    assert (r.kind, r.scope, r.user, r.provenance.source) == ("episode", Scope.USER, "alice", Source.CONSOLIDATION)
+    await set_consent(settings, tenant, a, "bob")
+    assert await _search(cstack, tenant, a, "bob", "restore staging") == []
+    assert r.summary in await _search(cstack, tenant, a, "alice", "restore staging")
