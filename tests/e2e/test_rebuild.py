@@ -9,6 +9,7 @@ import uuid
 
 import httpx
 
+from events.config import member_facts
 from services.client import MemlaneClient
 from services.stack import stack_env
 from tests.conftest import eventually
@@ -37,8 +38,38 @@ def test_the_embedding_shadow_catches_a_process_that_embeds(tmp_path):
     assert note.read_text().strip().isdigit()
 
 
+async def members_of(stack, settings, tenant: str, agent: str) -> dict:
+    """What the view knows of an agent's members: the operator's counts and consent, each
+    member's consent, and each member's own facts (by their keys)."""
+    out = {}
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        out["subjects"] = await op.subjects()
+        for user in ("dana", "erin"):
+            async with MemlaneClient(stack.api_url, await op.issue_key(tenant, agent, "member", user=user)) as m:
+                out[user] = ((await m.consent())["consent"], (await m.list_memory())["records"])
+    return out
+
+
 async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_agent, settings, tmp_path):
     tenant, agent, key = await new_agent()
+    # A members' agent: consent granted, withdrawn, granted again; facts kept, edited, deleted.
+    mtenant, magent, mkey = await new_agent(member_facts())
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=mtenant, agent=magent) as op:
+        keys = {u: await op.issue_key(mtenant, magent, "member", user=u) for u in ("dana", "erin")}
+    for user in ("dana", "erin"):
+        async with MemlaneClient(stack.api_url, keys[user]) as m:
+            await m.grant_consent()
+        async with MemlaneClient(stack.api_url, mkey, user=user, channel="api") as c:
+            kept = await c.add_memory(f"{user} likes tea", kind="profile", key="drink")
+            gone = await c.add_memory(f"{user} lives in Lyon", kind="profile", key="city")
+        async with MemlaneClient(stack.api_url, keys[user]) as m:
+            await m.edit_memory(kept["id"], summary=f"{user} likes green tea")
+            await m.delete_memory(gone["id"])
+            if user == "erin":
+                await m.withdraw_consent()
+    members_before = await members_of(stack, settings, mtenant, magent)
+    assert members_before["dana"][0] == "granted" and members_before["erin"][0] == "withdrawn"
+    assert [r["summary"] for r in members_before["erin"][1]] == ["erin likes green tea"]
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
         await op.curate_block("conventions", "add", line="Deploys go out on Tuesdays")
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -67,6 +98,8 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
         after = {r: [v.model_dump() for v in await c.history(r)] for r in (first["id"], second["id"])}
         assert after == before
         assert await c.blocks() == [{"scope": "agent", "label": "conventions", "text": "Deploys go out on Tuesdays"}]
+        # The same members, consent and facts, from the log alone.
+        assert await members_of(stack, settings, mtenant, magent) == members_before
         hits, _ = await c.search_memory("what is the staging database called?")
         assert hits[0].record.summary == "The staging database is called venus-db"
         assert all(h.record.summary != "The staging database is called mercury-db" for h in hits)
