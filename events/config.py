@@ -92,7 +92,7 @@ class MemoryConfig(_Strict):
     @field_validator("channels")
     @classmethod
     def _allowed_channels(cls, v: list[str]) -> list[str]:
-        never = [c for c in v if c in NEVER_CHANNELS]
+        never = [c for c in v if c.lower() in NEVER_CHANNELS]
         if never:
             raise ValueError(f"channel {never[0]!r} never reads or writes memory; never allowed: {', '.join(NEVER_CHANNELS)}")
         return v
@@ -140,7 +140,8 @@ def member_facts(**memory: object) -> AgentConfig:
 
 def channel_allowed(cfg: AgentConfig, channel: str | None) -> bool:
     """Whether a session in `channel` reads and writes memory; a turn without one is a platform without channels."""
-    return channel is None or (channel not in NEVER_CHANNELS and channel in cfg.memory.channels)
+    # Case does not let a never-channel in ("Slack" is slack).
+    return channel is None or (channel.lower() not in NEVER_CHANNELS and channel in cfg.memory.channels)
 
 
 def label_numbers_kept(old: AgentConfig, new: AgentConfig) -> str | None:

@@ -150,7 +150,11 @@ def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
 
 
 def _refused(turn: TurnCommitted, part: str, reason: str, preview: str) -> CandidateRefused:
-    """A refusal's usage record; its id derives from the turn, so a replay makes the same one."""
+    """A refusal's usage record; its id derives from the turn, so a replay makes the same one.
+    A member's turn keeps no preview: usage records are read by operators, who never read a
+    member's words."""
+    if turn.user is not None:
+        preview = ""
     return CandidateRefused(
         usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/{part}")),
         tenant=turn.tenant,
