@@ -22,7 +22,7 @@ from events.base import utcnow
 from events.codec import ContractError, encode, from_validation_error
 from events.errors import ErrorCode
 from events.lean import decode_ledger_view
-from events.rules.ledger import LedgerState, command_key, decide, evolve, overdue, oversized, refused
+from events.rules.ledger import LedgerState, caller, command_key, decide, evolve, overdue, oversized, refused, reused
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers import ledger_snapshot as snapshot_file
 from workers.heap import settle_heap
@@ -35,16 +35,25 @@ log = structlog.get_logger()
 # The events of recent commands, per partition, re-sent as they were when a command is
 # redelivered (API retries reuse ids). Bounded by bytes, not by count (why: docs/ledger-state.md).
 PROCESSED_BYTES = 32 * 1024 * 1024
+# The header on each event the ledger writes for a command: who gave the command (`caller`).
+# A recovery reads it back, so a restarted ledger still tells a retry from another caller's
+# reuse of the id without the commands themselves. Copies (a redelivery's events, a reuse's
+# refusal) carry it too, so a reader waiting on a command id can tell whose answer it is.
+CALLER = "memlane-caller"
 
 
 class RecentCommands:
     """Command key (`command_key`: tenant, agent and command id) -> the raw events it
-    produced, oldest evicted first past `budget` bytes. A command's events are kept or
-    evicted together. Keyed by the id alone, one agent's command id answered another's."""
+    produced, oldest evicted first past `budget` bytes, and who gave it (`callers`, the
+    rules' `caller`). A command's events are kept or evicted together. Keyed by the id
+    alone, one agent's command id answered another's; answered without the caller, another
+    member (or an operator) reusing a known id got the first caller's record back."""
 
     def __init__(self, budget: int = PROCESSED_BYTES) -> None:
         self.budget = budget
         self.events: OrderedDict[str, list[bytes]] = OrderedDict()
+        # None: not known (events logged before callers were): matches no caller.
+        self.callers: dict[str, str | None] = {}
         self.size = 0
 
     def __contains__(self, key: str) -> bool:
@@ -53,24 +62,42 @@ class RecentCommands:
     def __getitem__(self, key: str) -> list[bytes]:
         return self.events[key]
 
-    def add(self, key: str, raw: bytes) -> None:
+    def caller(self, key: str) -> str | None:
+        return self.callers.get(key)
+
+    def add(self, key: str, raw: bytes, caller: str | None = None) -> None:
+        """The first event a key gets names its caller. A recovery may file a later event
+        under a key it did not start (a turn's outcome applies writes staged under their own
+        command ids): that event's caller does not replace the key's."""
+        if key not in self.events:
+            self.callers[key] = caller
         self.events.setdefault(key, []).append(raw)
         self.size += len(raw)
 
     @classmethod
-    def restored(cls, items: list[tuple[str, list[bytes]]]) -> RecentCommands:
-        """From a snapshot's list, oldest first."""
+    def restored(cls, items: list[tuple[str, str | None, list[bytes]]]) -> RecentCommands:
+        """From a snapshot's list of (key, caller, events), oldest first."""
         recent = cls()
-        for key, raws in items:
+        for key, who, raws in items:
             recent.events[key] = raws
+            recent.callers[key] = who
             recent.size += sum(len(r) for r in raws)
         return recent
 
     def evict(self) -> None:
         """Called between commands, so the newest command is never cut in half."""
         while self.size > self.budget and len(self.events) > 1:
-            _, raws = self.events.popitem(last=False)
+            key, raws = self.events.popitem(last=False)
+            self.callers.pop(key, None)
             self.size -= sum(len(r) for r in raws)
+
+
+def caller_of(headers: Any) -> str | None:
+    """The caller an event of the log names (`CALLER`), if it names one."""
+    for name, value in headers or ():
+        if name == CALLER:
+            return value.decode()
+    return None
 
 
 class LedgerProcessor(Processor):
@@ -163,7 +190,7 @@ class LedgerProcessor(Processor):
                         continue
                     event = decode_ledger_view(m.value)
                     evolve(state, event)
-                    seen.add(command_key(event.tenant, event.agent, event.command_id), m.value)
+                    seen.add(command_key(event.tenant, event.agent, event.command_id), m.value, caller_of(m.headers))
                 seen.evict()
                 settle_heap()
                 if n >= next_report:
@@ -174,7 +201,7 @@ class LedgerProcessor(Processor):
         if last is not None and n >= self.snapshot_every:
             # What it folded, so the next recovery starts here. Encoded before the state is
             # installed: once it is, commands change it.
-            body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events)
+            body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers)
             await asyncio.to_thread(snapshot_file.write, snapshot_file.path_for(self.settings, partition),
                                     Snapshot(snapshot_file.FORMAT, last.offset + 1, snapshot_file.sha(last.value), body))
         if self.epochs[partition] != epoch:
@@ -194,14 +221,25 @@ class LedgerProcessor(Processor):
         seen = self.processed[partition]
         key = EVENTS.key_bytes(cmd)
         ck = command_key(cmd.tenant, cmd.agent, cmd.command_id)
+        who = caller(cmd)
+        named = (CALLER, who.encode())  # on every event written for this command, copies too
         if ck in seen:
+            if seen.caller(ck) != who:
+                # Another caller reusing a known id gets a refusal, never the first caller's
+                # events. Marked as a copy: no fold, no projection and no recovery takes it for
+                # the id's own events; the caller waiting on the id still gets it.
+                log.warning("command_id_reused", command_id=cmd.command_id, agent=cmd.agent, partition=partition,
+                            offset=offset)
+                outs = [Out(EVENTS.name, key, encode(e), ((REDELIVERED, b"1"), named)) for e in reused(cmd)]
+                self.snapshots.sent(partition, outs)
+                return outs
             # Effectively once: a redelivered command re-emits its stored events, same ids.
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"),)) for raw in seen[ck]]
+            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"), named)) for raw in seen[ck]]
             self.snapshots.sent(partition, outs)
             return outs
         events, raws, parked = self._decided(state, cmd, partition, offset)
-        outs = [Out(EVENTS.name, key, raw) for raw in raws]
+        outs = [Out(EVENTS.name, key, raw, (named,)) for raw in raws]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event
         # was a sixth of the ledger's CPU at a few hundred turns per second, and the events
         # themselves, with their provenance, are in the log.
@@ -222,7 +260,7 @@ class LedgerProcessor(Processor):
         # Fold last: nothing above may fail after the state has moved.
         for e, o in zip(events, outs):
             evolve(state, e)
-            seen.add(ck, o.value)
+            seen.add(ck, o.value, who)
         seen.evict()
         self.snapshots.sent(partition, outs)
         return [*outs, *parked]
@@ -326,7 +364,8 @@ class Snapshots:
             state = self.ledger.states.get(p)
             if state is None or p in self.pending or n < max(self.ledger.snapshot_every, len(state.records)):
                 continue
-            body = snapshot_file.encode_state(state, self.ledger.processed[p].events)
+            recent = self.ledger.processed[p]
+            body = snapshot_file.encode_state(state, recent.events, recent.callers)
             self.pending[p] = (self.sent_n[p], snapshot_file.sha(self.last[p]), body)
             self.since[p] = 0
             self._write_if_committed(p)

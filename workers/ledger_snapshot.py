@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -25,8 +26,10 @@ from events.topics import EVENTS
 from settings import Settings
 
 # 3: recent commands keyed by tenant, agent and command id; 4: consent, removals, the records of
-# each subject, and stats counted per subject. Older snapshots are folded again.
-FORMAT = 4
+# each subject, and stats counted per subject; 5: the caller of each recent command, when each
+# subject's grant was given and its memory erased, and index keys with length-prefixed parts.
+# Older snapshots are folded again.
+FORMAT = 5
 
 
 class _State(msgspec.Struct):
@@ -39,8 +42,11 @@ class _State(msgspec.Struct):
     turns_since: datetime | None
     configs: dict[str, bytes]  # AgentConfig JSON
     stats: dict[str, dict[str, int]]
-    recent: list[tuple[str, list[bytes]]]  # RecentCommands by command key, oldest first
+    # RecentCommands by command key, oldest first: (key, caller, events); caller None when unknown
+    recent: list[tuple[str, str | None, list[bytes]]]
     consent: dict[str, bool]
+    granted_at: dict[str, datetime]
+    erased_at: dict[str, datetime]
     removed_agents: dict[str, bool]
     removed_users: dict[str, bool]
     subject_records: dict[str, tuple[str, ...]]
@@ -62,8 +68,11 @@ def path_for(settings: Settings, partition: int) -> Path:
     return Path(settings.data_dir) / "ledger" / f"{settings.topic(EVENTS.name)}-{partition}.snapshot"
 
 
-def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]]) -> bytes:
-    """The state as it is now: called between batches, when it folds every event sent so far."""
+def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
+                 callers: Mapping[str, str | None] | None = None) -> bytes:
+    """The state as it is now: called between batches, when it folds every event sent so far.
+    `recent` and `callers` are `RecentCommands.events` and `.callers`."""
+    callers = callers or {}
     return msgspec.msgpack.encode(
         _State(
             records=dict(state.records),
@@ -75,9 +84,11 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]]) -> b
             turns_since=state.turns_since,
             configs={k: c.model_dump_json().encode() for k, c in state.configs.items()},
             stats={k: dict(v) for k, v in state.stats.items()},
-            recent=list(recent.items()),
+            recent=[(k, callers.get(k), v) for k, v in recent.items()],
             blocks={k: dict(v) for k, v in state.blocks.items()},
             consent=dict(state.consent),
+            granted_at=dict(state.granted_at),
+            erased_at=dict(state.erased_at),
             removed_agents=dict(state.removed_agents),
             removed_users=dict(state.removed_users),
             subject_records={k: tuple(v) for k, v in state.subject_records.items()},
@@ -85,7 +96,7 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]]) -> b
     )
 
 
-def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, list[bytes]]]]:
+def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]]]:
     s = msgspec.msgpack.decode(data, type=_State)
     state = LedgerState(
         records=s.records,
@@ -99,6 +110,8 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, list[bytes]]
         stats=s.stats,
         blocks=s.blocks,
         consent=s.consent,
+        granted_at=s.granted_at,
+        erased_at=s.erased_at,
         removed_agents=s.removed_agents,
         removed_users=s.removed_users,
         subject_records=s.subject_records,

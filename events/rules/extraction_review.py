@@ -20,6 +20,7 @@ from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Sc
 from events.rules import write_filter
 from events.rules.ledger import normalized_hash
 from events.rules.model_answer import Malformed, parse_json_object
+from events.rules.visibility import default_scope
 from events.turns import Message, TurnCommitted
 
 WINDOW_MESSAGES = 12
@@ -30,7 +31,7 @@ MAX_HANDLES = 20
 MAX_SOURCES = 5  # source messages one fact may cite
 MAX_KEY_CHARS = 256
 NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")  # same as workers.extraction
-SCOPES = ("session", "user", "agent")  # in the order a write that names none picks the first allowed
+SCOPES = ("session", "user", "agent")  # a proposal naming none takes `visibility.default_scope` of the allowed
 
 DEFAULT_INSTRUCTIONS = """You maintain an AI agent's long-term memory. Read the conversation and decide
 what is worth remembering for later turns: durable facts about the user, their accounts and
@@ -185,11 +186,6 @@ def allowed_scopes(cfg: AgentConfig, session: str | None, user: str | None = Non
     return [s for s in SCOPES if s in write and has[s]]
 
 
-def default_scope(cfg: AgentConfig, session: str | None, user: str | None) -> str:
-    """A proposal that names no scope: session if allowed, else user, else agent."""
-    return next(iter(allowed_scopes(cfg, session, user)), "agent")
-
-
 def cited(found: list[MemoryRecord], session: str | None) -> set[str]:
     """Ids of the messages the found facts were made from. Only facts of this session
     count: a message belongs to one session, and ids need only be unique within one."""
@@ -320,7 +316,8 @@ def to_commands(
         update={"model": model, "prompt_version": pv, "candidates": handles.provenance()}
     )
     scopes = allowed_scopes(cfg, turn.session, turn.user)
-    fallback = default_scope(cfg, turn.session, turn.user)
+    # The ledger's rule for a write that names no scope, over what this turn can fill.
+    fallback = default_scope(scopes, turn.session, turn.user)
     accepted: list[tuple[int, Candidate]] = []
     for i, c in enumerate(answer.candidates):
         if c.decision == "skip":
@@ -358,7 +355,7 @@ def to_commands(
                 content=c.content,
                 kind=c.kind,
                 labels=c.labels,
-                scope=Scope((c.scope or fallback).upper()),
+                scope=Scope(c.scope.upper()) if c.scope else fallback,
                 replaces=handles.records[c.handle].id if c.decision == "replace" else None,
                 key=c.key,
                 pending=c.decision == "add" and (c.kind, c.key) in disputed,

@@ -13,6 +13,7 @@ byte-identical events, and two agents that pick the same command id get differen
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Callable, Mapping, MutableMapping
@@ -67,8 +68,9 @@ from events.memory import (
 )
 from events.record import LIVE, MemoryRecord, Provenance, Scope, Source, Status
 from events.rules import ledger_subjects as subjects
-from events.rules.ledger_subjects import count_key, dup_scope, key_slots_seen, subject_key
+from events.rules.ledger_subjects import count_key, dup_scope, key_entry, key_slots_seen, slot, subject_key
 from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
+from events.rules.visibility import default_scope
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
 MAX_EXPIRY = timedelta(days=180)
@@ -103,8 +105,16 @@ class LedgerState:
     # agent, or agent|u:user for USER records (`count_key`) -> {live, pinned_chars}
     stats: MutableMapping[str, Any] = field(default_factory=dict)
     consent: MutableMapping[str, bool] = field(default_factory=dict)  # agent|u:user -> granted (else withdrawn)
+    # agent|u:user -> when the grant in force was given, and when the member's memory was last
+    # erased: a write made before either is refused however late it arrives (`ledger_subjects`).
+    granted_at: MutableMapping[str, datetime] = field(default_factory=dict)
+    erased_at: MutableMapping[str, datetime] = field(default_factory=dict)
     removed_agents: MutableMapping[str, bool] = field(default_factory=dict)  # agent -> True once removed
-    # tenant/@workspace|u:user -> True: a member removed tenant-wide, seen on the workspace's partition only
+    # tenant/@workspace|u:user -> True: a member removed tenant-wide. Kept for audit (a rebuild and
+    # a snapshot show who was removed, and when the log says so); no rule reads it. It is folded
+    # on the workspace's partition only, which the ledger partitions of the tenant's agents do not
+    # read: the read side (the record view's removal marker) and the workers' subject check are
+    # what guard a removed member's memory (docs/subjects.md, "Removal").
     removed_users: MutableMapping[str, bool] = field(default_factory=dict)
     # agent|u:user -> the subject's live USER record ids (`ledger_subjects.track`); replaced, never mutated
     subject_records: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -175,6 +185,27 @@ def refused(cmd: Any, code: ErrorCode, field: str | None, reason: str) -> list[C
     or a command its rules failed on): the caller gets an answer, and the partition moves on."""
     e = _rejection(cmd, Rejected(code, field, reason))
     return [e.model_copy(update={"event_id": event_id(cmd.tenant, cmd.agent, cmd.command_id, 0), "last": True})]
+
+
+def caller(cmd: Any) -> str:
+    """Who gave a command, as far as a reused command id matters: its type, its source, its
+    member and its session. A retry (an API retry, a review retried from the dead-letter
+    topic) is rebuilt with a new `issued_at` but the same caller; another member, another
+    session, an operator or a member's key reusing a known id is another caller, and gets a
+    refusal (`reused`), never the events the first caller's command produced."""
+    session = getattr(cmd, "session", None) or cmd.provenance.session
+    parts = [cmd.type, cmd.provenance.source.value, cmd.user, session]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+
+def reused(cmd: Any) -> list[CommandRejected]:
+    """The answer to a command whose id its agent already took from another caller
+    (`caller`). Its event id is its own (derived from the caller too), not the first
+    command's."""
+    e = _rejection(cmd, Rejected(ErrorCode.DUPLICATE_ID, "command_id",
+                                 f"command id {cmd.command_id} was already used by another caller; use a new id"))
+    eid = str(uuid.uuid5(NAMESPACE, f"{command_key(cmd.tenant, cmd.agent, cmd.command_id)}#reused:{caller(cmd)}"))
+    return [e.model_copy(update={"event_id": eid, "last": True})]
 
 
 def oversized(cmd: Any, raws: list[bytes]) -> list[CommandRejected] | None:
@@ -357,6 +388,8 @@ def _scratch(state: LedgerState) -> LedgerState:
         blocks=ChainMap({}, state.blocks),
         stats=ChainMap({}, state.stats),
         consent=ChainMap({}, state.consent),
+        granted_at=ChainMap({}, state.granted_at),
+        erased_at=ChainMap({}, state.erased_at),
         removed_agents=ChainMap({}, state.removed_agents),
         removed_users=ChainMap({}, state.removed_users),
         subject_records=ChainMap({}, state.subject_records),
@@ -391,7 +424,7 @@ class _Overlay(dict):
 def _validate_write(state: LedgerState, ak: str, cmd: Any) -> None:
     """The rules a write is held to before it is staged: only a new record's (raises `Rejected`)."""
     if type(cmd) is AddMemory:
-        _new_record(state, ak, cmd)
+        _new_record(state, ak, _members_stay_members(state, ak, cmd))
 
 
 def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
@@ -401,17 +434,12 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
 
 
 def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
-    """A write that names no scope: its session's when allowed, else its member's, else the
-    agent's. An agent that may write session scope keeps it for a write without a session
-    (refused for want of one, as before user scope), unless the write names a member whose
-    scope is allowed."""
+    """A write that names no scope takes `visibility.default_scope` (its member's when it
+    names one, else its session's, else the agent's), the rule extraction proposes with;
+    one that names a scope must be allowed to write it."""
     write = cfg.memory.scope.write
     if cmd.scope is None:
-        if "session" in write and (cmd.session or not ("user" in write and cmd.user)):
-            return Scope.SESSION
-        if "user" in write and (cmd.user or "agent" not in write):
-            return Scope.USER
-        return Scope.AGENT
+        return default_scope(write, cmd.session, cmd.user)
     if cmd.scope.value.lower() not in write:
         raise Rejected(
             ErrorCode.SCOPE_NOT_ALLOWED,
@@ -512,7 +540,26 @@ def _addressed(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "re
     return r
 
 
+def _members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMemory:
+    """A replacement of a member's fact (a USER record) is the member's too: scope USER and the
+    old record's user, whatever scope the write defaulted to, so a replacement never moves a
+    member's fact into session or agent scope. One that asks for another scope is refused.
+    A record the write may not address is left to `_addressed` (the same NOT_FOUND as ever)."""
+    old = get_record(state, ak, cmd.replaces) if cmd.replaces else None
+    if old is None or old.scope is not Scope.USER or not _visible(old, cmd):
+        return cmd
+    if cmd.scope is not None and cmd.scope is not Scope.USER:
+        raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "scope",
+                       f"record {old.id} is a member's fact in scope USER; its replacement stays in scope USER, "
+                       f"not {cmd.scope.value}")
+    if cmd.scope is Scope.USER and cmd.user == old.user:
+        return cmd
+    return cmd.model_copy(update={"scope": Scope.USER, "user": old.user})
+
+
 def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
+    if not operator:  # an operator's edit makes its successor in the old record's scope already
+        cmd = _members_stay_members(state, ak, cmd)
     rec = _new_record(state, ak, cmd, operator)
     if get_record(state, ak, rec.id):
         raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
@@ -535,7 +582,7 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         # Labels stay once declared: the successor keeps the old values it does not override.
         rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
     if rec.key and not old:
-        holders = (state.index.get(f"{ak}|key:{slot}:{rec.kind}:{rec.key}") for slot in key_slots_seen(rec))
+        holders = (state.index.get(f"{ak}|key:{key_entry(seen, rec.kind, rec.key)}") for seen in key_slots_seen(rec))
         holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
         if holder_rec and holder_rec.status in LIVE:
             # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
@@ -891,8 +938,8 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
 def _last_episode(state: LedgerState, ak: str, rec: MemoryRecord) -> str | None:
     """The newest episode a turn writing `rec` could read: of its own scope, or, for a
     session's, of the agent scope too."""
-    slots = [dup_scope(rec)] + ([f"{Scope.AGENT.value}::{int(rec.preview)}"] if rec.scope is Scope.SESSION else [])
-    found = [r for slot in slots if (rid := state.index.get(f"{ak}|episode:{slot}")) and (r := get_record(state, ak, rid))]
+    slots = [dup_scope(rec)] + ([slot(Scope.AGENT, "", rec.preview)] if rec.scope is Scope.SESSION else [])
+    found = [r for s in slots if (rid := state.index.get(f"{ak}|episode:{s}")) and (r := get_record(state, ak, rid))]
     return max(found, key=lambda r: (r.created, r.id)).id if found else None
 
 
@@ -920,7 +967,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     subjects.track(state, ak, r)
     state.records[key] = raw
     text_key = f"{ak}|text:{dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
-    key_key = f"{ak}|key:{dup_scope(r)}:{r.kind}:{r.key}" if r.key else None
+    key_key = f"{ak}|key:{key_entry(dup_scope(r), r.kind, r.key)}" if r.key else None
     if r.kind == "episode" and r.version == 1:
         state.index[f"{ak}|episode:{dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest
     if r.status in LIVE:

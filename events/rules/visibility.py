@@ -30,6 +30,29 @@ def readable_scopes(cfg: AgentConfig, session: str | None, user: str | None = No
     return tuple(scopes)
 
 
+def default_scope(write: list[str] | tuple[str, ...], session: str | None, user: str | None) -> Scope:
+    """The scope of a write that names none, given the scopes the caller may write (`write`).
+
+    A member's facts are theirs: USER when a user is named and user scope is writable, so
+    they never land in session scope, where an operator reads them. Else SESSION when
+    session scope is writable, whether or not a session is given: a write without one is
+    refused for want of it ("session scope requires a session"), never widened to the whole
+    agent. Else AGENT, else USER, refused for want of a user.
+
+    The ledger passes `memory.scope.write`; extraction passes only the scopes its turn can
+    fill (`extraction_review.allowed_scopes`: no session scope for a turn without a session),
+    so the two agree on every write both could make. `session` does not change the choice
+    (see above); it is taken so that every caller states the write's session and member alike.
+    """
+    if user and "user" in write:
+        return Scope.USER
+    if "session" in write:
+        return Scope.SESSION
+    if "agent" in write:
+        return Scope.AGENT
+    return Scope.USER
+
+
 def visible(r: MemoryRecord, reader: Reader, scopes: tuple[str, ...] | None = None) -> bool:
     """A SESSION record is its session's, a USER record its member's: no one else reads
     either, whatever scopes the reader asks for."""

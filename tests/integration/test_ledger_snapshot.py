@@ -1,6 +1,6 @@
 """A ledger snapshots its partitions as it goes, and a recovery folds only the events after
 the snapshot, into the same state as a fold of the whole partition. A snapshot whose last
-event is not in the log is ignored."""
+event is not in the log is ignored. Who gave each recent command survives both recoveries."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from events import AddMemory, TurnOutcome, encode
+from events import AddMemory, AgentConfig, ConfigureAgent, TurnOutcome, encode
+from events.codec import decode
+from events.record import Provenance, Source
 from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS
 from settings import Settings
@@ -19,7 +21,7 @@ from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
 from workers import ledger_snapshot
 from workers.kafka_io import ensure_topics
-from workers.ledger import LedgerProcessor
+from workers.ledger import LedgerProcessor, caller_of
 from workers.runtime import Runner
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -95,3 +97,52 @@ async def test_recovery_starts_at_the_snapshot_and_folds_to_the_same_state(setti
     stale = LedgerProcessor(s)
     assert await stale._recover(partition) == len(events)
     same_state(stale.states[partition], live)
+
+
+async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_command_id(settings, tmp_path):
+    """Who gave each command rides on its events (a header), so a ledger that folded the log
+    again, from the start or from a snapshot, still answers a retry with the events and
+    another member's reuse of the id with a refusal, never with the first member's record."""
+    s = Settings(topic_prefix=f"{settings.topic_prefix}reuse{uuid.uuid4().hex[:6]}.", data_dir=tmp_path)
+    await ensure_topics(s)
+    agent = "reuser"
+    scopes = {"read": ["user"], "write": ["user"]}
+    config = ConfigureAgent(command_id="cfg", tenant="t", agent=agent, issued_at=T0,
+                            config=AgentConfig.model_validate({"memory": {"scope": scopes}}))
+    alice = AddMemory(command_id="idem-1", tenant="t", agent=agent, issued_at=T0, user="alice", session="s1",
+                      summary="Alice's PIN hint is her cat's name",
+                      provenance=Provenance(source=Source.TOOL, user="alice", session="s1"))
+    bob = alice.model_copy(update={"user": "bob", "provenance": Provenance(source=Source.TOOL, user="bob",
+                                                                           session="s1")})
+    partition = COMMANDS.partition_of(COMMANDS.key_bytes(alice))
+    await send(s, [config, alice])
+
+    ledger = LedgerProcessor(s)
+    task = asyncio.create_task(Runner(ledger, s).run())
+    try:
+        async def added():
+            got = [(e, h) for e, h in await read_topic(s, EVENTS.name, EVENTS.name) if e.agent == agent]
+            return got if any(e.type == "RecordAdded" for e, _ in got) else None
+
+        logged = await eventually(added, timeout=60)
+    finally:
+        ledger.stopping.set()
+        await asyncio.wait_for(task, 30)
+    [(original, headers)] = [(e, h) for e, h in logged if e.command_id == "idem-1"]
+    assert original.record.user == "alice" and caller_of(headers)  # the header is in the log
+
+    async def answers(recovered: LedgerProcessor, offset: int) -> None:
+        [e] = [decode(EVENTS.name, o.value) for o in await recovered.process(COMMANDS.name, partition, offset, bob)]
+        assert (e.type, e.code, e.field) == ("CommandRejected", "DUPLICATE_ID", "command_id")
+        retry = alice.model_copy(update={"issued_at": T0.replace(minute=5)})
+        [again] = [decode(EVENTS.name, o.value) for o in await recovered.process(COMMANDS.name, partition,
+                                                                                 offset + 1, retry)]
+        assert again == original
+
+    whole = LedgerProcessor(s)
+    whole.snapshot_every = 1  # and leaves a snapshot of what it folded
+    assert await whole._recover(partition) == len(logged)
+    await answers(whole, 100)
+    from_snapshot = LedgerProcessor(s)
+    assert await from_snapshot._recover(partition) == 0
+    await answers(from_snapshot, 200)

@@ -147,14 +147,23 @@ USER_TURN = TURN.model_copy(update={"user": "u1", "end_user": "e1"})
 USER_SCOPE = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(read=["user"], write=["user"])))
 
 
-def test_user_scope_is_allowed_only_with_a_user_and_the_default_follows_session_user_agent():
+def _fallback(cfg: AgentConfig, turn: TurnCommitted) -> Scope:
+    """The scope `to_commands` gives a proposal that names none."""
+    answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "no scope named"}]})
+    [cmd] = r.to_commands(turn, cfg, answer, [msg(0)], r.Handles(), "m").commands
+    return cmd.scope
+
+
+def test_user_scope_is_allowed_only_with_a_user_and_the_default_follows_user_session_agent():
     both = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(write=["session", "user", "agent"])))
     assert r.allowed_scopes(both, "s1", "u1") == ["session", "user", "agent"]
     assert r.allowed_scopes(both, None, "u1") == ["user", "agent"]
     assert r.allowed_scopes(USER_SCOPE, "s1", None) == []
-    assert r.default_scope(both, "s1", "u1") == "session"
-    assert r.default_scope(both, None, "u1") == "user"
-    assert r.default_scope(both, None, None) == "agent"
+    # A named member wins over the session: a member's facts never land in session scope.
+    assert _fallback(both, USER_TURN) is Scope.USER
+    assert _fallback(both, USER_TURN.model_copy(update={"session": None})) is Scope.USER
+    assert _fallback(both, TURN) is Scope.SESSION
+    assert _fallback(both, TURN.model_copy(update={"session": None})) is Scope.AGENT
     assert "user" in r.answer_schema()["properties"]["candidates"]["items"]["properties"]["scope"]["enum"]
     # The model is told the scopes it may use.
     system = r.build_messages(USER_SCOPE, "s1", [msg(0)], r.Handles(), "u1")[0]["content"]
@@ -249,3 +258,29 @@ def test_a_message_sent_again_is_passed_to_a_review_once():
     facts.drop_below(2)
     assert facts.first_seen == {"a": 2, "b": 2, "c": 2, "d": 3}
     assert observe(4, ["d", "e"], review=True) == ["e"]
+
+
+@pytest.mark.parametrize("write", [["session"], ["user"], ["agent"], ["session", "user"], ["session", "agent"],
+                                   ["user", "agent"], ["session", "user", "agent"]])
+@pytest.mark.parametrize("session", ["s1", None])
+@pytest.mark.parametrize("user", ["u1", None])
+def test_a_proposal_naming_no_scope_gets_the_scope_the_ledger_would_give_it(write, session, user):
+    """One rule (`visibility.default_scope`) for both: a review's proposal and the same write
+    naming no scope land alike, except that a review never proposes session scope without a
+    session (the ledger keeps it and refuses the write for want of one)."""
+    from events.rules.ledger import LedgerState, decide
+
+    cfg = AgentConfig(memory=MemoryConfig(scope=ScopeConfig(read=write, write=write)))
+    turn = TURN.model_copy(update={"session": session, "user": user})
+    proposed = _fallback(cfg, turn)
+    written = decide(LedgerState(configs={"t/a": cfg}), AddMemory(command_id="c", tenant="t", agent="a",
+                                                                  issued_at=NOW, summary="x", session=session,
+                                                                  user=user))[0]
+    ledger = written.record.scope if written.type == "RecordAdded" else None
+    if ledger is not None:
+        assert proposed is ledger
+    elif session is None and "session" in write and written.field == "session":
+        assert proposed is not Scope.SESSION  # the review picks what its turn can fill instead
+    else:
+        # Neither can be written (user scope without a user, say): both are refused.
+        assert proposed.value.lower() not in r.allowed_scopes(cfg, session, user)

@@ -1,4 +1,5 @@
-"""A snapshot's state decodes to the state it was taken of; one of an older format is not read."""
+"""A snapshot's state decodes to the state it was taken of; one of an older format is not read.
+Who gave each recent command survives a snapshot and a recovery from the log."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from events.commands import WORKSPACE, EraseSubject, GrantConsent, RemoveAgent, RemoveUser
+from events.codec import decode
+from events.commands import WORKSPACE, AddMemory, EraseSubject, GrantConsent, RemoveAgent, RemoveUser
 from events.record import Provenance, Source
+from events.rules.ledger import LedgerState, caller, command_key
+from events.topics import COMMANDS, EVENTS
+from settings import Settings
 from tests.unit.test_ledger_rules import NOW, Ledger, _outcome_at, nid
+from workers.ledger import LedgerProcessor, RecentCommands, caller_of
 from workers.ledger_snapshot import FORMAT, Snapshot, decode_state, encode_state, read, write
 
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats", "consent",
-          "removed_agents", "removed_users", "subject_records")
+          "granted_at", "erased_at", "removed_agents", "removed_users", "subject_records")
 
 
 def _subject_commands(led):
@@ -39,15 +45,18 @@ def test_a_snapshot_holds_every_part_of_the_state():
     _outcome_at(led, later, "x:3:1")
     led.add("staged, still open", turn_ref="x:1:1", issued_at=later, user="u1")
     led.curate("conventions", "add", line="Tabs, not spaces", user="u1")
-    recent = OrderedDict([("c1", [b"e1", b"e2"]), ("c2", [b"e3"])])
-    state, kept = decode_state(encode_state(led.state, recent))
+    recent = OrderedDict([("c1", [b"e1", b"e2"]), ("c2", [b"e3"]), ("c3", [b"e4"])])
+    callers = {"c1": "caller-1", "c2": None}  # c3's caller is not known either
+    state, kept = decode_state(encode_state(led.state, recent, callers))
     for name in FIELDS:
         assert dict(getattr(state, name)) == dict(getattr(led.state, name)), name
         assert getattr(led.state, name), f"the scenario leaves {name} empty"
     assert state.turns_since == led.state.turns_since
-    assert kept == list(recent.items())
+    assert kept == [("c1", "caller-1", [b"e1", b"e2"]), ("c2", None, [b"e3"]), ("c3", None, [b"e4"])]
     assert state.subject_records["t/a|u:u1"] and state.subject_records["t/a|u:u2"] == ()
-    assert state.stats["t/a|u:u1"]["live"] == 1
+    # u1's fact, the pinned one and the two committed in turns: a write naming a member takes user scope.
+    assert state.stats["t/a|u:u1"]["live"] == 4
+    assert state.granted_at == {"t/a|u:u1": NOW, "t/a|u:u2": NOW} and state.erased_at == {"t/a|u:u2": NOW}
 
 
 def test_a_snapshot_of_another_format_is_not_read(tmp_path):
@@ -71,3 +80,68 @@ def test_a_state_without_the_subject_mappings_does_not_decode():
     del body["consent"]
     with pytest.raises(msgspec.ValidationError, match="consent"):
         decode_state(msgspec.msgpack.encode(body))
+
+
+@pytest.mark.parametrize("name", ["granted_at", "erased_at"])
+def test_a_state_without_the_times_of_grants_and_erasures_does_not_decode(name):
+    """Read as "none", a format 4 body would take a late write of an erased member's memory."""
+    body = msgspec.msgpack.decode(encode_state(Ledger().state, OrderedDict()))
+    del body[name]
+    with pytest.raises(msgspec.ValidationError, match=name):
+        decode_state(msgspec.msgpack.encode(body))
+
+
+# --------------------------------------------------------------------------- who gave a recent command
+
+
+def _alice(**kw):
+    return AddMemory(command_id="idem-1", tenant="t", agent="a", issued_at=kw.pop("issued_at", NOW), user="alice",
+                     session="s1", summary="Alice's PIN hint is her cat's name", scope="USER",
+                     provenance=Provenance(source=Source.TOOL, user="alice", session="s1"), **kw)
+
+
+def _bob():
+    return _alice(issued_at=NOW + timedelta(seconds=1)).model_copy(update={
+        "user": "bob", "provenance": Provenance(source=Source.TOOL, user="bob", session="s1")})
+
+
+def _ledger(state, recent) -> LedgerProcessor:
+    ledger = LedgerProcessor(Settings())
+    ledger.states[0], ledger.processed[0] = state, recent
+    return ledger
+
+
+async def _codes(ledger, cmd, offset):
+    outs = await ledger.process(COMMANDS.name, 0, offset, cmd)
+    return [(e.type, getattr(e, "code", None)) for e in (decode(EVENTS.name, o.value) for o in outs)], outs
+
+
+async def test_every_event_names_its_caller_and_a_snapshot_keeps_it():
+    """After a restart from a snapshot, another caller reusing an id is still refused, and the
+    first caller's retry still answered."""
+    live = _ledger(Ledger(scope={"read": ["user"], "write": ["user"]}).state, RecentCommands())
+    _, first = await _codes(live, _alice(), 0)
+    assert all(caller_of(o.headers) == caller(_alice()) for o in first) and first
+    body = encode_state(live.states[0], live.processed[0].events, live.processed[0].callers)
+    state, recent = decode_state(body)
+    restarted = _ledger(state, RecentCommands.restored(recent))
+    assert (await _codes(restarted, _bob(), 1))[0] == [("CommandRejected", "DUPLICATE_ID")]
+    _, again = await _codes(restarted, _alice(issued_at=NOW + timedelta(seconds=2)), 2)
+    assert [o.value for o in again] == [o.value for o in first]
+
+
+async def test_a_recovery_from_the_log_reads_the_callers_from_the_events_headers():
+    """What `LedgerProcessor._recover` does with each event it reads (the whole of it runs
+    against Kafka in tests/integration/test_ledger_snapshot.py); an event logged without the
+    header answers no caller: a reuse is refused rather than guessed to be a retry."""
+    live = _ledger(Ledger(scope={"read": ["user"], "write": ["user"]}).state, RecentCommands())
+    _, first = await _codes(live, _alice(), 0)
+    for headers, retry in ((lambda o: o.headers, [("RecordAdded", None)]),
+                           (lambda o: (), [("CommandRejected", "DUPLICATE_ID")])):
+        recent = RecentCommands()
+        for o in first:
+            e = decode(EVENTS.name, o.value)
+            recent.add(command_key(e.tenant, e.agent, e.command_id), o.value, caller_of(headers(o)))
+        recovered = _ledger(LedgerState(), recent)
+        assert (await _codes(recovered, _bob(), 1))[0] == [("CommandRejected", "DUPLICATE_ID")]
+        assert (await _codes(recovered, _alice(issued_at=NOW + timedelta(seconds=2)), 2))[0] == retry

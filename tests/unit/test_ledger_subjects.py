@@ -1,13 +1,18 @@
 """The ledger's subject rules (seed 004): user scope, per-subject caps and uniqueness, who may
-address a member's record, consent, erasure, removals and `memory.fact_chars`. Pure."""
+address a member's record, consent (as of when a write was made), erasure, removals and
+`memory.fact_chars`. Pure, but for the last part: the ledger worker's answer to a command id
+reused by another caller."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 
 from events import (
     AgentConfig,
     ConfigureAgent,
+    CurateBlock,
     DeleteMemory,
     EditMemory,
     PinMemory,
@@ -15,10 +20,14 @@ from events import (
     TurnOutcome,
     UnpinMemory,
 )
+from events.codec import decode
 from events.commands import WORKSPACE, AddMemory, EraseSubject, GrantConsent, RemoveAgent, RemoveUser, WithdrawConsent
 from events.record import LIVE, Provenance, Scope, Source, Status
-from events.rules.ledger import LIVE_FACT_CAP, LedgerState, decide, evolve, get_record
+from events.rules.ledger import LIVE_FACT_CAP, LedgerState, caller, decide, evolve, get_record
+from events.topics import EVENTS, REDELIVERED
+from settings import Settings
 from tests.unit.test_ledger_rules import NOW, Ledger, nid, only
+from workers.ledger import LedgerProcessor, RecentCommands, caller_of
 
 USER_SCOPES = {"read": ["session", "user", "agent"], "write": ["session", "user", "agent"]}
 OPERATOR = Provenance(source=Source.OPERATOR)
@@ -62,14 +71,18 @@ def withdraw(led, user, **kw):
         (["session"], "s1", "u1", "SESSION"),
         (["session", "agent"], "s1", None, "SESSION"),
         (["user"], "s1", "u1", "USER"),
-        (["session", "user"], "s1", "u1", "SESSION"),
+        # A named member wins over the session: a member's fact never lands in session scope,
+        # where an operator reads it.
+        (["session", "user"], "s1", "u1", "USER"),
         (["session", "user"], None, "u1", "USER"),
+        (["session", "user"], "s1", None, "SESSION"),
+        (["session", "user", "agent"], "s1", "u1", "USER"),
         (["user", "agent"], "s1", "u1", "USER"),
         (["user", "agent"], "s1", None, "AGENT"),
         (["agent"], "s1", "u1", "AGENT"),
     ],
 )
-def test_a_write_naming_no_scope_takes_session_then_user_then_agent(write, session, user, scope):
+def test_a_write_naming_no_scope_takes_user_then_session_then_agent(write, session, user, scope):
     led = Ledger(scope={"read": write, "write": write})
     r = added(led.add("Prefers tea", session=session, user=user))
     assert r.scope.value == scope
@@ -183,13 +196,19 @@ def test_a_member_reaches_their_own_record_from_any_session():
     assert d.record.status is Status.DELETED
 
 
-def test_an_operator_deletes_a_members_record_and_nothing_more():
+def test_an_operator_never_addresses_a_members_record_and_erases_through_the_subject():
     led, mine, theirs = _two_members()
-    rejected(led.run(EditMemory(**common(record_id=mine.id, summary="u1 has a hamster", provenance=OPERATOR))),
-             "NOT_FOUND", "record_id")
-    rejected(led.run(PinMemory(**common(record_id=theirs.id, provenance=OPERATOR))), "NOT_FOUND", "record_id")
-    d = only(led.run(DeleteMemory(**common(record_id=mine.id, provenance=OPERATOR))), "RecordDeleted")
-    assert d.record.status is Status.DELETED and d.record.provenance.source is Source.OPERATOR
+    for cmd in (EditMemory(**common(record_id=mine.id, summary="u1 has a hamster", provenance=OPERATOR)),
+                PinMemory(**common(record_id=theirs.id, provenance=OPERATOR)),
+                UnpinMemory(**common(record_id=mine.id, provenance=OPERATOR)),
+                DeleteMemory(**common(record_id=mine.id, provenance=OPERATOR)),
+                ReportOutcome(**common(record_id=mine.id, success=True, provenance=OPERATOR))):
+        e = rejected(led.run(cmd), "NOT_FOUND", "record_id")
+        assert e.reason == f"record {cmd.record_id} does not exist for this agent"  # as for a missing record
+    assert get_record(led.state, "t/a", mine.id) == mine
+    erased = led.run(EraseSubject(**common(user="u1", provenance=OPERATOR)))
+    assert [(e.type, getattr(e, "record", None) and e.record.id) for e in erased] == [("RecordDeleted", mine.id),
+                                                                                     ("ConsentWithdrawn", None)]
 
 
 def test_a_member_edits_their_own_fact_as_an_operator_would_and_it_stays_theirs():
@@ -225,6 +244,86 @@ def test_a_member_key_only_edits_deletes_and_grants(cls):
     led, mine, _ = _two_members()
     fields = {AddMemory: {"summary": "a new fact", "scope": "USER"}, PinMemory: {"record_id": mine.id}}.get(cls, {})
     rejected(led.run(cls(**common(user="u1", provenance=MEMBER, **fields))), "FORBIDDEN", None)
+
+
+@pytest.mark.parametrize("cmd", [
+    lambda rid: AddMemory(**common(summary="u1 has a parrot", user="u1", provenance=OPERATOR)),
+    lambda rid: AddMemory(**common(summary="u1 has a parrot", scope="USER", provenance=OPERATOR)),
+    lambda rid: AddMemory(**common(summary="an office fact", scope="AGENT", user="u1", provenance=OPERATOR)),
+    lambda rid: DeleteMemory(**common(record_id=rid, user="u1", provenance=OPERATOR)),
+    lambda rid: EditMemory(**common(record_id=rid, summary="x", user="u1", provenance=OPERATOR)),
+    lambda rid: PinMemory(**common(record_id=rid, user="u1", provenance=OPERATOR)),
+    lambda rid: CurateBlock(**common(label="conventions", action="add", line="Tabs", user="u1", provenance=OPERATOR)),
+])
+def test_an_operator_never_writes_a_members_memory(cmd):
+    led, _, _ = _two_members()
+    agent_wide = added(led.add("Office closes at six", scope="AGENT"))
+    before = dict(led.state.records)
+    e = rejected(led.run(cmd(agent_wide.id)), "FORBIDDEN", "user")
+    assert e.reason == "an operator never writes a member's memory"
+    assert dict(led.state.records) == before
+
+
+def test_an_operator_still_writes_agent_memory_and_withdraws_erases_and_removes_members():
+    led, mine, _ = _two_members()
+    assert added(led.add("Office closes at six", scope="AGENT", session=None, provenance=OPERATOR)).user is None
+    rejected(led.run(GrantConsent(**common(user="u1", provenance=OPERATOR))), "FORBIDDEN", "user")
+    only(led.run(WithdrawConsent(**common(user="u1", provenance=OPERATOR))), "ConsentWithdrawn")
+    assert [e.type for e in led.run(EraseSubject(**common(user="u1", provenance=OPERATOR)))] == [
+        "RecordDeleted", "ConsentWithdrawn"]
+    only(led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR))), "UserRemoved")
+    # A member still edits their own fact (theirs is u2's: u2 edits it).
+    r = added(fact(led, "u2 keeps a fish", "u2"))
+    _, new = led.run(EditMemory(**common(record_id=r.id, user="u2", summary="u2 keeps two fish", provenance=MEMBER)))
+    assert (new.record.scope, new.record.user) == (Scope.USER, "u2")
+
+
+# --------------------------------------------------------------------------- replacing a member's fact
+
+
+def test_a_replacement_of_a_members_fact_asking_another_scope_is_refused():
+    led, mine, _ = _two_members()
+    for scope in ("AGENT", "SESSION"):
+        e = rejected(led.add("u1 has two cats", user="u1", scope=scope, replaces=mine.id), "SCOPE_NOT_ALLOWED",
+                     "scope")
+        assert f"its replacement stays in scope USER, not {scope}" in e.reason
+    rejected(led.add("u1 has two cats", user="u1", scope="AGENT", replaces=mine.id, turn_ref="x:1:1"),
+             "SCOPE_NOT_ALLOWED", "scope")  # refused before it is staged, too
+    assert get_record(led.state, "t/a", mine.id) == mine
+
+
+def test_a_replacement_of_a_members_fact_stays_theirs_whatever_the_default_scope():
+    led, mine, _ = _two_members()
+    sup, new = led.add("u1 has two cats", user="u1", replaces=mine.id)
+    assert (sup.record.id, new.record.scope, new.record.user) == (mine.id, Scope.USER, "u1")
+    # The agent no longer writes user scope: its default would be the session's; the member's
+    # fact is not moved there, and the replacement is refused.
+    led.run(ConfigureAgent(**common(config=AgentConfig.model_validate({"memory": {
+        "pinned": {"max_tokens": 2000}, "scope": {"read": ["session", "agent"], "write": ["session", "agent"]}}}))))
+    e = rejected(led.add("u1 has three cats", user="u1", replaces=new.record.id), "SCOPE_NOT_ALLOWED", "scope")
+    assert "scope USER is not allowed" in e.reason
+    assert get_record(led.state, "t/a", new.record.id).status is Status.ACTIVE
+
+
+# --------------------------------------------------------------------------- index keys
+
+
+def test_ids_and_keys_holding_colons_never_share_an_index_slot():
+    """Joined bare with ':', member "a" with key "0:fact:x" and member "a:0:fact" with key "x"
+    gave one key-index entry: the second member's fact was a CONFLICT with the first's."""
+    from events.rules.ledger_subjects import dup_scope, key_entry, key_slots_seen
+
+    led = Ledger(scope=USER_SCOPES, kinds=["fact", "k"])
+    first = added(fact(led, "a's fact", "a", kind="fact", key="0:fact:x"))
+    second = added(fact(led, "another member's fact", "a:0:fact", kind="fact", key="x", session="s2"))
+    assert second.status is Status.ACTIVE
+    # Sessions alike: session "s:0:k" with key "y", and session "s" with key "0:k:y".
+    s1 = added(led.add("in one session", scope="SESSION", session="s:0:k", kind="k", key="y"))
+    s2 = added(led.add("in another session", scope="SESSION", session="s", kind="k", key="0:k:y"))
+    assert (s1.status, s2.status) == (Status.ACTIVE, Status.ACTIVE)
+    entries = {key_entry(seen, r.kind, r.key) for r in (first, s1) for seen in key_slots_seen(r)}
+    assert entries.isdisjoint(key_entry(seen, r.kind, r.key) for r in (second, s2) for seen in key_slots_seen(r))
+    assert len({dup_scope(r) for r in (first, second, s1, s2)}) == 4
 
 
 # --------------------------------------------------------------------------- consent
@@ -302,6 +401,102 @@ def test_a_write_staged_before_a_withdrawal_is_refused_when_its_turn_commits():
     assert (events[1].code, events[1].field) == ("CONSENT_REQUIRED", "user")
     assert events[2].record.user == "u2"
     assert led.state.subject_records.get("t/a|u:u1", ()) == ()
+
+
+# --------------------------------------------------------------------------- when a write was made
+
+
+def _at(minutes):
+    return NOW + timedelta(minutes=minutes)
+
+
+def test_a_write_made_before_the_grant_in_force_is_refused_however_late_it_arrives():
+    """A lagging review (or a retry from the dead-letter topic) of a turn from a withdrawn
+    period is applied after a new grant: consent is asked as of when the write was made."""
+    led = _consenting()
+    grant(led, "u1", issued_at=_at(0))
+    withdraw(led, "u1", issued_at=_at(10))
+    grant(led, "u1", issued_at=_at(20))
+    review = Provenance(source=Source.EXTRACTION)
+    e = rejected(fact(led, "said while withdrawn", "u1", issued_at=_at(15), provenance=review), "CONSENT_REQUIRED",
+                 "user")
+    assert e.reason.startswith(f"this write was made before the member's consent at {_at(20).isoformat()}")
+    rejected(fact(led, "said before the withdrawal", "u1", issued_at=_at(5)), "CONSENT_REQUIRED", "user")
+    added(fact(led, "said at the grant", "u1", issued_at=_at(20), provenance=review))
+    added(fact(led, "said after it", "u1", issued_at=_at(21)))
+    # Another member's grant is their own.
+    grant(led, "u2", issued_at=_at(30))
+    rejected(fact(led, "u2 before their grant", "u2", issued_at=_at(25)), "CONSENT_REQUIRED", "user")
+
+
+def test_a_write_staged_in_a_withdrawn_period_is_refused_when_applied_after_a_new_grant():
+    led = _consenting()
+    grant(led, "u1", issued_at=_at(0))
+    only(fact(led, "staged while granted", "u1", turn_ref="x:1:1", issued_at=_at(1)), "WriteStaged")
+    withdraw(led, "u1", issued_at=_at(2))
+    grant(led, "u1", issued_at=_at(3))
+    events = led.run(TurnOutcome(**common(turn_ref="x:1:1", committed=True, issued_at=_at(4))))
+    assert [(e.type, getattr(e, "code", None)) for e in events] == [("TurnResolved", None),
+                                                                    ("CommandRejected", "CONSENT_REQUIRED")]
+
+
+def test_consent_not_required_takes_writes_made_before_a_grant():
+    led = Ledger(scope=USER_SCOPES)
+    grant(led, "u1", issued_at=_at(10))
+    added(fact(led, "made before the grant", "u1", issued_at=_at(5)))
+
+
+@pytest.mark.parametrize("consent", ["required", "not_required"])
+def test_a_write_made_before_an_erasure_is_refused_after_it(consent):
+    led = Ledger(scope=USER_SCOPES, consent=consent)
+    grant(led, "u1", issued_at=_at(0))
+    only(fact(led, "staged before the erasure", "u1", turn_ref="x:1:1", issued_at=_at(1)), "WriteStaged")
+    led.run(EraseSubject(**common(user="u1", provenance=OPERATOR, issued_at=_at(2))))
+    grant(led, "u1", issued_at=_at(3))
+    events = led.run(TurnOutcome(**common(turn_ref="x:1:1", committed=True, issued_at=_at(4))))
+    assert [e.type for e in events] == ["TurnResolved", "CommandRejected"]
+    assert (events[1].code, events[1].field) == ("SUBJECT_REMOVED", "user")
+    assert events[1].reason.startswith("this write was made before the member's memory was erased")
+    e = rejected(fact(led, "a late review of the erased memory", "u1", issued_at=_at(1)), "SUBJECT_REMOVED", "user")
+    assert _at(2).isoformat() in e.reason
+    assert led.state.subject_records.get("t/a|u:u1", ()) == ()  # nothing of the erased memory came back
+    added(fact(led, "made after the new grant", "u1", issued_at=_at(5)))
+
+
+# --------------------------------------------------------------------------- deletes after a withdrawal
+
+
+@pytest.mark.parametrize("source", [Source.EXTRACTION, Source.TOOL])
+def test_a_review_or_tool_delete_of_a_subject_without_consent_is_refused(source):
+    led = _consenting()
+    grant(led, "u1")
+    r = added(fact(led, "Prefers tea", "u1"))
+    withdraw(led, "u1")
+    e = rejected(led.run(DeleteMemory(**common(record_id=r.id, user="u1", session="s1",
+                                               provenance=Provenance(source=source)))), "CONSENT_REQUIRED", "user")
+    assert "withdrew consent" in e.reason
+    assert get_record(led.state, "t/a", r.id).status is Status.ACTIVE  # withdrawal deletes nothing
+    only(led.run(DeleteMemory(**common(record_id=r.id, user="u1", provenance=MEMBER))), "RecordDeleted")
+
+
+def test_a_staged_delete_is_refused_when_its_turn_commits_after_a_withdrawal():
+    led = _consenting()
+    grant(led, "u1")
+    r = added(fact(led, "Prefers tea", "u1"))
+    only(led.run(DeleteMemory(**common(record_id=r.id, user="u1", session="s1", turn_ref="x:1:1"))), "WriteStaged")
+    withdraw(led, "u1")
+    events = led.run(TurnOutcome(**common(turn_ref="x:1:1", committed=True)))
+    assert [(e.type, getattr(e, "code", None)) for e in events] == [("TurnResolved", None),
+                                                                    ("CommandRejected", "CONSENT_REQUIRED")]
+    assert get_record(led.state, "t/a", r.id).status is Status.ACTIVE
+
+
+def test_an_operator_deletes_agent_records_without_a_members_consent():
+    led = _consenting()
+    grant(led, "u1")
+    r = added(led.add("Office closes at six", scope="AGENT", user="u1"))
+    withdraw(led, "u1")
+    only(led.run(DeleteMemory(**common(record_id=r.id, provenance=OPERATOR))), "RecordDeleted")
 
 
 # --------------------------------------------------------------------------- erasure
@@ -432,3 +627,60 @@ def test_a_scratch_state_leaves_the_subject_mappings_of_the_real_one_alone():
     scratch.subject_records["t/a|u:u1"] = ()
     scratch.stats["t/a|u:u1"] = {"live": 0, "pinned_chars": 0}
     assert {name: dict(getattr(led.state, name)) for name in before} == before
+
+
+# --------------------------------------------------------------------------- a reused command id (the ledger worker)
+
+
+def _worker():
+    ledger = LedgerProcessor(Settings())
+    led = Ledger(scope=USER_SCOPES)
+    ledger.states[0], ledger.processed[0] = led.state, RecentCommands()
+    return ledger
+
+
+def _events(outs):
+    return [decode(EVENTS.name, getattr(o, "value", o)) for o in outs]
+
+
+ALICE = dict(command_id="idem-1", tenant="t", agent="a", user="alice", session="s-alice",
+             provenance=Provenance(source=Source.TOOL, user="alice", session="s-alice"))
+
+
+@pytest.mark.parametrize("who", [
+    {"user": "bob", "session": "s-bob", "provenance": Provenance(source=Source.TOOL, user="bob", session="s-bob")},
+    {"user": "bob", "provenance": Provenance(source=Source.TOOL, user="bob", session="s-alice")},  # same session
+    {"user": None, "session": None, "provenance": Provenance(source=Source.OPERATOR)},
+    {"user": "bob", "session": None, "provenance": Provenance(source=Source.MEMBER, user="bob")},
+    {"session": "s-other", "provenance": Provenance(source=Source.TOOL, user="alice", session="s-other")},
+])
+async def test_a_command_id_reused_by_another_caller_is_refused_not_answered_with_the_first_callers_events(who):
+    ledger = _worker()
+    first = _events(await ledger.process("memlane.memory.commands", 0, 0, AddMemory(
+        **ALICE, issued_at=NOW, summary="Alice's PIN hint is her cat's name", scope="USER")))
+    assert [e.type for e in first] == ["RecordAdded"]
+    records = dict(ledger.states[0].records)
+    # Another caller sends a command under the id alice used (a delete, an add: whatever it is).
+    other = DeleteMemory(**{**ALICE, **who}, issued_at=_at(1), record_id="guess")
+    outs = await ledger.process("memlane.memory.commands", 0, 1, other)
+    [e] = _events(outs)
+    assert (e.type, e.code, e.field, e.last) == ("CommandRejected", "DUPLICATE_ID", "command_id", True)
+    assert e.reason == "command id idem-1 was already used by another caller; use a new id"
+    assert e.event_id != first[0].event_id
+    assert "Alice" not in outs[0].value.decode()
+    # Written as a copy: never folded, never taken for the id's own events on recovery; and
+    # naming its own caller, not alice's.
+    assert (REDELIVERED, b"1") in outs[0].headers
+    assert caller_of(outs[0].headers) == caller(other) != caller(AddMemory(**ALICE, issued_at=NOW, summary="x"))
+    assert dict(ledger.states[0].records) == records
+    assert [_events(raws) for raws in ledger.processed[0].events.values()] == [first]  # still alice's alone
+
+
+async def test_a_retry_rebuilt_with_a_new_time_still_gets_its_events_back():
+    ledger = _worker()
+    cmd = AddMemory(**ALICE, issued_at=NOW, summary="Alice likes jazz", scope="USER")
+    first = await ledger.process("memlane.memory.commands", 0, 0, cmd)
+    retry = cmd.model_copy(update={"issued_at": _at(1)})  # an API retry makes the command again
+    again = await ledger.process("memlane.memory.commands", 0, 1, retry)
+    assert [o.value for o in again] == [o.value for o in first]
+    assert {caller_of(o.headers) for o in first + again} == {caller(cmd)}
