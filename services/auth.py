@@ -35,6 +35,9 @@ class Principal:
     role: Role
     key_id: str | None = None
     user: str | None = None  # a member key's member
+    # The deployment's own operator key (settings, never stored): set by `KeyStore.resolve`
+    # alone, so no issued key, whatever its entry holds, is ever taken for it.
+    deployment: bool = False
 
     @property
     def can_write(self) -> bool:
@@ -92,7 +95,7 @@ class KeyStore:
         if not key:
             return None
         if self.operator_key and secrets.compare_digest(key.encode("utf-8", "surrogatepass"), self.operator_key):
-            return Principal(self.operator_tenant, None, "operator")
+            return Principal(self.operator_tenant, None, "operator", deployment=True)
         digest = _hash(key)
         raw = await self.r.get(self._key(digest))
         if not raw:
@@ -112,6 +115,20 @@ class KeyStore:
         user. Never a key or its hash."""
         rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
         out = [{k: v for k, v in row.items() if k != "hash"} for row in rows]
+        return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
+
+    async def revoke_member(self, tenant: str, user: str) -> list[dict[str, Any]]:
+        """Revokes every member key of `user` in the tenant at once (the member was removed);
+        the revoked keys' public entries, oldest first."""
+        rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
+        mine = [row for row in rows if row.get("role") == "member" and row.get("user") == user]
+        if mine:
+            async with self.r.pipeline(transaction=True) as p:
+                for row in mine:
+                    p.delete(self._key(row["hash"]))
+                    p.hdel(self._index(tenant), row["id"])
+                await p.execute()
+        out = [{k: v for k, v in row.items() if k != "hash"} for row in mine]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
 
     async def revoke(self, tenant: str, kid: str) -> dict[str, Any] | None:

@@ -194,7 +194,8 @@ class MemlaneClient:
         return await self._call("DELETE", "/v1/agent")
 
     async def remove_user(self, user: str) -> dict[str, Any]:
-        """Operator keys: no agent of the tenant serves the member's memory again."""
+        """Operator keys: no agent of the tenant serves the member's memory again, and their member
+        keys are revoked (`revoked_keys`)."""
         return await self._call("DELETE", f"/v1/users/{user}")
 
 

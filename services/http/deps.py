@@ -7,12 +7,15 @@ agent, or, bound to every agent of its tenant, on the agent X-Agent names.
 `X-User` names the member a call speaks for (the subject of user-scope memory, with the tenant
 and agent): an agent or helper key may name any member of its platform (the platform vouches for
 its signed-in members); a member key's member is its own, and naming another is refused; an
-operator key names one only to read or change a member's consent, never to read their facts.
-`X-Channel` names the session's channel (memory.channels).
+operator key names one only to read or change a member's consent, never to read or write their facts.
+`X-Channel` names the session's channel (memory.channels). X-Agent, X-User, X-Tenant and
+X-Channel are checked as ids wherever they are read (422 naming the header); X-Agent never
+names the workspace (`@workspace`), which holds blocks, not an agent's memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated
 
@@ -45,6 +48,16 @@ def checked_user(user: str | None, field: str = "x-user") -> str | None:
     return user
 
 
+def checked_agent(agent: str | None, field: str = "x-agent") -> str | None:
+    """An agent a header names: an id (as `checked_user`), and never the workspace's blocks
+    (`@workspace`), which hold no memory of their own and are named by `scope=workspace`."""
+    checked_user(agent, field)
+    if agent == WORKSPACE:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: {WORKSPACE} holds workspace-wide blocks, not "
+                       "an agent's memory; name an agent", 422)
+    return agent
+
+
 def checked_channel(channel: str | None, field: str = "x-channel") -> str | None:
     if channel is not None and not _CHANNEL.fullmatch(channel):
         raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: a channel is 1 to 64 letters, digits, "
@@ -59,9 +72,6 @@ def _member_context(p: Principal, x_agent: str | None, x_user: str | None, x_cha
         if not x_agent:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", "x-agent: this member key holds for every agent "
                            "of its tenant; name the agent (X-Agent)", 422)
-        if x_agent == WORKSPACE:
-            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", f"x-agent: {WORKSPACE} holds workspace-wide "
-                           "blocks, not a member's facts; name an agent", 422)
         agent = x_agent
     elif x_agent and x_agent != p.agent:
         raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this member key belongs to another agent", 403)
@@ -70,19 +80,19 @@ def _member_context(p: Principal, x_agent: str | None, x_user: str | None, x_cha
     if x_user is not None and x_user != p.user:
         raise ApiError(ErrorCode.FORBIDDEN, "x-user", "a member key speaks for its own member only; leave X-User "
                        "out or name that member", 403)
-    return Context(Principal(p.tenant, agent, "member", p.key_id, p.user), agent, user=p.user, channel=x_channel)
+    return Context(dataclasses.replace(p, agent=agent), agent, user=p.user, channel=x_channel)
 
 
 def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref=None, x_execution_id=None,
                     x_turn=None, x_user=None, x_channel=None) -> Context:
-    x_user, x_channel = checked_user(x_user), checked_channel(x_channel)
+    x_user, x_channel, x_agent = checked_user(x_user), checked_channel(x_channel), checked_agent(x_agent)
     if p.role == "member":
         return _member_context(p, x_agent, x_user, x_channel)
     if p.role == "operator":
         if not x_agent or not (x_tenant or p.tenant != "*"):
             raise ApiError(ErrorCode.VALIDATION_FAILED, "x-agent", "an operator key must name X-Tenant and X-Agent")
-        tenant = x_tenant if p.tenant == "*" else p.tenant
-        p = Principal(tenant, x_agent, "operator", p.key_id)
+        tenant = checked_user(x_tenant, "x-tenant") if p.tenant == "*" else p.tenant
+        p = dataclasses.replace(p, tenant=tenant, agent=x_agent)  # the deployment's key stays the deployment's
     elif x_agent and x_agent != p.agent:
         raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this key belongs to another agent", 403)
     return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id, x_turn, user=x_user, channel=x_channel)
@@ -112,13 +122,6 @@ def tenant_of(p: Principal, x_tenant: str | None) -> str:
         raise ApiError(ErrorCode.VALIDATION_FAILED, "x-tenant", "x-tenant: the bootstrap operator key names the "
                        "tenant it acts on (X-Tenant)", 422)
     return checked_user(x_tenant, "x-tenant")
-
-
-def refuse_roles(ctx_or_p: Context | Principal, roles: tuple[str, ...], what: str) -> None:
-    """403 FORBIDDEN naming the key (`authorization`) when its role is one of `roles`."""
-    p = ctx_or_p.principal if isinstance(ctx_or_p, Context) else ctx_or_p
-    if p.role in roles:
-        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"a {p.role} key {what}", 403)
 
 
 def service(request: Request) -> MemoryService:

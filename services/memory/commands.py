@@ -10,7 +10,8 @@ command carries the member it speaks for (`user`); the ledger checks it again, l
 Who sends what: an agent key the tool writes its configuration offers; a member key edits and
 deletes its own user-scope facts and grants or withdraws its consent; an operator key edits,
 deletes, configures, withdraws a member's consent, erases a subject and removes an agent or a
-member, and never reads a member's facts in an answer.
+member, and never writes a member's memory (no write naming X-User or asking user scope). No
+answer carries a record its caller could not read (`readable_by`, the reads' rule).
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ from events.commands import (
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
-from events.record import Provenance, Scope, Source
+from events.record import Provenance, Source
 from events.rules import subjects, write_filter
 from projections.applied_waiter import Key, block_key, record_key
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
-from services.memory.rules import check_role, check_tool, refused
+from services.memory.rules import check_operator_write, check_role, check_tool, default_kind, readable_by, refused
 from settings import Settings
 
 if TYPE_CHECKING:
@@ -80,7 +81,9 @@ class MemoryCommands:
         )
 
     async def _check_tool(self, ctx: Context, tool: str) -> AgentConfig:
-        """The key may make this tool write, and, for an agent's, its subject may have memory now."""
+        """The key may make this tool write (an operator's names no member), and, for an agent's,
+        its subject may have memory now."""
+        check_operator_write(ctx)
         cfg = await self.config(ctx.tenant, ctx.agent)
         check_tool(ctx, cfg, tool, self.settings.memory_kill_switch)
         if ctx.principal.role != "operator":
@@ -94,19 +97,12 @@ class MemoryCommands:
         refused(subjects.refusal(cfg, ctx.user, ctx.channel, state))
 
     async def _check_record(self, ctx: Context, rid: str) -> None:
-        """A record the key may never address is refused here, as the ledger refuses it (the
-        same NOT_FOUND whether or not it exists): a member's user-scope facts are theirs alone,
-        never an operator's or another member's, and a member key addresses nothing else.
-        What the view does not hold yet, the ledger answers."""
+        """A record the key may not read it may not address: refused here, as the ledger refuses
+        it (the same NOT_FOUND whether or not it exists), by the reads' one rule (`readable_by`):
+        a member's user-scope facts are theirs alone, never an operator's or another member's,
+        and a member key addresses nothing else. What the view does not hold yet, the ledger answers."""
         r = await self.records.get(ctx.tenant, ctx.agent, rid)
-        if r is None:
-            return
-        role = ctx.principal.role
-        if r.scope is Scope.USER:
-            hidden = role == "operator" or r.user is None or r.user != ctx.user
-        else:
-            hidden = role == "member"
-        if hidden:
+        if r is not None and not readable_by(ctx, r):
             raise ApiError(ErrorCode.NOT_FOUND, "record_id", f"record {rid} does not exist for this agent", 404)
 
     def _screen(self, ctx: Context, **fields: Any) -> None:
@@ -133,11 +129,15 @@ class MemoryCommands:
         )
 
     async def add(self, ctx: Context, wait: bool = True, **fields: Any) -> dict[str, Any]:
-        await self._check_tool(ctx, "add_memory")
+        """A write that names no kind is of the agent's default kind (`default_kind`)."""
+        cfg = await self._check_tool(ctx, "add_memory")
+        if not fields.get("kind"):
+            fields["kind"] = default_kind(cfg)
         cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
+        check_operator_write(ctx, cmd.scope)
         self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
                      metadata=cmd.metadata)
-        return await self.submit(cmd, wait)
+        return await self.submit(cmd, wait, ctx=ctx)
 
     async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
                      scope: str = "agent", wait: bool = True) -> dict[str, Any]:
@@ -148,14 +148,14 @@ class MemoryCommands:
         await self._check_tool(ctx, "curate_block")
         cmd = self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old)
         self._screen(ctx, label=cmd.label, line=cmd.line)
-        return await self.submit(cmd, wait)
+        return await self.submit(cmd, wait, ctx=ctx)
 
     async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
         """An outcome of applying a procedure, counted on it."""
         await self._check_tool(ctx, "report_outcome")
         await self._check_record(ctx, rid)
         return await self.submit(self._command(ReportOutcome, ctx, record_id=rid, success=success, session=ctx.session),
-                                 wait)
+                                 wait, ctx=ctx)
 
     async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
         """An agent's `delete_memory`, an operator's deletion, or a member deleting their own fact
@@ -163,25 +163,26 @@ class MemoryCommands:
         if ctx.principal.role != "member":
             await self._check_tool(ctx, "delete_memory")
         await self._check_record(ctx, rid)
-        return await self.submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait)
+        return await self.submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait, ctx=ctx)
 
     async def edit(self, ctx: Context, rid: str, wait: bool = True, **fields: Any) -> dict[str, Any]:
         """An operator's edit, or a member's of their own fact: both bypass the write filter
         (seed 004); the same text changes nothing, new text makes a successor (for a member,
         only while consent is granted: the ledger checks)."""
         check_role(ctx, ("operator", "member"), "edit a record; an agent replaces one (add_memory with replaces)")
+        check_operator_write(ctx)
         await self._check_record(ctx, rid)
-        return await self.submit(self._command(EditMemory, ctx, record_id=rid, **fields), wait)
+        return await self.submit(self._command(EditMemory, ctx, record_id=rid, **fields), wait, ctx=ctx)
 
     async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
         await self._check_record(ctx, rid)
         return await self.submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid,
-                                               session=ctx.session), wait)
+                                               session=ctx.session), wait, ctx=ctx)
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
         check_role(ctx, ("operator",), "change an agent's configuration")
-        return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait)
+        return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait, ctx=ctx)
 
     # ------------------------------------------------------------------ subjects
 
@@ -281,7 +282,9 @@ class MemoryCommands:
                     f"worker) did not show {what} within {self.READ_YOUR_WRITES_S:g} s; check that worker")
             await asyncio.sleep(0.02)
 
-    async def submit(self, cmd: Any, wait: bool, outcome: Any = None) -> dict[str, Any]:
+    async def submit(self, cmd: Any, wait: bool, outcome: Any = None, ctx: Context | None = None) -> dict[str, Any]:
+        """Sends `cmd`; with `wait`, answers its outcome: `outcome`'s, or the records it wrote
+        that `ctx` may read (none without a `ctx`)."""
         data = encoded(cmd)
         fut = self.memory.wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
         try:
@@ -299,9 +302,14 @@ class MemoryCommands:
                 ErrorCode.TIMEOUT, None,
                 f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
             ) from None
-        return await (outcome or self._outcome)(cmd, events)
+        if outcome is not None:
+            return await outcome(cmd, events)
+        return await self._outcome(cmd, events, ctx)
 
-    async def _outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
+    async def _outcome(self, cmd: Any, events: list[Any], ctx: Context | None) -> dict[str, Any]:
+        """What the command wrote, as its caller may read it: a record `ctx` could not read
+        (`readable_by`, as the reads decide) is never in the answer, and never gives its id.
+        (A command id another caller used before is answered with that caller's events.)"""
         self._rejected(events)
         result: dict[str, Any] = {"command_id": cmd.command_id, "status": "applied", "memories": []}
         for e in events:
@@ -313,6 +321,8 @@ class MemoryCommands:
             elif e.type == "BlockChanged":
                 result["block"] = {"label": e.label, "text": e.text}
             elif hasattr(e, "record"):
+                if ctx is None or not readable_by(ctx, e.record):
+                    continue
                 result["memories"].append(e.record.model_dump(mode="json"))
                 if getattr(e, "merged", False):
                     result["merged"] = True

@@ -31,7 +31,7 @@ from projections.records import CursorError, Page, encode_cursor, sort_score
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.recalled import RecalledVersions
-from services.memory.rules import check_enabled
+from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
 from services.memory.usage import UsageLog
 from settings import Settings
 
@@ -73,30 +73,6 @@ WALK_BUDGET = 10_000
 # What a recall treats as memory being unreadable: Redis down or timing out, a socket
 # error, the index (Qdrant Edge or a Qdrant server) failing.
 READ_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError, IndexUnavailable)
-
-
-def refused(r: Refusal | None) -> None:
-    """A subject's refusal as a read answers it: 403 with its code and field."""
-    if r is not None:
-        raise ApiError(r.code, r.field, r.reason, 403)
-
-
-def refuse_member(ctx: Context, what: str) -> None:
-    """A member key lists, reads and edits its own facts; it never searches or recalls."""
-    if ctx.principal.role == "member":
-        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"a member key lists, reads and edits the member's own "
-                       f"facts; it cannot {what}", 403)
-
-
-def readable_by(ctx: Context, r: MemoryRecord) -> bool:
-    """Whether `ctx` may read record `r` by id, whatever its status: an operator any record but
-    a member's (USER) facts, a member only their own facts, an agent or helper what `visible` lets it."""
-    role = ctx.principal.role
-    if role == "operator":
-        return r.scope is not Scope.USER and r.tenant == ctx.tenant and r.agent == ctx.agent
-    if role == "member":
-        return r.scope is Scope.USER and visible(r, ctx)
-    return visible(r, ctx)
 
 
 # Time spent embedding the query in this request, for the Server-Timing header.
@@ -174,22 +150,22 @@ class MemoryReads:
         return tuple(s for s in scopes if s != Scope.USER.value) if ctx.principal.role == "operator" else scopes
 
     async def subjects(self, ctx: Context) -> list[dict[str, Any]]:
-        """For an operator: every member of the agent who has user-scope facts or a consent
-        state, with their count of live facts (ACTIVE, PENDING, CONFLICT) and their consent
+        """For an operator: every member of the agent who has live user-scope records or a
+        consent state, with their count of live facts as the live-fact cap counts them (ACTIVE,
+        PENDING, CONFLICT; not episodes or procedures, which are not facts) and their consent
         ("granted", "withdrawn" or None). Never a fact's text.
 
         Cost: it walks the agent's whole listing (every live record, `WALK_PAGE` at a time),
         so it is O(the agent's live records), not O(its members); a per-subject count kept
         by the record view would make it one read."""
-        if ctx.principal.role != "operator":
-            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only an operator key can list an agent's members "
-                           "and their counts", 403)
+        check_role(ctx, ("operator",), "list an agent's members and their counts")
         counts: Counter[str] = Counter()
         cursor = None
         while True:
             page = await self.records.page(ctx.tenant, ctx.agent, WALK_PAGE, cursor)
-            counts.update(r.user for r in page.records
-                          if r.scope is Scope.USER and r.user and r.status in LIVE and not r.preview)
+            for r in page.records:
+                if r.scope is Scope.USER and r.user and not r.preview and r.status in LIVE:
+                    counts[r.user] += r.kind not in RESERVED_KINDS  # a member with episodes only is listed, at 0
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -207,7 +183,7 @@ class MemoryReads:
     async def blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
         """The blocks an agent's recall shows: (scope, label, text), the tenant's
         workspace-wide ones first, each scope by label."""
-        refuse_member(ctx, "read an agent's blocks")
+        check_role(ctx, NOT_MEMBER, "read an agent's blocks")
         cfg = await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
         await self._check_subject(ctx, cfg)
@@ -236,7 +212,7 @@ class MemoryReads:
     ) -> SearchResult:
         """`dense` and `cfg`: the query's vector and the agent's configuration, when the
         caller has them already (`search_many`)."""
-        refuse_member(ctx, "search")
+        check_role(ctx, NOT_MEMBER, "search memory")
         cfg = cfg or await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
         await self._check_subject(ctx, cfg)
@@ -310,7 +286,7 @@ class MemoryReads:
         for i, (ctx, _) in enumerate(searches):
             cfg = cfgs[(ctx.tenant, ctx.agent)]
             try:
-                refuse_member(ctx, "search")
+                check_role(ctx, NOT_MEMBER, "search memory")
                 self._check_enabled(ctx, cfg)
                 refused(self._refusal(ctx, cfg, states[(ctx.tenant, ctx.agent, self._subject_user(ctx))]))
             except ApiError as e:
@@ -390,7 +366,7 @@ class MemoryReads:
         (consent, channel, removal) gets an empty recall naming why (`skipped`), and memory
         that cannot be read (Redis or the index down) an empty one with `memory_unavailable`,
         logged without the caller's text or member."""
-        refuse_member(ctx, "recall")
+        check_role(ctx, NOT_MEMBER, "recall memory")
         cfg: AgentConfig | None = None
         try:
             got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),

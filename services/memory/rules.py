@@ -4,9 +4,47 @@ from __future__ import annotations
 
 from events.config import AgentConfig
 from events.errors import ErrorCode
+from events.record import MemoryRecord, Scope
 from events.rules.subjects import Refusal
+from events.rules.visibility import visible
+from services.auth import Principal
 from services.errors import ApiError
 from services.memory.context import Context
+
+# Every role but a member's: the keys that use an agent's memory or administer it.
+NOT_MEMBER = ("agent", "helper", "operator")
+MEMBER_DOES = "a member key lists, reads, edits and deletes its member's own facts and grants or withdraws consent"
+
+
+def check_role(who: Context | Principal, allowed: tuple[str, ...], what: str) -> None:
+    """The one role guard: 403 FORBIDDEN naming the key (`authorization`) unless its role is
+    one of `allowed`. A member key is told what it can do instead."""
+    p = who.principal if isinstance(who, Context) else who
+    if p.role in allowed:
+        return
+    keys = allowed[0] if len(allowed) == 1 else f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+    msg = f"only {'an' if keys[0] in 'aeiou' else 'a'} {keys} key can {what}"
+    raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"{msg}; {MEMBER_DOES}" if p.role == "member" else msg, 403)
+
+
+def readable_by(ctx: Context, r: MemoryRecord) -> bool:
+    """Whether `ctx` may read (and so address, or be shown in an answer) record `r`, whatever
+    its status: an operator any record of the agent but a member's (USER) facts, a member only
+    their own facts, an agent or helper what `visible` lets it. The one rule of reads, write
+    answers and the records a write names."""
+    role = ctx.principal.role
+    if role == "operator":
+        return r.scope is not Scope.USER and r.tenant == ctx.tenant and r.agent == ctx.agent
+    if role == "member":
+        return r.scope is Scope.USER and visible(r, ctx)
+    return visible(r, ctx)
+
+
+def default_kind(cfg: AgentConfig) -> str:
+    """The kind of a write that names none: "fact" where the agent declares it, else the
+    agent's first declared kind (seed 004's preset declares profile, semantic, episodic)."""
+    kinds = cfg.memory.kinds
+    return "fact" if "fact" in kinds or not kinds else kinds[0]
 
 
 def check_enabled(ctx: Context, cfg: AgentConfig, kill_switch: bool) -> None:
@@ -26,8 +64,8 @@ def check_enabled(ctx: Context, cfg: AgentConfig, kill_switch: bool) -> None:
 def check_tool(ctx: Context, cfg: AgentConfig, tool: str, kill_switch: bool) -> None:
     """A write by `tool`: the key may write, memory is on, and the agent's configuration offers the tool."""
     if ctx.principal.role == "member":
-        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"a member key edits and deletes the member's own facts "
-                       f"and grants or withdraws consent; {tool} is the agent's tool, not a member's", 403)
+        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"{MEMBER_DOES}; {tool} is the agent's tool, not a "
+                       "member's", 403)
     if not ctx.principal.can_write:
         raise ApiError(ErrorCode.READ_ONLY_KEY, "authorization", "this key can search memory but never write it")
     check_enabled(ctx, cfg, kill_switch)
@@ -37,12 +75,18 @@ def check_tool(ctx: Context, cfg: AgentConfig, tool: str, kill_switch: bool) -> 
         )
 
 
-def check_role(ctx: Context, allowed: tuple[str, ...], what: str) -> None:
-    """403 FORBIDDEN naming the key (`authorization`) unless its role is one of `allowed`."""
-    if ctx.principal.role not in allowed:
-        who = " or ".join(f"{r} key" for r in allowed)
-        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"only {'an' if who[0] in 'aeiou' else 'a'} {who} "
-                       f"can {what}", 403)
+def check_operator_write(ctx: Context, scope: Scope | None = None) -> None:
+    """An operator never writes a member's memory: its write names no member (X-User) and
+    asks for no user scope. (It names a member only to withdraw their consent, and erases or
+    removes one by the path.) The ledger refuses the same, last."""
+    if ctx.principal.role != "operator":
+        return
+    if ctx.user is not None:
+        raise ApiError(ErrorCode.FORBIDDEN, "x-user", "x-user: an operator key never writes a member's memory; "
+                       "leave X-User out (it names a member only to withdraw their consent)", 403)
+    if scope is Scope.USER:
+        raise ApiError(ErrorCode.FORBIDDEN, "scope", "scope: an operator key never writes a member's (USER) "
+                       "facts; the agent writes them for its member", 403)
 
 
 def refused(refusal: Refusal | None) -> None:

@@ -92,6 +92,14 @@ async def test_a_member_key_names_its_user_and_its_agent_or_every_agent(stack, s
     async with MemlaneClient(stack.api_url, every, agent=m.agent) as c:
         assert (await c.list_memory())["records"] == []
         assert (await c.consent())["user"] == "dana"
+    for bad in ("not an agent", "a/b", "@workspace"):  # X-Agent is an agent's id wherever it is read
+        async with MemlaneClient(stack.api_url, every, agent=bad) as c:
+            await refused(c.list_memory(), 422, "VALIDATION_FAILED", "x-agent")
+            await refused(c.consent(), 422, "VALIDATION_FAILED", "x-agent")
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant, agent=bad) as op:
+            await refused(op.remove_agent(), 422, "VALIDATION_FAILED", "x-agent")
+            await refused(op.list_memory(), 422, "VALIDATION_FAILED", "x-agent")
+            await refused(op.subjects(), 422, "VALIDATION_FAILED", "x-agent")
     async with MemlaneClient(stack.api_url, m.keys["dana"], agent="someone-else") as c:
         await refused(c.list_memory(), 403, "FORBIDDEN", "x-agent")
     async with MemlaneClient(stack.api_url, m.keys["dana"], user="erin") as c:
@@ -238,8 +246,23 @@ async def test_the_permissions_matrix_of_member_agent_helper_and_operator_keys(m
         })
         found = (await op.search_memory("Miso", mode="lexical"))[0]
         assert found == []
+        # An operator never writes a member's memory.
+        await refused(op.add_memory("Dana's cat is named Miso", kind="profile", scope="USER"), 403, "FORBIDDEN",
+                      "scope")
     async with m.op(user="dana") as op_dana:
-        # X-User lets an operator read and change consent, never read the member's facts.
+        # X-User lets an operator read and change consent, never read or write the member's facts.
+        await expect_refused({
+            "operator adds naming a member": (op_dana.add_memory("Dana's cat is named Miso", kind="profile"),
+                                              403, "FORBIDDEN", "x-user"),
+            "operator adds agent-wide naming a member": (op_dana.add_memory("x", kind="semantic", scope="AGENT"),
+                                                         403, "FORBIDDEN", "x-user"),
+            "operator deletes naming a member": (op_dana.delete_memory(shared["id"]), 403, "FORBIDDEN", "x-user"),
+            "operator edits naming a member": (op_dana.edit_memory(shared["id"], summary="x"), 403, "FORBIDDEN",
+                                               "x-user"),
+            "operator pins naming a member": (op_dana.pin(shared["id"]), 403, "FORBIDDEN", "x-user"),
+            "operator curates naming a member": (op_dana.curate_block("style", "add", line="x"), 403, "FORBIDDEN",
+                                                 "x-user"),
+        })
         assert (await op_dana.consent())["consent"] == "granted"
         assert [r["id"] for r in (await op_dana.list_memory())["records"]] == [shared["id"]]
         await refused(op_dana.read_memory(edited["id"]), 404, "NOT_FOUND", "id")
@@ -440,14 +463,25 @@ async def test_a_removed_member_and_a_removed_agent_are_not_served(stack, settin
     async with MemlaneClient(stack.api_url, settings.operator_key) as boot:
         await refused(boot.remove_user("erin"), 422, "VALIDATION_FAILED", "x-tenant")
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
-        assert (await op.remove_user("erin"))["status"] == "applied"
-    async with m.as_agent("erin") as erin_agent, m.as_member("erin") as erin, m.as_agent("dana") as dana_agent:
+        erin_everywhere = await op.issue_key_entry(m.tenant, None, "member", user="erin")
+        erin_ids = {k["id"] for k in await op.list_keys(m.tenant) if k.get("user") == "erin"}
+        assert len(erin_ids) == 2
+        removed = await op.remove_user("erin")
+        assert removed["status"] == "applied" and set(removed["revoked_keys"]) == erin_ids
+        # The member's keys are revoked with the removal; no other key is.
+        assert not any(k.get("user") == "erin" for k in await op.list_keys(m.tenant))
+        assert any(k.get("user") == "dana" for k in await op.list_keys(m.tenant))
+    for key, agent in ((m.keys["erin"], None), (erin_everywhere["key"], m.agent)):
+        async with MemlaneClient(stack.api_url, key, agent=agent) as erin:
+            await refused(erin.list_memory(), 401, "UNAUTHENTICATED", "authorization")
+            await refused(erin.whoami(), 401, "UNAUTHENTICATED", "authorization")
+    async with m.as_agent("erin") as erin_agent, m.as_agent("dana") as dana_agent, m.as_member("dana") as dana:
         await refused(erin_agent.search_memory("Pepper"), 403, "SUBJECT_REMOVED", "user")
         await refused(erin_agent.add_memory("Erin likes tea"), 403, "SUBJECT_REMOVED", "user")
         gone = await erin_agent.recall("c1", "what is the dog called?")
         assert gone["skipped"]["code"] == "SUBJECT_REMOVED" and "Pepper" not in gone["rendered"]
-        await refused(erin.list_memory(), 403, "SUBJECT_REMOVED", "user")
         assert "Miso" in (await dana_agent.recall("c1", "what is the cat called?"))["rendered"]
+        assert len((await dana.list_memory())["records"]) == 1
 
     async with m.op() as op:
         assert (await op.remove_agent())["status"] == "applied"
@@ -458,3 +492,90 @@ async def test_a_removed_member_and_a_removed_agent_are_not_served(stack, settin
         served = await dana_agent.recall("c2", "what is the cat called?")
         assert served["skipped"]["code"] == "SUBJECT_REMOVED" and "Miso" not in served["rendered"]
         await refused(dana.list_memory(), 403, "SUBJECT_REMOVED", "agent")
+
+
+# --------------------------------------------------------------------------- write answers
+
+
+async def test_a_reused_command_id_never_answers_with_another_callers_fact(members):
+    """A command id already used answers with the first command's events (the ledger's
+    redelivery) unless the ledger refuses it (DUPLICATE_ID): either way the answer never
+    carries a record its caller could not read."""
+    m = await members("alice", "bob", grant=("alice", "bob"))
+    command_id = str(uuid.uuid4())
+    async with m.as_agent("alice", session="s-alice") as alice:
+        first = await alice.add_memory("Alice's locker code is 4411", kind="profile", command_id=command_id)
+        assert first["status"] == "applied" and "4411" in json.dumps(first["memories"])
+        again = await alice.add_memory("Alice's locker code is 4411", kind="profile", command_id=command_id)
+        assert again["id"] == first["id"]  # the same caller sending again gets its own answer
+    async with m.op() as op:
+        admin_key = await op.issue_key(m.tenant, None, "operator")
+    async with m.as_agent("bob", session="s-bob") as bob, MemlaneClient(m.api, admin_key, agent=m.agent) as admin:
+        for name, send in (("bob's agent", bob.add_memory("Bob likes jazz", kind="profile", command_id=command_id)),
+                           ("a tenant's operator", admin.add_memory("The office closes at 18:00", kind="semantic",
+                                                                    scope="AGENT", command_id=command_id))):
+            try:
+                out = await send
+            except MemlaneError as e:
+                assert e.code == "DUPLICATE_ID" and "4411" not in e.message, (name, e.code, e.message)
+                continue
+            assert "4411" not in json.dumps(out) and first["id"] not in json.dumps(out), (name, out)
+            assert out["memories"] == [] and "id" not in out and "merged" not in out, (name, out)
+    async with m.as_member("alice") as own:
+        assert [r["summary"] for r in (await own.list_memory())["records"]] == ["Alice's locker code is 4411"]
+
+
+# --------------------------------------------------------------------------- history
+
+
+async def test_history_search_on_a_members_agent_follows_the_subject_rules(members):
+    m = await members("dana", "erin", grant=("dana",))
+    async with m.as_agent("dana", session="s1", channel="api") as dana_agent:
+        assert (await dana_agent.search_history("train"))["events"] == []
+    async with m.as_helper("dana", session="s1") as helper:
+        assert (await helper.search_history("train"))["events"] == []
+    async with m.op(session="s1") as op, m.op(session="s1", user="dana") as op_dana, \
+            m.as_agent(session="s1") as nobody, m.as_agent("erin", session="s1") as erin_agent, \
+            m.as_agent("dana", session="s1", channel="slack") as slack:
+        await expect_refused({
+            "operator": (op.search_history("train"), *FORBIDDEN),
+            "operator naming the member": (op_dana.search_history("train"), *FORBIDDEN),
+            "agent naming no member": (nobody.search_history("train"), 403, "CONSENT_REQUIRED", "user"),
+            "agent for a member without consent": (erin_agent.search_history("train"), 403, "CONSENT_REQUIRED",
+                                                   "user"),
+            "agent in a channel without memory": (slack.search_history("train"), 403, "CHANNEL_NOT_ALLOWED",
+                                                  "channel"),
+        })
+    # An agent that does not require consent: history search as before, an operator's too.
+    async with m.op() as op:
+        await op.configure(AgentConfig.model_validate({"history": {"index": "messages"}}))
+    async with m.op(session="s1") as op, m.as_agent(session="s1") as agent:
+        assert (await op.search_history("train"))["events"] == []
+        assert (await agent.search_history("train"))["events"] == []
+
+
+# --------------------------------------------------------------------------- the default kind
+
+
+async def test_an_add_without_a_kind_takes_the_agents_first_declared_kind(stack, members):
+    """Seed 004's preset declares profile, semantic and episodic, not "fact": a write that
+    names no kind is a profile, over HTTP and through the MCP add_memory tool."""
+    m = await members("dana", grant=("dana",))
+    async with m.as_agent("dana", session="s1") as agent:
+        added = await agent.add_memory("Dana's cat is named Miso")
+        assert added["status"] == "applied" and (await agent.read_memory(added["id"])).kind == "profile"
+        assert (await agent.read_memory((await agent.add_memory("Dana takes the 8:15 train",
+                                                                kind="episodic"))["id"])).kind == "episodic"
+    env = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_API_KEY": m.keys["agent"], "MEMLANE_USER": "dana"}
+    proc = subprocess.Popen([memlane_cli(), "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        rpc = Stdio(proc)
+        rpc.send("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "test", "version": "1"}})
+        rpc.send("notifications/initialized", reply=False)
+        out = rpc.tool("add_memory", summary="Dana's dog is named Pepper")
+        assert out["status"] == "applied" and [r["kind"] for r in out["memories"]] == ["profile"], out
+    finally:
+        proc.kill()
+        proc.wait()

@@ -49,6 +49,7 @@ def test_the_mcp_server_answers_a_line_it_cannot_take():
 # The memory service's submission rules for member, agent, helper and operator keys, on
 # in-memory ports: what is refused (naming the field) before anything reaches the commands log.
 
+import dataclasses  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
 import pytest  # noqa: E402
@@ -197,7 +198,7 @@ async def test_a_members_facts_are_addressed_by_that_member_alone():
     s, records, publisher = _service()
     await _hold(records, _rec("dana1", "USER", "dana"), _rec("shared", "AGENT"), _rec("sess", "SESSION"))
     not_found = (ErrorCode.NOT_FOUND, "record_id", 404)
-    for ctx, rid in ((_ctx("operator"), "dana1"), (_ctx("operator", "dana"), "dana1"),
+    for ctx, rid in ((_ctx("operator"), "dana1"),
                      (_ctx("agent", "erin"), "dana1"), (_ctx("agent"), "dana1"),
                      (_ctx("member", "erin"), "dana1"), (_ctx("member", "dana"), "shared"),
                      (_ctx("member", "dana"), "sess")):
@@ -231,3 +232,98 @@ async def test_an_agent_key_still_cannot_edit_and_the_consent_read_needs_a_membe
     after = await s.consent(_ctx("agent", "dana"))
     assert (after["user"], after["consent"], after["memory"], after["refusal"]) == ("dana", "granted", True, None)
     assert (await s.consent(_ctx("agent", "dana", "slack")))["refusal"]["code"] == "CHANNEL_NOT_ALLOWED"
+
+
+# --------------------------------------------------------------------------- write answers, operators' writes, kinds
+
+from events.commands import AddMemory  # noqa: E402
+from events.record import Scope  # noqa: E402
+
+
+def _added(r: MemoryRecord, merged: bool = False) -> RecordAdded:
+    return RecordAdded(event_id=f"e-{r.id}", command_id="X", tenant="t", agent="a", occurred_at=NOW, record=r,
+                       merged=merged)
+
+
+def _cmd(ctx: Context, s: MemoryService) -> AddMemory:
+    return s.commands._command(AddMemory, ctx, command_id="X", summary="Bob likes jazz")
+
+
+async def test_a_write_answer_never_shows_a_record_its_caller_could_not_read():
+    # A command id another caller used is answered with that caller's events (the ledger's
+    # redelivery): the answer leaves out every record the caller may not read, and its id.
+    s, records, _ = _service()
+    alice = _rec("alice1", "USER", "alice")
+    sess = _rec("sess", "SESSION")
+    await _hold(records, alice, sess)
+    for ctx in (_ctx("agent", "bob"), _ctx("helper", "bob"), _ctx("operator"), _ctx("member", "bob")):
+        for events in ([_added(alice)], [_added(alice, merged=True)]):
+            out = await s.commands._outcome(_cmd(ctx, s), events, ctx)
+            assert (out["memories"], "id" in out, "merged" in out) == ([], False, False), ctx.principal.role
+    other_session = dataclasses.replace(_ctx("agent", "alice"), session="s2")
+    assert (await s.commands._outcome(_cmd(other_session, s), [_added(sess)], other_session))["memories"] == []
+    # Without a caller, nothing is shown; the caller who may read it gets it.
+    assert (await s.commands._outcome(_cmd(_ctx("agent", "alice"), s), [_added(alice)], None))["memories"] == []
+    own = await s.commands._outcome(_cmd(_ctx("agent", "alice"), s), [_added(alice, merged=True)],
+                                    _ctx("agent", "alice"))
+    assert ([m["id"] for m in own["memories"]], own["id"], own["merged"]) == (["alice1"], "alice1", True)
+    assert (await s.commands._outcome(_cmd(_ctx("member", "alice"), s), [_added(alice)],
+                                      _ctx("member", "alice")))["id"] == "alice1"
+
+
+async def test_an_operator_never_writes_a_members_memory_but_withdraws_erases_and_removes():
+    s, records, publisher = _service()
+    await _hold(records, _rec("shared", "AGENT"))
+    op, op_dana = _ctx("operator"), _ctx("operator", "dana")
+    for call in (s.commands.add(op_dana, wait=False, summary="Dana prefers tea"),
+                 s.commands.add(op_dana, wait=False, summary="Dana prefers tea", scope="AGENT"),
+                 s.commands.delete(op_dana, "shared", wait=False),
+                 s.commands.edit(op_dana, "shared", wait=False, summary="x"),
+                 s.commands.pin(op_dana, "shared", True, wait=False),
+                 s.commands.report(op_dana, "shared", True, wait=False),
+                 s.commands.curate(op_dana, "style", "add", "Tabs", None, wait=False),
+                 s.commands.curate(op_dana, "style", "add", "Tabs", None, scope="workspace", wait=False)):
+        e = await _refused(call)
+        assert (e.code, e.field, e.status) == (ErrorCode.FORBIDDEN, "x-user", 403), e.message
+    for scope in ("USER", Scope.USER):
+        e = await _refused(s.commands.add(op, wait=False, summary="Dana prefers tea", scope=scope))
+        assert (e.code, e.field, e.status) == (ErrorCode.FORBIDDEN, "scope", 403)
+    assert publisher.sent == []
+    await s.commands.withdraw_consent(op_dana, wait=False)
+    await s.commands.erase_subject(op_dana, "dana", wait=False)
+    await s.commands.remove_user(op_dana, "dana", wait=False)
+    await s.commands.add(op, wait=False, summary="The office closes at 18:00", scope="AGENT")
+    await s.commands.delete(op, "shared", wait=False)
+    assert [c.type for c in publisher.commands] == ["WithdrawConsent", "EraseSubject", "RemoveUser", "AddMemory",
+                                                    "DeleteMemory"]
+    assert publisher.commands[3].user is None
+    # The agent still writes for its member.
+    await s.commands.add(_ctx("agent", "dana"), wait=False, summary="Dana prefers tea", scope="USER")
+    assert (publisher.commands[-1].user, publisher.commands[-1].scope) == ("dana", Scope.USER)
+
+
+async def test_an_add_that_names_no_kind_is_of_the_agents_default_kind():
+    preset = member_facts(tools=["add_memory"])
+    s, records, publisher = _service(preset)
+    await records.apply([ConsentGranted(event_id="g", command_id="g", tenant="t", agent="a", occurred_at=NOW,
+                                        user="dana")])
+    await s.commands.add(_ctx("agent", "dana"), wait=False, summary="Dana's cat is named Miso")
+    await s.commands.add(_ctx("agent", "dana"), wait=False, summary="Dana takes the 8:15 train", kind="episodic")
+    s2, _, publisher2 = _service()
+    await s2.commands.add(_ctx("agent", "dana"), wait=False, summary="Dana prefers tea")
+    assert [c.kind for c in publisher.commands + publisher2.commands] == ["profile", "episodic", "fact"]
+
+
+async def test_a_write_addresses_only_what_its_caller_may_read():
+    # The reads' rule (`readable_by`): another session's record and a preview record are not
+    # the agent's to address from this session, or from a live turn.
+    s, records, publisher = _service()
+    await _hold(records, _rec("sess", "SESSION"), _rec("prev", "AGENT").model_copy(update={"preview": True}))
+    other = dataclasses.replace(_ctx("agent"), session="s2")
+    for ctx, rid in ((other, "sess"), (_ctx("agent"), "prev")):
+        e = await _refused(s.commands.delete(ctx, rid, wait=False))
+        assert (e.code, e.field, e.status) == (ErrorCode.NOT_FOUND, "record_id", 404), rid
+    assert publisher.sent == []
+    await s.commands.delete(_ctx("agent"), "sess", wait=False)
+    await s.commands.delete(dataclasses.replace(_ctx("agent"), preview=True), "prev", wait=False)
+    assert [c.record_id for c in publisher.commands] == ["sess", "prev"]

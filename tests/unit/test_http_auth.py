@@ -218,3 +218,44 @@ def test_an_index_that_cannot_answer_is_a_503_the_caller_may_retry():
     r = TestClient(app).get("/boom")
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "UNAVAILABLE" and "shard closed" not in r.text
+
+
+# --------------------------------------------------------------------------- X-Agent, the deployment's key
+
+import asyncio  # noqa: E402
+
+from services.auth import KeyStore  # noqa: E402
+from services.http.routes.search import deployment_key  # noqa: E402
+
+
+@pytest.mark.parametrize("bad", ["@workspace", "a/b", "bot one", "", "x" * 129])
+def test_x_agent_is_an_agents_id_for_every_key_that_reads_it(bad):
+    keys = {"member of every agent": Principal("t", None, "member", "k3", "dana"),
+            "member": Principal("t", "a", "member", "k2", "dana"),
+            "tenant operator": Principal("t", None, "operator", "k4"),
+            "deployment": Principal("*", None, "operator", deployment=True),
+            "agent": Principal("t", "a", "agent", "k1")}
+    for name, p in keys.items():
+        e = refusal(lambda p=p: deps.resolve_context(p, bad, "t", None, False))
+        assert (e.code, e.field, e.status) == (ErrorCode.VALIDATION_FAILED, "x-agent", 422), (name, bad)
+
+
+def test_the_deployments_key_names_a_tenant_that_is_an_id():
+    boot = Principal("*", None, "operator", deployment=True)
+    for bad in ("a/b", "ten ant"):
+        e = refusal(lambda bad=bad: deps.resolve_context(boot, "a", bad, None, False))
+        assert (e.code, e.field, e.status) == (ErrorCode.VALIDATION_FAILED, "x-tenant", 422)
+
+
+def test_only_the_key_store_marks_the_deployments_key_and_the_context_keeps_the_mark():
+    store = KeyStore(None, "the-deployments-key")  # the settings' key is never looked up in Redis
+    boot = asyncio.run(store.resolve("the-deployments-key"))
+    assert (boot.role, boot.key_id, boot.deployment) == ("operator", None, True) and deployment_key(boot)
+    ctx = deps.resolve_context(boot, "a", "t", None, False, x_user="dana")
+    assert (ctx.tenant, ctx.agent, ctx.principal.deployment) == ("t", "a", True) and deployment_key(ctx.principal)
+    # An issued operator key is never the deployment's, whatever its id (a key with none included).
+    for issued in (Principal("t", None, "operator", "k4"), Principal("t", None, "operator"),
+                   Principal("*", None, "operator")):
+        assert not deployment_key(issued)
+        assert not deployment_key(deps.resolve_context(issued, "a", "t", None, False).principal)
+    assert not deployment_key(Principal("t", "a", "agent", deployment=False))

@@ -351,3 +351,13 @@ async def test_a_read_failure_during_recall_is_logged_and_answered_empty(tmp_pat
     s.reads.records = None
     with pytest.raises(AttributeError):
         await s.reads.recall(agent("ann"), "conv", "teal colour")
+
+
+async def test_subjects_counts_a_members_facts_as_the_live_fact_cap_counts_them(s):
+    # Episodes and procedures are live records of the member, but not facts: the cap does not
+    # count them (events.rules.ledger.RESERVED_KINDS), and neither does an operator's count.
+    await s.put(rec("ann-episode", "Ann's session about colours", "ann", 20, kind="episode"),
+                rec("ann-procedure", "How Ann likes colours named", "ann", 21, kind="procedure"),
+                rec("eve-episode", "Eve's first session", "eve", 22, kind="episode"))
+    counts = {x["user"]: x["facts"] for x in await s.reads.subjects(operator())}
+    assert counts == {"ann": 3, "bob": 1, "eve": 0}  # a member with episodes only is listed, with no facts

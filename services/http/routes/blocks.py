@@ -7,9 +7,10 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import Field
 
-from services.http.deps import Ctx, Svc, refuse_roles
+from services.http.deps import Ctx, Svc
 from services.http.models import Body
 from services.http.responses import BlocksOut
+from services.memory.rules import NOT_MEMBER, check_role
 
 router = APIRouter()
 
@@ -23,7 +24,7 @@ class CurateRequest(Body):
 @router.get("/v1/blocks", response_model=BlocksOut)
 async def list_blocks(ctx: Ctx, s: Svc):
     """Memory blocks: labeled texts at the top of every recall."""
-    refuse_roles(ctx, ("member",), "reads the member's own facts, not the agent's blocks")
+    check_role(ctx, NOT_MEMBER, "read an agent's blocks")
     return {"blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in await s.reads.blocks(ctx)]}
 
 
@@ -33,5 +34,5 @@ async def curate_block(label: str, body: CurateRequest, ctx: Ctx, s: Svc, wait: 
     """`add` a line, `replace` the line `old` with `line`, or `remove` the line `old`:
     an agent needs `curate_block` in memory.tools; a block holds at most 2,000 characters.
     `scope=workspace` (operator keys): a block every agent of the tenant recalls."""
-    refuse_roles(ctx, ("member",), "edits the member's own facts, not the agent's blocks")
+    check_role(ctx, NOT_MEMBER, "curate an agent's blocks")
     return await s.commands.curate(ctx, label, body.action, body.line, body.old, scope=scope, wait=wait)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from events.config import AgentConfig
-from services.http.deps import Ctx, Svc, refuse_roles
+from services.http.deps import Ctx, Svc
+from services.memory.rules import NOT_MEMBER, check_role
 
 router = APIRouter()
 
@@ -17,5 +18,5 @@ async def put_config(config: AgentConfig, ctx: Ctx, s: Svc):
 
 @router.get("/v1/config")
 async def get_config(ctx: Ctx, s: Svc):
-    refuse_roles(ctx, ("member",), "reads the member's own facts and consent, not the agent's configuration")
+    check_role(ctx, NOT_MEMBER, "read an agent's configuration")
     return (await s.config(ctx.tenant, ctx.agent)).model_dump(mode="json")

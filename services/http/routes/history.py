@@ -8,7 +8,10 @@ Boundaries: a search sees one session (X-Session) of the key's agent, never anot
 without a session there is no history. A live turn never sees what a preview turn kept.
 With a current turn (X-Turn header or `turn`), only earlier turns are searched, which is
 also how a replayed turn sees the history its original turn saw. `harness.history` must
-be set: an agent without it has history search off. Each search is recorded on
+be set: an agent without it has history search off. On an agent whose members' consent
+is required (`memory.consent`), a session's transcript is its member's: an operator key never
+searches it, and an agent or helper key is asked the subject rule first (consent, channel,
+removal: `events.rules.subjects`), as for memory. Each search is recorded on
 `memlane.usage` as `Retrieved` (a RETRIEVED output use), and its query embedding as
 `ModelUsage` of purpose `embed`.
 """
@@ -23,7 +26,9 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from pydantic import Field
 
+from events.config import AgentConfig
 from events.errors import ErrorCode
+from events.rules import subjects
 from events.rules.history import (
     MAX_RANKED_DEPTH,
     HistoryFilter,
@@ -40,9 +45,10 @@ from events.usage import Retrieved, RetrievedItem
 from projections.history_index import HYBRID_DEPTH, HistoryIndex
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
-from services.http.deps import Ctx, refuse_roles
+from services.http.deps import Ctx
 from services.http.models import Body
 from services.memory import Context
+from services.memory.rules import NOT_MEMBER, check_role, refused
 from settings import Settings
 from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
@@ -102,12 +108,13 @@ class HistoryExtension:
         return self.projection.status() if self.projection else {"caught_up": False}
 
     async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
-        refuse_roles(who, ("member",), "reads the member's own facts; session history is the agent's")
+        check_role(who, NOT_MEMBER, "search session history")
         if body.kind == "notes":
             raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", 'kind "notes": notes are memory records; search them with '
                            "POST /v1/memory/search. This endpoint searches messages")
         service = self.app.state.service
         cfg = await service.config(who.tenant, who.agent)
+        await self._check_subject(who, cfg)
         if cfg.history is None:
             raise ApiError(
                 ErrorCode.HISTORY_DISABLED, "harness.history", "history is off for this agent; set harness.history.index", 403
@@ -143,6 +150,16 @@ class HistoryExtension:
             out, nxt, embedded = *(await self._list(f, body)), None
         await self._record(who, turn, out, embedded)
         return {"events": out, "next_cursor": nxt}
+
+    async def _check_subject(self, who: Context, cfg: AgentConfig) -> None:
+        """On a members' agent (consent required) a transcript is its member's: an operator key
+        never searches it, and an agent's or helper's search gets the subject rule first."""
+        if not subjects.consent_needed(cfg):
+            return
+        check_role(who, ("agent", "helper"), "search session history on an agent whose members' consent is "
+                   "required: a member's transcript is theirs")
+        state = await self.app.state.service.records.subject(who.tenant, who.agent, who.user)
+        refused(subjects.refusal(cfg, who.user, who.channel, state))
 
     async def _read(self, f: HistoryFilter, ids: list[str]) -> list[dict[str, Any]]:
         """Whole events by id, within the session, visibility and turn boundaries."""

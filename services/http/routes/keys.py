@@ -18,6 +18,7 @@ from services.errors import ApiError
 from services.http.deps import Caller
 from services.http.models import Body
 from services.http.responses import IssuedKey, KeysOut, RevokedOut
+from services.memory.rules import check_role
 
 router = APIRouter()
 
@@ -37,8 +38,7 @@ def _a(role: str) -> str:
 
 def tenant_operator(p: Principal, tenant: str | None, what: str) -> str:
     """The tenant an operator key administers: its own, or, for the bootstrap key, the one named."""
-    if p.role != "operator":
-        raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"only an operator key can {what}", 403)
+    check_role(p, ("operator",), what)
     if p.tenant == "*":
         if not tenant:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "tenant", f"tenant: name the tenant whose keys to "

@@ -25,7 +25,7 @@ router = APIRouter()
 class AddRequest(Body):
     summary: str
     content: str = ""
-    kind: str = "fact"
+    kind: str | None = None  # left out: "fact" where the agent declares it, else its first declared kind
     labels: Labels = {}
     scope: Scope | None = None
     pinned: bool = False

@@ -13,10 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
-from services.http.deps import Ctx, Svc, refuse_roles
+from events.rules.subjects import Refusal
+from services.http.deps import Ctx, Svc
 from services.http.models import Body
 from services.http.responses import FastJSONResponse, record_out
 from services.memory.reads import EMBED_MS
+from services.memory.rules import NOT_MEMBER, check_role
 
 router = APIRouter()
 
@@ -28,7 +30,7 @@ class RecallRequest(Body):
 
 @router.post("/v1/recall")
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
-    refuse_roles(ctx, ("member",), "lists, reads, edits and deletes the member's own facts; recall is the agent's")
+    check_role(ctx, NOT_MEMBER, "recall memory")
     res = await s.reads.recall(ctx, body.conversation, body.text)
     body_out = {
         "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
@@ -38,21 +40,13 @@ async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
         "blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in res.blocks],
         "rendered": res.rendered,
     }
-    if (skipped := skipped_out(getattr(res, "skipped", None))) is not None:
-        body_out["skipped"] = skipped
-    if getattr(res, "memory_unavailable", False):
+    if res.skipped is not None:
+        body_out["skipped"] = skipped_out(res.skipped)
+    if res.memory_unavailable:
         body_out["memory_unavailable"] = True
     return FastJSONResponse(body_out, headers={"Server-Timing": f"embed;dur={EMBED_MS.get():.2f}"})
 
 
-def skipped_out(skipped: Any) -> dict[str, Any] | None:
+def skipped_out(skipped: Refusal) -> dict[str, Any]:
     """Why a recall was skipped, as JSON: its code, the field it names, and the reason."""
-    if skipped is None:
-        return None
-    if isinstance(skipped, dict):
-        return skipped
-    if isinstance(skipped, str):
-        return {"code": skipped, "field": None, "reason": skipped}
-    code = getattr(skipped, "code", None)
-    return {"code": getattr(code, "value", code), "field": getattr(skipped, "field", None),
-            "reason": getattr(skipped, "reason", None) or str(skipped)}
+    return {"code": skipped.code.value, "field": skipped.field, "reason": skipped.reason}

@@ -14,11 +14,12 @@ from pydantic import Field
 from events.errors import ErrorCode
 from services.auth import Principal
 from services.errors import ApiError
-from services.http.deps import Caller, Ctx, Svc, refuse_roles, resolve_context
+from services.http.deps import Caller, Ctx, Svc, resolve_context
 from services.http.errors import api_error_item
 from services.http.models import Body
 from services.http.responses import FastJSONResponse, record_out
 from services.memory import Context
+from services.memory.rules import NOT_MEMBER, check_role
 
 router = APIRouter()
 
@@ -55,12 +56,12 @@ class SearchBatchRequest(Body):
                                               "false (operator keys only) for lookups that never reach the agent's model")
 
 
-NO_SEARCH = "lists, reads, edits and deletes the member's own facts; it never searches memory"
+NO_SEARCH = "search memory"
 
 
 @router.post("/v1/memory/search")
 async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
-    refuse_roles(ctx, ("member",), NO_SEARCH)
+    check_role(ctx, NOT_MEMBER, NO_SEARCH)
     res = await s.reads.search(ctx, **body.model_dump())
     await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
     return FastJSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
@@ -90,7 +91,7 @@ async def search_memory_batch(
     rules (consent, channel, removal). A tenant's operator keys, and any other operator search,
     never show a member's facts.
     """
-    refuse_roles(p, ("member",), NO_SEARCH)
+    check_role(p, NOT_MEMBER, NO_SEARCH)
     if not body.retrieved and p.role != "operator":
         raise ApiError(ErrorCode.FORBIDDEN, "retrieved", "retrieved: only an operator key may set it to false", 403)
     searches: list[tuple[Context, dict[str, Any]]] = []
@@ -129,9 +130,10 @@ async def search_memory_batch(
 
 
 def deployment_key(p: Principal) -> bool:
-    """The bootstrap operator key of settings: never stored, so it has no key id. A tenant's
-    admins hold issued operator keys, which never read a member's facts (seed 004)."""
-    return p.role == "operator" and p.key_id is None
+    """The bootstrap operator key of settings (`Principal.deployment`, which only the key
+    store sets, for that key). A tenant's admins hold issued operator keys, which never read
+    a member's facts (seed 004)."""
+    return p.role == "operator" and p.deployment
 
 
 def as_agent(ctx: Context) -> Context:

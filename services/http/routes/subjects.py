@@ -8,17 +8,18 @@
 - `GET /v1/subjects`: the agent's members with their fact counts and consent, never a fact (operator).
 - `DELETE /v1/subjects/{user}`: erase the member's memory on the agent (operator).
 - `DELETE /v1/agent`: remove the agent: its memory is never served again (operator).
-- `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them (operator).
+- `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them, and
+  their member keys are revoked (operator).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Header, Path, Request
 
 from events.commands import WORKSPACE
-from services.auth import Principal
 from services.http.deps import Caller, Ctx, Svc, checked_user, tenant_of
 from services.memory import Context
 from services.memory.rules import check_role
@@ -52,9 +53,7 @@ async def withdraw_consent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any
 @router.get("/v1/subjects")
 async def list_subjects(ctx: Ctx, s: Svc) -> dict[str, Any]:
     """The agent's members: per user, live fact counts and consent; never a fact (operator keys)."""
-    check_role(ctx, ("operator",), "list an agent's members")
-    out = await s.reads.subjects(ctx)
-    return out if isinstance(out, dict) and "subjects" in out else {"subjects": out}
+    return {"subjects": await s.reads.subjects(ctx)}
 
 
 @router.delete("/v1/subjects/{user}")
@@ -72,12 +71,14 @@ async def remove_agent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
 
 
 @router.delete("/v1/users/{user}")
-async def remove_user(user: User, p: Caller, s: Svc, wait: bool = True,
+async def remove_user(user: User, p: Caller, s: Svc, request: Request, wait: bool = True,
                       x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
-    """Removes the member from the tenant: no agent serves their memory again (operator keys;
-    the bootstrap key names the tenant with X-Tenant). Their facts are not erased."""
-    ctx = Context(p, WORKSPACE)
-    check_role(ctx, ("operator",), "remove a member")
+    """Removes the member from the tenant: no agent serves their memory again, and their member
+    keys are revoked at once (operator keys; the bootstrap key names the tenant with X-Tenant).
+    Their facts are not erased. `revoked_keys`: the ids of the member keys revoked."""
+    check_role(p, ("operator",), "remove a member")
     tenant = tenant_of(p, x_tenant)
-    ctx = Context(Principal(tenant, WORKSPACE, "operator", p.key_id), WORKSPACE)
-    return await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait)
+    ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
+    out = await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait)
+    revoked = await request.app.state.keys.revoke_member(tenant, user)
+    return {**out, "revoked_keys": [e["id"] for e in revoked]}
