@@ -11,7 +11,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from events import AgentConfig, Message, TurnCommitted
-from events.codec import decode, encode
+from events.codec import ContractError, decode, encode
 from events.commands import GrantConsent, WithdrawConsent
 from events.topics import COMMANDS, TOPICS
 from projections.redis_records import RedisRecords
@@ -89,7 +89,11 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
             batches = await c.getmany(timeout_ms=500)
             for msgs in batches.values():
                 for m in msgs:
-                    out.append((m.partition, m.offset, decode(registry, m.value) if registry else m.value, m.headers))
+                    try:
+                        value = decode(registry, m.value) if registry else m.value
+                    except ContractError:
+                        continue  # another test's deliberately invalid message on a shared topic
+                    out.append((m.partition, m.offset, value, m.headers))
         return out
     finally:
         await c.stop()
