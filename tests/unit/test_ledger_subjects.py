@@ -311,7 +311,7 @@ def test_a_replacement_of_a_members_fact_stays_theirs_whatever_the_default_scope
 def test_ids_and_keys_holding_colons_never_share_an_index_slot():
     """Joined bare with ':', member "a" with key "0:fact:x" and member "a:0:fact" with key "x"
     gave one key-index entry: the second member's fact was a CONFLICT with the first's."""
-    from events.rules.ledger_subjects import dup_scope, key_entry, key_slots_seen
+    from events.rules.ledger.subject_rules import dup_scope, key_entry, key_slots_seen
 
     led = Ledger(scope=USER_SCOPES, kinds=["fact", "k"])
     first = added(fact(led, "a's fact", "a", kind="fact", key="0:fact:x"))

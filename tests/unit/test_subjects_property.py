@@ -19,7 +19,7 @@ from events.commands import AddMemory, EraseSubject, GrantConsent, WithdrawConse
 from events.lean import decode_ledger_view
 from events.record import LIVE, MemoryRecord, Provenance, Scope, Source
 from events.rules.ledger import RESERVED_KINDS, LedgerState, decide, evolve
-from events.rules.ledger_subjects import count_key
+from events.rules.ledger.subject_rules import count_key
 from events.rules.tokens import pin_line_chars
 from tests.unit.test_ledger_rules import NOW
 from workers.ledger_snapshot import decode_state, encode_state

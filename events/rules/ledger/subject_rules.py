@@ -6,8 +6,8 @@ cap, the pinned budget and the uniqueness of a fact hold per subject (`tenant/ag
 and only that member's commands address it. Records of the other scopes keep the agent-wide
 keys, so an agent configured as before behaves as before.
 
-`events.rules.ledger` builds on this module (its commands, its `LedgerState`); nothing here
-imports it, so either can be imported first.
+The ledger's other modules (`events.rules.ledger`) build on this one (its commands, its
+`LedgerState`); nothing here imports them, but for the type checker.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from events.record import LIVE, MemoryRecord, Scope, Source
 from events.rules.subjects import SubjectState, consent_needed, refusal
 
 if TYPE_CHECKING:
-    from events.rules.ledger import LedgerState
+    from events.rules.ledger.state import LedgerState
 
 Record = MemoryRecord | LeanRecord
 

@@ -1,0 +1,53 @@
+"""An agent's own commands: its configuration, and its blocks kept line by line."""
+
+from __future__ import annotations
+
+from events.commands import BLOCK_CHARS, ConfigureAgent, CurateBlock
+from events.config import label_numbers_kept
+from events.errors import ErrorCode
+from events.memory import AgentConfigured, BlockChanged
+from events.rules.ledger.state import MAX_BLOCKS, LedgerState, Rejected, _base, config_of
+
+
+def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
+    old = state.configs.get(ak)
+    if old:
+        changed = label_numbers_kept(old, cmd.config)
+        if changed:
+            raise Rejected(
+                ErrorCode.VALIDATION_FAILED,
+                f"memory.labels.{changed}",
+                f"label {changed!r} was declared with a number; it keeps that number and cannot be removed",
+            )
+    events.append(_base(AgentConfigured, cmd, config=cmd.config))
+
+
+def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None:
+    """A block is kept line by line, up to `BLOCK_CHARS`. A line already there is
+    not added twice; `replace` and `remove` name the line to change as it is now."""
+    if not config_of(state, ak).memory.enabled:
+        raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
+    if cmd.preview:
+        raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "label",
+                       "blocks are live memory for every turn; a preview turn cannot change them")
+    blocks = state.blocks.get(ak) or {}
+    if cmd.label not in blocks and len(blocks) >= MAX_BLOCKS:
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "label",
+                       f"the agent has {len(blocks)} blocks, the limit is {MAX_BLOCKS}; add to one of them or empty one")
+    text = blocks.get(cmd.label, "")
+    lines = text.split("\n") if text else []
+    if cmd.action == "add":
+        lines = lines if cmd.line in lines else [*lines, cmd.line]
+    else:
+        if cmd.old not in lines:
+            raise Rejected(ErrorCode.NOT_FOUND, "old",
+                           f"block {cmd.label!r} has no line {cmd.old[:80]!r}; read the block first")
+        at = lines.index(cmd.old)
+        lines = [*lines[:at], *([cmd.line] if cmd.action == "replace" else []), *lines[at + 1 :]]
+    new = "\n".join(dict.fromkeys(lines))
+    if len(new) > BLOCK_CHARS:
+        raise Rejected(
+            ErrorCode.LIMIT_EXCEEDED, "line",
+            f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
+        )
+    events.append(_base(BlockChanged, cmd, label=cmd.label, text=new))

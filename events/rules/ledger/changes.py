@@ -1,0 +1,159 @@
+"""Changes to a record already there: an edit (a successor, made by `records._add`), a
+delete (a tombstone), a pin or an unpin, a procedure's outcome, the expiry sweep.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from events.commands import AddMemory, DeleteMemory, EditMemory, PinMemory, ReportOutcome, SweepExpired, UnpinMemory
+from events.errors import ErrorCode
+from events.memory import RecordAdded, RecordDeleted, RecordExpired, RecordPinned, RecordRevised, RecordUnpinned
+from events.record import LIVE, MemoryRecord, Source, Status
+from events.rules.ledger import subject_rules as subjects
+from events.rules.ledger.records import _add, _addressed, _check_pin_budget
+from events.rules.ledger.state import LedgerState, Rejected, _base, config_of, get_record, record_id_for
+from events.rules.ledger.subject_rules import count_key
+
+
+def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
+    """An operator's edit, or a member's of their own fact, bypasses the write-time filter;
+    the same text changes nothing (a PENDING or CONFLICT record stays out of the prompt); new
+    text makes a successor, in the same scope, and needs the member's consent."""
+    old = _addressed(state, ak, cmd, cmd.record_id)
+    if old.status not in LIVE:
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {old.id} is {old.status.value}; only a live record can be edited")
+    summary = old.summary if cmd.summary is None else cmd.summary
+    content = old.content if cmd.content is None else cmd.content
+    metadata = old.metadata if cmd.metadata is None else cmd.metadata
+    if (summary, content, metadata) == (old.summary, old.content, old.metadata):
+        events.append(_base(RecordAdded, cmd, record=old, merged=True))
+        return
+    if why := subjects.consent_refusal(state, ak, cmd, config_of(state, ak)):
+        raise Rejected(*why)
+    successor = AddMemory(
+        command_id=cmd.command_id,
+        tenant=cmd.tenant,
+        agent=cmd.agent,
+        issued_at=cmd.issued_at,
+        provenance=cmd.provenance,
+        preview=old.preview,
+        summary=summary,
+        content=content,
+        metadata=metadata,
+        kind=old.kind,
+        labels=old.labels,
+        scope=old.scope,
+        session=old.session,
+        user=old.user,
+        pinned=old.pinned,
+        replaces=old.id,
+        key=old.key,
+        confidence=old.confidence,
+        expires_at=old.expires_at,
+    )
+    _add(state, ak, successor, events, operator=True)
+
+
+def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
+    """Each procedure counts its validations, successes and failures."""
+    r = _addressed(state, ak, cmd, cmd.record_id)
+    if r.kind != "procedure":
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "record_id",
+                       f"record {r.id} is a {r.kind}; only procedures take outcomes")
+    if cmd.preview and not r.preview:
+        raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "record_id",
+                       f"record {r.id} was written by a live turn; a preview turn cannot change it")
+    if r.status is not Status.ACTIVE:
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {r.id} is {r.status.value}; only ACTIVE procedures take outcomes")
+    m = dict(r.metadata)
+    counted = "successes" if cmd.success else "failures"
+    m["validations"] = int(m.get("validations", 0)) + 1
+    m[counted] = int(m.get(counted, 0)) + 1
+    revised = r.model_copy(
+        update={"version": r.version + 1, "metadata": m, "modified": cmd.issued_at, "provenance": cmd.provenance}
+    )
+    events.append(_base(RecordRevised, cmd, record=revised))
+
+
+def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
+    """Tombstone the named live records past `expires_at`, as of the command's own time."""
+    for rid in dict.fromkeys(cmd.record_ids):
+        r = get_record(state, ak, rid)
+        if r is None or r.status not in LIVE or r.expires_at is None or r.expires_at > cmd.issued_at:
+            continue
+        events.append(_base(RecordExpired, cmd, record=_tombstone(r, cmd, valid_to=r.expires_at)))
+
+
+def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
+    r = _addressed(state, ak, cmd, cmd.record_id)
+    write = config_of(state, ak).memory.scope.write
+    # A member deletes their own facts whatever the agent may write now.
+    if cmd.provenance.source is not Source.MEMBER and r.scope.value.lower() not in write:
+        raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "record_id",
+                       f"{r.scope.value} records are outside memory.scope.write {write}")
+    if r.status is Status.DELETED:
+        events.append(_base(RecordDeleted, cmd, record=r))  # unchanged
+        return
+    if cmd.preview and not r.preview:
+        tomb = _new_preview_tombstone(r, cmd)
+        events.append(_base(RecordDeleted, cmd, record=tomb))
+        return
+    events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
+
+
+def _tombstone(r: MemoryRecord, cmd: Any, valid_to: datetime) -> MemoryRecord:
+    """The record's next version, DELETED: it stays readable in history, never recalled."""
+    return r.model_copy(
+        update={
+            "version": r.version + 1,
+            "status": Status.DELETED,
+            "pinned": False,
+            "modified": cmd.issued_at,
+            "valid_to": r.valid_to or valid_to,
+            "provenance": cmd.provenance,
+        }
+    )
+
+
+def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
+    return r.model_copy(
+        update={
+            "id": record_id_for(cmd.tenant, cmd.agent, cmd.command_id),
+            "version": 1,
+            "created": cmd.issued_at,
+            "modified": cmd.issued_at,
+            "status": Status.DELETED,
+            "preview": True,
+            "pinned": False,
+            "replaces": r.id,
+            "replaced_by": None,
+            "provenance": cmd.provenance,
+        }
+    )
+
+
+def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
+    r = _addressed(state, ak, cmd, cmd.record_id)
+    want = isinstance(cmd, PinMemory)
+    if cmd.preview and not r.preview:
+        # A turn in preview mode never changes a record a live turn wrote.
+        raise Rejected(
+            ErrorCode.PREVIEW_READ_ONLY, "record_id",
+            f"record {r.id} was written by a live turn; a preview turn cannot pin or unpin it",
+        )
+    if want and r.status is not Status.ACTIVE:
+        raise Rejected(ErrorCode.NOT_LIVE, "record_id",
+                       f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
+    if r.pinned == want:
+        events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
+        return
+    if want:
+        _check_pin_budget(state, ak, r, state.stats.get(count_key(ak, r)) or {"live": 0, "pinned_chars": 0})
+    changed = r.model_copy(
+        update={"version": r.version + 1, "pinned": want, "modified": cmd.issued_at, "provenance": cmd.provenance}
+    )
+    events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))

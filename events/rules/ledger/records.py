@@ -1,0 +1,244 @@
+"""New records, and the records a command may address: the scope a write takes, the
+record an `AddMemory` makes and its checks (`_add`: a restatement merged, a replaced record
+superseded, a keyed fact in conflict, the live-fact cap, the pinned budget), which records a
+command reaches (`_visible`, `_addressed`), and the episode a new episode links.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from events.commands import AddMemory
+from events.config import AgentConfig
+from events.errors import ErrorCode
+from events.memory import RecordAdded, RecordSuperseded
+from events.record import LIVE, MemoryRecord, Scope, Source, Status
+from events.rules.ledger import subject_rules as subjects
+from events.rules.ledger.state import (
+    LIVE_FACT_CAP,
+    MAX_EXPIRY,
+    RESERVED_KINDS,
+    LedgerState,
+    Rejected,
+    _base,
+    config_of,
+    get_record,
+    normalized_hash,
+    record_id_for,
+)
+from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, key_slots_seen, slot
+from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
+from events.rules.visibility import default_scope
+
+
+def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
+    """A write that names no scope takes `visibility.default_scope` (its member's when it
+    names one, else its session's, else the agent's), the rule extraction proposes with;
+    one that names a scope must be allowed to write it."""
+    write = cfg.memory.scope.write
+    if cmd.scope is None:
+        return default_scope(write, cmd.session, cmd.user)
+    if cmd.scope.value.lower() not in write:
+        raise Rejected(
+            ErrorCode.SCOPE_NOT_ALLOWED,
+            "scope",
+            f"scope {cmd.scope.value} is not allowed: memory.scope.write is {write}",
+        )
+    return cmd.scope
+
+
+def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = False) -> MemoryRecord:
+    cfg = config_of(state, ak)
+    if not cfg.memory.enabled:
+        raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
+    if cmd.kind in RESERVED_KINDS:
+        # Episodes and procedures are what consolidation makes of sessions (docs/consolidation.md).
+        if cmd.provenance.source is not Source.CONSOLIDATION and not operator:
+            raise Rejected(ErrorCode.VALIDATION_FAILED, "kind", f"kind {cmd.kind!r} is reserved for consolidation")
+    elif cmd.kind not in cfg.memory.kinds:
+        raise Rejected(
+            ErrorCode.VALIDATION_FAILED,
+            "kind",
+            f"kind {cmd.kind!r} is not declared; declared kinds: {', '.join(cfg.memory.kinds)}",
+        )
+    for name in cmd.labels:
+        if name not in cfg.memory.labels:
+            raise Rejected(ErrorCode.VALIDATION_FAILED, f"labels.{name}",
+                           f"label {name!r} is not declared in memory.labels")
+    # An operator edits records of any scope; the agent writes only what scope.write allows.
+    scope = cmd.scope if operator and cmd.scope else _scope_for(cfg, cmd)
+    if scope is Scope.SESSION and not cmd.session:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "session", "session scope requires a session")
+    if scope is Scope.USER and not cmd.user:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "user", "user scope requires a user: name the member (X-User)")
+    limit = cfg.memory.fact_chars
+    size = len(cmd.summary) + len(cmd.content)
+    if limit is not None and size > limit and cmd.kind not in RESERVED_KINDS:
+        # Episodes and procedures are not facts: they retell a session, and the cap counts facts only.
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "content",
+                       f"the fact holds {size} characters (summary and content), over memory.fact_chars={limit}; "
+                       "shorten it or split it into several facts")
+    if cmd.pinned and cfg.memory.pinned is None:
+        raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
+    latest = cmd.issued_at + MAX_EXPIRY
+    expires = min(cmd.expires_at, latest) if cmd.expires_at else latest
+    rid = cmd.record_id or record_id_for(cmd.tenant, cmd.agent, cmd.command_id)
+    p = cmd.provenance
+    return MemoryRecord(
+        id=rid,
+        version=1,
+        created=cmd.issued_at,
+        modified=cmd.issued_at,
+        tenant=cmd.tenant,
+        agent=cmd.agent,
+        scope=scope,
+        session=cmd.session,
+        user=cmd.user,
+        kind=cmd.kind,
+        summary=cmd.summary,
+        content=cmd.content,
+        metadata=cmd.metadata,
+        labels=cmd.labels,
+        key=cmd.key,
+        confidence=cmd.confidence,
+        expires_at=expires,
+        status=Status.ACTIVE,
+        pinned=cmd.pinned,
+        replaces=cmd.replaces,
+        preview=cmd.preview,
+        provenance=p,
+        observed_at=cmd.observed_at or cmd.issued_at,
+        valid_from=cmd.valid_from or cmd.observed_at or cmd.issued_at,
+        recorded_at=cmd.issued_at,
+    )
+
+
+def _visible(r: MemoryRecord, cmd: Any) -> bool:
+    """A command addresses a record only within its own session and preview rules.
+
+    A SESSION record never reaches another session, and an agent without a
+    session has no session scope, so an agent's command without a session reaches no
+    SESSION record. An operator's reaches every session (`deleteAgentMemory` deletes any
+    of the agent's records). A USER record is its member's (`subject_rules.may_address`)."""
+    if not subjects.may_address(r, cmd):
+        return False
+    if r.scope is Scope.SESSION and cmd.provenance.source is not Source.OPERATOR and getattr(cmd, "session", None) != r.session:
+        return False
+    if r.preview and not cmd.preview:
+        return False
+    return True
+
+
+def _addressed(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "record_id") -> MemoryRecord:
+    """The record `cmd` names in `field`, if it exists and `cmd` may address it (`_visible`);
+    else the same NOT_FOUND either way, so a command learns nothing of records it cannot see."""
+    r = get_record(state, ak, rid)
+    if r is None or not _visible(r, cmd):
+        raise Rejected(ErrorCode.NOT_FOUND, field, f"record {rid} does not exist for this agent")
+    return r
+
+
+def _members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMemory:
+    """A replacement of a member's fact (a USER record) is the member's too: scope USER and the
+    old record's user, whatever scope the write defaulted to, so a replacement never moves a
+    member's fact into session or agent scope. One that asks for another scope is refused.
+    A record the write may not address is left to `_addressed` (the same NOT_FOUND as ever)."""
+    old = get_record(state, ak, cmd.replaces) if cmd.replaces else None
+    if old is None or old.scope is not Scope.USER or not _visible(old, cmd):
+        return cmd
+    if cmd.scope is not None and cmd.scope is not Scope.USER:
+        raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "scope",
+                       f"record {old.id} is a member's fact in scope USER; its replacement stays in scope USER, "
+                       f"not {cmd.scope.value}")
+    if cmd.scope is Scope.USER and cmd.user == old.user:
+        return cmd
+    return cmd.model_copy(update={"scope": Scope.USER, "user": old.user})
+
+
+def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
+    if not operator:  # an operator's edit makes its successor in the old record's scope already
+        cmd = _members_stay_members(state, ak, cmd)
+    rec = _new_record(state, ak, cmd, operator)
+    if get_record(state, ak, rec.id):
+        raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
+    stats = state.stats.get(count_key(ak, rec)) or {"live": 0, "pinned_chars": 0}
+    h = normalized_hash(cmd.summary, cmd.content)
+    same = state.index.get(f"{ak}|text:{dup_scope(rec)}:{h}")
+    if same and not cmd.replaces:
+        existing = get_record(state, ak, same)
+        if existing and existing.status in LIVE:
+            events.append(_base(RecordAdded, cmd, record=existing, merged=True))
+            return
+    old: MemoryRecord | None = None
+    if cmd.replaces:
+        old = _addressed(state, ak, cmd, cmd.replaces, "replaces")
+        if old.status not in LIVE:
+            raise Rejected(
+                ErrorCode.NOT_LIVE, "replaces",
+                f"record {cmd.replaces} is {old.status.value}; only a live record can be replaced",
+            )
+        # Labels stay once declared: the successor keeps the old values it does not override.
+        rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
+    if rec.key and not old:
+        holders = (state.index.get(f"{ak}|key:{key_entry(seen, rec.kind, rec.key)}") for seen in key_slots_seen(rec))
+        holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
+        if holder_rec and holder_rec.status in LIVE:
+            # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
+            rec = rec.model_copy(update={"status": Status.CONFLICT})
+        elif cmd.pending:
+            # ... and one within a batch, with no stored fact, as PENDING.
+            rec = rec.model_copy(update={"status": Status.PENDING})
+    if rec.kind == "episode" and not old:
+        # An episode links the previous one. Linked here, in log order, so two
+        # sessions ending together cannot both claim the same predecessor, and a replay
+        # links the same.
+        rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
+    if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
+        # A member's facts are capped per member (`count_key`), the others per agent.
+        n = stats["live"]
+        holds = (f"the member holds {n} live facts on this agent" if rec.scope is Scope.USER
+                 else f"the agent holds {n} live facts")
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "summary",
+                       f"{holds}, the cap is {LIVE_FACT_CAP}; replace or delete facts first")
+    if rec.pinned:
+        _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
+    if old and old.preview == rec.preview:
+        superseded = old.model_copy(
+            update={
+                "version": old.version + 1,
+                "status": Status.SUPERSEDED,
+                "replaced_by": rec.id,
+                "modified": cmd.issued_at,
+                "superseded_at": cmd.issued_at,
+                "valid_to": rec.valid_from,
+                "pinned": False,
+                "provenance": cmd.provenance,
+            }
+        )
+        events.append(_base(RecordSuperseded, cmd, record=superseded))
+    # A preview write that names a live record shadows it and leaves it untouched.
+    events.append(_base(RecordAdded, cmd, record=rec))
+
+
+def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
+    cfg = config_of(state, ak)
+    if cfg.memory.pinned is None:
+        raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
+    budget = pin_budget_chars(cfg.memory.pinned.max_tokens)
+    used = stats["pinned_chars"] - freed
+    need = pin_line_chars(rec)
+    if used + need > budget:
+        raise Rejected(
+            ErrorCode.PIN_BUDGET_EXCEEDED,
+            "pinned",
+            f"pinning needs ~{(used + need) // CHARS_PER_TOKEN} tokens, over pinned.max_tokens="
+            f"{cfg.memory.pinned.max_tokens}; consolidate: replace several pins with one",
+        )
+
+
+def _last_episode(state: LedgerState, ak: str, rec: MemoryRecord) -> str | None:
+    """The newest episode a turn writing `rec` could read: of its own scope, or, for a
+    session's, of the agent scope too."""
+    slots = [dup_scope(rec)] + ([slot(Scope.AGENT, "", rec.preview)] if rec.scope is Scope.SESSION else [])
+    found = [r for s in slots if (rid := state.index.get(f"{ak}|episode:{s}")) and (r := get_record(state, ak, rid))]
+    return max(found, key=lambda r: (r.created, r.id)).id if found else None

@@ -1,0 +1,50 @@
+"""The subject commands: a member's consent granted or withdrawn, a member's memory on an
+agent erased, an agent removed, a member removed tenant-wide. Who may give a command and
+what consent a write needs is `subject_rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from events.commands import WORKSPACE, EraseSubject, GrantConsent, RemoveAgent, RemoveUser, WithdrawConsent
+from events.errors import ErrorCode
+from events.memory import AgentRemoved, ConsentGranted, ConsentWithdrawn, RecordDeleted, UserRemoved
+from events.rules.ledger.changes import _tombstone
+from events.rules.ledger.state import LedgerState, Rejected, _base, get_record
+from events.rules.ledger.subject_rules import subject_key
+
+
+def _member(cmd: Any) -> str:
+    """The member a subject command is about."""
+    if not cmd.user:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "user", f"{cmd.type} is about a member: name the user")
+    return cmd.user
+
+
+def _consent(state: LedgerState, ak: str, cmd: GrantConsent | WithdrawConsent, events: list) -> None:
+    """Written again when asked again, rather than nothing: the caller waits for an event,
+    and the fold of a second grant changes nothing."""
+    cls = ConsentGranted if type(cmd) is GrantConsent else ConsentWithdrawn
+    events.append(_base(cls, cmd, user=_member(cmd)))
+
+
+def _erase(state: LedgerState, ak: str, cmd: EraseSubject, events: list) -> None:
+    """Tombstones every live USER record of the member on this agent, and withdraws the
+    consent: a later write needs a new grant. Other scopes' records are not the member's."""
+    user = _member(cmd)
+    for rid in state.subject_records.get(subject_key(ak, user)) or ():
+        r = get_record(state, ak, rid)
+        events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
+    events.append(_base(ConsentWithdrawn, cmd, user=user, erased=True))
+
+
+def _remove_agent(state: LedgerState, ak: str, cmd: RemoveAgent, events: list) -> None:
+    events.append(_base(AgentRemoved, cmd))
+
+
+def _remove_user(state: LedgerState, ak: str, cmd: RemoveUser, events: list) -> None:
+    if cmd.agent != WORKSPACE:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
+                       f"a member is removed from the whole tenant: send RemoveUser under {WORKSPACE!r}")
+    events.append(_base(UserRemoved, cmd, user=_member(cmd)))
