@@ -1,9 +1,12 @@
 """The record view port, and the pure in-memory fold every adapter must agree with.
 
 A view keeps, per agent: every version of every record, the current version, a
-newest-first listing of live records, and the pinned set. Applying an event is a
-version-guarded upsert of the snapshot it carries, so duplicates and redeliveries are
-no-ops and the order of distinct versions does not matter.
+newest-first listing of live records, and the pinned set; per member of the agent, a
+listing of their USER records (listed as the agent's listing lists them), and the set of
+members who have (had) any, so that a member's list and an operator's counts read that
+member's records only. Applying an event is a version-guarded upsert of the snapshot it
+carries, so duplicates and redeliveries are no-ops and the order of distinct versions
+does not matter.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from events.memory import RECORD_EVENTS, AgentRemoved, BlockChanged, ConsentGranted, ConsentWithdrawn, UserRemoved
-from events.record import LIVE, MemoryRecord, Status
+from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 
 
@@ -64,8 +67,17 @@ class RecordView(Protocol):
     async def history(self, tenant: str, agent: str, rid: str) -> list[MemoryRecord]: ...
 
     async def page(
-        self, tenant: str, agent: str, limit: int, after: str | None = None, ascending: bool = False
-    ) -> Page: ...
+        self, tenant: str, agent: str, limit: int, after: str | None = None, ascending: bool = False,
+        user: str | None = None,
+    ) -> Page:
+        """Listed records by creation time, newest first unless `ascending`, `limit` a page
+        after the cursor `after`. With `user`: that member's listing, their USER records only
+        (a record of another scope that names them is not theirs)."""
+        ...
+
+    async def users(self, tenant: str, agent: str) -> set[str]:
+        """The members who have, or had, USER records on the agent."""
+        ...
 
     async def pinned(self, tenant: str, agent: str) -> list[MemoryRecord]: ...
 
@@ -129,9 +141,10 @@ class MemoryFold:
             if t == tenant and a == agent:
                 yield self.versions[(t, a, rid)][v]
 
-    async def page(self, tenant, agent, limit, after=None, ascending=False):
+    async def page(self, tenant, agent, limit, after=None, ascending=False, user=None):
         rows = sorted(
-            ((sort_score(r), r.id, r) for r in self._current(tenant, agent) if listed(r)),
+            ((sort_score(r), r.id, r) for r in self._current(tenant, agent)
+             if listed(r) and (user is None or (r.scope is Scope.USER and r.user == user))),
             key=lambda x: (x[0], x[1]),
             reverse=not ascending,
         )
@@ -141,6 +154,10 @@ class MemoryFold:
         chunk = rows[:limit]
         nxt = encode_cursor(chunk[-1][0], chunk[-1][1]) if len(rows) > limit else None
         return Page([x[2] for x in chunk], nxt)
+
+    async def users(self, tenant, agent):
+        return {r.user for (t, a, _), vs in self.versions.items() if t == tenant and a == agent
+                for r in vs.values() if r.scope is Scope.USER and r.user}
 
     async def pinned(self, tenant, agent):
         rs = [r for r in self._current(tenant, agent) if r.pinned and r.status is Status.ACTIVE]

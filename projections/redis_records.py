@@ -6,6 +6,13 @@ An agent's records share one hash, `rec:<tenant>/<agent>`: field `<record id>` h
 current version and `<record id>#<version>` each version. Per-record keys cost Redis
 a key each to create, and dropping a generation had to scan and unlink every one.
 Generations written with per-record keys (before 2026-11-29) read as empty: rebuild.
+Besides the agent's listing `list:<agent>`, each member has a listing of their USER
+records, `ulist:<agent>|<user>`, and `users:<agent>` names the members who have (had)
+any: a member's list and an operator's counts read those, not the agent's whole listing.
+A generation written before 2026-12-01 has neither for its records of then: there a
+member's list and the operator's counts miss them (a member's list shows only records
+written since, the counts only those and members with a consent state) until
+`memlane rebuild` fills a new generation, which has them all.
 Each event is applied by one Lua script that checks the version and writes the view and
 the projection's checkpoint together: the tracking record lives with the view.
 """
@@ -21,33 +28,43 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from events.config import AgentConfig
 from events.lean import as_lean
-from events.record import LIVE, MemoryRecord, Status
+from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 from projections.applied_waiter import AppliedListener
 from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
 
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
 # field: next offset}; ARGV[3]: the channel to announce the batch on, or "" (no one waits);
-# ARGV[4]: the batch's changed blocks as a JSON array; then 8 arguments per event: agent key, record id, version, the
-# event's raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or
-# -1, and the live record a preview record shadows or "". Flat arguments, not one JSON document: decoding escaped snapshots in Lua cost more than
-# the writes. A batch's sorted-set changes go out as one ZADD and one ZREM per key, not a
-# call per event. Keys are derived in the script, so this needs a single Redis node.
+# ARGV[4]: the batch's changed blocks as a JSON array; then 9 arguments per event (`_row`):
+# agent key, record id, version, the event's raw JSON, sort score, flags (1 listed + 2
+# pinned), expiry ms of a live record or -1, the live record a preview record shadows or "",
+# and the member of a USER record or "". A USER record is listed in its member's listing
+# too, as in the agent's (its scope and member never change between versions), and its
+# member joins the agent's set of members. Flat arguments, not one JSON document: decoding
+# escaped snapshots in Lua cost more than the writes. A batch's sorted-set changes go out
+# as one ZADD and one ZREM per key, and its new members as one SADD per agent, not a call
+# per event. Keys are derived in the script, so this needs a single Redis node.
 APPLY = """
 local ns = ARGV[1]
 local applied = 0
 local changes = {}
 local announce, announced = ARGV[3] ~= '', {}
+local users = {}
 local function put(key, member, score)
   local t = changes[key]
   if not t then t = {}; changes[key] = t end
   t[member] = score
 end
-for i = 5, #ARGV, 8 do
-  local ak, rid, ver = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+for i = 5, #ARGV, 9 do
+  local ak, rid, ver, user = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 8]
   local rk = ns .. ':rec:' .. ak
   local cur = tonumber(redis.call('HGET', rk, rid) or '0')
   if ARGV[i + 7] ~= '' then redis.call('SADD', ns .. ':shadowed:' .. ak, ARGV[i + 7]) end
+  if user ~= '' then
+    local u = users[ak]
+    if not u then u = {}; users[ak] = u end
+    u[user] = true
+  end
   if ver > cur then
     redis.call('HSET', rk, rid .. '#' .. ver, ARGV[i + 3], rid, ver)
     local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
@@ -55,6 +72,11 @@ for i = 5, #ARGV, 8 do
     local later = cur > 0
     if flags % 2 == 1 then put(ns .. ':list:' .. ak, rid, score)
     elseif later then put(ns .. ':list:' .. ak, rid, false) end
+    if user ~= '' then
+      local ul = ns .. ':ulist:' .. ak .. '|' .. user
+      if flags % 2 == 1 then put(ul, rid, score)
+      elseif later then put(ul, rid, false) end
+    end
     if flags >= 2 then put(ns .. ':pinned:' .. ak, rid, score)
     elseif later then put(ns .. ':pinned:' .. ak, rid, false) end
     if expiry ~= '-1' then put(ns .. ':expiry', ak .. '|' .. rid, expiry)
@@ -73,6 +95,13 @@ for key, members in pairs(changes) do
   -- unpack() is bounded by Lua's stack: a few thousand arguments per call
   for j = 1, #add, 4000 do redis.call('ZADD', key, unpack(add, j, math.min(j + 3999, #add))) end
   for j = 1, #rem, 4000 do redis.call('ZREM', key, unpack(rem, j, math.min(j + 3999, #rem))) end
+end
+for ak, members in pairs(users) do
+  local add = {}
+  for u in pairs(members) do add[#add + 1] = u end
+  for j = 1, #add, 4000 do
+    redis.call('SADD', ns .. ':users:' .. ak, unpack(add, j, math.min(j + 3999, #add)))
+  end
 end
 local ck = ns .. ':ckpt'
 for field, nxt in pairs(cjson.decode(ARGV[2])) do
@@ -109,10 +138,12 @@ def _checkpoints(positions: list[tuple[str, int]] | None) -> dict[str, int]:
     return ckpt
 
 
-def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str] | None:
-    """A record event as the view stores it: agent key, record id, version, the event's
-    raw JSON, sort score, flags (1 listed + 2 pinned), expiry ms of a live record or -1,
-    and the live record it shadows (a preview record's `replaces`) or ""."""
+def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str, str] | None:
+    """A record event as the view stores it (APPLY's 9 arguments per event): agent key,
+    record id, version, the event's raw JSON, sort score, flags (1 listed + 2 pinned),
+    expiry ms of a live record or -1, the live record it shadows (a preview record's
+    `replaces`) or "", and the member whose listing a USER record is in, or "" (a record of
+    another scope may name a member too, but is not theirs)."""
     e = as_lean(e)
     r = e.record
     if r is None:
@@ -120,7 +151,8 @@ def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str] | None:
     expiry = int(r.expires_at.timestamp() * 1000) if r.expires_at and r.status in LIVE else -1
     flags = int(listed(r)) + 2 * int(r.pinned and r.status is Status.ACTIVE)
     shadows = r.replaces if r.preview and r.replaces else ""
-    return f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry, shadows
+    user = r.user if r.scope is Scope.USER and r.user else ""
+    return f"{r.tenant}/{r.agent}", r.id, r.version, e.raw, sort_score(r), flags, expiry, shadows, user
 
 
 def _config_item(ns: str, e: Any) -> tuple[str, str]:
@@ -266,6 +298,10 @@ class RedisRecords:
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
         return [f"{ns}:rec:{ak}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
 
+    def _user_list(self, gen: int, tenant: str, agent: str, user: str) -> str:
+        """The member's listing of their USER records. Must match the key APPLY builds."""
+        return f"{self._ns(gen)}:ulist:{tenant}/{agent}|{user}"
+
     # ------------------------------------------------------------------ reconciler's reads
 
     async def scan_agents(self, gen: int, cursor: int, count: int) -> tuple[int, list[tuple[str, str]]]:
@@ -355,6 +391,7 @@ class RedisRecords:
         ns = await self._register()
         pipe = self.r.pipeline(transaction=False)
         changes: dict[str, dict[str, float | None]] = {}
+        users: dict[str, set[str]] = {}  # the agent's set of members -> members this batch names
         versions: dict[str, list[Any]] = {}  # agent hash -> field, value, ...
         configs = []
         for e in events:
@@ -367,10 +404,12 @@ class RedisRecords:
                 elif e.type in SUBJECT_EVENTS:
                     _subject_change(pipe, ns, e)
                 continue
-            ak, rid, ver, raw, score, flags, expiry, shadows = row
+            ak, rid, ver, raw, score, flags, expiry, shadows, user = row
             rk = f"{ns}:rec:{ak}"
             if shadows:
                 pipe.sadd(f"{ns}:shadowed:{ak}", shadows)
+            if user:
+                users.setdefault(f"{ns}:users:{ak}", set()).add(user)
             cur = self._filled.get((rk, rid), 0)
             if ver <= cur:
                 pipe.hsetnx(rk, f"{rid}#{ver}", raw)
@@ -378,11 +417,14 @@ class RedisRecords:
             self._filled[rk, rid] = ver
             versions.setdefault(rk, []).extend((f"{rid}#{ver}", raw, rid, ver))
             later = cur > 0  # a first version has no earlier listing, pin or expiry to take back
-            for key, member, on, value in (
+            zsets = [
                 (f"{ns}:list:{ak}", rid, flags & 1, score),
                 (f"{ns}:pinned:{ak}", rid, flags & 2, score),
                 (f"{ns}:expiry", f"{ak}|{rid}", expiry != -1, expiry),
-            ):
+            ]
+            if user:
+                zsets.append((f"{ns}:ulist:{ak}|{user}", rid, flags & 1, score))
+            for key, member, on, value in zsets:
                 if on or later:
                     changes.setdefault(key, {})[member] = value if on else None
         for rk, fields in versions.items():
@@ -392,6 +434,8 @@ class RedisRecords:
                 pipe.zadd(key, add)
             if rem := [m for m, v in members.items() if v is None]:
                 pipe.zrem(key, *rem)
+        for key, names in users.items():
+            pipe.sadd(key, *names)
         if configs:
             pipe.mset(dict(configs))
         if ckpt := _checkpoints(positions):
@@ -433,9 +477,11 @@ class RedisRecords:
         raws = await self.r.hmget(key, [f"{rid}#{v}" for v in range(int(cur), 0, -1)])
         return [snapshot(raw) for raw in raws if raw]
 
-    async def page(self, tenant, agent, limit, after=None, ascending=False) -> Page:
+    async def page(self, tenant, agent, limit, after=None, ascending=False, user=None) -> Page:
+        """A page of the agent's listing, or with `user` of that member's (their USER
+        records), by creation time."""
         gen = await self._read_generation()
-        key = self._keys(gen, tenant, agent)[1]
+        key = self._keys(gen, tenant, agent)[1] if user is None else self._user_list(gen, tenant, agent, user)
         cur = decode_cursor(after) if after else None
         picked: list[tuple[float, str]] = []
         offset, chunk = 0, limit + 16
@@ -457,6 +503,10 @@ class RedisRecords:
         records = await self.get_many(tenant, agent, [rid for _, rid in picked[:limit]])
         nxt = encode_cursor(*picked[limit - 1]) if len(picked) > limit else None
         return Page(records, nxt)
+
+    async def users(self, tenant: str, agent: str) -> set[str]:
+        """The members who have (or had) USER records on the agent."""
+        return await self.r.smembers(f"{self._ns(await self._read_generation())}:users:{tenant}/{agent}")
 
     async def pinned(self, tenant, agent) -> list[MemoryRecord]:
         key = self._keys(await self._read_generation(), tenant, agent)[2]

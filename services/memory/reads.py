@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,11 +64,14 @@ class RecallResult:
 log = structlog.get_logger()
 RECALLED_PER_SECTION = 3  # episodes, and procedures, a recall offers at most
 MEMBER_LIST = 200  # seed 004: a member's list shows up to 200 live facts
-# A listing that skips records (an operator's skips members' facts, a member's everyone
-# else's) reads the agent's listing this many records a page, and at most `WALK_BUDGET`
-# records a call: a page may come back short, with a cursor to read on from.
+# A listing that skips records (an operator's skips members' facts) reads the listing this
+# many records a page, and at most `WALK_BUDGET` records a call: a page may come back short,
+# with a cursor to read on from. A member's list and the operator's counts read the member's
+# own listing (the record view's, by `user`), not the agent's; the counts `WALK_PAGE` records
+# a page, `SUBJECT_WALKS` members at a time.
 WALK_PAGE = 500
 WALK_BUDGET = 10_000
+SUBJECT_WALKS = 16
 # What a recall treats as memory being unreadable: Redis down or timing out, a socket
 # error, the index (Qdrant Edge or a Qdrant server) failing.
 READ_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError, IndexUnavailable)
@@ -155,21 +157,31 @@ class MemoryReads:
         PENDING, CONFLICT; not episodes or procedures, which are not facts) and their consent
         ("granted", "withdrawn" or None). Never a fact's text.
 
-        Cost: it walks the agent's whole listing (every live record, `WALK_PAGE` at a time),
-        so it is O(the agent's live records), not O(its members); a per-subject count kept
-        by the record view would make it one read."""
+        Cost: it walks each member's own listing (the members who have or had user-scope
+        records, `WALK_PAGE` records a page, `SUBJECT_WALKS` members at a time), so it is
+        O(the members' live records), whatever else the agent holds; a per-subject count kept
+        by the record view would make it one read per member."""
         check_role(ctx, ("operator",), "list an agent's members and their counts")
-        counts: Counter[str] = Counter()
-        cursor = None
-        while True:
-            page = await self.records.page(ctx.tenant, ctx.agent, WALK_PAGE, cursor)
-            for r in page.records:
-                if r.scope is Scope.USER and r.user and not r.preview and r.status in LIVE:
-                    counts[r.user] += r.kind not in RESERVED_KINDS  # a member with episodes only is listed, at 0
-            cursor = page.next_cursor
-            if not cursor:
-                break
-        consents = await self.records.consents(ctx.tenant, ctx.agent)
+        users, consents = await asyncio.gather(self.records.users(ctx.tenant, ctx.agent),
+                                               self.records.consents(ctx.tenant, ctx.agent))
+        walks = asyncio.Semaphore(SUBJECT_WALKS)
+
+        async def count(user: str) -> int | None:
+            """The member's live facts, or None when they have no live record of their own."""
+            facts, live, cursor = 0, False, None
+            async with walks:
+                while True:
+                    page = await self.records.page(ctx.tenant, ctx.agent, WALK_PAGE, cursor, user=user)
+                    for r in page.records:
+                        if r.scope is Scope.USER and r.user == user and not r.preview and r.status in LIVE:
+                            live = True
+                            facts += r.kind not in RESERVED_KINDS  # a member with episodes only is listed, at 0
+                    cursor = page.next_cursor
+                    if not cursor:
+                        return facts if live else None
+
+        walked = sorted(users)
+        counts = {u: n for u, n in zip(walked, await asyncio.gather(*(count(u) for u in walked))) if n is not None}
         return [{"user": u, "facts": counts.get(u, 0), "consent": consents.get(u)}
                 for u in sorted(set(counts) | set(consents))]
 
@@ -462,15 +474,15 @@ class MemoryReads:
         return SearchResult([(r, None) for r in out], nxt)
 
     async def _walk(self, ctx: Context, first: int, after: str | None, ascending: bool,
-                    keep: Callable[[MemoryRecord], bool], chunk: int = WALK_PAGE) -> Page:
-        """Up to `first` of the agent's listed records that `keep` accepts, by creation time.
-        Reads the listing `chunk` records at a time and at most `WALK_BUDGET` a call; the
-        cursor goes on from the last record returned, or, when the budget ran out first, from
-        the last record read."""
+                    keep: Callable[[MemoryRecord], bool], chunk: int = WALK_PAGE, user: str | None = None) -> Page:
+        """Up to `first` of the agent's listed records (with `user`, of that member's listing)
+        that `keep` accepts, by creation time. Reads the listing `chunk` records at a time and
+        at most `WALK_BUDGET` a call; the cursor goes on from the last record returned, or,
+        when the budget ran out first, from the last record read."""
         out: list[MemoryRecord] = []
         cursor, read, last = after, 0, None
         while True:
-            page = await self.records.page(ctx.tenant, ctx.agent, chunk, cursor, ascending=ascending)
+            page = await self.records.page(ctx.tenant, ctx.agent, chunk, cursor, ascending=ascending, user=user)
             for r in page.records:
                 read, last = read + 1, r
                 if keep(r):
@@ -496,10 +508,12 @@ class MemoryReads:
             return await self._walk(ctx, first, after, ascending, lambda r: r.scope is not Scope.USER,
                                     chunk=min(first + 1, WALK_PAGE))
         if role == "member":
-            # The member's facts are among every member's: read the listing in large pages.
-            # (Cost: O(the agent's live records) to reach the member's last fact.)
-            return await self._walk(ctx, min(first, MEMBER_LIST), after, ascending,
-                                    lambda r: r.status in LIVE and readable_by(ctx, r))
+            # The member's own listing: their user-scope records, of which it skips only
+            # preview ones (and a preview's deletions), so a page reads little more than itself.
+            # (Cost: O(the page), whatever else the agent holds.)
+            first = min(first, MEMBER_LIST)
+            return await self._walk(ctx, first, after, ascending, lambda r: r.status in LIVE and readable_by(ctx, r),
+                                    chunk=first + 1, user=ctx.user)
         page = await self.records.page(ctx.tenant, ctx.agent, first, after, ascending=ascending)
         hidden = await self._shadowed(ctx)
         return Page([r for r in page.records if visible(r, ctx) and r.id not in hidden], page.next_cursor)

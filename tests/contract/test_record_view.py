@@ -144,3 +144,60 @@ async def test_consent_is_the_newest_grant_or_withdrawal_and_removal_is_for_good
     assert not (await view.subject("t", "a", "u2")).user_removed
     assert (await view.subject("t", "b", None)).agent_removed
     assert not (await view.subject("t", "a", None)).agent_removed
+
+
+def urec(rid: str, user: str, minute: int, version: int = 1, **kw) -> MemoryRecord:
+    """A member's (USER) record."""
+    return rec(rid, version, minute, scope="USER", user=user, **kw)
+
+
+async def test_a_members_listing_holds_their_own_listed_user_records(view):
+    await view.apply([ev(RecordAdded, urec(f"ann{i}", "ann", i)) for i in range(6)]
+                     + [ev(RecordAdded, urec(f"bob{i}", "bob", 10 + i)) for i in range(2)]
+                     + [ev(RecordAdded, rec("shared", minute=20)),
+                        ev(RecordAdded, rec("ann-said", minute=21, user="ann")),  # names ann, but the agent's
+                        ev(RecordAdded, rec("ann-session", minute=22, scope="SESSION", session="s1", user="ann")),
+                        ev(RecordAdded, urec("ann-elsewhere", "ann", 23, agent="b")),
+                        ev(RecordAdded, urec("cat0", "cat", 24)),
+                        ev(RecordDeleted, urec("bob-draft", "bob", 25, status="DELETED", preview=True))])
+    # A deleted and a superseded record leave the member's listing, as they leave the agent's.
+    await view.apply([ev(RecordDeleted, urec("ann1", "ann", 1, 2, status="DELETED")),
+                      ev(RecordSuperseded, urec("ann3", "ann", 3, 2, status="SUPERSEDED")),
+                      ev(RecordDeleted, urec("cat0", "cat", 24, 2, status="DELETED"))])
+    seen, cursor = [], None
+    while True:
+        page = await view.page("t", "a", 2, cursor, user="ann")
+        assert len(page.records) <= 2
+        seen += [r.id for r in page.records]
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    assert seen == ["ann5", "ann4", "ann2", "ann0"]
+    asc = await view.page("t", "a", 3, ascending=True, user="ann")
+    assert [r.id for r in asc.records] == ["ann0", "ann2", "ann4"] and asc.next_cursor
+    rest = await view.page("t", "a", 3, asc.next_cursor, ascending=True, user="ann")
+    assert [r.id for r in rest.records] == ["ann5"] and rest.next_cursor is None
+    # A preview deletion stays listed, as in the agent's listing.
+    assert [r.id for r in (await view.page("t", "a", 10, user="bob")).records] == ["bob-draft", "bob1", "bob0"]
+    assert (await view.page("t", "a", 10, user="cat")).records == []
+    assert (await view.page("t", "a", 10, user="dan")).records == []
+    assert [r.id for r in (await view.page("t", "b", 10, user="ann")).records] == ["ann-elsewhere"]
+    # The agent's listing still holds every member's records and the other scopes'.
+    everything = [r.id for r in (await view.page("t", "a", 100)).records]
+    assert everything == ["bob-draft", "ann-session", "ann-said", "shared", "bob1", "bob0",
+                          "ann5", "ann4", "ann2", "ann0"]
+    # Members who have or had user-scope records: cat's only one is deleted; "ann-said" is not ann's.
+    assert await view.users("t", "a") == {"ann", "bob", "cat"}
+    assert await view.users("t", "b") == {"ann"}
+    assert await view.users("t", "c") == set()
+
+
+async def test_a_members_listing_follows_the_current_version(view):
+    await view.apply([ev(RecordDeleted, urec("ann0", "ann", 0, 2, status="DELETED"))])
+    await view.apply([ev(RecordAdded, urec("ann0", "ann", 0))])  # older: changes nothing
+    assert (await view.page("t", "a", 10, user="ann")).records == []
+    await view.apply([ev(RecordAdded, urec("ann1", "ann", 1)), ev(RecordAdded, urec("ann1", "ann", 1))])
+    await view.apply([ev(RecordPinned, urec("ann1", "ann", 1, 2, pinned=True))])
+    page = await view.page("t", "a", 10, user="ann")
+    assert [(r.id, r.version) for r in page.records] == [("ann1", 2)] and page.next_cursor is None
+    assert await view.users("t", "a") == {"ann"}

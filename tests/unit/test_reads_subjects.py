@@ -207,24 +207,58 @@ async def test_a_members_list_pages_through_others_facts_and_stops_at_200(s, mon
     import services.memory.reads as reads_module
 
     await s.put(*[rec(f"ann{i:03}", f"fact {i}", "ann", 10 + 2 * i) for i in range(230)],
-                *[rec(f"bob{i:03}", f"fact {i}", "bob", 11 + 2 * i) for i in range(230)])
+                *[rec(f"bob{i:03}", f"fact {i}", "bob", 11 + 2 * i) for i in range(230)],
+                # Preview records are in the member's listing, but never in their list.
+                *[rec(f"ann-draft{i:03}", f"draft {i}", "ann", 10 + 2 * i, preview=True) for i in range(0, 230, 2)])
     page = await s.reads.memories(member("ann"), 500, None, True)
-    assert len(page.records) == 200 and all(x.user == "ann" for x in page.records) and page.next_cursor
+    assert len(page.records) == 200 and all(x.user == "ann" and not x.preview for x in page.records)
+    assert page.next_cursor
     rest = await s.reads.memories(member("ann"), 500, page.next_cursor, True)
     assert len(rest.records) == 33 and rest.next_cursor is None  # 230 + the 3 live ones of the fixture
     assert {x.id for x in page.records}.isdisjoint(x.id for x in rest.records)
     # With a small budget a page comes back short, with a cursor that reads on: nothing is lost.
     monkeypatch.setattr(reads_module, "WALK_PAGE", 7)
     monkeypatch.setattr(reads_module, "WALK_BUDGET", 20)
-    seen, cursor = [], None
+    seen, sizes, cursor = [], [], None
     while True:
         page = await s.reads.memories(member("ann"), 50, cursor, False)
         assert len(page.records) <= 50
         seen += [x.id for x in page.records]
+        sizes.append(len(page.records))
         cursor = page.next_cursor
         if not cursor:
             break
-    assert len(seen) == len(set(seen)) == 233
+    assert len(seen) == len(set(seen)) == 233 and not any(x.startswith("ann-draft") for x in seen)
+    assert min(sizes[:-1]) < 50  # the drafts it skipped spent the budget
+
+
+class CountingFold(ConfiguredFold):
+    """Counts the records its listings hand out."""
+
+    read = 0
+
+    async def page(self, *args, **kw):
+        page = await super().page(*args, **kw)
+        self.read += len(page.records)
+        return page
+
+
+async def test_a_members_list_and_the_counts_read_that_members_records_only(s):
+    # An agent with many records of its own and of another member: ann's list and the
+    # operator's counts read ann's (and bob's) listing, never the agent's whole one.
+    await s.put(*[rec(f"note{i:03}", f"note {i}", None, 100 + i) for i in range(300)],
+                *[rec(f"bob{i:03}", f"fact {i}", "bob", 400 + i) for i in range(300)],
+                rec("bob-said", "Bob said so", None, 700).model_copy(update={"user": "bob"}))  # the agent's
+    s.view.__class__ = CountingFold
+    assert [x.id for x in (await s.reads.memories(member("ann"), 50, None, False)).records] == \
+        ["ann-conflict", "ann-pending", "ann-color"]
+    assert s.view.read == 3
+    s.view.read = 0
+    first = await s.reads.memories(member("bob"), 20, None, False)
+    assert len(first.records) == 20 and first.next_cursor and s.view.read == 21  # the page, and one to know more
+    s.view.read = 0
+    assert {x["user"]: x["facts"] for x in await s.reads.subjects(operator())} == {"ann": 3, "bob": 301}
+    assert s.view.read == 3 + 301
 
 
 async def test_without_consent_an_agent_is_refused_and_recall_is_skipped(s):
