@@ -138,17 +138,18 @@ async def burst_turns(stack, settings, n: int, consent: bool = False
     agents = await asyncio.gather(*(new_agent(stack.api_url, settings.operator_key, CONSENT if consent else None)
                                     for _ in range(AGENTS)))
     texts = [fact(i) for i in range(n)]
-    turns, last, members = [], {}, set()
+    if consent:
+        # Granted before the turns are made: the ledger refuses a write made before its
+        # member's grant, whenever it arrives.
+        members = {(t, a, f"u{i % SESSIONS}") for i, (t, a, _) in ((i, agents[i % AGENTS]) for i in range(n))}
+        await set_consents(settings, sorted(members))
+    turns, last = [], {}
     for i in range(n):
         tenant, agent, key = agents[i % AGENTS]
         session = f"s{i % SESSIONS}"
         user = f"u{i % SESSIONS}" if consent else None
         turns.append(turn(tenant, agent, session, i, texts[i], "Noted.", user=user))
         last[agent] = (key, session, user, texts[i].split()[3])
-        if user:
-            members.add((tenant, agent, user))
-    if members:
-        await set_consents(settings, sorted(members))
     return turns, list(agents), list(last.values())
 
 
