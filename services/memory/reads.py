@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from events.base import utcnow
 from events.commands import WORKSPACE
 from events.config import AgentConfig
 from events.errors import ErrorCode
-from events.record import LIVE, MemoryRecord, Scope
+from events.record import MemoryRecord, Scope
 from events.rules.ledger import RESERVED_KINDS
 from events.rules.recall_render import fit, fit_facts, pinned_within_budget, render, render_fitted
 from events.rules.subjects import Refusal, SubjectState, refusal
@@ -28,6 +27,7 @@ from events.rules.visibility import readable_scopes, visible
 from projections.qdrant_index import IndexUnavailable, SearchFilter
 from projections.records import CursorError, Page, encode_cursor, sort_score
 from services.errors import ApiError
+from services.memory import member_reads
 from services.memory.context import Context
 from services.memory.recalled import RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
@@ -63,15 +63,6 @@ class RecallResult:
 
 log = structlog.get_logger()
 RECALLED_PER_SECTION = 3  # episodes, and procedures, a recall offers at most
-MEMBER_LIST = 200  # seed 004: a member's list shows up to 200 live facts
-# A listing that skips records (an operator's skips members' facts) reads the listing this
-# many records a page, and at most `WALK_BUDGET` records a call: a page may come back short,
-# with a cursor to read on from. A member's list and the operator's counts read the member's
-# own listing (the record view's, by `user`), not the agent's; the counts `WALK_PAGE` records
-# a page, `SUBJECT_WALKS` members at a time.
-WALK_PAGE = 500
-WALK_BUDGET = 10_000
-SUBJECT_WALKS = 16
 # What a recall treats as memory being unreadable: Redis down or timing out, a socket
 # error, the index (Qdrant Edge or a Qdrant server) failing.
 READ_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError, IndexUnavailable)
@@ -152,38 +143,9 @@ class MemoryReads:
         return tuple(s for s in scopes if s != Scope.USER.value) if ctx.principal.role == "operator" else scopes
 
     async def subjects(self, ctx: Context) -> list[dict[str, Any]]:
-        """For an operator: every member of the agent who has live user-scope records or a
-        consent state, with their count of live facts as the live-fact cap counts them (ACTIVE,
-        PENDING, CONFLICT; not episodes or procedures, which are not facts) and their consent
-        ("granted", "withdrawn" or None). Never a fact's text.
-
-        Cost: it walks each member's own listing (the members who have or had user-scope
-        records, `WALK_PAGE` records a page, `SUBJECT_WALKS` members at a time), so it is
-        O(the members' live records), whatever else the agent holds; a per-subject count kept
-        by the record view would make it one read per member."""
-        check_role(ctx, ("operator",), "list an agent's members and their counts")
-        users, consents = await asyncio.gather(self.records.users(ctx.tenant, ctx.agent),
-                                               self.records.consents(ctx.tenant, ctx.agent))
-        walks = asyncio.Semaphore(SUBJECT_WALKS)
-
-        async def count(user: str) -> int | None:
-            """The member's live facts, or None when they have no live record of their own."""
-            facts, live, cursor = 0, False, None
-            async with walks:
-                while True:
-                    page = await self.records.page(ctx.tenant, ctx.agent, WALK_PAGE, cursor, user=user)
-                    for r in page.records:
-                        if r.scope is Scope.USER and r.user == user and not r.preview and r.status in LIVE:
-                            live = True
-                            facts += r.kind not in RESERVED_KINDS  # a member with episodes only is listed, at 0
-                    cursor = page.next_cursor
-                    if not cursor:
-                        return facts if live else None
-
-        walked = sorted(users)
-        counts = {u: n for u, n in zip(walked, await asyncio.gather(*(count(u) for u in walked))) if n is not None}
-        return [{"user": u, "facts": counts.get(u, 0), "consent": consents.get(u)}
-                for u in sorted(set(counts) | set(consents))]
+        """For an operator: the agent's members, their live-fact counts and consent
+        (`member_reads.subjects`)."""
+        return await member_reads.subjects(self.records, ctx)
 
     # ------------------------------------------------------------------ blocks
 
@@ -473,47 +435,18 @@ class MemoryReads:
         nxt = encode_cursor(sort_score(out[-1]), out[-1].id) if more else None
         return SearchResult([(r, None) for r in out], nxt)
 
-    async def _walk(self, ctx: Context, first: int, after: str | None, ascending: bool,
-                    keep: Callable[[MemoryRecord], bool], chunk: int = WALK_PAGE, user: str | None = None) -> Page:
-        """Up to `first` of the agent's listed records (with `user`, of that member's listing)
-        that `keep` accepts, by creation time. Reads the listing `chunk` records at a time and
-        at most `WALK_BUDGET` a call; the cursor goes on from the last record returned, or,
-        when the budget ran out first, from the last record read."""
-        out: list[MemoryRecord] = []
-        cursor, read, last = after, 0, None
-        while True:
-            page = await self.records.page(ctx.tenant, ctx.agent, chunk, cursor, ascending=ascending, user=user)
-            for r in page.records:
-                read, last = read + 1, r
-                if keep(r):
-                    out.append(r)
-                    if len(out) > first:
-                        return Page(out[:first], encode_cursor(sort_score(out[first - 1]), out[first - 1].id))
-            cursor = page.next_cursor
-            if not cursor:
-                return Page(out, None)
-            if read >= WALK_BUDGET:
-                return Page(out, encode_cursor(sort_score(last), last.id))
-
     async def memories(self, ctx: Context, first: int, after: str | None, ascending: bool) -> Page:
         """A page of the agent's listed records by creation time. An operator sees every
         session's and preview records but no member's facts; a member their own live facts
-        (pending and conflicting ones too), at most `MEMBER_LIST` a page; an agent what it may read."""
+        (pending and conflicting ones too), at most `member_reads.MEMBER_LIST` a page; an agent what it may read."""
         cfg = await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
         await self._check_subject(ctx, cfg)
         role = ctx.principal.role
         if role == "operator":
-            # Most records are the operator's to see: read little more than a page.
-            return await self._walk(ctx, first, after, ascending, lambda r: r.scope is not Scope.USER,
-                                    chunk=min(first + 1, WALK_PAGE))
+            return await member_reads.operator_page(self.records, ctx, first, after, ascending)
         if role == "member":
-            # The member's own listing: their user-scope records, of which it skips only
-            # preview ones (and a preview's deletions), so a page reads little more than itself.
-            # (Cost: O(the page), whatever else the agent holds.)
-            first = min(first, MEMBER_LIST)
-            return await self._walk(ctx, first, after, ascending, lambda r: r.status in LIVE and readable_by(ctx, r),
-                                    chunk=first + 1, user=ctx.user)
+            return await member_reads.member_page(self.records, ctx, first, after, ascending)
         page = await self.records.page(ctx.tenant, ctx.agent, first, after, ascending=ascending)
         hidden = await self._shadowed(ctx)
         return Page([r for r in page.records if visible(r, ctx) and r.id not in hidden], page.next_cursor)

@@ -174,9 +174,9 @@ async def test_an_operator_never_reads_a_members_facts_but_sees_their_counts(s):
 
 
 async def test_subjects_walks_every_page_of_the_listing(s, monkeypatch):
-    import services.memory.reads as reads_module
+    import services.memory.member_reads as member_reads_module
 
-    monkeypatch.setattr(reads_module, "WALK_PAGE", 2)
+    monkeypatch.setattr(member_reads_module, "WALK_PAGE", 2)
     await s.put(*[rec(f"dan{i}", f"fact {i}", "dan", 10 + i) for i in range(7)])
     counts = {x["user"]: x["facts"] for x in await s.reads.subjects(operator())}
     assert counts == {"ann": 3, "bob": 1, "dan": 7}
@@ -204,7 +204,7 @@ async def test_a_member_lists_reads_and_traces_their_own_facts_only(s):
 
 
 async def test_a_members_list_pages_through_others_facts_and_stops_at_200(s, monkeypatch):
-    import services.memory.reads as reads_module
+    import services.memory.member_reads as member_reads_module
 
     await s.put(*[rec(f"ann{i:03}", f"fact {i}", "ann", 10 + 2 * i) for i in range(230)],
                 *[rec(f"bob{i:03}", f"fact {i}", "bob", 11 + 2 * i) for i in range(230)],
@@ -217,8 +217,8 @@ async def test_a_members_list_pages_through_others_facts_and_stops_at_200(s, mon
     assert len(rest.records) == 33 and rest.next_cursor is None  # 230 + the 3 live ones of the fixture
     assert {x.id for x in page.records}.isdisjoint(x.id for x in rest.records)
     # With a small budget a page comes back short, with a cursor that reads on: nothing is lost.
-    monkeypatch.setattr(reads_module, "WALK_PAGE", 7)
-    monkeypatch.setattr(reads_module, "WALK_BUDGET", 20)
+    monkeypatch.setattr(member_reads_module, "WALK_PAGE", 7)
+    monkeypatch.setattr(member_reads_module, "WALK_BUDGET", 20)
     seen, sizes, cursor = [], [], None
     while True:
         page = await s.reads.memories(member("ann"), 50, cursor, False)
