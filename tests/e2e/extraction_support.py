@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from events import AgentConfig, Message, TurnCommitted
 from events.codec import ContractError, decode, encode
 from events.commands import GrantConsent, WithdrawConsent
+from events.record import Provenance, Source
 from events.topics import COMMANDS, TOPICS
 from projections.redis_records import RedisRecords
 from services.client import MemlaneClient
@@ -111,8 +112,10 @@ async def send_commands(settings: Settings, *commands: Any) -> None:
 
 
 def consent_command(tenant: str, agent: str, user: str, grant: bool = True) -> GrantConsent | WithdrawConsent:
+    """What a member's key sends (the ledger takes a grant from its member only)."""
     kind = GrantConsent if grant else WithdrawConsent
-    return kind(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, user=user, issued_at=datetime.now(UTC))
+    return kind(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, user=user, issued_at=datetime.now(UTC),
+                provenance=Provenance(source=Source.MEMBER, modified_by=f"member:{user}"))
 
 
 async def set_consent(settings: Settings, tenant: str, agent: str, user: str, grant: bool = True) -> None:

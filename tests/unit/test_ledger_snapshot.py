@@ -26,7 +26,8 @@ FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "
 def _subject_commands(led):
     op = Provenance(source=Source.OPERATOR)
     for user in ("u1", "u2"):
-        led.run(GrantConsent(command_id=nid(), tenant="t", agent="a", issued_at=NOW, user=user))
+        led.run(GrantConsent(command_id=nid(), tenant="t", agent="a", issued_at=NOW, user=user,
+                             provenance=Provenance(source=Source.MEMBER)))
         led.add(f"{user} keeps a fact", scope="USER", user=user)
     led.run(EraseSubject(command_id=nid(), tenant="t", agent="a", issued_at=NOW, user="u2", provenance=op))
     led.run(RemoveAgent(command_id=nid(), tenant="t", agent="gone", issued_at=NOW, provenance=op))

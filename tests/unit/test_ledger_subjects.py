@@ -55,6 +55,7 @@ def rejected(events, code, field):
 
 
 def grant(led, user, **kw):
+    kw.setdefault("provenance", Provenance(source=Source.MEMBER, modified_by=f"member:{user}"))
     return led.run(GrantConsent(**common(user=user, **kw)))
 
 
@@ -380,7 +381,8 @@ def test_granting_again_answers_again_and_changes_nothing():
 
 @pytest.mark.parametrize("cls", [GrantConsent, WithdrawConsent, EraseSubject])
 def test_consent_commands_need_a_user(cls):
-    rejected(Ledger().run(cls(**common())), "VALIDATION_FAILED", "user")
+    rejected(Ledger().run(cls(**common(provenance=MEMBER if cls is GrantConsent else OPERATOR))), "VALIDATION_FAILED",
+             "user")
 
 
 def test_a_staged_write_without_consent_is_refused_before_it_is_staged():

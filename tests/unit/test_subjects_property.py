@@ -59,7 +59,7 @@ def _command(op, n: int, ids: list[str]):
     base = dict(command_id=f"p{n}", tenant="t", agent="a", issued_at=at)
     kind = op[0]
     if kind == "grant":
-        return GrantConsent(**base, user=op[1])
+        return GrantConsent(**base, user=op[1], provenance=Provenance(source=Source.MEMBER))
     if kind == "withdraw":
         return WithdrawConsent(**base, user=op[1])
     if kind == "erase":

@@ -166,10 +166,11 @@ def admission(state: LedgerState, ak: str, cmd: Any, cfg: AgentConfig) -> Refuse
     if source is Source.MEMBER and kind not in MEMBER_COMMANDS:
         return Refused(ErrorCode.FORBIDDEN, None,
                        "a member edits and deletes their own facts and grants or withdraws consent; nothing else")
+    if kind is GrantConsent and source is not Source.MEMBER:
+        # Consent is the member's own act: not the agent's, a review's or an operator's.
+        return Refused(ErrorCode.FORBIDDEN, "user", "only the member grants consent, with their own key")
     names_a_member = cmd.user is not None or getattr(cmd, "scope", None) is Scope.USER
     if source is Source.OPERATOR and kind in NOT_FOR_A_MEMBER and names_a_member:
-        if kind is GrantConsent:
-            return Refused(ErrorCode.FORBIDDEN, "user", "only the member grants consent, with their own key")
         return Refused(ErrorCode.FORBIDDEN, "user", "an operator never writes a member's memory")
     return consent_refusal(state, ak, cmd, cfg) if needs_consent(cmd) else None
 
