@@ -20,6 +20,7 @@ from qdrant_edge import (
     FieldCondition,
     Filter,
     Fusion,
+    IsEmptyCondition,
     MatchAny,
     MatchValue,
     Point,
@@ -64,6 +65,7 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
         "call_id": e.call_id,
         "tool_name": e.tool_name,
         "calls": list(e.calls),
+        "user": e.user,
         "part": part,
         "parts": parts,
         "text": text,
@@ -73,7 +75,8 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
 # Payload keys search filters or sorts on. The rest of a part's payload is one JSON string
 # under `doc`, which Edge writes far faster than separate keys (docs/qdrant-edge.md). A
 # point written before `doc` existed reads as it was.
-FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id")
+FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id",
+            "user")
 
 
 def pack(payload: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +109,7 @@ class HistoryIndex:
         self._lock = threading.Lock()
         # The session is the tenant key: every history search stays inside one.
         self.shard = open_shard(
-            self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id"),
+            self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id", "user"),
             ("turn", "occurred_ms"),
         )
 
@@ -140,6 +143,12 @@ class HistoryIndex:
             FieldCondition("tenant", match=MatchValue(f.tenant)),
             FieldCondition("kind", match=MatchAny(list(f.kinds))),
         ]
+        # A member's turns: only for the agent or helper speaking for that member (HistoryFilter.sees_member).
+        # A part of no member stores no `user` key (pack leaves None out), as does one written before it existed.
+        if f.operator or f.user is None:
+            must.append(IsEmptyCondition("user"))
+        else:
+            must.append(Filter(should=[IsEmptyCondition("user"), FieldCondition("user", match=MatchValue(f.user))]))
         if not f.preview:
             must.append(FieldCondition("visibility", match=MatchValue("live")))
         if f.before_turn is not None:

@@ -92,7 +92,7 @@ class ConsolidationProcessor(Processor):
             return [self._usage(refused)]
         await self._history_folded(partition, offset)
         kept, _ = await self.history.page(
-            HistoryFilter(ended.tenant, ended.agent, ended.session, preview=False, kinds=ALL_KINDS),
+            HistoryFilter(ended.tenant, ended.agent, ended.session, preview=False, kinds=ALL_KINDS, user=ended.user),
             limit=rules.SHOWN_EVENTS,
         )
         events = rules.shown_events(kept)

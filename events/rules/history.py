@@ -54,6 +54,9 @@ class KeptEvent:
     call_id: str | None = None
     tool_name: str | None = None
     calls: tuple[str, ...] = ()
+    # The member whose turn said it (the turn's `user`); None for a turn of no member. An
+    # event stored before this field existed reads as None.
+    user: str | None = None
 
     @property
     def session_key(self) -> str:
@@ -126,6 +129,7 @@ def kept_events(turn: TurnCommitted) -> list[KeptEvent]:
                 call_id=m.tool_call_id,
                 tool_name=m.tool_name,
                 calls=tuple(c.id for c in m.tool_calls),
+                user=turn.user,
             )
         )
     return out
@@ -175,6 +179,7 @@ def event_from_payload(p: dict[str, Any]) -> KeptEvent:
         call_id=p.get("call_id"),
         tool_name=p.get("tool_name"),
         calls=tuple(p.get("calls") or ()),
+        user=p.get("user"),
     )
 
 
@@ -231,11 +236,21 @@ class HistoryFilter:
     since_ms: int | None = None  # inclusive
     until_ms: int | None = None  # exclusive
     ids: tuple[str, ...] = ()
+    # Who reads: a member's turns are found only by an agent or helper key speaking for that
+    # member (X-User); events of no member by anyone. An operator key never finds a member's
+    # turns, whatever `memory.consent` says.
+    user: str | None = None
+    operator: bool = False
+
+    def sees_member(self, user: str | None) -> bool:
+        """Whether this search may find an event of member `user` (None: of no member)."""
+        return user is None or (not self.operator and user == self.user)
 
     def admits(self, e: KeptEvent) -> bool:
         """The same rule the Qdrant filter applies, for reads that come from Redis."""
         return (
             (e.tenant, e.agent, e.session) == (self.tenant, self.agent, self.session)
+            and self.sees_member(e.user)
             and (self.preview or not e.preview)
             and e.kind in self.kinds
             and (self.before_turn is None or e.turn < self.before_turn)

@@ -281,3 +281,44 @@ async def test_each_search_is_recorded_as_retrieved(tools, settings, agents):
         await consumer.stop()
     assert (u.tool, u.tenant, u.agent, u.session, u.turn) == ("search_history", tenant, agent, "s1", 6)
     assert [i.id for i in u.items] == found
+
+
+async def test_a_members_turns_are_searched_only_by_the_agent_speaking_for_that_member(new_agent, stack, settings):
+    # memory.consent is "not_required" (the default): the member's transcript is still theirs.
+    from services.client import MemlaneClient, TurnPublisher
+
+    tenant, agent, key = await new_agent(AgentConfig.model_validate({"history": {"index": "messages"}}))
+    assert AgentConfig.model_validate({}).memory.consent == "not_required"
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant) as boot:
+        operator_key = await boot.issue_key(tenant, None, "operator")
+    alice = turn(tenant, agent, 1, [
+        Message(id="ua", role="user", content="My locker code is 4411 at the heron gym"),
+        Message(id="aa", role="assistant", content="Saved", tool_calls=[
+            ToolCall(id="ca", name="add_memory", arguments={"summary": "Alice's heron gym locker code is 4411"})]),
+    ], session="sA").model_copy(update={"user": "alice"})
+    nobody = turn(tenant, agent, 2, [Message(id="un", role="user", content="The heron gym opens at six")],
+                  session="sA")
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        await pub.publish(alice)
+        await pub.publish(nobody)
+
+    def reader(user=None, key=key, **headers):
+        h = History(stack.api_url, key, session="sA")
+        h.http.headers.update({**({"X-User": user} if user else {}), **headers})
+        return h
+
+    as_alice = reader("alice")
+    # Both sides are caught up: Qdrant (ranked) and Redis (by id, listing).
+    await eventually(lambda: set(as_alice.ids("heron gym locker 4411", mode="lexical")) == {"ua", "aa", "un"},
+                     timeout=60)
+    await eventually(lambda: set(as_alice.ids(ids=["ua", "aa", "un"])) == {"ua", "aa", "un"}, timeout=60)
+    assert set(as_alice.ids(limit=100)) == {"ua", "aa", "un"}
+    for name, h in {
+        "agent for bob": reader("bob"),
+        "agent for no member": reader(),
+        "tenant operator": reader(key=operator_key, **{"X-Agent": agent}),
+        "tenant operator naming alice": reader("alice", key=operator_key, **{"X-Agent": agent}),
+    }.items():
+        for found in (h.ids("heron gym locker 4411", mode="lexical"), h.ids("locker code"),
+                      h.ids(ids=["ua", "aa", "un"]), h.ids(limit=100)):
+            assert found == ["un"], (name, found)

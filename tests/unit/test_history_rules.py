@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +15,7 @@ from events.rules.history import (
     KeptEvent,
     decode_cursor,
     encode_cursor,
+    event_from_payload,
     header,
     kept_events,
     kinds_for,
@@ -135,3 +137,64 @@ def test_a_stored_part_reads_back_as_written_and_an_old_one_as_it_was():
         assert ("execution_id" in stored) == (payload["execution_id"] is not None)  # None is not stored as a key
         assert unpack(stored) == payload
         assert unpack(payload) == payload
+
+
+# ----------------------------------------------------------------- whose turns a search sees
+
+READERS = {
+    "agent for alice": dict(user="alice"),
+    "agent for bob": dict(user="bob"),
+    "agent for no member": dict(user=None),
+    "operator": dict(user=None, operator=True),
+    "operator naming alice": dict(user="alice", operator=True),
+}
+# Who finds an event of each member (None: a turn of no member).
+SEES = {
+    "agent for alice": {None, "alice"},
+    "agent for bob": {None, "bob"},
+    "agent for no member": {None},
+    "operator": {None},
+    "operator naming alice": {None},
+}
+
+
+def test_kept_events_carry_the_turns_member_and_an_old_stored_event_reads_as_of_none():
+    t = turn([Message(id="u", role="user", content="my locker code is 4411")], user="alice")
+    [e] = kept_events(t)
+    assert e.user == "alice"
+    assert KeptEvent.from_json(e.to_json()) == e
+    old = json.loads(event().to_json())
+    del old["user"]
+    assert KeptEvent.from_json(json.dumps(old)).user is None
+    assert [x.user for x in kept_events(turn([Message(id="u", role="user", content="hi")]))] == [None]
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_a_members_turns_are_found_only_by_the_agent_speaking_for_that_member(reader):
+    f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",), **READERS[reader])
+    seen = {u for u in (None, "alice", "bob") if f.admits(event(user=u))}
+    assert seen == SEES[reader]
+
+
+def test_the_redis_rule_and_the_qdrant_filter_agree_on_whose_turns_are_found(tmp_path):
+    from projections.history_index import HistoryIndex, event_parts
+
+    index = HistoryIndex(tmp_path / "history", dim=4)
+    try:
+        events = {u: event(id=f"m-{u}", user=u, text="kestrel budget") for u in (None, "alice", "bob")}
+        rows = [(pid, p, [1.0, 0.0, 0.0, 0.0]) for e in events.values() for pid, p in event_parts(e)]
+        # A part written before `user` existed: no key at all, read as of no member.
+        old_pid, old = event_parts(event(id="m-old", text="kestrel budget"))[0]
+        del old["user"]
+        rows.append((old_pid, old, [1.0, 0.0, 0.0, 0.0]))
+        index.upsert(rows)
+        for reader, who in READERS.items():
+            f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",), **who)
+            for mode in ("lexical", "vector"):
+                hits = index.search(f, [1.0, 0.0, 0.0, 0.0], "kestrel budget", 10, mode=mode)
+                found = {h.payload["event_id"] for h in hits}
+                admitted = {e.id for e in [*events.values(), event_from_payload(old)] if f.admits(e)}
+                assert found == admitted == {f"m-{u}" for u in SEES[reader]} | {"m-old"}, (reader, mode)
+                assert all(event_from_payload(h.payload).user in SEES[reader] for h in hits)
+    finally:
+        index.close()

@@ -5,7 +5,9 @@ runs its projection in this process; whole events and listings come from the Red
 that `memlane worker history` keeps.
 
 Boundaries: a search sees one session (X-Session) of the key's agent, never another;
-without a session there is no history. A live turn never sees what a preview turn kept.
+without a session there is no history. A member's turns (the turn's `user`) are found only
+by the agent or helper key speaking for that member (X-User), never by an operator, on any
+agent. A live turn never sees what a preview turn kept.
 With a current turn (X-Turn header or `turn`), only earlier turns are searched, which is
 also how a replayed turn sees the history its original turn saw. `harness.history` must
 be set: an agent without it has history search off. On an agent whose members' consent
@@ -139,6 +141,8 @@ class HistoryExtension:
             conversation=body.conversation,
             since_ms=since,
             until_ms=until,
+            user=who.user,
+            operator=who.principal.role == "operator",
         )
         if body.ids:
             out, nxt, embedded = await self._read(f, body.ids), None, None
@@ -163,7 +167,8 @@ class HistoryExtension:
 
     async def _read(self, f: HistoryFilter, ids: list[str]) -> list[dict[str, Any]]:
         """Whole events by id, within the session, visibility and turn boundaries."""
-        bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn)
+        bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn, user=f.user,
+                               operator=f.operator)
         events = await self.store.get_many(f.tenant, f.agent, f.session, list(dict.fromkeys(ids)))
         return [render(e, e.text, None, len(split_parts(e.text))) for e in events if bounds.admits(e)]
 
