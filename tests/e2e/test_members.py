@@ -308,7 +308,7 @@ async def test_two_members_of_one_agent_never_see_each_others_facts(stack, membe
             {"query": "Miso", "mode": "lexical", "user": "dana smith"}]})
         assert [[r["id"] for r in res["records"]] for res in batch["results"][:3]] == [[cat["id"]], [dog["id"]], []]
         assert [(e["error"]["code"], e["error"]["field"], e["status"]) for e in batch["results"][3:]] == [
-            ("CHANNEL_NOT_ALLOWED", "channel", 403), ("VALIDATION_FAILED", "x-user", 422)]
+            ("CHANNEL_NOT_ALLOWED", "channel", 403), ("VALIDATION_FAILED", "user", 422)]
     # The extraction worker's lookup (an operator's, `retrieved: false`) reads as the agent for
     # the turn's member; any other operator search never shows a member's fact.
     async with m.op() as op:

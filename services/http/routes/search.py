@@ -108,7 +108,7 @@ async def search_memory_batch(
                 x_channel=item.channel if item.channel is not None else x_channel,
             )
         except ApiError as e:
-            answers.append(api_error_item(e))
+            answers.append(api_error_item(_as_item_field(e, item)))
             continue
         if deployment_key(p) and not body.retrieved and ctx.user is not None:
             ctx = as_agent(ctx)
@@ -127,6 +127,16 @@ async def search_memory_batch(
             await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
         answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
     return FastJSONResponse({"results": answers})
+
+
+def _as_item_field(e: ApiError, item: SearchItem) -> ApiError:
+    """An error about a value the item gave names the item's field (`user`), not the header
+    (`x-user`) the request may not even have sent."""
+    name = (e.field or "").removeprefix("x-")
+    if e.field and e.field.startswith("x-") and getattr(item, name, None) is not None:
+        e.field = name
+        e.message = e.message.replace(f"x-{name}:", f"{name}:", 1)
+    return e
 
 
 def deployment_key(p: Principal) -> bool:
