@@ -8,7 +8,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 # Identifiers travel in Kafka keys and Redis keys, so they stay short and printable.
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")]
+IDENT_PATTERN = r"^[A-Za-z0-9._:@\-]+$"
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENT_PATTERN)]
 
 
 def command_key(tenant: str, agent: str, command_id: str) -> str:

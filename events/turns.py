@@ -34,7 +34,8 @@ class Message(Message_):
 
 # Where a session runs. Memory is read and written only in the channels an agent's
 # `memory.channels` lists; a turn that names none is a platform without channels.
-Channel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+CHANNEL_PATTERN = r"^[A-Za-z0-9_\-]+$"
+Channel = Annotated[str, Field(min_length=1, max_length=64, pattern=CHANNEL_PATTERN)]
 
 
 class _TurnBase(Message_):

@@ -127,20 +127,17 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
     )
 
 
+def _usage_of(turn: TurnCommitted, part: str) -> dict[str, Any]:
+    """The fields a turn's usage record shares; its id derives from the turn and `part`, so a
+    replay makes the same one."""
+    return dict(usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/{part}")), tenant=turn.tenant,
+                agent=turn.agent, occurred_at=turn.occurred_at, session=turn.session,
+                execution_id=turn.execution_id, turn=turn.turn)
+
+
 def skipped(turn: TurnCommitted, reason: str, detail: str) -> MemorySkipped:
     """The usage record of a turn that got no memory work; one per turn attempt."""
-    return MemorySkipped(
-        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/skipped/{turn.attempt}")),
-        tenant=turn.tenant,
-        agent=turn.agent,
-        occurred_at=turn.occurred_at,
-        session=turn.session,
-        execution_id=turn.execution_id,
-        turn=turn.turn,
-        user=turn.user,
-        reason=reason,
-        detail=detail,
-    )
+    return MemorySkipped(**_usage_of(turn, f"skipped/{turn.attempt}"), user=turn.user, reason=reason, detail=detail)
 
 
 def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
@@ -150,22 +147,10 @@ def refusal_usage(turn: TurnCommitted, r: review.Refused) -> CandidateRefused:
 
 
 def _refused(turn: TurnCommitted, part: str, reason: str, preview: str) -> CandidateRefused:
-    """A refusal's usage record; its id derives from the turn, so a replay makes the same one.
-    A member's turn keeps no preview: usage records are read by operators, who never read a
-    member's words."""
-    if turn.user is not None:
-        preview = ""
-    return CandidateRefused(
-        usage_id=str(uuid.uuid5(NAMESPACE, f"{turn.event_id}/{part}")),
-        tenant=turn.tenant,
-        agent=turn.agent,
-        occurred_at=turn.occurred_at,
-        session=turn.session,
-        execution_id=turn.execution_id,
-        turn=turn.turn,
-        reason=reason,
-        summary_preview=preview,
-    )
+    """A refusal's usage record. A member's turn keeps no preview: usage records are read by
+    operators, who never read a member's words."""
+    return CandidateRefused(**_usage_of(turn, part), reason=reason,
+                            summary_preview="" if turn.user is not None else preview)
 
 
 class ExtractionProcessor(Processor):

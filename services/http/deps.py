@@ -21,15 +21,16 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from events.base import IDENT_PATTERN
 from events.commands import WORKSPACE
 from events.errors import ErrorCode
+from events.turns import CHANNEL_PATTERN
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context, MemoryService
 
 # The contract's rules for a user id (events.base.Ident) and a channel (events.turns.Channel).
-_IDENT = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
-_CHANNEL = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+_IDENT, _CHANNEL = re.compile(IDENT_PATTERN), re.compile(CHANNEL_PATTERN)
 
 
 async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
@@ -42,7 +43,7 @@ async def principal(request: Request, authorization: Annotated[str | None, Heade
 
 def checked_user(user: str | None, field: str = "x-user") -> str | None:
     """A member id as a header or a body names it: letters, digits and `._:@-`, at most 128."""
-    if user is not None and not _IDENT.fullmatch(user):
+    if user is not None and not (len(user) <= 128 and _IDENT.fullmatch(user)):
         raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: an id is 1 to 128 letters, digits "
                        "or ._:@- characters", 422)
     return user
@@ -59,7 +60,7 @@ def checked_agent(agent: str | None, field: str = "x-agent") -> str | None:
 
 
 def checked_channel(channel: str | None, field: str = "x-channel") -> str | None:
-    if channel is not None and not _CHANNEL.fullmatch(channel):
+    if channel is not None and not (len(channel) <= 64 and _CHANNEL.fullmatch(channel)):
         raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field}: a channel is 1 to 64 letters, digits, "
                        "_ or - characters", 422)
     return channel

@@ -8,6 +8,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic_core import to_json
 
+from services.auth import Role
+
 
 class FastJSONResponse(JSONResponse):
     """The same compact UTF-8 JSON, written by pydantic-core: the stdlib encoder was a tenth
@@ -36,7 +38,6 @@ class BlocksOut(BaseModel):
     blocks: list[Block]
 
 
-Role = Literal["agent", "helper", "operator", "member"]
 
 
 class KeyEntry(BaseModel):

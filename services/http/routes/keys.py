@@ -6,14 +6,14 @@ A member key names its member (`user`) and one agent, or none for every agent of
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
 from events.base import Ident
 from events.commands import WORKSPACE
 from events.errors import ErrorCode
-from services.auth import Principal
+from services.auth import Principal, Role
 from services.errors import ApiError
 from services.http.deps import Caller
 from services.http.models import Body
@@ -28,7 +28,7 @@ class KeyRequest(Body):
     # so a bad name is refused when the key is issued, not at its first write.
     tenant: Ident
     agent: Ident | None = None
-    role: Literal["agent", "helper", "operator", "member"] = "agent"
+    role: Role = "agent"
     user: Ident | None = None
 
 

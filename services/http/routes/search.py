@@ -14,7 +14,7 @@ from pydantic import Field
 from events.errors import ErrorCode
 from services.auth import Principal
 from services.errors import ApiError
-from services.http.deps import Caller, Ctx, Svc, resolve_context
+from services.http.deps import Caller, Ctx, Svc, checked_channel, checked_user, resolve_context
 from services.http.errors import api_error_item
 from services.http.models import Body
 from services.http.responses import FastJSONResponse, record_out
@@ -98,6 +98,9 @@ async def search_memory_batch(
     answers: list[dict[str, Any] | None] = []
     for item in body.searches:
         try:
+            # An item's own member and channel are refused under the item's field names.
+            checked_user(item.user, "user")
+            checked_channel(item.channel, "channel")
             ctx = resolve_context(
                 p,
                 item.agent or x_agent,
@@ -108,7 +111,7 @@ async def search_memory_batch(
                 x_channel=item.channel if item.channel is not None else x_channel,
             )
         except ApiError as e:
-            answers.append(api_error_item(_as_item_field(e, item)))
+            answers.append(api_error_item(e))
             continue
         if deployment_key(p) and not body.retrieved and ctx.user is not None:
             ctx = as_agent(ctx)
@@ -127,16 +130,6 @@ async def search_memory_batch(
             await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
         answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
     return FastJSONResponse({"results": answers})
-
-
-def _as_item_field(e: ApiError, item: SearchItem) -> ApiError:
-    """An error about a value the item gave names the item's field (`user`), not the header
-    (`x-user`) the request may not even have sent."""
-    name = (e.field or "").removeprefix("x-")
-    if e.field and e.field.startswith("x-") and getattr(item, name, None) is not None:
-        e.field = name
-        e.message = e.message.replace(f"x-{name}:", f"{name}:", 1)
-    return e
 
 
 def deployment_key(p: Principal) -> bool:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request
 
+from events.base import IDENT_PATTERN
 from events.commands import WORKSPACE
 from services.http.deps import Caller, Ctx, Svc, checked_user, tenant_of
 from services.memory import Context
@@ -26,7 +27,7 @@ from services.memory.rules import check_role
 
 router = APIRouter(tags=["members"])
 
-User = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$",
+User = Annotated[str, Path(min_length=1, max_length=128, pattern=IDENT_PATTERN,
                            description="the member's user id")]
 
 
