@@ -1,14 +1,22 @@
-"""JSON codec. Decoding refuses unknown types and bad fields, naming the field path."""
+"""JSON codec. Decoding refuses unknown types and bad fields, naming the field path.
+
+With a cipher in use (`use_cipher`, called once by each process's bootstrap), `encode` seals
+a message's personal fields and `decode` opens them (`events.sealing`). Without one, a
+process writes plaintext and refuses sealed messages: unit tests, and logs written before
+encryption, need no keys.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from events.commands import Command
 from events.limits import STORED
 from events.memory import MemoryEvent
+from events.sealing import PERSONAL, SEALED_MARK, Cipher, open_fields, open_record, seal_fields
 from events.turns import TurnEvent
 from events.usage import UsageEvent
 from events.vectors import VectorComputed
@@ -31,14 +39,84 @@ class ContractError(ValueError):
         self.message = message
 
 
+_cipher: Cipher | None = None
+_JSON = msgspec.json.Decoder()
+
+
+def use_cipher(cipher: Cipher | None) -> None:
+    """The process's cipher: every later `encode` seals and every `decode` opens with it."""
+    global _cipher
+    _cipher = cipher
+
+
+def cipher() -> Cipher | None:
+    return _cipher
+
+
 def encode(message: BaseModel) -> bytes:
-    return message.model_dump_json(exclude_none=False).encode()
+    raw = message.model_dump_json(exclude_none=False).encode()
+    if _cipher is None or getattr(message, "type", None) not in PERSONAL:
+        return raw
+    as_dict = _JSON.decode(raw)
+    return msgspec.json.encode(as_dict) if seal_fields(as_dict, _cipher) else raw
+
+
+def opened(data: bytes | str) -> bytes | str:
+    """`data` with its sealed fields opened (as it is when none are sealed). Raises
+    `KeyMissing` or `KeyDestroyed` (events.sealing), or `ContractError` for a bad token."""
+    mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
+    if mark not in data:
+        return data
+    if _cipher is None:
+        raise ContractError("sealed", "a sealed message, and this process has no keys (events.codec.use_cipher)")
+    try:
+        as_dict = _JSON.decode(data)
+    except msgspec.DecodeError as e:
+        raise ContractError("$", str(e)) from None
+    try:
+        open_fields(as_dict, _cipher)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
+    return msgspec.json.encode(as_dict)
+
+
+def opened_record(data: bytes | str) -> bytes | str:
+    """A record's JSON on its own (as the ledger's state keeps it), opened like `opened`."""
+    mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
+    if mark not in data:
+        return data
+    if _cipher is None:
+        raise ContractError("sealed", "a sealed record, and this process has no keys (events.codec.use_cipher)")
+    as_dict = _JSON.decode(data)
+    try:
+        open_record(as_dict, _cipher)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
+    return msgspec.json.encode(as_dict)
+
+
+def park(subject: str, where: str, data: bytes) -> bytes:
+    """A dead-lettered copy of plaintext (a platform's turn) as memlane keeps it: sealed whole
+    under `subject`, bound to the source offset `where`. Plaintext with no cipher in use."""
+    if _cipher is None:
+        return data
+    return msgspec.json.encode({"parked": _cipher.seal(subject, where.encode(), data)})
+
+
+def unpark(data: bytes, where: str) -> bytes:
+    """What `park` sealed, as it was."""
+    if not data.startswith(b'{"parked"'):
+        return data
+    if _cipher is None:
+        raise ContractError("parked", "a sealed dead letter, and this process has no keys (events.codec.use_cipher)")
+    return _cipher.open(_JSON.decode(data)["parked"], where.encode())
 
 
 def decode(topic: str, data: bytes | str) -> Any:
     adapter = _ADAPTERS.get(topic)
     if adapter is None:
         raise ContractError("topic", f"no contract for topic {topic!r}")
+    data = opened(data)
     try:
         return adapter.validate_json(data)
     except ValidationError as e:
@@ -52,6 +130,7 @@ def decode_stored(topic: str, data: bytes | str) -> Any:
     adapter = _ADAPTERS.get(topic)
     if adapter is None:
         raise ContractError("topic", f"no contract for topic {topic!r}")
+    data = opened(data)
     try:
         return adapter.validate_json(data, context=STORED)
     except ValidationError as e:

@@ -180,6 +180,21 @@ class RemoveUser(_CommandBase):
     type: Literal["RemoveUser"] = "RemoveUser"
 
 
+class RemoveTenant(_CommandBase):
+    """The whole tenant is deleted: sent under the workspace agent; every agent's keys are
+    destroyed and every projection purges the tenant (docs/encryption.md)."""
+
+    type: Literal["RemoveTenant"] = "RemoveTenant"
+
+
+class PurgeRecords(_CommandBase):
+    """Retention (`workers.retention`): physically remove these tombstones, each deleted at
+    least the retention period before `issued_at`; the ledger checks each one itself."""
+
+    type: Literal["PurgeRecords"] = "PurgeRecords"
+    record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
+
+
 class ConfigureAgent(_CommandBase):
     type: Literal["ConfigureAgent"] = "ConfigureAgent"
     config: AgentConfig
@@ -188,6 +203,6 @@ class ConfigureAgent(_CommandBase):
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
     | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
-    | RemoveUser,
+    | RemoveUser | RemoveTenant | PurgeRecords,
     Field(discriminator="type"),
 ]

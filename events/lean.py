@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-from events.codec import ContractError, decode, encode
+from events.codec import ContractError, cipher, decode, encode, opened
 from events.memory import RECORD_EVENTS, MemoryEvent
 from events.record import Scope, Status
 from events.topics import EVENTS, REDELIVERED
@@ -55,11 +55,27 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     replaces: str | None = None
     preview: bool = False
     key: str | None = None
+    # The personal fields (summary, content, metadata, key) sealed (events.sealing): blank
+    # above until `opened` fills them. Listing, expiry and filters never need them.
+    sealed: str | None = None
+
+    def opened(self) -> LeanRecord:
+        """This record with its sealed fields filled in (itself when none are sealed).
+        Raises `KeyMissing` or `KeyDestroyed` as `events.codec.decode` does."""
+        if self.sealed is None:
+            return self
+        c = cipher()
+        if c is None:
+            raise ContractError("sealed", "a sealed record, and this process has no keys (events.codec.use_cipher)")
+        secret = msgspec.json.decode(c.open(self.sealed, f"{self.id}#{self.version}".encode()))
+        return msgspec.structs.replace(self, sealed=None, summary=secret.get("summary", ""),
+                                       content=secret.get("content", ""), key=secret.get("key"))
 
     @property
     def text(self) -> str:
         """What gets embedded and indexed: the same as `MemoryRecord.text`."""
-        return f"{self.summary}\n{self.content}".strip()
+        r = self.opened()
+        return f"{r.summary}\n{r.content}".strip()
 
 
 class LeanEvent(msgspec.Struct, kw_only=True):
@@ -159,7 +175,8 @@ def _decoded(decoder: msgspec.json.Decoder, data: bytes) -> Any:
 
 
 def decode_ledger_view(data: bytes) -> LedgerView:
-    return _decoded(_LEDGER, data)
+    """Opened first: the ledger's state holds the plaintext (its snapshots seal it again)."""
+    return _decoded(_LEDGER, opened(data))
 
 
 def decode_lean_record(data: bytes) -> LeanRecord:

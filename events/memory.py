@@ -129,6 +129,28 @@ class UserRemoved(_EventBase):
     user: Ident
 
 
+class SubjectErased(_EventBase):
+    """A subject's data keys are to be destroyed and every projection purges what it holds
+    of it (docs/encryption.md). No personal data: the ids name the subject.
+
+    `user` set, `agent` an agent: one member on one agent (EraseSubject). `user` set under
+    the workspace agent: the member on every agent of the tenant (RemoveUser). `user` None:
+    the whole agent (RemoveAgent), or with `tenant_wide` every agent of the tenant."""
+
+    type: Literal["SubjectErased"] = "SubjectErased"
+    user: Ident | None = None
+    tenant_wide: bool = False
+
+
+class RecordsPurged(_EventBase):
+    """Retention removed these records for good (tombstones past the retention period): every
+    projection drops every version of them, the ledger forgets them. Ids only."""
+
+    type: Literal["RecordsPurged"] = "RecordsPurged"
+    record_ids: list[Ident]
+    user: Ident | None = None  # the subject the records belong to, when a member
+
+
 class CommandRejected(_EventBase):
     type: Literal["CommandRejected"] = "CommandRejected"
     code: str
@@ -153,6 +175,8 @@ MemoryEvent = Annotated[
     | ConsentWithdrawn
     | AgentRemoved
     | UserRemoved
+    | SubjectErased
+    | RecordsPurged
     | CommandRejected,
     Field(discriminator="type"),
 ]

@@ -92,3 +92,19 @@ def vector_partitions(event_partitions: list[int]) -> list[int]:
 
 
 TOPICS: dict[str, Topic] = {t.name: t for t in (TURNS, COMMANDS, EVENTS, VECTORS, USAGE)}
+
+
+def keys_topic(segment_ms: int = 3_600_000) -> Topic:
+    """`memlane.keys`: wrapped data keys under `subject#kid`, compacted, so a destroyed key's
+    tombstone removes it from the broker's disks. `segment.ms` closes the segment a key sits
+    in (compaction never touches the open one), `max.compaction.lag.ms` makes the cleaner take
+    it within that time, and `delete.retention.ms` is how long the tombstone itself stays for
+    a reader that is behind. A destroyed key is physically gone within about
+    segment.ms + max.compaction.lag.ms (docs/encryption.md)."""
+    return Topic("memlane.keys", 1, lambda k: f"{k.subject}#{k.kid}", compacted=True, config={
+        "cleanup.policy": "compact",
+        "segment.ms": str(segment_ms),
+        "max.compaction.lag.ms": str(segment_ms),
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "86400000",
+    })

@@ -26,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from events.codec import opened
 from events.config import AgentConfig
 from events.lean import as_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
@@ -190,8 +191,9 @@ def _subject_change(pipe: Any, ns: str, e: Any) -> None:
 
 
 def snapshot(raw: str) -> MemoryRecord:
-    """The record a stored version holds: the raw event that made it."""
-    return _STORED.validate_json(raw).record
+    """The record a stored version holds: the raw event that made it, opened. Raises
+    `KeyMissing` or `KeyDestroyed` (events.sealing) for a record it cannot open."""
+    return _STORED.validate_json(opened(raw)).record
 
 
 class _Stored(BaseModel):

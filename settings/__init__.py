@@ -74,6 +74,14 @@ class Settings(BaseSettings):
     # just swapped generations) serves its first requests while parked records join their
     # vectors on their own, and a pass then would only compete with both.
     reconcile_delay_s: float = Field(default=60.0, ge=0)
+    # Envelope encryption (docs/encryption.md): the local key provider's master-key file,
+    # made on first start (or by `memlane init`) and never committed. Off only for the
+    # benches that measure what encryption costs.
+    key_file: Path = ROOT / ".run" / "keys" / "memlane.key"
+    encryption: bool = True
+    # memlane.keys rolls a segment this often: a destroyed key is physically gone within
+    # about twice this (docs/encryption.md).
+    keys_segment_ms: int = Field(default=3_600_000, ge=100)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

@@ -29,12 +29,16 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from events.codec import ContractError, decode
+from events.codec import ContractError, decode, park
 from events.limits import MESSAGE_LIMIT
-from events.topics import TOPICS
+from events.sealing import KeyDestroyed, KeyMissing, subject_of
+from events.topics import TOPICS, TURNS
 from settings import Settings
 from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
+from workers.keys import KeyTopic, open_keys
+
+PLAINTEXT_SOURCES = (TURNS.name,)
 
 log = structlog.get_logger()
 
@@ -127,6 +131,8 @@ class Processor:
     concurrent_keys = False
     # Seconds between calls of `tick`, polls with messages or not; None: never.
     tick_every: float | None = None
+    # The process's keys (`workers.keys`), set by the runner before `start`; None with encryption off.
+    keys: KeyTopic | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -195,6 +201,8 @@ class Runner:
         self.consumer: Any = None
         self.producer: Any = None
         self.processed = 0
+        self.unreadable = 0  # messages sealed under destroyed keys, skipped
+        self.keys: KeyTopic | None = None
         self.committing: asyncio.Task | None = None  # the previous poll's commit, in flight
         self.commit_error: Exception | None = None
 
@@ -205,6 +213,8 @@ class Runner:
     async def run(self) -> None:
         s = self.settings
         await ensure_topics(s)
+        self.keys = await open_keys(s)
+        self.processor.keys = self.keys
         txid = f"{self.group}.{uuid.uuid4().hex[:8]}" if self.processor.transactional else None
         self.producer = producer(s, transactional_id=txid)
         await self.producer.start()
@@ -242,6 +252,8 @@ class Runner:
             await self.consumer.stop()
             await self.processor.stop()
             await self.producer.stop()
+            if self.keys is not None:
+                await self.keys.stop()
             log.info("worker_stopped", worker=self.processor.name, processed=self.processed)
 
     async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -314,18 +326,26 @@ class Runner:
         source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
         try:
-            value = self.processor.decode_message(source, m)
+            value = await self._opening(self.processor.decode_message, source, m)
         except ContractError as e:
             log.warning("poison_message", error=str(e), field=e.field, **ctx)
             return [self._dlq(source, m, str(e), 1)]
+        except KeyDestroyed:
+            return self._unreadable(ctx)
         attempt = 0
         while True:
             try:
-                result = await self.processor.process(source, m.partition, m.offset, value)
+                try:
+                    result = await self.processor.process(source, m.partition, m.offset, value)
+                except KeyMissing:
+                    await self.keys.catch_up()
+                    result = await self.processor.process(source, m.partition, m.offset, value)
                 outs = [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
                 return outs if all(map(fits, outs)) else self._oversized(source, m, outs, ctx)
             except Stopping:
                 raise
+            except (KeyDestroyed, KeyMissing):
+                return self._unreadable(ctx)
             except (Transient, *TRANSIENT) as e:
                 await self._backoff(attempt, e, ctx)
                 attempt += 1
@@ -335,11 +355,32 @@ class Runner:
                 if attempt >= POISON_ATTEMPTS:
                     return [self._dlq(source, m, f"{type(e).__name__}: {e}", attempt)]
 
+    async def _opening(self, fn, *args):
+        return fn(*args) if self.keys is None else await self.keys.opening(fn, *args)
+
+    def _unreadable(self, ctx: dict) -> list[Out]:
+        """A message sealed under a destroyed key (its subject was erased): nothing to do."""
+        self.unreadable += 1
+        log.info("sealed_message_unreadable", **ctx)
+        return []
+
+    def _parked(self, source: str, m: Any) -> bytes:
+        """The platform writes turns in plaintext: memlane's copy in the DLQ is sealed under the
+        agent's key (named by the message key), so an erasure reaches it (docs/encryption.md)."""
+        value = m.value or b""
+        if source not in PLAINTEXT_SOURCES or not value:
+            return value
+        tenant, _, rest = (m.key or b"").decode(errors="replace").partition("/")
+        agent = rest.partition("/")[0]
+        if not (tenant and agent):
+            return b""  # no subject to seal it under: the headers name the source offset
+        return park(subject_of(tenant, agent), f"{m.topic}/{m.partition}/{m.offset}", value)
+
     def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
         out = Out(
             topic=TOPICS[source].dlq,
             key=m.key or b"",
-            value=m.value or b"",
+            value=self._parked(source, m),
             # Each consumer group parks what it cannot handle, so the header says which one did.
             headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode())),
         )
@@ -390,6 +431,8 @@ class Runner:
         return [await f for f in futs]
 
     async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
+        if self.keys is not None:
+            await self.keys.flush()  # the keys first: nothing sealed under a key that could be lost
         if self.processor.transactional:
             async with self.producer.transaction():
                 written = await self._send_all(outs)

@@ -23,6 +23,7 @@ from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
+from workers.keys import open_keys
 from workers.memory_shards import current_generation
 
 log = structlog.get_logger()
@@ -60,6 +61,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         await wait_for_broker(settings)
         await ensure_topics(settings)
+        data_keys = await open_keys(settings)
         redis_client = connect_redis(settings.redis_url)
         await redis_client.ping()
         shards = ShardOwner(settings)
@@ -69,7 +71,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         embedder = make_embedder(settings)
         await asyncio.to_thread(embedder.embed, ["warm up"])
         shards.embedder = shards.memory.embedder = embedder
-        publisher = KafkaCommandPublisher(settings, prod)
+        publisher = KafkaCommandPublisher(settings, prod, data_keys)
         records = RedisRecords(redis_client, namespace=settings.topic_prefix)
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher))
@@ -79,6 +81,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root)
         app.state.shards = shards
+        app.state.data_keys = data_keys  # workers.keys.KeyTopic: the data keys, None with encryption off
         app.state.health = HealthProbe(settings)  # its own Redis client: see HealthProbe
         for ext in exts:
             await ext.start(app, settings)
@@ -94,6 +97,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             await prod.stop()
             await publisher.stop()  # the publisher renews its producer after a failed send
             await records.aclose()  # its applied-listener, then the Redis client everything here shares
+            if data_keys is not None:
+                await data_keys.stop()
 
     app = FastAPI(
         title="memlane",

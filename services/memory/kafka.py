@@ -16,6 +16,7 @@ from events.topics import COMMANDS, USAGE
 from services.errors import ApiError
 from settings import Settings
 from workers.kafka_io import producer as kafka_producer
+from workers.keys import KeyTopic
 
 log = structlog.get_logger()
 
@@ -23,9 +24,10 @@ log = structlog.get_logger()
 class KafkaCommandPublisher:
     """Sends commands with one producer, renewed when a failed send left it unusable."""
 
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer) -> None:
+    def __init__(self, settings: Settings, producer: AIOKafkaProducer, keys: KeyTopic | None = None) -> None:
         self.settings = settings
         self.producer = producer
+        self.keys = keys
         self._renewing = asyncio.Lock()
         self._closing: set[asyncio.Future] = set()
 
@@ -35,6 +37,8 @@ class KafkaCommandPublisher:
         harmless. A failed send that the broker refused leaves a gap in the idempotent
         producer's sequence, and every later send to that partition would then fail with
         OutOfOrderSequenceNumber; a fresh producer starts a new sequence."""
+        if self.keys is not None:
+            await self.keys.flush()  # the key a sealed command needs goes first
         for attempt in (1, 2):
             used = self.producer
             try:
@@ -79,4 +83,7 @@ class KafkaUsageRecorder:
         self.commands = commands
 
     async def record(self, usage: Any) -> None:
-        await self.commands.producer.send(self.settings.topic(USAGE.name), encode(usage), key=USAGE.key_bytes(usage))
+        data = encode(usage)
+        if self.commands.keys is not None:
+            await self.commands.keys.flush()
+        await self.commands.producer.send(self.settings.topic(USAGE.name), data, key=USAGE.key_bytes(usage))

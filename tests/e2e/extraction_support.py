@@ -10,7 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from events import AgentConfig, Message, TurnCommitted
+from events import AgentConfig, Message, TurnCommitted, codec
 from events.codec import ContractError, decode, encode
 from events.commands import GrantConsent, WithdrawConsent
 from events.record import Provenance, Source
@@ -20,6 +20,7 @@ from services.client import MemlaneClient
 from services.stack import Stack, stack_env
 from settings import Settings
 from tests.conftest import eventually
+from workers.keys import open_keys
 
 
 def extraction_stack(fake_url: str, prefix: str, data_dir: Path, port: int, embeddings: str = "openai",
@@ -74,7 +75,9 @@ async def read_topic(settings: Settings, topic: str, registry: str | None = None
 
 
 async def read_topic_at(settings: Settings, topic: str, registry: str | None = None) -> list[tuple[int, int, Any, list]]:
-    """Everything committed on a topic so far, with where: (partition, offset, value, headers)."""
+    """Everything committed on a topic so far, with where: (partition, offset, value, headers).
+    Sealed values are opened with the stack's data keys, loaded after the read, as a worker
+    that meets them would have them."""
     name = settings.topic(topic)
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, isolation_level="read_committed",
                          enable_auto_commit=False)
@@ -85,19 +88,30 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
         c.assign(parts)
         await c.seek_to_beginning(*parts)
         end = await c.end_offsets(parts)
-        out = []
+        raw = []
         while [tp for tp in parts if await c.position(tp) < end[tp]]:
             batches = await c.getmany(timeout_ms=500)
-            for msgs in batches.values():
-                for m in msgs:
-                    try:
-                        value = decode(registry, m.value) if registry else m.value
-                    except ContractError:
-                        continue  # another test's deliberately invalid message on a shared topic
-                    out.append((m.partition, m.offset, value, m.headers))
-        return out
+            raw.extend(m for msgs in batches.values() for m in msgs)
     finally:
         await c.stop()
+    keys = await open_keys(settings, follow=False)
+    try:
+        out = []
+        for m in raw:
+            try:
+                value = decode(registry, m.value) if registry else m.value
+            except ContractError:
+                continue  # another test's deliberately invalid message on a shared topic
+            if topic.endswith(".dlq") and isinstance(value, bytes):
+                h = dict(m.headers)
+                value = codec.unpark(value, "/".join(h[k].decode() for k in ("source_topic", "source_partition",
+                                                                                "source_offset")))
+            out.append((m.partition, m.offset, value, m.headers))
+        return out
+    finally:
+        if keys is not None:
+            await keys.stop()
+        codec.use_cipher(None)  # the test's own messages stay plaintext, as a platform's are
 
 
 async def send_commands(settings: Settings, *commands: Any) -> None:

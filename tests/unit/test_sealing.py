@@ -1,0 +1,112 @@
+"""Sealing at the codec: personal fields leave a process only as ciphertext, bound to their
+record and version, and come back whole; a destroyed key makes them unreadable."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from events import codec
+from events.commands import AddMemory
+from events.lean import decode_lean, decode_ledger_view
+from events.memory import RecordAdded
+from events.record import MemoryRecord, Scope
+from events.sealing import KeyDestroyed, KeyMissing, subject_of
+from projections.keys import Keyring, LocalKeyFile
+
+CANARY = "canary-7f3a zebra umbrella"
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def keyring(tmp_path):
+    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
+    codec.use_cipher(ring)
+    yield ring
+    codec.use_cipher(None)
+
+
+def _record(user: str | None = "u1", version: int = 1) -> MemoryRecord:
+    return MemoryRecord(id="r1", version=version, created=NOW, modified=NOW, tenant="t", agent="a",
+                        scope=Scope.USER if user else Scope.AGENT, user=user, kind="fact", summary=CANARY,
+                        content=f"more {CANARY}", metadata={"where": CANARY}, key="home.city")
+
+
+def _event(record: MemoryRecord) -> RecordAdded:
+    return RecordAdded(event_id="e1", command_id="c1", tenant="t", agent="a", occurred_at=NOW, record=record)
+
+
+def test_record_event_is_sealed_and_opens_whole(keyring):
+    data = codec.encode(_event(_record()))
+    assert CANARY.encode() not in data and b"home.city" not in data
+    assert codec.decode("memlane.memory.events", data) == _event(_record())
+    lean = decode_lean(data)
+    assert lean.record.summary == "" and lean.record.text == f"{CANARY}\nmore {CANARY}"
+    assert decode_ledger_view(data).type == "RecordAdded"
+    assert CANARY.encode() in bytes(decode_ledger_view(data).record_json)
+
+
+def test_user_records_and_agent_records_use_their_own_subject_key(keyring):
+    codec.encode(_event(_record("u1")))
+    codec.encode(_event(_record(None)))
+    assert set(keyring.subjects()) == {subject_of("t", "a", "u1"), subject_of("t", "a")}
+    assert len(keyring.pending) == 2
+
+
+def test_ciphertext_cannot_move_to_another_version(keyring):
+    sealed = json.loads(codec.encode(_event(_record(version=1))))
+    moved = json.loads(codec.encode(_event(_record(version=2))))
+    moved["record"]["sealed"] = sealed["record"]["sealed"]
+    with pytest.raises(codec.ContractError) as e:
+        codec.decode("memlane.memory.events", json.dumps(moved).encode())
+    assert e.value.field == "sealed"
+
+
+def test_commands_are_sealed_too(keyring):
+    cmd = AddMemory(command_id="c1", tenant="t", agent="a", issued_at=NOW, summary=CANARY, user="u1")
+    data = codec.encode(cmd)
+    assert CANARY.encode() not in data
+    assert codec.decode("memlane.memory.commands", data) == cmd
+
+
+def test_destroyed_key_is_unreadable_and_unknown_key_is_missing(keyring, tmp_path):
+    data = codec.encode(_event(_record()))
+    other = Keyring(LocalKeyFile(tmp_path / "memlane.key"))
+    codec.use_cipher(other)
+    with pytest.raises(KeyMissing):
+        codec.decode("memlane.memory.events", data)
+    for rec in keyring.pending:  # as the keys topic delivers them
+        other.apply(rec.topic_key, rec.encode())
+    assert codec.decode("memlane.memory.events", data).record.summary == CANARY
+    for rec in list(keyring.pending):
+        other.apply(rec.topic_key, None)
+    with pytest.raises(KeyDestroyed):
+        codec.decode("memlane.memory.events", data)
+
+
+def test_kek_rotation_rewraps_without_touching_ciphertext(keyring, tmp_path):
+    data = codec.encode(_event(_record()))
+    provider = LocalKeyFile(tmp_path / "memlane.key")
+    old = provider.current
+    provider.rotate()
+    reader = Keyring(provider)
+    for rec in keyring.pending:
+        reader.apply(rec.topic_key, rec.encode())
+    new = [reader.rewrapped(r) for r in reader.records()]
+    assert all(r.kek != old for r in new)
+    provider.retire(old)
+    fresh = Keyring(LocalKeyFile(tmp_path / "memlane.key"))
+    for r in new:
+        fresh.apply(r.topic_key, r.encode())
+    codec.use_cipher(fresh)
+    assert codec.decode("memlane.memory.events", data).record.summary == CANARY
+
+
+def test_without_a_cipher_messages_stay_plaintext_and_sealed_ones_are_refused(keyring):
+    data = codec.encode(_event(_record()))
+    codec.use_cipher(None)
+    assert CANARY.encode() in codec.encode(_event(_record()))
+    with pytest.raises(codec.ContractError):
+        codec.decode("memlane.memory.events", data)

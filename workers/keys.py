@@ -1,0 +1,150 @@
+"""The keys topic's adapter: every process loads `memlane.keys` at start, follows it (new
+keys, destroyed ones), and publishes the keys it makes before anything sealed under them."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import structlog
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from events import codec
+from events.sealing import KeyDestroyed, KeyMissing, agent_subject
+from events.topics import keys_topic
+from projections.keys import Keyring, LocalKeyFile
+from settings import Settings
+from workers.kafka_io import producer, reader
+
+log = structlog.get_logger()
+
+
+class KeyTopic:
+    def __init__(self, settings: Settings, keyring: Keyring) -> None:
+        self.settings = settings
+        self.keyring = keyring
+        self.topic = keys_topic(settings.keys_segment_ms)
+        self.name = settings.topic(self.topic.name)
+        self.tp = TopicPartition(self.name, 0)
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    async def start(self, follow: bool = True) -> None:
+        await self._ensure_topic()
+        self.producer = producer(self.settings)
+        await self.producer.start()
+        self.consumer = reader(self.settings)
+        await self.consumer.start()
+        self.consumer.assign([self.tp])
+        await self.consumer.seek_to_beginning(self.tp)
+        await self.catch_up()
+        if follow:
+            self._task = asyncio.create_task(self._follow())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def _ensure_topic(self) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            if self.name not in set(await admin.list_topics()):
+                try:
+                    await admin.create_topics([NewTopic(self.name, 1, 1, topic_configs=self.topic.config)])
+                except TopicAlreadyExistsError:
+                    pass
+        finally:
+            await admin.close()
+
+    async def _poll(self, timeout_ms: int) -> None:
+        batches = await self.consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
+        for m in batches.get(self.tp, ()):
+            self.keyring.apply(m.key, m.value)
+
+    async def catch_up(self) -> None:
+        """Reads the topic up to its end as of now: every key published before this call is known after it."""
+        end = (await self.consumer.end_offsets([self.tp]))[self.tp]
+        async with self._lock:
+            while await self.consumer.position(self.tp) < end:
+                await self._poll(200)
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._poll(500)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the broker away for a while: keep the keys we have
+                log.warning("keys_follow_failed", error=f"{type(e).__name__}: {e}")
+                await asyncio.sleep(1)
+            await asyncio.sleep(0.05)
+
+    async def flush(self) -> None:
+        """Publishes the keys this process made: called before anything sealed under them is
+        written, so no reader ever meets a key that was lost with a crash."""
+        while self.keyring.pending:
+            rec = self.keyring.pending[0]
+            await self.producer.send_and_wait(self.name, rec.encode(), key=rec.topic_key)
+            self.keyring.pending.pop(0)
+
+    async def destroy(self, subject: str, before: datetime | None = None) -> int:
+        """Tombstones `subject`'s keys (an agent's subject takes its members' keys along),
+        those made before `before` when it is given. Returns how many."""
+        doomed = [r for s in self.keyring.subjects() if s == subject or (agent_subject(s) == subject and s != subject)
+                  for r in self.keyring.kids(s) if before is None or r.created <= before]
+        for r in doomed:
+            await self.producer.send_and_wait(self.name, None, key=r.topic_key)
+            self.keyring.apply(r.topic_key, None)
+        if doomed:
+            log.info("keys_destroyed", keys=len(doomed))
+        return len(doomed)
+
+    async def destroy_tenant(self, tenant: str) -> int:
+        n = 0
+        for s in {agent_subject(s) for s in self.keyring.subjects() if s.split("/", 1)[0] == tenant}:
+            n += await self.destroy(s)
+        return n
+
+    async def rewrap(self, progress=None) -> int:
+        """Every data key wrapped again under the provider's current KEK (key rotation); the
+        log's ciphertexts stay as they are."""
+        recs = [r for r in self.keyring.records() if r.kek != self.keyring.provider.current]
+        for i, r in enumerate(recs):
+            new = self.keyring.rewrapped(r)
+            await self.producer.send_and_wait(self.name, new.encode(), key=new.topic_key)
+            self.keyring.apply(new.topic_key, new.encode())
+            if progress:
+                progress(i + 1, len(recs))
+        return len(recs)
+
+    async def opening(self, fn, *args):
+        """`fn(*args)`, caught up on the keys once if it meets a key not known yet. A key still
+        unknown then was destroyed: `KeyDestroyed` is raised."""
+        try:
+            return fn(*args)
+        except KeyMissing:
+            await self.catch_up()
+        try:
+            return fn(*args)
+        except KeyMissing as e:
+            raise KeyDestroyed(e.kid) from None
+
+
+async def open_keys(settings: Settings, follow: bool = True) -> KeyTopic | None:
+    """The process's keys: loaded, followed, and the codec's cipher. None with encryption off."""
+    if not settings.encryption:
+        codec.use_cipher(None)
+        return None
+    keyring = Keyring(LocalKeyFile.create(settings.key_file))
+    keys = KeyTopic(settings, keyring)
+    await keys.start(follow=follow)
+    codec.use_cipher(keyring)
+    return keys
