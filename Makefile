@@ -23,6 +23,7 @@ install: $(STAMP)
 up: install
 	@PYTHON=$(PY) deploy/local/kafka.sh start
 	@deploy/local/redis.sh start
+	@$(VENV)/bin/memlane init
 
 down:
 	@deploy/local/kafka.sh stop

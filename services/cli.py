@@ -132,6 +132,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
+        await _data_keys(settings)
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
@@ -140,6 +141,64 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print(f"{target}: generation {gen} built{after[target]}")
 
     asyncio.run(go())
+    return 0
+
+
+async def _data_keys(settings):
+    """Loads the data keys and installs the cipher, for a command that opens sealed events."""
+    from workers.keys import open_keys
+
+    keys = await open_keys(settings, follow=False)
+    if keys is not None:
+        await keys.stop()  # the keyring stays installed; this command makes no key of its own
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from projections.keys import LocalKeyFile
+
+    settings = get_settings()
+    existed = settings.key_file.exists()
+    provider = LocalKeyFile.create(settings.key_file)
+    state = "exists" if existed else "created"
+    print(f"key file {settings.key_file} {state} (KEK version {provider.current}); keep it out of version "
+          "control and back it up apart from the data: without it nothing sealed can be read")
+    return 0
+
+
+def cmd_kek(args: argparse.Namespace) -> int:
+    """KEK rotation: `rotate` adds a master key and wraps every data key again under it (the log's
+    ciphertexts stay as they are); `retire` wraps again what is still under older versions and
+    drops them, once every process was restarted on the new file (docs/encryption.md)."""
+    from projections.keys import LocalKeyFile
+    from workers.kafka_io import wait_for_broker
+    from workers.keys import open_keys
+
+    settings = get_settings()
+    configure(settings.log_level, service="cli")
+    provider = LocalKeyFile.create(settings.key_file)
+    old = [v for v in provider.versions if v != provider.current]
+    if args.action == "rotate":
+        print(f"KEK version {provider.rotate()} is current; wrapping every data key under it")
+
+    async def go() -> int:
+        await wait_for_broker(settings)
+        keys = await open_keys(settings, follow=False)
+        keys.keyring.provider = provider
+        bar, updates = _progress_bars(["data keys"])
+        try:
+            with bar:
+                return await keys.rewrap(partial(updates, "data keys"))
+        finally:
+            await keys.stop()
+
+    n = asyncio.run(go())
+    print(f"{n} data keys wrapped again under KEK version {provider.current}")
+    if args.action == "retire":
+        for v in old:
+            provider.retire(v)
+        print(f"retired KEK versions {', '.join(old) or '(none)'}; {settings.key_file} holds version {provider.current}")
+    else:
+        print("restart every memlane process, then run `memlane kek retire` to drop the old versions")
     return 0
 
 
@@ -169,6 +228,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
+        await _data_keys(settings)
         label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:
@@ -376,6 +436,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--key-file", default=None, help="file holding an operator key")
         p.add_argument("--api-url", default=None, help="memlane API (default: MEMLANE_API_URL)")
         p.set_defaults(fn=cmd_keys)
+
+    i = sub.add_parser("init", help="create the local key file data keys are wrapped under (processes also "
+                       "create it on first start)")
+    i.set_defaults(fn=cmd_init)
+
+    kk = sub.add_parser("kek", help="rotate the key-encryption key: wrap every data key again, log untouched")
+    kk.add_argument("action", choices=["rotate", "retire"],
+                    help="rotate: new KEK version, rewrap; retire: rewrap stragglers, drop older versions")
+    kk.set_defaults(fn=cmd_kek)
 
     d = sub.add_parser("demo", help="start everything, store a sample conversation, search it, stop")
     d.set_defaults(fn=cmd_demo)
