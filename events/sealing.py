@@ -87,6 +87,11 @@ def _member_subject(m: dict) -> str:
     return subject_of(m["tenant"], m["agent"], m.get("user") or (m.get("provenance") or {}).get("user"))
 
 
+def _agent_subject(m: dict) -> str:
+    # A block is the agent's, whoever's turn curated it: a member's erasure leaves it.
+    return subject_of(m["tenant"], m["agent"])
+
+
 def _command_aad(m: dict) -> bytes:
     return command_key(m["tenant"], m["agent"], m["command_id"]).encode()
 
@@ -102,8 +107,8 @@ PERSONAL: dict[str, Personal] = {
                             "RecordUnpinned", "RecordRevised")},
     "AddMemory": Personal(RECORD_FIELDS, _member_subject, _command_aad),
     "EditMemory": Personal({"summary": None, "content": None, "metadata": None}, _member_subject, _command_aad),
-    "CurateBlock": Personal({"line": None, "old": None}, _member_subject, _command_aad),
-    "BlockChanged": Personal({"text": ""}, _member_subject, _event_aad),
+    "CurateBlock": Personal({"line": None, "old": None}, _agent_subject, _command_aad),
+    "BlockChanged": Personal({"text": ""}, _agent_subject, _event_aad),
     "WriteStaged": Personal({"command": ""}, _member_subject, _event_aad),
     "CommandRejected": Personal({"reason": ""}, _member_subject, _event_aad),
     "CandidateRefused": Personal({"summary_preview": ""}, _member_subject, lambda m: m["usage_id"].encode()),

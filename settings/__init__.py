@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     # memlane.keys rolls a segment this often: a destroyed key is physically gone within
     # about twice this (docs/encryption.md).
     keys_segment_ms: int = Field(default=3_600_000, ge=100)
+    # Retention (seed 004, docs/encryption.md): the ledger's nightly pass at this UTC hour,
+    # then every retention_every_s; at most retention_cap records per subject a night.
+    retention_hour_utc: int = Field(default=3, ge=0, le=23)
+    retention_every_s: float = Field(default=86_400.0, gt=0)
+    retention_cap: int = Field(default=500, ge=1)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

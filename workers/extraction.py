@@ -49,6 +49,7 @@ from events.config import AgentConfig
 from events.record import Source
 from events.rules import extraction_review as review
 from events.rules import subjects, write_filter
+from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
@@ -194,7 +195,7 @@ class ExtractionProcessor(Processor):
             return
         self.model = ModelClient(s)
         self.redis = aioredis.from_url(s.redis_url)
-        self.state = ReviewState(self.redis, namespace=s.topic_prefix)
+        self.state = ReviewState(self.redis, namespace=s.topic_prefix, keys=self.keys)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
 
     async def revoked(self, partitions: set[Any]) -> None:
@@ -303,7 +304,8 @@ class ExtractionProcessor(Processor):
             return [self._usage_out(skipped(turn, "turn_not_completed", f"the turn ended {turn.status}; "
                                                                          "only a completed turn is reviewed"))]
         msgs = [review.compact(m) for m in turn.messages if review.reviewable(m)]
-        observed = await self.state.observe(partition, session_key(turn), offset, msgs, cfg.memory.extraction)
+        observed = await self.state.observe(partition, session_key(turn), offset, msgs, cfg.memory.extraction,
+                                            subject_of(turn.tenant, turn.agent, turn.user))
         # The cadence state is all that orders a session's turns: the next turn's window
         # depends on this one's facts, never on its review (whose proposals only apply after
         # the batch commits). Retried, `observe` gives the same answer (offset-indexed).

@@ -5,7 +5,8 @@ unreviewed messages from earlier turns are part of the next window), and the wor
 Kafka transaction cannot include a Redis write. So the state is kept as immutable facts
 indexed by the turn's source offset, never as a mutable counter:
 
-- `t:<offset>`: the reviewable messages of the committed turn at that offset;
+- `t:<offset>`: the reviewable messages of the committed turn at that offset, sealed under
+  the turn's subject (the member's key when the turn names one), so an erasure reaches them;
 - `r:<offset>`: a review happened at that offset.
 
 Reading at offset `o` only looks at facts below `o`, and writing at `o` is idempotent.
@@ -27,7 +28,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from events.codec import cipher
 from events.config import EveryMessages, ExtractionConfig
+from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text
 from workers.batching import MicroBatcher
 
 MAX_UNCOMMITTED = 500  # the runner's max records per partition batch (one transaction)
@@ -65,12 +68,17 @@ class SessionFacts:
     repeated: set[str] = field(default_factory=set)
 
     @classmethod
-    def parse(cls, raw: dict[Any, Any]) -> SessionFacts:
+    def parse(cls, raw: dict[Any, Any], key: str = "") -> SessionFacts:
+        """Raises `KeyMissing` for a turn sealed under a key not known yet; a turn sealed under
+        a destroyed key (its member was erased) is left out."""
         facts = cls()
         for k, v in raw.items():
             f = k.decode() if isinstance(k, bytes) else k
             if f.startswith("t:"):
-                facts.add_turn(int(f[2:]), json.loads(v))
+                try:
+                    facts.add_turn(int(f[2:]), json.loads(_opened(v, f"{key}/{f}")))
+                except KeyDestroyed:
+                    continue
             else:
                 facts.add_review(int(f[2:]))
         return facts
@@ -166,6 +174,24 @@ def pipelined(redis, transaction: bool) -> MicroBatcher[Commands, list[Any]]:
     return MicroBatcher(send, max_items=500)
 
 
+def _sealed(subject: str, aad: str, text: str) -> str:
+    c = cipher()
+    return text if c is None else SEALED_PREFIX + seal_text(c, subject, aad, text)
+
+
+def _opened(value: bytes | str, aad: str) -> str:
+    text = value.decode() if isinstance(value, bytes) else value
+    if not text.startswith(SEALED_PREFIX):
+        return text  # written before encryption, or with it off
+    c = cipher()
+    if c is None:
+        raise KeyMissing("(no cipher in this process)")
+    return open_text(c, aad, text[len(SEALED_PREFIX):])
+
+
+SEALED_PREFIX = "s:"  # a sealed turn's value; a plaintext one is a JSON list
+
+
 class ReviewState:
     """The facts, in Redis, and a copy of each session's facts in memory.
 
@@ -180,9 +206,10 @@ class ReviewState:
     offset, so a retried turn, or a write landing after a later turn's, changes nothing.
     """
 
-    def __init__(self, redis, namespace: str = "", max_sessions: int = 10_000) -> None:
+    def __init__(self, redis, namespace: str = "", max_sessions: int = 10_000, keys: Any = None) -> None:
         self.redis = redis
         self.namespace = namespace
+        self.keys = keys  # workers.keys.KeyTopic: catch up on a key another worker made
         self.reads = pipelined(redis, transaction=False)
         self.writes = pipelined(redis, transaction=True)
         self.max_sessions = max_sessions
@@ -207,7 +234,13 @@ class ReviewState:
         if self.unsaved.get(key):
             await asyncio.gather(*self.unsaved[key], return_exceptions=True)
         (raw,) = await self.reads.submit([("hgetall", (key,))])
-        facts = SessionFacts.parse(raw)
+        try:
+            facts = SessionFacts.parse(raw, key)
+        except KeyMissing:
+            if self.keys is None:
+                raise
+            await self.keys.catch_up()
+            facts = SessionFacts.parse(raw, key)
         # A session's turns run one after another (the runner orders them by key), so no
         # other read of this key raced this one.
         self.known[key] = facts
@@ -216,8 +249,10 @@ class ReviewState:
         return facts
 
     async def observe(
-        self, partition: int, session_key: str, offset: int, messages: list[dict[str, str]], cfg: ExtractionConfig
+        self, partition: int, session_key: str, offset: int, messages: list[dict[str, str]], cfg: ExtractionConfig,
+        subject: str = "",
     ) -> Observed:
+        """`subject` (events.sealing.subject_of) seals the turn's messages in Redis."""
         key = self.key(partition, session_key)
         facts = await self._facts(key)
         last = facts.last_review_below(offset)
@@ -226,7 +261,10 @@ class ReviewState:
         due = decide_due(cfg, since)
         floor = facts.last_review_below(offset - MAX_UNCOMMITTED)
         facts.add_turn(offset, messages)
-        writes: Commands = [("hset", (key, f"t:{offset}", json.dumps(messages)))]
+        sealed = _sealed(subject, f"{key}/t:{offset}", json.dumps(messages))
+        if self.keys is not None:
+            await self.keys.flush()  # a key made for this turn goes before what it sealed
+        writes: Commands = [("hset", (key, f"t:{offset}", sealed))]
         if due:
             facts.add_review(offset)
             writes.append(("hset", (key, f"r:{offset}", "1")))

@@ -19,6 +19,7 @@ from settings import Settings
 from workers.kafka_io import producer, reader
 
 log = structlog.get_logger()
+ROLL_KEY = b"~roll"  # not a key: see `KeyTopic._roll_segment`
 
 
 class KeyTopic:
@@ -29,7 +30,9 @@ class KeyTopic:
         self.name = settings.topic(self.topic.name)
         self.tp = TopicPartition(self.name, 0)
         self._lock = asyncio.Lock()
+        self._flushing = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._roll: asyncio.Task | None = None
 
     async def start(self, follow: bool = True) -> None:
         await self._ensure_topic()
@@ -44,9 +47,10 @@ class KeyTopic:
             self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._roll):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.flush()
         await self.consumer.stop()
         await self.producer.stop()
@@ -66,7 +70,8 @@ class KeyTopic:
     async def _poll(self, timeout_ms: int) -> None:
         batches = await self.consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
         for m in batches.get(self.tp, ()):
-            self.keyring.apply(m.key, m.value)
+            if m.key != ROLL_KEY:
+                self.keyring.apply(m.key, m.value)
 
     async def catch_up(self) -> None:
         """Reads the topic up to its end as of now: every key published before this call is known after it."""
@@ -90,10 +95,11 @@ class KeyTopic:
     async def flush(self) -> None:
         """Publishes the keys this process made: called before anything sealed under them is
         written, so no reader ever meets a key that was lost with a crash."""
-        while self.keyring.pending:
-            rec = self.keyring.pending[0]
-            await self.producer.send_and_wait(self.name, rec.encode(), key=rec.topic_key)
-            self.keyring.pending.pop(0)
+        async with self._flushing:  # a runner's commit and its processor's own write may flush at once
+            while self.keyring.pending:
+                rec = self.keyring.pending[0]
+                await self.producer.send_and_wait(self.name, rec.encode(), key=rec.topic_key)
+                self.keyring.pending.pop(0)
 
     async def destroy(self, subject: str, before: datetime | None = None) -> int:
         """Tombstones `subject`'s keys (an agent's subject takes its members' keys along),
@@ -105,7 +111,16 @@ class KeyTopic:
             self.keyring.apply(r.topic_key, None)
         if doomed:
             log.info("keys_destroyed", keys=len(doomed))
+            if self._roll is None or self._roll.done():
+                self._roll = asyncio.create_task(self._roll_segment())
         return len(doomed)
+
+    async def _roll_segment(self) -> None:
+        """Kafka rolls a segment only on an append after `segment.ms`, and never compacts the
+        open one: with no key made after an erasure, the destroyed keys' bytes would stay. One
+        marker appended once `segment.ms` has passed closes their segment for the cleaner."""
+        await asyncio.sleep(self.settings.keys_segment_ms / 1000 + 1)
+        await self.producer.send_and_wait(self.name, b"{}", key=ROLL_KEY)
 
     async def destroy_tenant(self, tenant: str) -> int:
         n = 0

@@ -5,24 +5,47 @@ Its state is a fold of its own output, `memlane.memory.events`, which is co-part
 with the commands: on assignment the ledger reads its partitions of the event log from
 the start and folds them. The event log is therefore the ledger's changelog too, and
 a command's events and its input offset commit in one Kafka transaction.
+
+Once a `SubjectErased` is committed, the ledger destroys the subject's keys (`Erasures`); a
+ledger that dies first does it when it recovers the partition, from the erasures its state
+keeps. A recovery skips, and counts, the events it can no longer open.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, OrderedDict
-from datetime import timedelta
+import os
+from collections import Counter, OrderedDict, defaultdict
+from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import structlog
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from events.base import utcnow
-from events.codec import ContractError, encode, from_validation_error
+from events.codec import ContractError, encode, from_validation_error, opened
 from events.errors import ErrorCode
-from events.lean import decode_ledger_view
-from events.rules.ledger import LedgerState, caller, command_key, decide, evolve, overdue, oversized, refused, reused
+from events.lean import LedgerView, decode_ledger_view
+from events.rules.ledger import (
+    LedgerState,
+    caller,
+    command_key,
+    covers,
+    decide,
+    erasure_key,
+    erasure_of,
+    evolve,
+    forget,
+    overdue,
+    oversized,
+    refused,
+    restage,
+    reused,
+)
+from events.rules.ledger.retention import due as retention_due
+from events.sealing import KeyDestroyed, KeyMissing, tenant_of
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers import ledger_snapshot as snapshot_file
 from workers.heap import settle_heap
@@ -92,12 +115,33 @@ class RecentCommands:
             self.size -= sum(len(r) for r in raws)
 
 
+class _Envelope(msgspec.Struct):
+    """What names an event's command, never sealed: read of an event that no longer opens."""
+
+    tenant: str
+    agent: str
+    command_id: str
+
+
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+
+
 def caller_of(headers: Any) -> str | None:
     """The caller an event of the log names (`CALLER`), if it names one."""
     for name, value in headers or ():
         if name == CALLER:
             return value.decode()
     return None
+
+
+def next_retention(now: datetime, settings: Any, after_run: bool = False) -> datetime:
+    """When retention runs next: every `retention_every_s` after a run, the first time at the
+    next `retention_hour_utc` o'clock (a shorter interval, for tests, starts one interval on)."""
+    every = timedelta(seconds=settings.retention_every_s)
+    if after_run or every < timedelta(days=1):
+        return now + every
+    at = now.replace(hour=settings.retention_hour_utc, minute=0, second=0, microsecond=0)
+    return at if at > now else at + timedelta(days=1)
 
 
 class LedgerProcessor(Processor):
@@ -125,8 +169,12 @@ class LedgerProcessor(Processor):
         self.turn_timeout = timedelta(seconds=settings.turn_timeout_s)
         self.asked: set[str] = set()  # ExpireTurns sent and not yet decided
         self.snapshots = Snapshots(self)
+        self.erasures = Erasures(self)
         self.recovering: dict[int, asyncio.Future] = {}
         self.epochs: Counter[int] = Counter()  # bumped when a partition is revoked
+        self.unreadable = 0  # events and snapshot entries skipped: sealed under destroyed keys
+        self.next_retention = next_retention(self.clock(), settings)
+        self.tick_every = min(self.tick_every, settings.retention_every_s)
 
     async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
@@ -153,6 +201,59 @@ class LedgerProcessor(Processor):
             self.states.pop(tp.partition, None)
             self.processed.pop(tp.partition, None)
             self.snapshots.forget(tp.partition)
+            self.erasures.forget(tp.partition)
+
+    async def stop(self) -> None:
+        await self.erasures.settle()
+
+    def _known_gone(self, kid: str) -> None:
+        """A key still unknown after catching up was destroyed, and its tombstone compacted
+        away: remembered as destroyed, so the next token under it does not catch up again."""
+        if self.keys is not None and not self.keys.keyring.knows(kid):
+            self.keys.keyring.destroyed.add(kid)
+
+    async def _view(self, raw: bytes) -> LedgerView | None:
+        """An event of the log as recovery folds it, or None when it no longer opens."""
+        try:
+            return decode_ledger_view(raw)
+        except KeyDestroyed:
+            return None
+        except KeyMissing as e:
+            if self.keys is None:
+                raise
+            await self.keys.catch_up()
+            self._known_gone(e.kid)
+        try:
+            return decode_ledger_view(raw)
+        except (KeyDestroyed, KeyMissing):
+            return None
+
+    async def _unopened_staged(self, state: LedgerState) -> int:
+        """Drops the staged writes whose own fields no longer open (their member was erased), as
+        the ledger that folded the erasure dropped them; returns how many. Only open turns hold any."""
+        if self.keys is None:
+            return 0
+        n = 0
+        for key, raws in list(state.staged.items()):
+            kept = [raw for raw in raws if await self._opens(raw)]
+            if len(kept) < len(raws):
+                n += len(raws) - len(kept)
+                restage(state, key, kept)
+        return n
+
+    async def _opens(self, raw: str) -> bool:
+        for _ in range(2):
+            try:
+                opened(raw)
+                return True
+            except ContractError:
+                return True  # not a key's doing: left as it was
+            except KeyDestroyed:
+                return False
+            except KeyMissing as e:
+                await self.keys.catch_up()
+                self._known_gone(e.kid)
+        return False
 
     async def _recover(self, partition: int) -> int:
         """Folds the partition's events, after its snapshot when there is a good one, and
@@ -168,14 +269,26 @@ class LedgerProcessor(Processor):
             end = (await c.end_offsets([tp]))[tp]
             start = 0
             snap = snapshot_file.read(snapshot_file.path_for(self.settings, partition))
+            loaded = None
             if snap and snap.next_offset <= end and await _holds(c, tp, snap.next_offset - 1, snap.last_sha):
-                state, recent = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+                if self.keys is not None:
+                    await self.keys.catch_up()  # a key it does not know after this was destroyed
+                try:
+                    loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+                except ContractError as e:
+                    log.warning("ledger_snapshot_ignored", partition=partition, reason=str(e))
+            elif snap:
+                log.warning("ledger_snapshot_ignored", partition=partition, reason="the event it ends with is not in the log")
+            if loaded is not None:
+                state, recent, dropped = loaded
                 seen, start = RecentCommands.restored(recent), snap.next_offset
+                if dropped:
+                    self.unreadable += dropped
+                    log.info("ledger_snapshot_entries_erased", partition=partition, entries=dropped)
                 c.seek(tp, start)
             else:
-                if snap:
-                    log.warning("ledger_snapshot_ignored", partition=partition, reason="the event it ends with is not in the log")
                 await c.seek_to_beginning(tp)
+            skipped = 0
             next_report = 100_000
             while await c.position(tp) < end:
                 if self.stopping.is_set():
@@ -188,8 +301,12 @@ class LedgerProcessor(Processor):
                         # Its original came first and was folded. Folded again, a staged
                         # write would be staged twice (and applied twice) on recovery only.
                         continue
-                    event = decode_ledger_view(m.value)
-                    evolve(state, event)
+                    event = await self._view(m.value)
+                    if event is None:  # sealed under a destroyed key: its subject was erased
+                        skipped += 1
+                        event = _ENVELOPE.decode(m.value)
+                    else:
+                        evolve(state, event)
                     seen.add(command_key(event.tenant, event.agent, event.command_id), m.value, caller_of(m.headers))
                 seen.evict()
                 settle_heap()
@@ -198,17 +315,34 @@ class LedgerProcessor(Processor):
                     next_report += 100_000
         finally:
             await c.stop()
+        skipped += await self._unopened_staged(state)
         if last is not None and n >= self.snapshot_every:
             # What it folded, so the next recovery starts here. Encoded before the state is
             # installed: once it is, commands change it.
-            body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers)
-            await asyncio.to_thread(snapshot_file.write, snapshot_file.path_for(self.settings, partition),
-                                    Snapshot(snapshot_file.FORMAT, last.offset + 1, snapshot_file.sha(last.value), body))
+            pending = {r.kid for r in self.keys.keyring.pending} if self.keys is not None else set()
+            try:
+                body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers)
+                if self.keys is not None and any(r.kid not in pending for r in self.keys.keyring.pending):
+                    # It sealed under a key not published yet: written now, a crash before the next
+                    # commit publishes the key would leave a snapshot whose entries never open.
+                    log.info("ledger_snapshot_deferred", partition=partition, reason="new keys")
+                else:
+                    await asyncio.to_thread(snapshot_file.write, snapshot_file.path_for(self.settings, partition),
+                                            Snapshot(snapshot_file.FORMAT, last.offset + 1,
+                                                     snapshot_file.sha(last.value), body))
+            except Exception as e:  # a snapshot only saves time
+                log.warning("ledger_snapshot_failed", partition=partition, error=f"{type(e).__name__}: {e}")
         if self.epochs[partition] != epoch:
             return n
         self.states[partition], self.processed[partition] = state, seen
         self.snapshots.forget(partition)  # counts start from the recovered state
-        log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records))
+        self.unreadable += skipped
+        log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records),
+                 **({"unreadable": skipped} if skipped else {}))
+        if state.erasures:
+            # A ledger that died between an erasure's commit and its keys' destruction did not
+            # destroy them: done again (what is gone stays gone; keys made later stay).
+            self.erasures.destroy(list(state.erasures.items()), recovered=True)
         return n
 
     async def process(self, source: str, partition: int, offset: int, cmd: Any) -> list[Out]:
@@ -238,7 +372,7 @@ class LedgerProcessor(Processor):
             outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"), named)) for raw in seen[ck]]
             self.snapshots.sent(partition, outs)
             return outs
-        events, raws, parked = self._decided(state, cmd, partition, offset)
+        events, raws, parked = await self._deciding(state, cmd, partition, offset)
         outs = [Out(EVENTS.name, key, raw, (named,)) for raw in raws]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event
         # was a sixth of the ledger's CPU at a few hundred turns per second, and the events
@@ -263,7 +397,21 @@ class LedgerProcessor(Processor):
             seen.add(ck, o.value, who)
         seen.evict()
         self.snapshots.sent(partition, outs)
+        self.erasures.sent(partition, events)
         return [*outs, *parked]
+
+    async def _deciding(self, state: LedgerState, cmd: Any, partition: int,
+                        offset: int) -> tuple[list[Any], list[bytes], list[DeadLetter]]:
+        """`_decided`, caught up on the keys when a staged write names a key not known here yet.
+        A key still unknown then was destroyed: the rules then skip the write it sealed."""
+        while True:
+            try:
+                return self._decided(state, cmd, partition, offset)
+            except KeyMissing as e:
+                if self.keys is None:
+                    raise
+                await self.keys.catch_up()
+                self._known_gone(e.kid)
 
     def _decided(self, state: LedgerState, cmd: Any, partition: int,
                  offset: int) -> tuple[list[Any], list[bytes], list[DeadLetter]]:
@@ -283,6 +431,8 @@ class LedgerProcessor(Processor):
             log.warning("command_too_large", command_id=cmd.command_id, field=instead[0].field, partition=partition,
                         offset=offset)
             events = instead
+        except KeyMissing:
+            raise
         except (ValidationError, ContractError) as e:
             err = from_validation_error(e) if isinstance(e, ValidationError) else e
             log.warning("command_invalid", command_id=cmd.command_id, field=err.field, partition=partition, offset=offset)
@@ -306,10 +456,25 @@ class LedgerProcessor(Processor):
         if new:
             log.info("turns_overdue", agents=len(new))
         self.asked |= {cmd.command_id for cmd in new}
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd)) for cmd in new]
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd)) for cmd in new + self._retention(now)]
+
+    def _retention(self, now: datetime) -> list[Any]:
+        """The night's retention work (`events.rules.ledger.retention`) for the partitions held
+        here, once the scheduled time has come; sent to the ledger's own input like ExpireTurns."""
+        if now < self.next_retention:
+            return []
+        self.next_retention = next_retention(now, self.settings, after_run=True)
+        cap = self.settings.retention_cap
+        nights = [retention_due(state, now, cap=cap) for state in self.states.values()]
+        cmds = [c for n in nights for c in n.commands]
+        log.info("retention_due", commands=len(cmds), expired=sum(n.expired for n in nights),
+                 superseded=sum(n.superseded for n in nights), purged=sum(n.purged for n in nights),
+                 deferred=sum(n.deferred for n in nights), next_at=self.next_retention.isoformat())
+        return cmds
 
     def committed(self, written: list[Any]) -> None:
         self.snapshots.committed(written)
+        self.erasures.committed()
 
     async def batch_done(self) -> list[Out]:
         self.snapshots.take_due()
@@ -365,7 +530,12 @@ class Snapshots:
             if state is None or p in self.pending or n < max(self.ledger.snapshot_every, len(state.records)):
                 continue
             recent = self.ledger.processed[p]
-            body = snapshot_file.encode_state(state, recent.events, recent.callers)
+            try:
+                body = snapshot_file.encode_state(state, recent.events, recent.callers)
+            except Exception as e:  # a snapshot only saves time: never stop the ledger for one
+                log.error("ledger_snapshot_failed", partition=p, error=f"{type(e).__name__}: {e}")
+                self.since[p] = 0
+                continue
             self.pending[p] = (self.sent_n[p], snapshot_file.sha(self.last[p]), body)
             self.since[p] = 0
             self._write_if_committed(p)
@@ -393,3 +563,111 @@ class Snapshots:
         task.add_done_callback(lambda f: f.exception() and log.error("ledger_snapshot_failed", partition=p,
                                                                       error=str(f.exception())))
         log.info("ledger_snapshot", partition=p, next_offset=last + 1, bytes=len(body))
+
+
+class Erasures:
+    """Destroys the keys of what was erased, once the `SubjectErased` saying so is committed.
+
+    An erasure waits, as a snapshot does, until the commits have covered the partition's events
+    up to it. Destruction runs in the background, one erasure list after another, and is retried
+    until it succeeds or the ledger stops (then the next recovery does it). A member or a tenant
+    erased under the workspace agent is also forgotten by the partitions this ledger holds: their
+    states were folded while the keys were there (another ledger's partitions forget it when they
+    recover next, as the events no longer open).
+    """
+
+    def __init__(self, ledger: LedgerProcessor) -> None:
+        self.ledger = ledger
+        self.waiting: list[tuple[int, int, str, datetime]] = []  # (partition, events sent, erasure, when)
+        self.task: asyncio.Future | None = None
+        self.destroyed = 0  # keys destroyed by this process
+        # Seconds between an erasure's commit and its keys' destruction: a test kills the ledger there.
+        self.delay = float(os.environ.get("MEMLANE_LEDGER_ERASURE_DELAY_S") or 0)
+
+    def sent(self, partition: int, events: list[Any]) -> None:
+        """After `Snapshots.sent`: the erasures among a command's events, and when they are committed."""
+        erased = [e for e in events if e.type == "SubjectErased"]
+        if erased:
+            n = self.ledger.snapshots.sent_n[partition]
+            self.waiting += [(partition, n, erasure_key(e.tenant, e.agent, e.user, e.tenant_wide), e.occurred_at)
+                             for e in erased]
+
+    def forget(self, partition: int) -> None:
+        """A revoked partition's erasures not committed: its next owner decides them again."""
+        self.waiting = [w for w in self.waiting if w[0] != partition]
+
+    def committed(self) -> None:
+        acked = self.ledger.snapshots.acked
+        due = [w for w in self.waiting if acked.get(w[0], (0, -1))[0] >= w[1]]
+        if due:
+            self.waiting = [w for w in self.waiting if w not in due]
+            self.destroy([(key, at) for _, _, key, at in due], recovered=False)
+
+    def destroy(self, erasures: list[tuple[str, datetime]], recovered: bool) -> None:
+        """In the background, after the erasures asked for before."""
+        if self.ledger.keys is None:
+            return
+        before = self.task
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            await self._destroyed(erasures, recovered)
+
+        self.task = asyncio.ensure_future(run())
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        if self.task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), timeout)
+            except Exception as e:
+                log.warning("ledger_keys_not_destroyed", error=f"{type(e).__name__}: {e}")
+
+    async def _destroyed(self, erasures: list[tuple[str, datetime]], recovered: bool) -> None:
+        keys, attempt = self.ledger.keys, 0
+        if self.delay and not recovered:
+            try:
+                await asyncio.wait_for(self.ledger.stopping.wait(), self.delay)
+                return  # stopping: the next recovery destroys them
+            except TimeoutError:
+                pass
+        while True:
+            try:
+                await keys.catch_up()  # keys another process made are destroyed too
+                counts = await self._destroy_keys(erasures)
+                break
+            except Exception as e:
+                if self.ledger.stopping.is_set():
+                    log.warning("ledger_keys_not_destroyed", erasures=len(erasures), error=f"{type(e).__name__}: {e}")
+                    return
+                delay = min(0.2 * 2**attempt, 5.0)
+                log.warning("ledger_keys_destroy_retrying", error=f"{type(e).__name__}: {e}", delay_s=delay)
+                await asyncio.sleep(delay)
+                attempt += 1
+        forgotten = 0
+        for key, at in erasures:
+            # After a recovery, only what was destroyed just now can still be open in a held state.
+            if erasure_of(key)[1] is None and (counts[key] or not recovered):
+                forgotten += sum(forget(state, key, until=at) for state in list(self.ledger.states.values()))
+        n = sum(counts.values())
+        self.destroyed += n
+        if n or forgotten:
+            log.info("ledger_keys_destroyed", erasures=len(erasures), keys=n, records_forgotten=forgotten,
+                     after_recovery=recovered)
+
+    async def _destroy_keys(self, erasures: list[tuple[str, datetime]]) -> dict[str, int]:
+        """Each erasure's keys made no later than it: a member on an agent, an agent with its
+        members, a member on every agent of the tenant, or every agent of the tenant."""
+        keys = self.ledger.keys
+        ring = keys.keyring
+        by_tenant: defaultdict[str, list[str]] = defaultdict(list)
+        for s in ring.subjects():
+            by_tenant[tenant_of(s)].append(s)
+        counts: dict[str, int] = {}
+        for key, at in erasures:
+            n = 0
+            for s in by_tenant[erasure_of(key)[0]]:
+                if covers(key, s) and any(r.created <= at for r in ring.kids(s)):
+                    n += await keys.destroy(s, before=at)
+            counts[key] = counts.get(key, 0) + n
+        return counts

@@ -7,6 +7,18 @@ whole partition as before: the event log stays the only source of truth.
 
 `last_sha` is the hash of the event at `next_offset - 1`. A snapshot is used only if that
 event is still there, so a topic deleted and made again is never mistaken for the old one.
+
+With a cipher in use (`events.codec.cipher`) a snapshot holds no plaintext: the records are
+sealed under their subject's key (the member's for a USER record, else the agent's, as their
+events are), all of a subject's records in one token; each staged write under its member's
+key (else its agent's) and each block text under its agent's. Recent commands' events are kept
+as they were logged, sealed. An entry whose key was destroyed since (its subject was erased)
+does not open: reading the snapshot drops it, and counts it. The index holds hashes of texts
+and of record keys only.
+
+Why a token per subject rather than per record: sealing each record's fields took 20 µs a
+record (2 s for a snapshot of 100,000 records, on the ledger's event loop); a token per subject
+takes 4 µs a record (measured 2026-12-01), and a subject's records are erased together anyway.
 """
 
 from __future__ import annotations
@@ -17,23 +29,27 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from events.codec import ContractError, cipher
 from events.config import AgentConfig
-from events.rules.ledger import LedgerState
+from events.rules.ledger import LedgerState, drop_records, restage
+from events.sealing import Cipher, KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
 from events.topics import EVENTS
 from settings import Settings
 
 # 3: recent commands keyed by tenant, agent and command id; 4: consent, removals, the records of
 # each subject, and stats counted per subject; 5: the caller of each recent command, when each
-# subject's grant was given and its memory erased, and index keys with length-prefixed parts.
+# subject's grant was given and its memory erased, and index keys with length-prefixed parts;
+# 6: personal entries sealed, record keys hashed in the index, and the erasures.
 # Older snapshots are folded again.
-FORMAT = 5
+FORMAT = 6
 
 
 class _State(msgspec.Struct):
-    records: dict[str, bytes]
+    records: dict[str, bytes]  # with no cipher; else `sealed_records`
     index: dict[str, str]
     staged: dict[str, list[str]]
     open_turns: dict[str, dict[str, datetime]]
@@ -50,7 +66,13 @@ class _State(msgspec.Struct):
     removed_agents: dict[str, bool]
     removed_users: dict[str, bool]
     subject_records: dict[str, tuple[str, ...]]
-    blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}; none in snapshots made before blocks
+    erasures: dict[str, datetime]
+    sealed: bool  # records, staged writes and block texts (a cipher was in use)
+    # The records' keys in the state's order, and per subject the positions of its records
+    # there and the token of their JSON (a msgpack list).
+    record_keys: list[str]
+    sealed_records: list[tuple[str, list[int], str]]
+    blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}
 
 
 class Snapshot(msgspec.Struct):
@@ -58,6 +80,28 @@ class Snapshot(msgspec.Struct):
     next_offset: int
     last_sha: str
     state: bytes  # a msgpack `_State`, encoded when the snapshot was taken
+
+
+class _Whose(msgspec.Struct):
+    """Whose key seals a record (these fields are never personal)."""
+
+    scope: str
+    user: str | None = None
+
+
+class _Writer(msgspec.Struct):
+    """Whose key seals a staged write: its member's, as the command's own sealing names it."""
+
+    tenant: str
+    agent: str
+    user: str | None = None
+    provenance: dict[str, Any] = {}
+
+
+_WHOSE = msgspec.json.Decoder(_Whose)
+_WRITER = msgspec.json.Decoder(_Writer, strict=False)
+_RAWS = msgspec.msgpack.Decoder(list[bytes])
+_UNOPENED = (KeyDestroyed, KeyMissing)
 
 
 def sha(event: bytes) -> str:
@@ -68,35 +112,88 @@ def path_for(settings: Settings, partition: int) -> Path:
     return Path(settings.data_dir) / "ledger" / f"{settings.topic(EVENTS.name)}-{partition}.snapshot"
 
 
+def _staged_aad(key: str, i: int) -> str:
+    return f"staged:{key}#{i}"
+
+
+def _block_aad(ak: str, label: str) -> str:
+    return f"block:{ak}#{label}"
+
+
+def _records_aad(subject: str) -> bytes:
+    return f"records:{subject}".encode()
+
+
+def _seal_records(c: Cipher, records: Mapping[str, bytes]) -> tuple[list[str], list[tuple[str, list[int], str]]]:
+    keys: list[str] = []
+    groups: dict[str, tuple[list[int], list[bytes]]] = {}
+    for i, (k, raw) in enumerate(records.items()):
+        keys.append(k)
+        whose = _WHOSE.decode(raw)
+        ak = k.rsplit("/", 1)[0]
+        subject = f"{ak}|u:{whose.user}" if whose.scope == "USER" and whose.user else ak
+        at, raws = groups.setdefault(subject, ([], []))
+        at.append(i)
+        raws.append(raw)
+    return keys, [(subject, at, c.seal(subject, _records_aad(subject), msgspec.msgpack.encode(raws)))
+                  for subject, (at, raws) in groups.items()]
+
+
+def _seal_staged(c: Cipher, key: str, i: int, raw: str) -> str:
+    w = _WRITER.decode(raw)
+    return seal_text(c, subject_of(w.tenant, w.agent, w.user or w.provenance.get("user")), _staged_aad(key, i), raw)
+
+
 def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
                  callers: Mapping[str, str | None] | None = None) -> bytes:
     """The state as it is now: called between batches, when it folds every event sent so far.
-    `recent` and `callers` are `RecentCommands.events` and `.callers`."""
+    `recent` and `callers` are `RecentCommands.events` and `.callers`. A subject with no key
+    yet gets one (`Keyring.pending`): the caller publishes it before writing the snapshot."""
     callers = callers or {}
+    c = cipher()
+    records: dict[str, bytes] = {}
+    record_keys: list[str] = []
+    sealed_records: list[tuple[str, list[int], str]] = []
+    if c is None:
+        records = dict(state.records)
+        staged = {k: list(v) for k, v in state.staged.items()}
+        blocks = {k: dict(v) for k, v in state.blocks.items()}
+    else:
+        record_keys, sealed_records = _seal_records(c, state.records)
+        staged = {k: [_seal_staged(c, k, i, raw) for i, raw in enumerate(v)] for k, v in state.staged.items()}
+        blocks = {ak: {label: seal_text(c, ak, _block_aad(ak, label), text) for label, text in v.items()}
+                  for ak, v in state.blocks.items()}
     return msgspec.msgpack.encode(
         _State(
-            records=dict(state.records),
+            records=records,
             index=dict(state.index),
-            staged={k: list(v) for k, v in state.staged.items()},
+            staged=staged,
             open_turns={k: dict(v) for k, v in state.open_turns.items()},
             turns=dict(state.turns),
             turns_before=dict(state.turns_before),
             turns_since=state.turns_since,
-            configs={k: c.model_dump_json().encode() for k, c in state.configs.items()},
+            configs={k: cfg.model_dump_json().encode() for k, cfg in state.configs.items()},
             stats={k: dict(v) for k, v in state.stats.items()},
             recent=[(k, callers.get(k), v) for k, v in recent.items()],
-            blocks={k: dict(v) for k, v in state.blocks.items()},
+            blocks=blocks,
             consent=dict(state.consent),
             granted_at=dict(state.granted_at),
             erased_at=dict(state.erased_at),
             removed_agents=dict(state.removed_agents),
             removed_users=dict(state.removed_users),
             subject_records={k: tuple(v) for k, v in state.subject_records.items()},
+            erasures=dict(state.erasures),
+            sealed=c is not None,
+            record_keys=record_keys,
+            sealed_records=sealed_records,
         )
     )
 
 
-def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]]]:
+def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]], int]:
+    """The state, the recent commands, and how many sealed entries did not open: their keys
+    were destroyed (the caller catches up on the keys first, so a key still unknown was too).
+    Raises `events.codec.ContractError` for a sealed snapshot read without a cipher."""
     s = msgspec.msgpack.decode(data, type=_State)
     state = LedgerState(
         records=s.records,
@@ -115,8 +212,62 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         removed_agents=s.removed_agents,
         removed_users=s.removed_users,
         subject_records=s.subject_records,
+        erasures=s.erasures,
     )
-    return state, s.recent
+    return state, s.recent, _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
+
+
+def _opened(state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
+    """Opens the sealed entries into `state`; drops those that do not open, and returns how many."""
+    c = cipher()
+    if c is None:
+        raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
+    try:
+        return _opening(c, state, keys, sealed)
+    except ValueError as e:  # a token that does not match its key or place: not this snapshot's
+        raise ContractError("sealed", f"a sealed entry does not open: {e}") from None
+
+
+def _opening(c: Cipher, state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
+    raws: list[bytes | None] = [None] * len(keys)
+    dropped: dict[str, set[str]] = {}
+    gone: set[str] = set()
+    n = 0
+    for subject, at, token in sealed:
+        try:
+            for i, raw in zip(at, _RAWS.decode(c.open(token, _records_aad(subject)))):
+                raws[i] = raw
+        except _UNOPENED:
+            gone.add(subject)
+            n += len(at)
+            for i in at:
+                ak, rid = keys[i].rsplit("/", 1)
+                dropped.setdefault(ak, set()).add(rid)
+    state.records = {k: raw for k, raw in zip(keys, raws) if raw is not None}
+    drop_records(state, dropped, also=gone)  # what pointed at them, and their counts
+    for key, tokens in list(state.staged.items()):
+        writes = []
+        for i, token in enumerate(tokens):
+            try:
+                writes.append(open_text(c, _staged_aad(key, i), token))
+            except _UNOPENED:
+                n += 1
+        if len(writes) == len(tokens):
+            state.staged[key] = writes
+        else:
+            restage(state, key, writes)  # the turn is open from its first write left
+    for ak, texts in list(state.blocks.items()):
+        kept = {}
+        for label, token in texts.items():
+            try:
+                kept[label] = open_text(c, _block_aad(ak, label), token)
+            except _UNOPENED:
+                n += 1
+        if kept:
+            state.blocks[ak] = kept
+        else:
+            del state.blocks[ak]
+    return n
 
 
 def write(path: Path, snapshot: Snapshot) -> None:

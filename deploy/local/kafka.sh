@@ -48,6 +48,10 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.retention.hours=-1
 log.segment.bytes=67108864
+# A destroyed data key's segment is compacted within a second of becoming cleanable, and the
+# file it leaves is unlinked a second later (defaults: 15 s and 60 s; docs/encryption.md).
+log.cleaner.backoff.ms=1000
+log.segment.delete.delay.ms=1000
 # Sized for a 2-core machine: the defaults' 3 network and 8 I/O threads (and G1's
 # concurrent GC threads) mostly contended with memlane's own processes for the cores.
 num.network.threads=2

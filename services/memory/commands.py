@@ -10,8 +10,9 @@ command carries the member it speaks for (`user`); the ledger checks it again, l
 Who sends what: an agent key the tool writes its configuration offers; a member key edits and
 deletes its own user-scope facts and grants or withdraws its consent; an operator key edits,
 deletes, configures, withdraws a member's consent, erases a subject and removes an agent or a
-member, and never writes a member's memory (no write naming X-User or asking user scope). No
-answer carries a record its caller could not read (`readable_by`, the reads' rule).
+member, and never writes a member's memory (no write naming X-User or asking user scope); only
+the deployment's own operator key removes a tenant. No answer carries a record its caller could
+not read (`readable_by`, the reads' rule).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from events.commands import (
     GrantConsent,
     PinMemory,
     RemoveAgent,
+    RemoveTenant,
     RemoveUser,
     ReportOutcome,
     UnpinMemory,
@@ -221,8 +223,9 @@ class MemoryCommands:
         return await self.submit(cmd, wait, self._state_outcome(shown, f"agent {cmd.agent} removed"))
 
     async def remove_user(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
-        """The member is deleted from the tenant: no agent serves their memory again (sent under
-        the workspace agent, as it holds for every agent)."""
+        """The member is deleted from the tenant: no agent serves their memory again, and the
+        ledger destroys their data keys on every agent (sent under the workspace agent, as it
+        holds for every agent)."""
         check_role(ctx, ("operator",), "remove a member")
         cmd = self._command(RemoveUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user)
 
@@ -230,6 +233,23 @@ class MemoryCommands:
             return (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed
 
         return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} removed"))
+
+    async def remove_tenant(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
+        """The whole tenant is deleted: every agent's and member's keys are destroyed and every
+        projection purges it (sent under the workspace agent). Only the deployment's own operator
+        key (settings), never a key issued to the tenant. The answer comes once the ledger has
+        recorded the erasure; keys and projections follow."""
+        check_role(ctx, ("operator",), "remove a tenant")
+        if not ctx.principal.deployment:
+            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only the deployment's own operator key "
+                           "(MEMLANE_OPERATOR_KEY) can remove a tenant", 403)
+        cmd = self._command(RemoveTenant, dataclasses.replace(ctx, agent=WORKSPACE), user=None)
+
+        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
+            self._rejected(events)
+            return {"command_id": cmd.command_id, "status": "applied", "tenant": cmd.tenant}
+
+        return {**await self.submit(cmd, wait, outcome), "tenant": cmd.tenant}
 
     def _rejected(self, events: list[Any]) -> None:
         for e in events:

@@ -16,14 +16,16 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, decode, encode
+from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, codec, decode, encode
 from events.record import Status
 from events.rules.ledger import LedgerState, decide, evolve, record_id_for
 from events.topics import COMMANDS, EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
-from services.stack import Stack, stack_env
+from services.stack import Stack, free_port, stack_env
+from settings import Settings
 from tests.conftest import eventually
+from workers.keys import open_keys
 
 AGENTS = 100
 PER_AGENT = 100  # 10,000 commands in all
@@ -93,7 +95,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
 def crash_stack(settings, infra, tmp_path):
     prefix = f"{settings.topic_prefix}crash{uuid.uuid4().hex[:4]}."
     env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(tmp_path / "data"),
-                    MEMLANE_API_PORT="28191", **infra)
+                    MEMLANE_API_PORT=str(free_port()), **infra)
     s = Stack(env, tmp_path / "logs")
     yield s, prefix
     s.stop()
@@ -109,6 +111,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, linger_ms=20)
     await producer.start()
     redis = RedisRecords.from_url(settings.redis_url, namespace=prefix)
+    keys = None
     try:
         half = len(cmds) // 2
         for c in cmds[:half]:
@@ -153,6 +156,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
             return msgs if len(msgs) >= len(expected) else None
 
         msgs = await eventually(all_events, timeout=180, interval=1)
+        keys = await open_keys(Settings(topic_prefix=prefix), follow=False)  # the stack's: events and views are sealed
         got = [decode(EVENTS.name, m.value) for m in msgs]
         ids = [e.event_id for e in got]
         assert len(ids) == len(set(ids)), "an event was written twice"
@@ -194,3 +198,6 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
     finally:
         await producer.stop()
         await redis.aclose()
+        if keys is not None:
+            await keys.stop()
+        codec.use_cipher(None)

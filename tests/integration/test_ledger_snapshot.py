@@ -1,6 +1,7 @@
 """A ledger snapshots its partitions as it goes, and a recovery folds only the events after
 the snapshot, into the same state as a fold of the whole partition. A snapshot whose last
-event is not in the log is ignored. Who gave each recent command survives both recoveries."""
+event is not in the log is ignored, and holds no plaintext. Who gave each recent command
+survives both recoveries."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from events import AddMemory, AgentConfig, ConfigureAgent, TurnOutcome, encode
+from events import AddMemory, AgentConfig, ConfigureAgent, TurnOutcome, codec, encode
 from events.codec import decode
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState
@@ -21,6 +22,7 @@ from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
 from workers import ledger_snapshot
 from workers.kafka_io import ensure_topics
+from workers.keys import open_keys
 from workers.ledger import LedgerProcessor, caller_of
 from workers.runtime import Runner
 
@@ -32,6 +34,18 @@ def same_state(a: LedgerState, b: LedgerState) -> None:
     for name in FIELDS:
         assert dict(getattr(a, name)) == dict(getattr(b, name)), name
     assert a.turns_since == b.turns_since
+
+
+async def keyed(ledger: LedgerProcessor) -> LedgerProcessor:
+    """A ledger recovered outside a runner, with the process's keys as a runner gives them."""
+    ledger.keys = await open_keys(ledger.settings, follow=False)
+    return ledger
+
+
+async def stopped(*ledgers: LedgerProcessor) -> None:
+    for ledger in ledgers:
+        await ledger.keys.stop()
+    codec.use_cipher(None)  # the test's own commands stay plaintext, as a platform's are
 
 
 async def send(s: Settings, cmds: list) -> None:
@@ -67,6 +81,8 @@ async def test_recovery_starts_at_the_snapshot_and_folds_to_the_same_state(setti
     task = asyncio.create_task(Runner(ledger, s).run())
     try:
         await eventually(path.exists, timeout=60)
+        first = path.read_bytes()
+        assert b"of snapper" not in first and b"fact 1" not in first  # the facts are sealed
         await send(s, commands(agent, 5, start=20))  # after the snapshot: the recovery's part
 
         async def all_decided():
@@ -81,22 +97,23 @@ async def test_recovery_starts_at_the_snapshot_and_folds_to_the_same_state(setti
     snap = ledger_snapshot.read(path)
     assert snap is not None and 0 < snap.next_offset
 
-    recovered = LedgerProcessor(s)
+    recovered = await keyed(LedgerProcessor(s))
     n = await recovered._recover(partition)
     assert 0 < n < len(events)  # only what came after the snapshot
     same_state(recovered.states[partition], live)
     assert list(recovered.processed[partition].events) == list(ledger.processed[partition].events)
 
     # Without the snapshot, the whole partition folds to the same state.
-    whole = LedgerProcessor(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "elsewhere"))
+    whole = await keyed(LedgerProcessor(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "elsewhere")))
     assert await whole._recover(partition) == len(events)
     same_state(whole.states[partition], live)
 
     # A snapshot whose last event is not the log's (a topic made again) is ignored.
     path.write_bytes(msgspec.msgpack.encode(msgspec.structs.replace(snap, last_sha="0" * 64)))
-    stale = LedgerProcessor(s)
+    stale = await keyed(LedgerProcessor(s))
     assert await stale._recover(partition) == len(events)
     same_state(stale.states[partition], live)
+    await stopped(recovered, whole, stale)
 
 
 async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_command_id(settings, tmp_path):
@@ -139,10 +156,11 @@ async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_comma
                                                                                  offset + 1, retry)]
         assert again == original
 
-    whole = LedgerProcessor(s)
+    whole = await keyed(LedgerProcessor(s))
     whole.snapshot_every = 1  # and leaves a snapshot of what it folded
     assert await whole._recover(partition) == len(logged)
     await answers(whole, 100)
-    from_snapshot = LedgerProcessor(s)
+    from_snapshot = await keyed(LedgerProcessor(s))
     assert await from_snapshot._recover(partition) == 0
     await answers(from_snapshot, 200)
+    await stopped(whole, from_snapshot)

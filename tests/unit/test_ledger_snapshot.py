@@ -20,7 +20,7 @@ from workers.ledger import LedgerProcessor, RecentCommands, caller_of
 from workers.ledger_snapshot import FORMAT, Snapshot, decode_state, encode_state, read, write
 
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats", "consent",
-          "granted_at", "erased_at", "removed_agents", "removed_users", "subject_records")
+          "granted_at", "erased_at", "removed_agents", "removed_users", "subject_records", "erasures")
 
 
 def _subject_commands(led):
@@ -48,13 +48,14 @@ def test_a_snapshot_holds_every_part_of_the_state():
     led.curate("conventions", "add", line="Tabs, not spaces", user="u1")
     recent = OrderedDict([("c1", [b"e1", b"e2"]), ("c2", [b"e3"]), ("c3", [b"e4"])])
     callers = {"c1": "caller-1", "c2": None}  # c3's caller is not known either
-    state, kept = decode_state(encode_state(led.state, recent, callers))
+    state, kept, dropped = decode_state(encode_state(led.state, recent, callers))
+    assert dropped == 0
     for name in FIELDS:
         assert dict(getattr(state, name)) == dict(getattr(led.state, name)), name
         assert getattr(led.state, name), f"the scenario leaves {name} empty"
     assert state.turns_since == led.state.turns_since
     assert kept == [("c1", "caller-1", [b"e1", b"e2"]), ("c2", None, [b"e3"]), ("c3", None, [b"e4"])]
-    assert state.subject_records["t/a|u:u1"] and state.subject_records["t/a|u:u2"] == ()
+    assert state.subject_records["t/a|u:u1"] and "t/a|u:u2" not in state.subject_records  # u2 was erased
     # u1's fact, the pinned one and the two committed in turns: a write naming a member takes user scope.
     assert state.stats["t/a|u:u1"]["live"] == 4
     assert state.granted_at == {"t/a|u:u1": NOW, "t/a|u:u2": NOW} and state.erased_at == {"t/a|u:u2": NOW}
@@ -124,7 +125,7 @@ async def test_every_event_names_its_caller_and_a_snapshot_keeps_it():
     _, first = await _codes(live, _alice(), 0)
     assert all(caller_of(o.headers) == caller(_alice()) for o in first) and first
     body = encode_state(live.states[0], live.processed[0].events, live.processed[0].callers)
-    state, recent = decode_state(body)
+    state, recent, _ = decode_state(body)
     restarted = _ledger(state, RecentCommands.restored(recent))
     assert (await _codes(restarted, _bob(), 1))[0] == [("CommandRejected", "DUPLICATE_ID")]
     _, again = await _codes(restarted, _alice(issued_at=NOW + timedelta(seconds=2)), 2)

@@ -209,7 +209,8 @@ def test_an_operator_never_addresses_a_members_record_and_erases_through_the_sub
     assert get_record(led.state, "t/a", mine.id) == mine
     erased = led.run(EraseSubject(**common(user="u1", provenance=OPERATOR)))
     assert [(e.type, getattr(e, "record", None) and e.record.id) for e in erased] == [("RecordDeleted", mine.id),
-                                                                                     ("ConsentWithdrawn", None)]
+                                                                                     ("ConsentWithdrawn", None),
+                                                                                     ("SubjectErased", None)]
 
 
 def test_a_member_edits_their_own_fact_as_an_operator_would_and_it_stays_theirs():
@@ -271,8 +272,9 @@ def test_an_operator_still_writes_agent_memory_and_withdraws_erases_and_removes_
     rejected(led.run(GrantConsent(**common(user="u1", provenance=OPERATOR))), "FORBIDDEN", "user")
     only(led.run(WithdrawConsent(**common(user="u1", provenance=OPERATOR))), "ConsentWithdrawn")
     assert [e.type for e in led.run(EraseSubject(**common(user="u1", provenance=OPERATOR)))] == [
-        "RecordDeleted", "ConsentWithdrawn"]
-    only(led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR))), "UserRemoved")
+        "RecordDeleted", "ConsentWithdrawn", "SubjectErased"]
+    assert [e.type for e in led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR)))] == [
+        "UserRemoved", "SubjectErased"]
     # A member still edits their own fact (theirs is u2's: u2 edits it).
     r = added(fact(led, "u2 keeps a fish", "u2"))
     _, new = led.run(EditMemory(**common(record_id=r.id, user="u2", summary="u2 keeps two fish", provenance=MEMBER)))
@@ -455,10 +457,10 @@ def test_a_write_made_before_an_erasure_is_refused_after_it(consent):
     only(fact(led, "staged before the erasure", "u1", turn_ref="x:1:1", issued_at=_at(1)), "WriteStaged")
     led.run(EraseSubject(**common(user="u1", provenance=OPERATOR, issued_at=_at(2))))
     grant(led, "u1", issued_at=_at(3))
+    # The staged write went with the member's memory: nothing of it is applied.
+    assert led.state.staged == {} and led.state.open_turns == {}
     events = led.run(TurnOutcome(**common(turn_ref="x:1:1", committed=True, issued_at=_at(4))))
-    assert [e.type for e in events] == ["TurnResolved", "CommandRejected"]
-    assert (events[1].code, events[1].field) == ("SUBJECT_REMOVED", "user")
-    assert events[1].reason.startswith("this write was made before the member's memory was erased")
+    assert [e.type for e in events] == ["TurnResolved"]
     e = rejected(fact(led, "a late review of the erased memory", "u1", issued_at=_at(1)), "SUBJECT_REMOVED", "user")
     assert _at(2).isoformat() in e.reason
     assert led.state.subject_records.get("t/a|u:u1", ()) == ()  # nothing of the erased memory came back
@@ -514,15 +516,17 @@ def test_erasure_tombstones_exactly_the_members_live_facts_and_withdraws_consent
     other = added(fact(led, "u2 fact", "u2"))
     agent_wide = added(led.add("an agent fact written in u1's turn", scope="AGENT", user="u1"))
     events = led.run(EraseSubject(**common(user="u1", provenance=OPERATOR)))
-    assert [e.type for e in events] == ["RecordDeleted"] * 3 + ["ConsentWithdrawn"]
+    assert [e.type for e in events] == ["RecordDeleted"] * 3 + ["ConsentWithdrawn", "SubjectErased"]
     assert {e.record.id for e in events[:3]} == {r.id for r in kept}
     assert all(e.record.status is Status.DELETED and e.record.version == 2 for e in events[:3])
-    assert events[-1].erased and events[-1].user == "u1"
+    assert events[-2].erased and events[-2].user == "u1"
+    assert (events[-1].user, events[-1].tenant_wide) == ("u1", False)
     assert get_record(led.state, "t/a", other.id).status is Status.ACTIVE
     assert get_record(led.state, "t/a", agent_wide.id).status is Status.ACTIVE
-    assert get_record(led.state, "t/a", gone.id).version == 2  # not tombstoned twice
-    assert led.state.subject_records["t/a|u:u1"] == ()
-    assert led.state.stats["t/a|u:u1"]["live"] == 0
+    # Then the state forgets every version of the member's records, the deleted one too.
+    assert all(get_record(led.state, "t/a", r.id) is None for r in (*kept, gone))
+    assert "t/a|u:u1" not in led.state.subject_records and "t/a|u:u1" not in led.state.stats
+    assert led.state.erasures == {"t/a|u:u1": NOW}
     # A later write needs consent again.
     rejected(fact(led, "u1 is back", "u1"), "CONSENT_REQUIRED", "user")
     grant(led, "u1")
@@ -530,8 +534,8 @@ def test_erasure_tombstones_exactly_the_members_live_facts_and_withdraws_consent
 
 
 def test_erasing_a_member_without_facts_still_answers():
-    e = only(Ledger().run(EraseSubject(**common(user="u9", provenance=OPERATOR))), "ConsentWithdrawn")
-    assert e.erased
+    e, erased = Ledger().run(EraseSubject(**common(user="u9", provenance=OPERATOR)))
+    assert e.erased and (erased.type, erased.user) == ("SubjectErased", "u9")
 
 
 # --------------------------------------------------------------------------- removal
@@ -541,26 +545,28 @@ def test_a_removed_agent_takes_no_more_writes():
     led = Ledger(scope=USER_SCOPES)
     r = added(fact(led, "u1 fact", "u1"))
     only(fact(led, "staged before the removal", "u1", turn_ref="x:1:1"), "WriteStaged")
-    only(led.run(RemoveAgent(**common(provenance=OPERATOR))), "AgentRemoved")
+    assert [e.type for e in led.run(RemoveAgent(**common(provenance=OPERATOR)))] == ["AgentRemoved", "SubjectErased"]
     assert led.state.removed_agents == {"t/a": True}
     e = rejected(fact(led, "after the removal", "u1"), "SUBJECT_REMOVED", "agent")
     assert "removed" in e.reason
     rejected(grant(led, "u1"), "SUBJECT_REMOVED", "agent")
     rejected(led.run(ConfigureAgent(**common(config=AgentConfig()))), "SUBJECT_REMOVED", "agent")
+    # The staged write and the records went with the agent's memory.
     outcome = led.run(TurnOutcome(**common(turn_ref="x:1:1", committed=True)))
-    assert [(e.type, getattr(e, "code", None)) for e in outcome] == [("TurnResolved", None),
-                                                                     ("CommandRejected", "SUBJECT_REMOVED")]
-    # What only deletes still goes through; another agent is untouched.
-    only(led.run(DeleteMemory(**common(user="u1", session="s1", record_id=r.id))), "RecordDeleted")
-    only(led.run(RemoveAgent(**common(provenance=OPERATOR))), "AgentRemoved")
+    assert [e.type for e in outcome] == ["TurnResolved"]
+    assert get_record(led.state, "t/a", r.id) is None
+    # What only deletes still goes through (and finds nothing); another agent is untouched.
+    rejected(led.run(DeleteMemory(**common(user="u1", session="s1", record_id=r.id))), "NOT_FOUND", "record_id")
+    assert [e.type for e in led.run(RemoveAgent(**common(provenance=OPERATOR)))] == ["AgentRemoved", "SubjectErased"]
     other = added(led.run(AddMemory(**common(agent="b", summary="b's fact", session="s1"))))
     assert other.agent == "b"
 
 
 def test_a_member_is_removed_under_the_workspace_agent():
     led = Ledger()
-    e = only(led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR))), "UserRemoved")
-    assert e.user == "u1"
+    e, erased = led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR)))
+    assert (e.type, e.user, erased.type, erased.user) == ("UserRemoved", "u1", "SubjectErased", "u1")
+    assert led.state.erasures == {"t/*|u:u1": NOW}  # on every agent of the tenant
     assert led.state.removed_users == {f"t/{WORKSPACE}|u:u1": True}
     rejected(led.run(RemoveUser(**common(user="u1", provenance=OPERATOR))), "VALIDATION_FAILED", "agent")
     rejected(led.run(RemoveUser(**common(agent=WORKSPACE, provenance=OPERATOR))), "VALIDATION_FAILED", "user")
@@ -609,7 +615,7 @@ def test_recovery_folds_the_subject_events_to_the_same_state():
     for name in ("records", "stats", "consent", "removed_agents", "removed_users", "subject_records"):
         assert dict(getattr(lean, name)) == dict(getattr(full, name)) == dict(getattr(led.state, name)), name
     assert full.consent == {"t/a|u:u1": False, "t/a|u:u2": False}
-    assert full.subject_records == {"t/a|u:u1": (), "t/a|u:u2": (full.subject_records["t/a|u:u2"][0],)}
+    assert full.subject_records == {"t/a|u:u2": (full.subject_records["t/a|u:u2"][0],)}  # u1's were erased
     assert all(get_record(full, "t/a", rid).status in LIVE for rid in full.subject_records["t/a|u:u2"])
 
 

@@ -29,7 +29,7 @@ TURNS = ("x:1:1", "x:2:1", "x:3:1", "x:4:1")
 MEMORY = {"consent": "required", "pinned": {"max_tokens": 2000},
           "scope": {"read": ["session", "user", "agent"], "write": ["session", "user", "agent"]}}
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "stats", "consent", "granted_at", "erased_at",
-          "removed_agents", "subject_records")
+          "removed_agents", "subject_records", "erasures")
 # How many seconds before it reaches the ledger a write was made: most at once, some late (a
 # lagging review, a retry), from before the grants, withdrawals and erasures just decided.
 LAG = st.sampled_from((0, 0, 0, 2, 5, 12))
@@ -156,7 +156,7 @@ def test_a_rebuild_gives_the_same_subjects(first, script, cut):
     before = LedgerState()
     for e in log[:cut]:
         evolve(before, decode_ledger_view(encode(e)))
-    restored, _ = decode_state(encode_state(before, OrderedDict()))
+    restored, _, _ = decode_state(encode_state(before, OrderedDict()))
     for e in log[cut:]:
         evolve(restored, decode_ledger_view(encode(e)))
     _same(restored, live, f"a snapshot after event {cut}")

@@ -17,6 +17,7 @@ The package, by command family; imports point down this list, never up:
 - `changes`: edit, delete, pin and unpin, a procedure's outcome, the expiry sweep.
 - `records`: a new record (`AddMemory`), and which records a command may address.
 - `fold`: `evolve` and the record store.
+- `erasure`: `RemoveTenant`, and what the state forgets of an erased subject (`SubjectErased`).
 - `subject_rules`: the subject keys, who may address a member's record, admission, consent.
 - `state`: the constants, `LedgerState`, ids, the events a rule builds, the scratch copy.
 
@@ -25,6 +26,7 @@ Callers import from here (`from events.rules.ledger import decide, evolve, Ledge
 
 from events.base import command_key
 from events.rules.ledger.decide import Handler, caller, decide, overdue, oversized, refused, reused
+from events.rules.ledger.erasure import covers, drop_records, erasure_key, erasure_of, forget, restage
 from events.rules.ledger.fold import evolve
 from events.rules.ledger.state import (
     DEFAULT_CONFIG,
@@ -64,9 +66,14 @@ __all__ = [
     "caller",
     "command_key",
     "config_of",
+    "covers",
     "decide",
+    "drop_records",
+    "erasure_key",
+    "erasure_of",
     "event_id",
     "evolve",
+    "forget",
     "get_record",
     "normalized_hash",
     "outcome_of",
@@ -74,5 +81,6 @@ __all__ = [
     "oversized",
     "record_id_for",
     "refused",
+    "restage",
     "reused",
 ]

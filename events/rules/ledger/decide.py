@@ -25,7 +25,9 @@ from events.commands import (
     ExpireTurns,
     GrantConsent,
     PinMemory,
+    PurgeRecords,
     RemoveAgent,
+    RemoveTenant,
     RemoveUser,
     ReportOutcome,
     SweepExpired,
@@ -37,9 +39,11 @@ from events.errors import ErrorCode
 from events.limits import EVENT_LIMIT, largest_field, too_large
 from events.memory import CommandRejected, TurnResolved, WriteDiscarded, WriteStaged
 from events.record import Provenance, Source
+from events.rules.ledger import retention
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.agent import _configure, _curate
 from events.rules.ledger.changes import _delete, _edit, _pin, _report, _sweep
+from events.rules.ledger.erasure import _remove_tenant
 from events.rules.ledger.fold import evolve
 from events.rules.ledger.records import _add, _members_stay_members, _new_record
 from events.rules.ledger.state import (
@@ -56,6 +60,7 @@ from events.rules.ledger.state import (
     outcome_of,
 )
 from events.rules.ledger.subject_commands import _consent, _erase, _remove_agent, _remove_user
+from events.sealing import KeyDestroyed
 
 
 def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT) -> list[Any]:
@@ -152,7 +157,7 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta
         ref = key[len(prefix) :]
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
-        writes = [decode_stored("memlane.memory.commands", raw) for raw in state.staged.get(key) or []]
+        writes = _staged(state, key)
         out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
         reason = f"turn timed out: no outcome within {int(turn_timeout.total_seconds())} s"
         out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
@@ -210,8 +215,8 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
     # Apply staged writes against a scratch copy, so later writes of the turn see earlier ones
     # without this function touching the real state (evolve does that, from the events).
     scratch = _scratch(state)
-    for raw in state.staged.get(ref) or []:
-        write = _in_turn(decode_stored("memlane.memory.commands", raw), cmd.provenance)
+    for staged in _staged(state, ref):
+        write = _in_turn(staged, cmd.provenance)
         if not cmd.committed:
             reason = cmd.reason or "turn rolled back"
             events.append(_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
@@ -225,6 +230,19 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
         for e in sub:
             evolve(scratch, e)
         events.extend(sub)
+
+
+def _staged(state: LedgerState, key: str) -> list[Any]:
+    """The writes staged on turn `key`. One sealed under a destroyed key (its member was erased
+    on another partition) is gone, as if discarded; `KeyMissing` goes up to the worker, which
+    catches up on the keys and decides again."""
+    writes = []
+    for raw in state.staged.get(key) or []:
+        try:
+            writes.append(decode_stored("memlane.memory.commands", raw))
+        except KeyDestroyed:
+            continue
+    return writes
 
 
 def _in_turn(write: Any, turn: Provenance) -> Any:
@@ -260,6 +278,7 @@ _COMMANDS: dict[type, Handler] = {
     EraseSubject: _erase,
     RemoveAgent: _remove_agent,
     RemoveUser: _remove_user,
+    RemoveTenant: _remove_tenant,
 }
 
 
@@ -270,6 +289,7 @@ _WRITES: dict[type, Handler] = {
     UnpinMemory: _pin,
     EditMemory: _edit,
     SweepExpired: _sweep,
+    PurgeRecords: retention._purge,
     CurateBlock: _curate,
     ReportOutcome: _report,
 }

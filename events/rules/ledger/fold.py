@@ -11,7 +11,9 @@ from typing import Any
 from events.config import AgentConfig
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.record import LIVE, MemoryRecord, Status
+from events.rules.ledger import retention
 from events.rules.ledger import subject_rules as subjects
+from events.rules.ledger.erasure import subject_erased
 from events.rules.ledger.state import RESERVED_KINDS, TURN_MEMORY, LedgerState, agent_key, normalized_hash
 from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry
 from events.rules.tokens import pin_line_chars
@@ -76,6 +78,8 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     "WriteStaged": _write_staged,
     **dict.fromkeys(RECORD_EVENT_TYPES, _record_changed),
     **subjects.FOLDS,
+    "SubjectErased": subject_erased,
+    "RecordsPurged": retention._purged,
 }
 
 

@@ -66,6 +66,9 @@ class LedgerState:
     removed_users: MutableMapping[str, bool] = field(default_factory=dict)
     # agent|u:user -> the subject's live USER record ids (`subject_rules.track`); replaced, never mutated
     subject_records: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # What was erased (`erasure.erasure_key`) -> when, the last time: the ledger worker destroys
+    # the keys made before then, and again after a crash (`SubjectErased`).
+    erasures: MutableMapping[str, datetime] = field(default_factory=dict)
 
 
 class Rejected(Exception):
@@ -146,6 +149,7 @@ def _scratch(state: LedgerState) -> LedgerState:
         removed_agents=ChainMap({}, state.removed_agents),
         removed_users=ChainMap({}, state.removed_users),
         subject_records=ChainMap({}, state.subject_records),
+        erasures=ChainMap({}, state.erasures),
     )
 
 

@@ -1,6 +1,7 @@
 """The subject commands: a member's consent granted or withdrawn, a member's memory on an
 agent erased, an agent removed, a member removed tenant-wide. Who may give a command and
-what consent a write needs is `subject_rules`.
+what consent a write needs is `subject_rules`. Each erasure and removal ends with
+`SubjectErased`: the state forgets the subject (`erasure`) and the worker destroys its keys.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 from events.commands import WORKSPACE, EraseSubject, GrantConsent, RemoveAgent, RemoveUser, WithdrawConsent
 from events.errors import ErrorCode
-from events.memory import AgentRemoved, ConsentGranted, ConsentWithdrawn, RecordDeleted, UserRemoved
+from events.memory import AgentRemoved, ConsentGranted, ConsentWithdrawn, RecordDeleted, SubjectErased, UserRemoved
 from events.rules.ledger.changes import _tombstone
 from events.rules.ledger.state import LedgerState, Rejected, _base, get_record
 from events.rules.ledger.subject_rules import subject_key
@@ -37,14 +38,18 @@ def _erase(state: LedgerState, ak: str, cmd: EraseSubject, events: list) -> None
         r = get_record(state, ak, rid)
         events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
     events.append(_base(ConsentWithdrawn, cmd, user=user, erased=True))
+    events.append(_base(SubjectErased, cmd, user=user))  # the member's keys on this agent go too
 
 
 def _remove_agent(state: LedgerState, ak: str, cmd: RemoveAgent, events: list) -> None:
     events.append(_base(AgentRemoved, cmd))
+    events.append(_base(SubjectErased, cmd, user=None))
 
 
 def _remove_user(state: LedgerState, ak: str, cmd: RemoveUser, events: list) -> None:
     if cmd.agent != WORKSPACE:
         raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
                        f"a member is removed from the whole tenant: send RemoveUser under {WORKSPACE!r}")
-    events.append(_base(UserRemoved, cmd, user=_member(cmd)))
+    user = _member(cmd)
+    events.append(_base(UserRemoved, cmd, user=user))
+    events.append(_base(SubjectErased, cmd, user=user))  # under the workspace: on every agent

@@ -12,6 +12,7 @@ The ledger's other modules (`events.rules.ledger`) build on this one (its comman
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -82,8 +83,10 @@ def dup_scope(r: Record) -> str:
 
 
 def key_entry(where: str, kind: str, key: str) -> str:
-    """The uniqueness index's key part for a keyed fact of `kind` seen in `where` (a `slot`)."""
-    return f"{where}:{_part(kind)}:{_part(key)}"
+    """The uniqueness index's key part for a keyed fact of `kind` seen in `where` (a `slot`).
+    The record's key is hashed: it is personal, and the index goes to snapshots as it is."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{where}:{_part(kind)}:{digest}"
 
 
 def key_slots_seen(r: Record) -> list[str]:

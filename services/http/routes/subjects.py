@@ -10,6 +10,11 @@
 - `DELETE /v1/agent`: remove the agent: its memory is never served again (operator).
 - `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them, and
   their member keys are revoked (operator).
+
+Each of these, and `DELETE /v1/tenant`, also destroys the data keys of what it erases once the
+ledger has recorded it: what was written under them can no longer be read anywhere.
+- `DELETE /v1/tenant`: remove the whole tenant: every key of its data is destroyed, every
+  projection purges it, and its API keys are revoked (the deployment's operator key only).
 """
 
 from __future__ import annotations
@@ -76,10 +81,27 @@ async def remove_user(user: User, p: Caller, s: Svc, request: Request, wait: boo
                       x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
     """Removes the member from the tenant: no agent serves their memory again, and their member
     keys are revoked at once (operator keys; the bootstrap key names the tenant with X-Tenant).
-    Their facts are not erased. `revoked_keys`: the ids of the member keys revoked."""
+    Their facts' data keys are destroyed too, on every agent. `revoked_keys`: the ids of the member
+    keys revoked."""
     check_role(p, ("operator",), "remove a member")
     tenant = tenant_of(p, x_tenant)
     ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
     out = await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait)
     revoked = await request.app.state.keys.revoke_member(tenant, user)
+    return {**out, "revoked_keys": [e["id"] for e in revoked]}
+
+
+@router.delete("/v1/tenant", status_code=202)
+async def remove_tenant(p: Caller, s: Svc, request: Request, wait: bool = True,
+                        x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """Removes the tenant X-Tenant names, for good: the ledger records the erasure, the keys of
+    every agent and member of the tenant are destroyed and every projection purges it (both
+    follow the answer: 202), and the tenant's API keys are revoked at once (the deployment's own
+    operator key only). `revoked_keys`: the ids of the API keys revoked."""
+    check_role(p, ("operator",), "remove a tenant")
+    tenant = tenant_of(p, x_tenant)
+    ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
+    out = await s.commands.remove_tenant(ctx, wait=wait)
+    keys = request.app.state.keys
+    revoked = [e for e in await keys.list(tenant) if await keys.revoke(tenant, e["id"]) is not None]
     return {**out, "revoked_keys": [e["id"] for e in revoked]}

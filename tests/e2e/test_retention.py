@@ -1,0 +1,84 @@
+"""Retention runs inside memlane (the ledger schedules it): a tombstone older than the
+retention period is purged from the ledger and the record view, a newer one stays readable
+in its version history, and a live fact is untouched."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from events.commands import AddMemory, DeleteMemory
+from events.config import AgentConfig
+from events.memory import RecordsPurged
+from events.topics import EVENTS
+from services.client import MemlaneClient, MemlaneError
+from tests.conftest import eventually
+from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, send_commands
+from tests.fakes.model_server import FakeModel
+
+API_PORT = 28291
+
+
+@pytest.fixture(scope="module")
+def rstack(infra, settings, tmp_path_factory):
+    fake = FakeModel().start()
+    prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."
+    stack, rsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("rdata"), API_PORT,
+                                        MEMLANE_RETENTION_EVERY_S="2", **infra)
+    try:
+        stack.start_all()
+        yield stack, rsettings
+    finally:
+        stack.stop()
+        fake.stop()
+
+
+def _cmd(cls, tenant, agent, at, **kw):
+    return cls(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, issued_at=at, **kw)
+
+
+async def test_the_ledger_purges_tombstones_past_the_retention_period(rstack):
+    stack, settings = rstack
+    config = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})
+    tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, config)
+    now = datetime.now(UTC)
+    long_ago, lately = now - timedelta(days=200), now - timedelta(days=20)
+    old = _cmd(AddMemory, tenant, agent, long_ago, summary="Retention old fact", scope="AGENT")
+    new = _cmd(AddMemory, tenant, agent, lately, summary="Retention recent fact", scope="AGENT")
+    live = _cmd(AddMemory, tenant, agent, now, summary="Retention live fact", scope="AGENT")
+    await send_commands(settings, old, new, live)
+    async with MemlaneClient(stack.api_url, key) as c:
+        async def listed():
+            rows = (await c.list_memory())["records"]
+            return rows if len(rows) == 3 else None
+
+        ids = {r["summary"]: r["id"] for r in await eventually(listed, timeout=30)}
+        await send_commands(settings,
+                            _cmd(DeleteMemory, tenant, agent, long_ago + timedelta(days=1),
+                                 record_id=ids["Retention old fact"]),
+                            _cmd(DeleteMemory, tenant, agent, lately + timedelta(days=1),
+                                 record_id=ids["Retention recent fact"]))
+
+        async def purged():
+            events = [e for e, _ in await read_topic(settings, EVENTS.name, EVENTS.name)
+                      if isinstance(e, RecordsPurged) and e.agent == agent]
+            return events or None
+
+        [event] = await eventually(purged, timeout=60)
+        assert event.record_ids == [ids["Retention old fact"]]
+
+        async def gone():
+            try:
+                await c.read_memory(ids["Retention old fact"])
+            except MemlaneError as e:
+                return e.status == 404
+            return False
+
+        await eventually(gone, timeout=30)
+        recent = await c.history(ids["Retention recent fact"])
+        # Within the period: still readable in its version history.
+        assert [v.status.value for v in recent] == ["ACTIVE", "DELETED"] or \
+            [v.status.value for v in recent] == ["DELETED", "ACTIVE"]
+        assert [r["summary"] for r in (await c.list_memory())["records"]] == ["Retention live fact"]

@@ -1,0 +1,296 @@
+"""Keys destroyed by the ledger after an erasure. A ledger killed (kill -9) after it committed a
+`SubjectErased` and before it destroyed the subject's keys destroys them when it recovers: a
+keyring loaded afresh from `memlane.keys` no longer knows the member's keys, and still knows the
+other member's. A ledger restarted after that skips, and counts, the events it can no longer
+open, and goes on deciding. Live, a member removed tenant-wide and a removed agent lose their
+keys at once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from fastapi import FastAPI
+
+from events import AddMemory, AgentConfig, ConfigureAgent, codec, encode
+from events.base import utcnow
+from events.commands import WORKSPACE, DeleteMemory, EraseSubject, RemoveAgent, RemoveUser
+from events.record import Provenance, Source
+from events.topics import COMMANDS, EVENTS
+from projections.redis_records import RedisRecords
+from services.auth import KeyStore
+from services.http import errors
+from services.http.routes import subjects as subjects_routes
+from services.memory import MemoryService
+from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
+from services.stack import Stack, free_port, stack_env
+from settings import Settings
+from tests.conftest import eventually
+from workers.kafka_io import ensure_topics
+from workers.kafka_io import producer as kafka_producer
+from workers.keys import open_keys
+
+TENANT, AGENT = "t", "eraser"
+MEMORY = {"scope": {"read": ["session", "user"], "write": ["session", "user"]}}
+
+
+@pytest.fixture
+def erasure_stack(settings, infra, tmp_path):
+    prefix = f"{settings.topic_prefix}erase{uuid.uuid4().hex[:4]}."
+    s = Settings(topic_prefix=prefix, data_dir=tmp_path / "data", key_file=tmp_path / "keys" / "memlane.key")
+    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(s.data_dir), MEMLANE_KEY_FILE=str(s.key_file),
+                    MEMLANE_API_PORT=str(free_port()), **infra)
+    stack = Stack(env, tmp_path / "logs")
+    yield stack, s
+    stack.stop()
+    codec.use_cipher(None)
+
+
+def fact(cmd_id: str, user: str, summary: str, at: datetime) -> AddMemory:
+    return AddMemory(command_id=cmd_id, tenant=TENANT, agent=AGENT, issued_at=at, user=user, scope="USER",
+                     session="s1", summary=summary, provenance=Provenance(user=user, session="s1"))
+
+
+async def send(s: Settings, cmds: list) -> None:
+    """As the API sends commands: sealed, the keys they were sealed under published first."""
+    keys = await open_keys(s, follow=False)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await producer.start()
+    try:
+        data = [(encode(c), COMMANDS.key_bytes(c)) for c in cmds]
+        await keys.flush()
+        for value, key in data:
+            await producer.send_and_wait(s.topic(COMMANDS.name), value, key=key)
+    finally:
+        await producer.stop()
+        await keys.stop()
+
+
+async def events(s: Settings, *agents: str) -> list[dict]:
+    """The agents' committed events as JSON, sealed fields and all (their ids, types and codes never are)."""
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, isolation_level="read_committed",
+                         enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        out = []
+        while [tp for tp in tps if await c.position(tp) < end[tp]]:
+            for msgs in (await c.getmany(timeout_ms=500)).values():
+                out += [e for e in (json.loads(m.value) for m in msgs) if e["agent"] in agents]
+        return out
+    finally:
+        await c.stop()
+
+
+async def event_types(s: Settings, agents: tuple[str, ...] = (AGENT,)) -> list[str]:
+    return [e["type"] for e in await events(s, *agents)]
+
+
+async def subjects(s: Settings) -> dict[str, int]:
+    """How many data keys a keyring loaded afresh from the keys topic knows, per subject of the tenant."""
+    keys = await open_keys(s, follow=False)
+    try:
+        ring = keys.keyring
+        return {subject.split("/", 1)[1]: len(ring.kids(subject)) for subject in ring.subjects()
+                if subject.startswith(f"{TENANT}/")}
+    finally:
+        await keys.stop()
+        codec.use_cipher(None)
+
+
+async def kids(s: Settings) -> dict[str, int]:
+    """How many data keys the agent's members have, as `subjects` counts them."""
+    known = await subjects(s)
+    return {u: known.get(f"{AGENT}|u:{u}", 0) for u in ("u1", "u2")}
+
+
+def on_the_workspace_partition(*agents: str) -> int:
+    """How many of the agents are on the workspace agent's partition, where the fold itself forgets."""
+    here = COMMANDS.partition_of(f"{TENANT}/{WORKSPACE}".encode())
+    return sum(COMMANDS.partition_of(f"{TENANT}/{a}".encode()) == here for a in agents)
+
+
+def logged(stack: Stack, event: str) -> list[dict]:
+    """The ledger's log lines of `event`, of every run, oldest first."""
+    lines = (json.loads(line) for line in (stack.log_dir / "ledger.log").read_text().splitlines()
+             if line.startswith("{"))
+    return [line for line in lines if line.get("event") == event]
+
+
+async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_when_it_recovers(erasure_stack):
+    stack, s = erasure_stack
+    await ensure_topics(s)
+    stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"] = "600"  # it commits the erasure, then waits: killed there
+    stack.start("ledger")
+    # Stamped now, as the API stamps commands: an erasure takes the keys made before it.
+    await send(s, [
+        ConfigureAgent(command_id="cfg", tenant=TENANT, agent=AGENT, issued_at=utcnow(),
+                       config=AgentConfig.model_validate({"memory": MEMORY})),
+        fact("f1", "u1", "CANARY u1 keeps bees", utcnow()),
+        fact("f2", "u2", "u2 keeps fish", utcnow()),
+    ])
+
+    async def added() -> bool:
+        return (await event_types(s)).count("RecordAdded") == 2
+
+    await eventually(added, timeout=90)
+    assert await kids(s) == {"u1": 1, "u2": 1}
+
+    await send(s, [EraseSubject(command_id="erase-u1", tenant=TENANT, agent=AGENT, user="u1",
+                                issued_at=utcnow(), provenance=Provenance(source=Source.OPERATOR))])
+
+    async def erased() -> bool:
+        return "SubjectErased" in await event_types(s)
+
+    await eventually(erased, timeout=60)
+    stack.kill("ledger")
+    assert await kids(s) == {"u1": 1, "u2": 1}  # killed before it destroyed anything
+
+    del stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"]
+    stack.start("ledger")
+
+    async def destroyed() -> bool:
+        return await kids(s) == {"u1": 0, "u2": 1}
+
+    await eventually(destroyed, timeout=90)
+    assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed")] == [(1, True)]
+
+    # Restarted again, the ledger cannot open u1's events any more: it skips and counts them,
+    # and still decides.
+    stack.kill("ledger")
+    stack.start("ledger")
+    await send(s, [fact("f3", "u2", "u2 keeps two fish", utcnow())])
+
+    async def decided() -> bool:
+        return (await event_types(s)).count("RecordAdded") == 3
+
+    await eventually(decided, timeout=90)
+    # The third run's recovery of the agent's partition: u1's record and its tombstone.
+    assert [e.get("unreadable") for e in logged(stack, "ledger_recovered") if e["events"]][-1] == 2
+
+
+async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_keys_at_once(erasure_stack):
+    """Live, with no crash: a member removed under the workspace agent loses their keys on every
+    agent, and every partition the ledger holds forgets their facts (a later delete of one finds
+    nothing, rather than writing it again under a new key); a removed agent loses its keys and its
+    members'. Another member's and another agent's keys stay."""
+    stack, s = erasure_stack
+    await ensure_topics(s)
+    stack.start("ledger")
+    other = "keeper"
+    cfg = AgentConfig.model_validate({"memory": MEMORY})
+    u1_fact = fact("g1", "u1", "u1 keeps bees", utcnow())
+    await send(s, [
+        *(ConfigureAgent(command_id=f"cfg-{a}", tenant=TENANT, agent=a, issued_at=utcnow(), config=cfg)
+          for a in (AGENT, other)),
+        u1_fact, fact("g2", "u2", "u2 keeps fish", utcnow()),
+        fact("g3", "u1", "u1 keeps bees here too", utcnow()).model_copy(update={"agent": other}),
+        fact("g4", "u2", "u2 keeps fish here too", utcnow()).model_copy(update={"agent": other}),
+    ])
+
+    async def added() -> bool:
+        return (await event_types(s, agents=(AGENT, other))).count("RecordAdded") == 4
+
+    await eventually(added, timeout=90)
+    assert await subjects(s) == {f"{a}|u:{u}": 1 for a in (AGENT, other) for u in ("u1", "u2")}
+
+    await send(s, [RemoveUser(command_id="remove-u1", tenant=TENANT, agent=WORKSPACE, user="u1",
+                              issued_at=utcnow(), provenance=Provenance(source=Source.OPERATOR))])
+
+    async def removed() -> bool:
+        return bool(logged(stack, "ledger_keys_destroyed"))
+
+    await eventually(removed, timeout=60)
+    assert await subjects(s) == {f"{AGENT}|u:u2": 1, f"{other}|u:u2": 1}
+    [done] = logged(stack, "ledger_keys_destroyed")
+    # Both of u1's facts are forgotten, whichever partitions the workspace and the agents are on.
+    assert done["keys"] == 2 and done["records_forgotten"] + on_the_workspace_partition(AGENT, other) == 2
+
+    [record_added] = [e for e in await events(s, AGENT) if e["type"] == "RecordAdded" and e["command_id"] == "g1"]
+    await send(s, [DeleteMemory(command_id="late-delete", tenant=TENANT, agent=AGENT, user="u1", session="s1",
+                                record_id=record_added["record"]["id"], issued_at=utcnow())])
+
+    async def answered() -> list[str]:
+        return [e.get("code") for e in await events(s, AGENT) if e["command_id"] == "late-delete"]
+
+    assert await eventually(answered, timeout=60) == ["NOT_FOUND"]
+
+    await send(s, [RemoveAgent(command_id="remove-agent", tenant=TENANT, agent=other, issued_at=utcnow(),
+                               provenance=Provenance(source=Source.OPERATOR))])
+
+    async def gone() -> bool:
+        known = await subjects(s)
+        return known[f"{AGENT}|u:u2"] == 1 and not [k for k in known if k.startswith(f"{other}|")]
+
+    await eventually(gone, timeout=60)
+
+
+async def test_only_the_deployments_key_removes_a_tenant_and_its_api_keys_go_at_once(settings):
+    """`DELETE /v1/tenant` on a real key store (Redis) and commands log (Kafka): refused to the
+    tenant's own operator key, answered 202 to the deployment's, which sends `RemoveTenant` under
+    the workspace agent and revokes every key the tenant was issued."""
+    s = Settings(topic_prefix=f"{settings.topic_prefix}tenant{uuid.uuid4().hex[:4]}.", encryption=False)
+    await ensure_topics(s)
+    records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
+    store = KeyStore(records.r, "the-deployments-own-key", f"ml:{s.topic_prefix}")
+    prod = kafka_producer(s)
+    await prod.start()
+    publisher = KafkaCommandPublisher(s, prod)
+    app = FastAPI()
+    errors.install(app)
+    app.include_router(subjects_routes.router)
+    app.state.keys = store
+    app.state.service = MemoryService(s, records, None, None, publisher, KafkaUsageRecorder(s, publisher))
+    try:
+        issued = [await store.issue("gone", "a", "agent"), await store.issue("gone", None, "operator"),
+                  await store.issue("gone", None, "member", user="u1")]
+        kept, _ = await store.issue("stays", None, "operator")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as api:
+            def delete(key: str, **headers: str):
+                return api.delete("/v1/tenant", params={"wait": "false"},
+                                  headers={"Authorization": f"Bearer {key}", **headers})
+
+            for key, _ in issued[1:]:
+                r = await delete(key)  # the tenant's own operator key, or a member's
+                assert (r.status_code, r.json()["error"]["code"]) == (403, "FORBIDDEN"), r.text
+            r = await delete(kept, **{"X-Tenant": "gone"})  # another tenant's operator key acts on its own
+            assert r.status_code == 403
+            r = await delete("the-deployments-own-key")
+            assert (r.status_code, r.json()["error"]["field"]) == (422, "x-tenant")
+            r = await delete("the-deployments-own-key", **{"X-Tenant": "gone"})
+            assert r.status_code == 202, r.text
+        body = r.json()
+        assert (body["status"], body["tenant"]) == ("accepted", "gone")
+        assert sorted(body["revoked_keys"]) == sorted(entry["id"] for _, entry in issued)
+        assert await store.list("gone") == [] and len(await store.list("stays")) == 1
+        assert await store.resolve(issued[0][0]) is None
+        sent = [json.loads(m.value) for m in await commands(s)]
+        assert [(c["type"], c["tenant"], c["agent"], c["provenance"]["source"]) for c in sent] == [
+            ("RemoveTenant", "gone", WORKSPACE, "OPERATOR")]
+    finally:
+        await publisher.stop()
+        await records.aclose()
+
+
+async def commands(s: Settings) -> list:
+    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [TopicPartition(s.topic(COMMANDS.name), p) for p in range(COMMANDS.partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        out = []
+        while [tp for tp in tps if await c.position(tp) < end[tp]]:
+            for msgs in (await c.getmany(timeout_ms=500)).values():
+                out += msgs
+        return out
+    finally:
+        await c.stop()
