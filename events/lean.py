@@ -19,8 +19,9 @@ import msgspec
 from events.codec import ContractError, cipher, decode, encode, opened
 from events.memory import RECORD_EVENTS, MemoryEvent
 from events.record import Scope, Status
+from events.sealing import kid_of, subject_of
 from events.topics import EVENTS, REDELIVERED
-from events.vectors import float32_array
+from events.vectors import float32_array, keyed_hash, vector_aad
 
 
 def _type_name(cls: type) -> str:
@@ -40,6 +41,8 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     version: int
     created: datetime
+    modified: datetime | None = None  # a tombstone's: when it was deleted (retention counts from it)
+    superseded_at: datetime | None = None
     tenant: str
     agent: str
     scope: Scope
@@ -77,6 +80,20 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
         r = self.opened()
         return f"{r.summary}\n{r.content}".strip()
 
+    @property
+    def subject(self) -> str:
+        """Whose data key seals it (`events.sealing`): its member's for a USER record, else its agent's."""
+        return subject_of(self.tenant, self.agent, self.user if self.scope is Scope.USER else None)
+
+    def vector_of(self) -> tuple[LeanRecord, str, str | None]:
+        """(this record opened, the content hash its vector goes by, the subject the vector
+        belongs to): the hash is keyed by the data key the record was sealed under, so the
+        embedding worker and the projections name the same vector. A record sealed under no
+        key has a plain hash and no subject. Raises as `opened` does."""
+        kid = kid_of(self.sealed) if self.sealed is not None else None
+        r = self.opened()
+        return r, keyed_hash(r.text, kid, cipher()), (self.subject if kid is not None else None)
+
 
 class LeanEvent(msgspec.Struct, kw_only=True):
     type: EventType
@@ -86,6 +103,10 @@ class LeanEvent(msgspec.Struct, kw_only=True):
     agent: str = ""
     last: bool = True
     record: LeanRecord | None = None  # set on record events only
+    # What names a subject's erasure (SubjectErased) and a purge (RecordsPurged): ids only.
+    user: str | None = None
+    tenant_wide: bool = False
+    record_ids: list[str] = []
     raw: bytes = b""  # the bytes it was decoded from (not a field of the event)
 
     def full(self) -> Any:
@@ -99,10 +120,18 @@ class LeanVector(msgspec.Struct, frozen=True):
     type: Literal["VectorComputed"]
     model: str
     content_hash: str
-    dense: bytes = msgspec.field(name="dense_b64")
+    dense: bytes = msgspec.field(name="dense_b64", default=b"")
+    subject: str | None = None
+    sealed: str | None = None
 
     def floats(self) -> array.array:
-        return float32_array(self.dense)
+        """Raises `KeyMissing` or `KeyDestroyed` for a sealed vector it cannot open."""
+        if self.sealed is None:
+            return float32_array(self.dense)
+        c = cipher()
+        if c is None:
+            raise ContractError("sealed", "a sealed vector, and this process has no keys (events.codec.use_cipher)")
+        return float32_array(c.open(self.sealed, vector_aad(self.model, self.content_hash)))
 
 
 class LedgerView(msgspec.Struct, kw_only=True):
@@ -126,6 +155,8 @@ class LedgerView(msgspec.Struct, kw_only=True):
     text: str = ""
     user: str | None = None  # the consent and removal events
     erased: bool = False
+    tenant_wide: bool = False  # SubjectErased
+    record_ids: list[str] = []  # RecordsPurged
 
 
 # Not strict: the contract's pydantic models accept "2" for 2, and so must its views.

@@ -1,14 +1,23 @@
-"""`memlane.vectors`: one embedding per model and content hash (compacted)."""
+"""`memlane.vectors`: one embedding per model and content hash (compacted).
+
+A vector belongs to the subject of the record it was computed for (`subject`): its content
+hash is keyed by that subject's data key (`keyed_hash`) and its dense vector sealed under
+it, so neither a guessed text nor the embedding can be read back once the key is destroyed.
+A message with no subject (written without encryption) holds a plain hash and vector.
+"""
 
 from __future__ import annotations
 
 import array
 import base64
+import hashlib
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from events.base import Message_
+
+PLAIN_HASH_CHARS = 32
 
 
 class VectorComputed(Message_):
@@ -17,17 +26,41 @@ class VectorComputed(Message_):
     content_hash: str
     dim: int
     # Little-endian float32, base64: a fifth of the JSON-float size, and fast to decode.
-    dense_b64: str
+    # Empty when `sealed` holds it.
+    dense_b64: str = ""
+    subject: str | None = None  # whose data key keys `content_hash` and seals `sealed`
+    sealed: str | None = None  # the float32 bytes sealed under `subject`'s key (AAD: `vector_aad`)
 
     @classmethod
-    def of(cls, model: str, content_hash: str, vector: Sequence[float]) -> VectorComputed:
+    def of(cls, model: str, content_hash: str, vector: Sequence[float], subject: str | None = None,
+           cipher: Any = None) -> VectorComputed:
         arr = float32_of(vector)
         if sys.byteorder == "big":
             arr.byteswap()
+        if subject is not None and cipher is not None:
+            token = cipher.seal(subject, vector_aad(model, content_hash), arr.tobytes())
+            return cls(model=model, content_hash=content_hash, dim=len(arr), subject=subject, sealed=token)
         return cls(model=model, content_hash=content_hash, dim=len(arr), dense_b64=base64.b64encode(arr.tobytes()).decode())
 
-    def floats(self) -> array.array:
+    def floats(self, cipher: Any = None) -> array.array:
+        if self.sealed is not None:
+            return float32_array(cipher.open(self.sealed, vector_aad(self.model, self.content_hash)))
         return float32_array(base64.b64decode(self.dense_b64))
+
+
+def vector_aad(model: str, content_hash: str) -> bytes:
+    """A sealed vector is bound to its message key: it cannot be moved to another text."""
+    return f"{model}/{content_hash}".encode()
+
+
+def keyed_hash(text: str, kid: str | None, cipher: Any) -> str:
+    """The content hash a record's vector goes by: keyed by the data key `kid` its record was
+    sealed under (so one subject's equal texts share a vector, and no one without the key can
+    test a guess), or plain SHA-256 for a record sealed under no key."""
+    mac = getattr(cipher, "mac", None)
+    if kid is None or mac is None:
+        return hashlib.sha256(text.encode()).hexdigest()[:PLAIN_HASH_CHARS]
+    return mac(kid, text.encode()).hex()[:PLAIN_HASH_CHARS]
 
 
 def float32_array(little_endian: bytes) -> array.array:

@@ -19,7 +19,8 @@ class Embedder(Protocol):
 
 
 def content_hash(text: str) -> str:
-    """Key of a text in `memlane.vectors`: the same text is embedded once per model."""
+    """Plain hash of a text: an embedder's cache key, and the key in `memlane.vectors` of a
+    record sealed under no key (a sealed record's is keyed: `events.vectors.keyed_hash`)."""
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

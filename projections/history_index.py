@@ -4,6 +4,11 @@ Its own shard directory (`<data_dir>/qdrant/history-g<N>`), owned by the API pro
 like the memory shard. Dense (all-MiniLM) and BM25 sparse vectors, fused by RRF, as
 memory search does. Flags are keyword strings: the Edge bindings do not match a
 Python bool in MatchValue.
+
+A part's text is sealed in its payload (`sealed`) under its subject's data key (the turn's
+member's, else the agent's); the vectors made from it stay in the shard. A search opens the
+parts it returns and leaves out those sealed under destroyed keys. `purge` removes what an
+erasure reaches.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from events.codec import ContractError, cipher
 from events.rules.history import HistoryFilter, KeptEvent, point_id, split_parts
+from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
 from projections.edge_shard import DENSE, SPARSE, open_shard
+from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
@@ -79,18 +87,35 @@ FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibilit
             "user")
 
 
+def part_aad(p: dict[str, Any]) -> str:
+    """A sealed part is bound to its event and place: it cannot be moved to another."""
+    return f"history:{p['tenant']}/{p['agent']}/{p['session']}/{p['event_id']}#{p['part']}"
+
+
 def pack(payload: dict[str, Any]) -> dict[str, Any]:
-    """A part's payload as stored: filtered keys with a value, and `doc` with the rest."""
+    """A part's payload as stored: filtered keys with a value, `doc` with the rest, and with
+    a cipher in use the text sealed apart (`sealed`), out of `doc`."""
     stored = {k: payload[k] for k in FILTERED if payload.get(k) is not None}
-    stored["doc"] = to_json({k: v for k, v in payload.items() if k not in stored}).decode()
+    c = cipher()
+    if c is not None:
+        subject = subject_of(payload["tenant"], payload["agent"], payload.get("user"))
+        stored["sealed"] = seal_text(c, subject, part_aad(payload), payload["text"])
+    stored["doc"] = to_json({k: v for k, v in payload.items()
+                             if k not in stored and not (c is not None and k == "text")}).decode()
     return stored
 
 
 def unpack(stored: dict[str, Any]) -> dict[str, Any]:
+    """Raises `KeyMissing` or `KeyDestroyed` for a sealed text it cannot open."""
     if "doc" not in stored:
         return stored
-    out = {k: v for k, v in stored.items() if k != "doc"}
+    out = {k: v for k, v in stored.items() if k not in ("doc", "sealed")}
     out.update(from_json(stored["doc"]))
+    if "sealed" in stored:
+        c = cipher()
+        if c is None:
+            raise ContractError("sealed", "a sealed history part, and this process has no keys")
+        out["text"] = open_text(c, part_aad(out), stored["sealed"])
     return out
 
 
@@ -116,10 +141,27 @@ class HistoryIndex:
     # ------------------------------------------------------------------ write side
 
     def upsert(self, items: list[tuple[str, dict[str, Any], list[float]]]) -> None:
-        points = [Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(p["text"])}, pack(p)) for pid, p, vec in items]
+        self.upsert_packed([(pid, pack(p), p["text"], vec) for pid, p, vec in items])
+
+    def upsert_packed(self, items: list[tuple[str, dict[str, Any], str, list[float]]]) -> None:
+        """(point id, `pack`ed payload, the part's text, its vector): for a caller that seals
+        where it can publish a new key first, and embeds elsewhere."""
+        points = [Point(pid, {DENSE: vec, SPARSE: self.bm25.embed_document(text)}, stored)
+                  for pid, stored, text, vec in items]
         if points:
             with self._lock:
                 self.shard.update(UpdateOperation.upsert_points(points))
+
+    def purge(self, er: Erasure) -> None:
+        """Removes every part an erasure reaches: of its agent (or every agent of the tenant),
+        of its member's turns or, naming none, of every turn."""
+        must = [FieldCondition("tenant", match=MatchValue(er.tenant))]
+        if er.agent is not None:
+            must.append(FieldCondition("agent", match=MatchValue(er.agent)))
+        if er.user is not None:
+            must.append(FieldCondition("user", match=MatchValue(er.user)))
+        with self._lock:
+            self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
 
     def flush(self) -> None:
         with self._lock:
@@ -162,9 +204,12 @@ class HistoryIndex:
         return Filter(must=must)
 
     def search(
-        self, f: HistoryFilter, dense: list[float] | None, text: str, limit: int, offset: int = 0, mode: Mode = "hybrid"
+        self, f: HistoryFilter, dense: list[float] | None, text: str, limit: int, offset: int = 0, mode: Mode = "hybrid",
+        missing_ok: bool = False,
     ) -> list[HistoryHit]:
-        """Ranked parts `offset .. offset+limit`; newer events win ties."""
+        """Ranked parts `offset .. offset+limit`; newer events win ties. A part sealed under a
+        destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
+        `missing_ok` (the caller caught up already: the key was destroyed)."""
         flt = self._filter(f)
         # One extra beyond the page, so ties at the page edge are ordered the same on every page.
         depth = offset + limit + 1
@@ -187,6 +232,14 @@ class HistoryIndex:
             )
         with self._lock:
             points = self.shard.query(req)
-        hits = [HistoryHit(p.score, unpack(p.payload)) for p in points]
+        hits = []
+        for p in points:
+            try:
+                hits.append(HistoryHit(p.score, unpack(p.payload)))
+            except KeyDestroyed:
+                continue
+            except KeyMissing:
+                if not missing_ok:
+                    raise
         hits.sort(key=lambda h: (-round(h.score, 9), -h.payload["turn"], -h.payload["sequence"], h.payload["part"]))
         return hits[offset : offset + limit]

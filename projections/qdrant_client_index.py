@@ -20,11 +20,13 @@ from projections.qdrant_index import (
     Mode,
     RecordKey,
     SearchFilter,
+    erasure_terms,
     filter_terms,
     payload_of,
     point_id,
     rank,
 )
+from projections.records import Erasure
 
 
 class ClientIndex:
@@ -75,6 +77,14 @@ class ClientIndex:
     def delete(self, keys: list[RecordKey]) -> None:
         if keys:
             self.client.delete(self.collection, models.PointIdsList(points=[point_id(*k) for k in keys]))
+
+    def purge(self, er: Erasure) -> None:
+        owner, how, reach = erasure_terms(er)
+        match = models.MatchValue(value=owner) if how == "value" else models.MatchPrefix(prefix=owner)
+        must = [models.FieldCondition(key="owner", match=match)]
+        if reach is not None:
+            must.append(models.FieldCondition(key="reach", match=models.MatchValue(value=reach)))
+        self.client.delete(self.collection, models.FilterSelector(filter=models.Filter(must=must)), wait=True)
 
     def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
         self.client.set_payload(self.collection, {"shadowed": "yes" if shadowed else "no"},

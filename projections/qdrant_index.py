@@ -26,6 +26,7 @@ from qdrant_edge import (
     Filter,
     Fusion,
     MatchAny,
+    MatchPrefix,
     MatchValue,
     PayloadSelector,
     Point,
@@ -38,6 +39,7 @@ from qdrant_edge import (
 
 from events.record import MemoryRecord, Status
 from projections.edge_shard import DENSE, SPARSE, open_shard
+from projections.records import Erasure
 
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -97,6 +99,8 @@ def reach_of(r: MemoryRecord) -> str:
 
 
 def payload_of(r: MemoryRecord) -> dict[str, Any]:
+    # No personal field (summary, content, metadata, key): ids, scope, kind and labels only;
+    # the text is in the dense and BM25 vectors, which stay in the index.
     # Every payload key costs ~5 µs to hand to Qdrant, so a point carries only what search
     # filters on, folded into few keys, and the record id; absent flags mean "no". Flags
     # are keyword strings: the Edge bindings turn a Python bool in MatchValue into an
@@ -119,6 +123,14 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
 KEYWORD_FIELDS = ("reach", "kind", "labels", "preview", "shadowed")
 Term = tuple[str, "str | list[str]"]
 RecordKey = tuple[str, str, str]  # tenant, agent, record id: what names a point
+
+
+def erasure_terms(er: Erasure) -> tuple[str, str, str | None]:
+    """(owner, "value" or "prefix", reach) of the points an erasure removes: the agent's (or,
+    for every agent of the tenant, those whose owner starts with the tenant), and of them the
+    member's USER records when it names a member."""
+    owner = (f"{er.tenant}/{er.agent}", "value") if er.agent is not None else (f"{er.tenant}/", "prefix")
+    return *owner, (f"USER/{er.user}" if er.user is not None else None)
 
 
 def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
@@ -176,6 +188,15 @@ class EdgeIndex:
         if keys:
             with self._lock:
                 self.shard.update(UpdateOperation.delete_points([point_id(*k) for k in keys]))
+
+    def purge(self, er: Erasure) -> None:
+        """Removes every point of an erased subject (`Erasure`)."""
+        owner, how, reach = erasure_terms(er)
+        must = [FieldCondition("owner", match=MatchValue(owner) if how == "value" else MatchPrefix(owner))]
+        if reach is not None:
+            must.append(FieldCondition("reach", match=MatchValue(reach)))
+        with self._lock:
+            self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
 
     def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
         """A preview record that replaces or deletes a live one hides it from preview turns."""

@@ -7,6 +7,10 @@ members who have (had) any, so that a member's list and an operator's counts rea
 member's records only. Applying an event is a version-guarded upsert of the snapshot it
 carries, so duplicates and redeliveries are no-ops and the order of distinct versions
 does not matter.
+
+`SubjectErased` drops everything of its subject (`Erasure`): every version of its records,
+its listings, its consent rows, and for a whole agent its blocks. `RecordsPurged` drops every
+version of the records it names. Both are idempotent: a replay applies them again.
 """
 
 from __future__ import annotations
@@ -14,12 +18,52 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.memory import RECORD_EVENTS, AgentRemoved, BlockChanged, ConsentGranted, ConsentWithdrawn, UserRemoved
+from events.commands import WORKSPACE
+from events.memory import (
+    RECORD_EVENTS,
+    AgentRemoved,
+    BlockChanged,
+    ConsentGranted,
+    ConsentWithdrawn,
+    RecordsPurged,
+    SubjectErased,
+    UserRemoved,
+)
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
+from events.sealing import KeyDestroyed, KeyMissing
+
+
+class Keys(Protocol):
+    """The process's data keys (`workers.keys.KeyTopic`), as a view uses them."""
+
+    async def catch_up(self) -> None:
+        """Learns every key published so far."""
+
+    async def flush(self) -> None:
+        """Publishes the keys this process made: before anything sealed under them is written."""
+
+
+async def opening(keys: Keys | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, which opens something sealed, or None when it was sealed under a destroyed
+    key. A key not known yet is caught up on once; still unknown then, it was destroyed.
+    Without `keys` a key not known yet is the caller's to catch up on (`KeyMissing`)."""
+    try:
+        return fn(*args)
+    except KeyDestroyed:
+        return None
+    except KeyMissing:
+        if keys is None:
+            raise
+    await keys.catch_up()
+    try:
+        return fn(*args)
+    except (KeyMissing, KeyDestroyed):
+        return None
 
 
 def listed(r: MemoryRecord) -> bool:
@@ -49,6 +93,47 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         return score, str(rid)
     except Exception as e:
         raise CursorError("not a cursor this API returned; pass next_cursor from the previous page") from e
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What a `SubjectErased` reaches: one tenant, one agent of it or (None) every agent, and
+    one member or (None) everything of those agents. A member's things are their USER
+    records, their consent, and the history of their turns."""
+
+    tenant: str
+    agent: str | None
+    user: str | None
+
+    @classmethod
+    def of(cls, e: Any) -> Erasure:
+        """From a `SubjectErased` (full or lean: it reads tenant, agent, user, tenant_wide)."""
+        if e.tenant_wide:
+            return cls(e.tenant, None, e.user)
+        if e.user is not None and e.agent == WORKSPACE:
+            return cls(e.tenant, None, e.user)  # the member on every agent of the tenant
+        return cls(e.tenant, e.agent, e.user)
+
+    def covers_agent(self, tenant: str, agent: str) -> bool:
+        return tenant == self.tenant and (self.agent is None or agent == self.agent)
+
+    def covers(self, tenant: str, agent: str, user: str | None) -> bool:
+        """Whether a thing of (tenant, agent) that is `user`'s (None: no member's) is erased."""
+        return self.covers_agent(tenant, agent) and (self.user is None or user == self.user)
+
+    def covers_record(self, r: Any) -> bool:
+        return self.covers(r.tenant, r.agent, r.user if r.scope is Scope.USER else None)
+
+    def covers_subject(self, subject: str) -> bool:
+        """A data key's subject (`events.sealing.subject_of`): `tenant/agent` or `tenant/agent|u:user`."""
+        agent_part, _, user = subject.partition("|u:")
+        tenant, _, agent = agent_part.partition("/")
+        return self.covers(tenant, agent, user or None)
+
+    @property
+    def everywhere(self) -> bool:
+        """Whether it reaches agents other than the one whose partition carries it."""
+        return self.agent is None
 
 
 @dataclass
@@ -104,6 +189,10 @@ class MemoryFold:
 
     async def apply(self, events: list[Any]) -> None:
         for e in events:
+            if isinstance(e, SubjectErased):
+                self._erase(Erasure.of(e))
+            elif isinstance(e, RecordsPurged):
+                self._drop({(e.tenant, e.agent, rid) for rid in e.record_ids})
             if isinstance(e, (ConsentGranted, ConsentWithdrawn)):
                 state = "granted" if isinstance(e, ConsentGranted) else "withdrawn"
                 self.consent.setdefault((e.tenant, e.agent), {})[e.user] = state
@@ -125,6 +214,25 @@ class MemoryFold:
                     self.current[k] = r.version
                 if r.preview and r.replaces:
                     self.shadows.setdefault((r.tenant, r.agent), set()).add(r.replaces)
+
+    def _drop(self, keys: set[tuple[str, str, str]]) -> None:
+        for k in keys:
+            self.versions.pop(k, None)
+            self.current.pop(k, None)
+            if k[:2] in self.shadows:
+                self.shadows[k[:2]].discard(k[2])
+
+    def _erase(self, er: Erasure) -> None:
+        self._drop({k for k, v in self.current.items() if er.covers_record(self.versions[k][v])})
+        for (t, a), rows in self.consent.items():
+            if er.covers_agent(t, a):
+                for user in [u for u in rows if er.user is None or u == er.user]:
+                    del rows[user]
+        if er.user is None:
+            for ta in [ta for ta in self.block_texts if er.covers_agent(*ta)]:
+                del self.block_texts[ta]
+            for ta in [ta for ta in self.shadows if er.covers_agent(*ta)]:
+                del self.shadows[ta]
 
     async def get(self, tenant, agent, rid, version=None):
         vs = self.versions.get((tenant, agent, rid))

@@ -5,23 +5,68 @@ set ordered by turn then sequence, for listing without a query and for paging. T
 projection's checkpoints live in the same namespace and change in the same MULTI/EXEC
 as the events they cover, so a restart resumes exactly where the view stands.
 Folding the same turn twice writes the same values: replays and redeliveries are safe.
+
+An event's text is sealed under its subject's data key (its member's when the turn had
+one, else its agent's); reads open it and leave out what was sealed under a destroyed
+key. An erasure (`Erasure`) drops the events it reaches and is remembered (`erased`, when
+it was), so a turn folded after it, from before it, is not kept again.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import redis.asyncio as aioredis
 
-from events.rules.history import SEQ_SLOTS, HistoryFilter, KeptEvent
+from events.codec import ContractError, cipher
+from events.rules.history import SEQ_SLOTS, HistoryFilter, KeptEvent, erased, erasure_marker
+from events.sealing import open_text, seal_text, subject_of
+from projections.records import Erasure, Keys, opening
+
+PAGE = 1000
+
+
+def event_aad(session_key: str, event_id: str) -> str:
+    """A sealed text is bound to its event: it cannot be moved to another."""
+    return f"history:{session_key}/{event_id}"
+
+
+def seal_event(e: KeptEvent) -> str:
+    """The event as stored: its text sealed (as it is with no cipher in use)."""
+    c = cipher()
+    if c is None:
+        return e.to_json()
+    d = asdict(e)
+    d["text"] = ""
+    d["sealed"] = seal_text(c, subject_of(e.tenant, e.agent, e.user), event_aad(e.session_key, e.id), e.text)
+    return json.dumps(d, separators=(",", ":"))
+
+
+def open_event(raw: str) -> KeptEvent:
+    """Raises `KeyMissing` or `KeyDestroyed` for a text it cannot open."""
+    d = json.loads(raw)
+    token = d.pop("sealed", None)
+    if token is not None:
+        c = cipher()
+        if c is None:
+            raise ContractError("sealed", "a sealed history event, and this process has no keys")
+        d["text"] = open_text(c, event_aad(f"{d['tenant']}/{d['agent']}/{d['session']}", d["id"]), token)
+    return KeptEvent.from_dict(d)
 
 
 class RedisHistory:
-    def __init__(self, client: aioredis.Redis, namespace: str = "", generation: int = 1) -> None:
+    def __init__(self, client: aioredis.Redis, namespace: str = "", generation: int = 1,
+                 keys: Keys | None = None) -> None:
         self.r = client
         self.ns = f"ml:{namespace}hist:g{generation}"
+        self.keys = keys  # catches up on keys not known yet; publishes the ones a write seals under
+        self.unreadable = 0  # events left out: sealed under destroyed keys
+        self._erased: dict[str, int] | None = None
 
     @classmethod
-    def from_url(cls, url: str, namespace: str = "", generation: int = 1) -> RedisHistory:
-        return cls(aioredis.from_url(url, decode_responses=True), namespace, generation)
+    def from_url(cls, url: str, namespace: str = "", generation: int = 1, keys: Keys | None = None) -> RedisHistory:
+        return cls(aioredis.from_url(url, decode_responses=True), namespace, generation, keys)
 
     def _ev(self, session_key: str) -> str:
         return f"{self.ns}:ev:{session_key}"
@@ -31,14 +76,53 @@ class RedisHistory:
 
     # ------------------------------------------------------------------ write side
 
-    async def apply(self, events: list[KeptEvent], checkpoints: dict[str, int]) -> None:
+    async def apply(self, events: list[KeptEvent], checkpoints: dict[str, int],
+                    erasures: tuple[tuple[Erasure, int], ...] | list[tuple[Erasure, int]] = ()) -> None:
+        """Folds a batch: its erasures first (each with when it was, Unix ms), then its events
+        that no erasure reaches, then the checkpoint. A crash in between folds it all again."""
+        markers = await self.erasures()
+        for er, at in erasures:
+            await self.erase(er, at)
+        kept = [e for e in events if not erased(markers, e)] if markers else events
+        rows = [(e, seal_event(e)) for e in kept]
+        if rows and self.keys is not None:
+            await self.keys.flush()
         async with self.r.pipeline(transaction=True) as p:
-            for e in events:
-                p.hset(self._ev(e.session_key), e.id, e.to_json())
+            for e, raw in rows:
+                p.hset(self._ev(e.session_key), e.id, raw)
                 p.zadd(self._ord(e.session_key), {e.id: e.order})
             if checkpoints:
                 p.hset(f"{self.ns}:ckpt", mapping=checkpoints)
             await p.execute()
+
+    async def erasures(self) -> dict[str, int]:
+        """Erasure marker -> when it was (Unix ms): what a late turn is checked against."""
+        if self._erased is None:
+            self._erased = {k: int(v) for k, v in (await self.r.hgetall(f"{self.ns}:erased")).items()}
+        return self._erased
+
+    async def erase(self, er: Erasure, at_ms: int) -> None:
+        """Drops the events an erasure reaches and remembers it. Idempotent. Walks the
+        keyspace for the sessions it reaches: an erasure is rare."""
+        marker = erasure_marker(er.tenant, er.agent, er.user)
+        markers = await self.erasures()
+        if at_ms > markers.get(marker, -1):
+            await self.r.hset(f"{self.ns}:erased", marker, at_ms)
+            markers[marker] = at_ms
+        prefix = f"{self.ns}:ev:"
+        match = f"{prefix}{er.tenant}/{er.agent}/*" if er.agent is not None else f"{prefix}{er.tenant}/*"
+        sessions = [k[len(prefix):] async for k in self.r.scan_iter(match=match, count=PAGE)]
+        for sk in sessions:
+            if er.user is None:
+                await self.r.unlink(self._ev(sk), self._ord(sk))
+                continue
+            doomed = [eid async for eid, raw in self.r.hscan_iter(self._ev(sk), count=PAGE)
+                      if json.loads(raw).get("user") == er.user]
+            for i in range(0, len(doomed), PAGE):
+                async with self.r.pipeline(transaction=True) as p:
+                    p.hdel(self._ev(sk), *doomed[i:i + PAGE])
+                    p.zrem(self._ord(sk), *doomed[i:i + PAGE])
+                    await p.execute()
 
     async def checkpoints(self) -> dict[str, int]:
         return {k: int(v) for k, v in (await self.r.hgetall(f"{self.ns}:ckpt")).items()}
@@ -49,7 +133,16 @@ class RedisHistory:
         if not ids:
             return []
         raw = await self.r.hmget(self._ev(f"{tenant}/{agent}/{session}"), ids)
-        return [KeptEvent.from_json(x) for x in raw if x]
+        out = []
+        for x in raw:
+            if not x:
+                continue
+            e = await opening(self.keys, open_event, x)
+            if e is None:
+                self.unreadable += 1
+            else:
+                out.append(e)
+        return out
 
     async def page(
         self, f: HistoryFilter, limit: int, after: tuple[int, str] | None = None

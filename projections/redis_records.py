@@ -15,6 +15,12 @@ written since, the counts only those and members with a consent state) until
 `memlane rebuild` fills a new generation, which has them all.
 Each event is applied by one Lua script that checks the version and writes the view and
 the projection's checkpoint together: the tracking record lives with the view.
+
+No plaintext: a version is stored as the event's raw bytes, its personal fields sealed
+(`events.sealing`), and a block's text sealed under its agent's key; reads open them,
+skipping what was sealed under a destroyed key. A record sealed under a key that is
+destroyed already is not stored at all. `SubjectErased` and `RecordsPurged` (`purge`)
+drop what they name; a batch is applied up to each of them, then the purge, then on.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from events.codec import opened
+from events.codec import ContractError, cipher, opened
 from events.config import AgentConfig
-from events.lean import as_lean
+from events.lean import LeanEvent, LeanRecord, as_lean, decode_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
+from events.sealing import kid_of, open_text, seal_text, subject_of
 from projections.applied_waiter import AppliedListener
-from projections.records import Page, decode_cursor, encode_cursor, listed, sort_score
+from projections.records import Erasure, Keys, Page, decode_cursor, encode_cursor, listed, opening, sort_score
 
 # One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
 # field: next offset}; ARGV[3]: the channel to announce the batch on, or "" (no one waits);
@@ -139,6 +146,54 @@ def _checkpoints(positions: list[tuple[str, int]] | None) -> dict[str, int]:
     return ckpt
 
 
+SEALED_BLOCK = "sealed:"  # what starts a sealed block text in the view
+PURGE_EVENTS = ("SubjectErased", "RecordsPurged")
+PAGE = 1000  # keys, fields or members per SCAN page and per write when a purge walks a key
+
+
+def block_aad(tenant: str, agent: str, label: str) -> str:
+    """A sealed block text is bound to its agent and label: it cannot be moved to another."""
+    return f"block:{tenant}/{agent}/{label}"
+
+
+def seal_block(tenant: str, agent: str, label: str, text: str) -> str:
+    c = cipher()
+    if c is None:
+        return text
+    return SEALED_BLOCK + seal_text(c, subject_of(tenant, agent), block_aad(tenant, agent, label), text)
+
+
+def open_block(tenant: str, agent: str, label: str, stored: str) -> str:
+    """Raises `KeyMissing` or `KeyDestroyed`. A text stored before sealing reads as it is."""
+    if not stored.startswith(SEALED_BLOCK):
+        return stored
+    c = cipher()
+    if c is None:
+        raise ContractError("sealed", "a sealed block, and this process has no keys (events.codec.use_cipher)")
+    return open_text(c, block_aad(tenant, agent, label), stored[len(SEALED_BLOCK):])
+
+
+def _lean_record(raw: str) -> LeanRecord | None:
+    try:
+        return decode_lean(raw.encode()).record
+    except ContractError:
+        return None
+
+
+def _segments(events: list[LeanEvent]) -> list[tuple[list[LeanEvent], LeanEvent | None]]:
+    """The batch cut at each purge: (the events before it, the purge); the last has None."""
+    out: list[tuple[list[LeanEvent], LeanEvent | None]] = []
+    seg: list[LeanEvent] = []
+    for e in events:
+        if e.type in PURGE_EVENTS:
+            out.append((seg, e))
+            seg = []
+        else:
+            seg.append(e)
+    out.append((seg, None))
+    return out
+
+
 def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str, str] | None:
     """A record event as the view stores it (APPLY's 9 arguments per event): agent key,
     record id, version, the event's raw JSON, sort score, flags (1 listed + 2 pinned),
@@ -161,14 +216,13 @@ def _config_item(ns: str, e: Any) -> tuple[str, str]:
     return f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()
 
 
-def _block_change(pipe: Any, ns: str, e: Any) -> tuple[str, str]:
-    """A block's text replaces the last; an empty one removes the block. Events of one agent
-    come in log order, so the last applied is the newest, as for configurations. Returns
-    the block's (agent key, label)."""
-    full = as_lean(e).full()
+def _block_change(pipe: Any, ns: str, full: Any) -> tuple[str, str]:
+    """A block's text (from the opened event `full`) replaces the last, sealed; an empty one
+    removes the block. Events of one agent come in log order, so the last applied is the
+    newest, as for configurations. Returns the block's (agent key, label)."""
     key = f"{ns}:blocks:{full.tenant}/{full.agent}"
     if full.text:
-        pipe.hset(key, full.label, full.text)
+        pipe.hset(key, full.label, seal_block(full.tenant, full.agent, full.label, full.text))
     else:
         pipe.hdel(key, full.label)
     return f"{full.tenant}/{full.agent}", full.label
@@ -230,9 +284,14 @@ def connect(url: str) -> aioredis.Redis:
 
 class RedisRecords:
     def __init__(
-        self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", announce: bool = False
+        self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", announce: bool = False,
+        keys: Keys | None = None,
     ) -> None:
         self.r = client
+        # Catches up on a key not known yet, and publishes the keys a write seals under
+        # first. Without it a key not known yet is the caller's to catch up on (KeyMissing).
+        self.keys = keys
+        self.unreadable = 0  # versions and blocks skipped: sealed under destroyed keys
         self.fixed_generation = generation
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
@@ -248,9 +307,45 @@ class RedisRecords:
         self._filled: dict[tuple[str, str], int] = {}  # (agent hash, record id) -> version, for `fill`
 
     @classmethod
-    def from_url(cls, url: str, generation: int | None = None, namespace: str = "", announce: bool = False
-                 ) -> RedisRecords:
-        return cls(connect(url), generation, namespace, announce)
+    def from_url(cls, url: str, generation: int | None = None, namespace: str = "", announce: bool = False,
+                 keys: Keys | None = None) -> RedisRecords:
+        return cls(connect(url), generation, namespace, announce, keys)
+
+    # ------------------------------------------------------------------ opening
+
+    async def _opening(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)`, or None (counted) for what was sealed under a destroyed key."""
+        out = await opening(self.keys, fn, *args)
+        if out is None:
+            self.unreadable += 1
+        return out
+
+    async def _snapshots(self, raws: list[str | None]) -> list[MemoryRecord]:
+        out = []
+        for raw in raws:
+            if raw and (r := await self._opening(snapshot, raw)) is not None:
+                out.append(r)
+        return out
+
+    async def _destroyed_kids(self, events: list[LeanEvent]) -> set[str]:
+        """The data keys the batch's records are sealed under that are gone: not known here
+        even after catching up (a key is published before anything sealed under it)."""
+        knows = getattr(cipher(), "knows", None)
+        if knows is None or self.keys is None:
+            return set()
+        unknown = {kid_of(e.record.sealed) for e in events if e.record is not None and e.record.sealed}
+        unknown = {k for k in unknown if not knows(k)}
+        if unknown:
+            await self.keys.catch_up()
+            unknown = {k for k in unknown if not knows(k)}
+        return unknown
+
+    def _readable(self, e: LeanEvent, gone: set[str]) -> bool:
+        r = e.record
+        if r is None or r.sealed is None or not gone or kid_of(r.sealed) not in gone:
+            return True
+        self.unreadable += 1
+        return False
 
     def applied(self) -> AppliedListener:
         """This process's one subscription to what the view's worker applies."""
@@ -358,21 +453,35 @@ class RedisRecords:
     async def apply(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
         """Apply events; `positions[i]` is the (topic:partition, next offset) checkpoint of event i.
 
-        The view and its checkpoints change in one script call: either both or neither.
+        The view and its checkpoints change in one script call: either both or neither. A
+        batch with purges is applied up to each, then the purge, and the checkpoint moves
+        with its last part: a crash in between applies it all again, which changes nothing.
         """
         ns = await self._register()
+        lean = [as_lean(e) for e in events]
+        gone = await self._destroyed_kids(lean)
+        for seg, purge in _segments(lean):
+            await self._apply_segment(ns, seg, gone, None if purge else positions)
+            if purge is not None:
+                await self.purge(ns, purge)
+
+    async def _apply_segment(self, ns: str, events: list[LeanEvent], gone: set[str],
+                             positions: list[tuple[str, int]] | None) -> None:
+        if not events and positions is None:
+            return
         args: list[Any] = [ns, json.dumps(_checkpoints(positions)), self.applied_channel if self.announce else "", ""]
         configs = []
         blocks = self.r.pipeline(transaction=False)
         changed: list[tuple[str, str]] = []
         for e in events:
-            row = _row(e)
+            row = _row(e) if self._readable(e, gone) else None
             if row is not None:
                 args += row
             elif e.type == "AgentConfigured":
                 configs.append(_config_item(ns, e))
             elif e.type == "BlockChanged":
-                changed.append(_block_change(blocks, ns, e))
+                if (full := await self._opening(e.full)) is not None:
+                    changed.append(_block_change(blocks, ns, full))
             elif e.type in SUBJECT_EVENTS:
                 # Before the batch's records and its checkpoint: a withdrawal is never behind them.
                 _subject_change(blocks, ns, e)
@@ -380,8 +489,14 @@ class RedisRecords:
         if configs:
             await self.r.mset(dict(configs))
         if len(blocks):
+            await self._flush_keys()
             await blocks.execute()
         await self._apply(args=args)
+
+    async def _flush_keys(self) -> None:
+        """The keys this process made go out before anything sealed under them is written."""
+        if self.keys is not None:
+            await self.keys.flush()
 
     async def fill(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
         """`apply` for a generation that this process alone fills, in log order, for the
@@ -391,18 +506,28 @@ class RedisRecords:
         sets follow, then the checkpoint, so it never gets ahead of the view; a rebuild
         that fails starts a new generation anyway."""
         ns = await self._register()
+        lean = [as_lean(e) for e in events]
+        gone = await self._destroyed_kids(lean)
+        for seg, purge in _segments(lean):
+            await self._fill_segment(ns, seg, gone, None if purge else positions)
+            if purge is not None:
+                await self.purge(ns, purge)
+
+    async def _fill_segment(self, ns: str, events: list[LeanEvent], gone: set[str],
+                            positions: list[tuple[str, int]] | None) -> None:
         pipe = self.r.pipeline(transaction=False)
         changes: dict[str, dict[str, float | None]] = {}
         users: dict[str, set[str]] = {}  # the agent's set of members -> members this batch names
         versions: dict[str, list[Any]] = {}  # agent hash -> field, value, ...
         configs = []
         for e in events:
-            row = _row(e)
+            row = _row(e) if self._readable(e, gone) else None
             if row is None:
                 if e.type == "AgentConfigured":
                     configs.append(_config_item(ns, e))
                 elif e.type == "BlockChanged":
-                    _block_change(pipe, ns, e)
+                    if (full := await self._opening(e.full)) is not None:
+                        _block_change(pipe, ns, full)
                 elif e.type in SUBJECT_EVENTS:
                     _subject_change(pipe, ns, e)
                 continue
@@ -442,7 +567,105 @@ class RedisRecords:
             pipe.mset(dict(configs))
         if ckpt := _checkpoints(positions):
             pipe.hset(f"{ns}:ckpt", mapping=ckpt)
+        if len(pipe):
+            await self._flush_keys()
+            await pipe.execute()
+
+    # ------------------------------------------------------------------ purges
+
+    async def purge(self, ns: str, e: Any) -> None:
+        """Drops what a `SubjectErased` or a `RecordsPurged` names from generation namespace
+        `ns`. Idempotent."""
+        e = as_lean(e)
+        if e.type == "RecordsPurged":
+            await self._drop_records(ns, f"{e.tenant}/{e.agent}", set(e.record_ids))
+            return
+        er = Erasure.of(e)
+        agents = [er.agent] if er.agent is not None else await self._agents_of(ns, er.tenant)
+        for agent in agents:
+            ak = f"{er.tenant}/{agent}"
+            if er.user is None:
+                await self._drop_agent(ns, ak)
+            else:
+                await self._drop_member(ns, ak, er.user)
+
+    async def _scan(self, match: str) -> list[str]:
+        return [k async for k in self.r.scan_iter(match=match, count=PAGE)]
+
+    async def _agents_of(self, ns: str, tenant: str) -> set[str]:
+        """The agents of `tenant` the view holds anything of."""
+        agents = set()
+        for kind in ("rec", "blocks", "consent"):
+            prefix = f"{ns}:{kind}:{tenant}/"
+            agents |= {k[len(prefix):] for k in await self._scan(f"{prefix}*")}
+        return agents
+
+    async def _unlink(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), PAGE):
+            await self.r.unlink(*keys[i:i + PAGE])
+
+    async def _drop_agent(self, ns: str, ak: str) -> None:
+        """Everything of an agent but its configuration (no personal data; the log holds it in the clear)."""
+        keys = [f"{ns}:{kind}:{ak}" for kind in ("rec", "list", "pinned", "shadowed", "blocks", "consent", "users")]
+        await self._unlink(keys + await self._scan(f"{ns}:ulist:{ak}|*"))
+        expiring = [m async for m, _ in self.r.zscan_iter(f"{ns}:expiry", match=f"{ak}|*", count=PAGE)]
+        for i in range(0, len(expiring), PAGE):
+            await self.r.zrem(f"{ns}:expiry", *expiring[i:i + PAGE])
+        self._filled = {k: v for k, v in self._filled.items() if k[0] != f"{ns}:rec:{ak}"}
+
+    async def _drop_member(self, ns: str, ak: str, user: str) -> None:
+        """Every version of the member's USER records on the agent, their listing, their
+        consent and their place among the agent's members. Walks the agent's versions (a
+        deleted or superseded record is in no listing): an erasure is rare."""
+        rk = f"{ns}:rec:{ak}"
+        rids: set[str] = set()
+        fields: list[str] = []
+        needle = f'"user":"{user}"'
+        async for field, raw in self.r.hscan_iter(rk, match="*#*", count=PAGE):
+            if needle not in raw:
+                continue
+            r = _lean_record(raw)
+            if r is not None and r.scope is Scope.USER and r.user == user:
+                rids.add(field.partition("#")[0])
+                fields.append(field)
+        await self._drop_records(ns, ak, rids, fields, {user})
+        pipe = self.r.pipeline(transaction=False)
+        pipe.unlink(f"{ns}:ulist:{ak}|{user}")
+        pipe.srem(f"{ns}:users:{ak}", user)
+        pipe.hdel(f"{ns}:consent:{ak}", user)
         await pipe.execute()
+
+    async def _drop_records(self, ns: str, ak: str, rids: set[str], fields: list[str] | None = None,
+                            users: set[str] | None = None) -> None:
+        """Every version of `rids` (`fields`, their versions, when the caller found them) and
+        their places in the agent's listings."""
+        if not rids:
+            return
+        rk, ids = f"{ns}:rec:{ak}", sorted(rids)
+        if fields is None:
+            currents = await self.r.hmget(rk, ids)
+            fields = [f"{rid}#{v}" for rid, cur in zip(ids, currents) if cur for v in range(1, int(cur) + 1)]
+            users = set(users or ())
+            latest = [f"{rid}#{cur}" for rid, cur in zip(ids, currents) if cur]
+            for raw in await self.r.hmget(rk, latest) if latest else []:
+                r = _lean_record(raw) if raw else None
+                if r is not None and r.scope is Scope.USER and r.user:
+                    users.add(r.user)
+        pipe = self.r.pipeline(transaction=False)
+        doomed = ids + fields
+        for i in range(0, len(doomed), PAGE):
+            pipe.hdel(rk, *doomed[i:i + PAGE])
+        for i in range(0, len(ids), PAGE):
+            chunk = ids[i:i + PAGE]
+            pipe.zrem(f"{ns}:list:{ak}", *chunk)
+            pipe.zrem(f"{ns}:pinned:{ak}", *chunk)
+            pipe.srem(f"{ns}:shadowed:{ak}", *chunk)
+            pipe.zrem(f"{ns}:expiry", *[f"{ak}|{rid}" for rid in chunk])
+            for user in users or ():
+                pipe.zrem(f"{ns}:ulist:{ak}|{user}", *chunk)
+        await pipe.execute()
+        for rid in ids:
+            self._filled.pop((rk, rid), None)
 
     async def checkpoints(self, gen: int | None = None) -> dict[str, int]:
         gen = gen if gen is not None else await self.generation()
@@ -458,17 +681,18 @@ class RedisRecords:
             if version is None:
                 return None
         raw = await self.r.hget(key, f"{rid}#{version}")
-        return snapshot(raw) if raw else None
+        return await self._opening(snapshot, raw) if raw else None
 
     async def get_many(self, tenant, agent, rids: list[str]) -> list[MemoryRecord]:
-        """Current versions of `rids`, in order, skipping unknown ids: two round trips in all."""
+        """Current versions of `rids`, in order, skipping unknown ids and records sealed under
+        destroyed keys: two round trips in all."""
         if not rids:
             return []
         key = self._keys(await self._read_generation(), tenant, agent)[0]
         currents = await self.r.hmget(key, rids)
         fields = [f"{rid}#{cur}" for rid, cur in zip(rids, currents) if cur is not None]
         raws = await self.r.hmget(key, fields) if fields else []
-        return [snapshot(raw) for raw in raws if raw]
+        return await self._snapshots(raws)
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
         """Every version, newest first: versions count up from 1."""
@@ -477,7 +701,7 @@ class RedisRecords:
         if cur is None:
             return []
         raws = await self.r.hmget(key, [f"{rid}#{v}" for v in range(int(cur), 0, -1)])
-        return [snapshot(raw) for raw in raws if raw]
+        return await self._snapshots(raws)
 
     async def page(self, tenant, agent, limit, after=None, ascending=False, user=None) -> Page:
         """A page of the agent's listing, or with `user` of that member's (their USER
@@ -516,8 +740,13 @@ class RedisRecords:
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
 
     async def blocks(self, tenant, agent) -> dict[str, str]:
-        """The agent's memory blocks, label -> text."""
-        return await self.r.hgetall(f"{self._ns(await self._read_generation())}:blocks:{tenant}/{agent}")
+        """The agent's memory blocks, label -> text (opened; one sealed under a destroyed key is left out)."""
+        stored = await self.r.hgetall(f"{self._ns(await self._read_generation())}:blocks:{tenant}/{agent}")
+        out = {}
+        for label, value in stored.items():
+            if (text := await self._opening(open_block, tenant, agent, label, value)) is not None:
+                out[label] = text
+        return out
 
     async def shadowed(self, tenant, agent) -> set[str]:
         """Live records a preview record replaces or deletes: preview turns skip them."""

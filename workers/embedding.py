@@ -3,9 +3,14 @@
 Keyed by model and content hash, so the Qdrant projection and every rebuild join
 events with vectors instead of embedding again. Each goes to the partition beside its
 record's agents (`vector_partition`), so a memory shard reads only its own. A text is
-embedded once; its vector is re-sent (same key, same value) for each later version that
-needs it, so the projection never waits on a vector that went by long ago. Compaction
-keeps one copy per partition.
+embedded once per subject; its vector is re-sent for each later version that needs it,
+so the projection never waits on a vector that went by long ago. Compaction keeps one
+copy per partition.
+
+A vector belongs to its record's subject: its content hash is keyed by the subject's data
+key and its dense vector sealed under it (`events.vectors`). When a subject is erased
+(`SubjectErased`), its vectors are tombstoned: found by the subject they name, in the
+vector partitions the erasure reaches.
 """
 
 from __future__ import annotations
@@ -14,17 +19,20 @@ from collections import OrderedDict
 from typing import Any
 
 import structlog
+from aiokafka import TopicPartition
 
-from events.codec import encode
-from events.memory import RECORD_EVENTS
+from events.codec import cipher, encode
+from events.lean import decode_lean, decode_lean_vector
 from events.record import Status
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
 from projections.embedders import make_embedder
-from projections.embedding_port import content_hash
+from projections.records import Erasure
 from workers.runtime import Out, Processor
+from workers.topic_reader import TopicReader
 
 log = structlog.get_logger()
+CACHE = 20_000  # vectors kept for texts seen lately
 
 
 class EmbeddingWorker(Processor):
@@ -34,29 +42,85 @@ class EmbeddingWorker(Processor):
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
         self.embedder = embedder or make_embedder(settings, cache_size=0)  # it keeps its own cache
-        self.cache: OrderedDict[str, list[float]] = OrderedDict()
-        self.todo: dict[tuple[str, int], str] = {}  # (content hash, vector partition) -> text
+        # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
+        # once per subject, never shared with another.
+        self.cache: OrderedDict[str, tuple[str | None, list[float]]] = OrderedDict()
+        self.todo: dict[tuple[str, int], tuple[str, str | None]] = {}  # (hash, vector partition) -> (text, subject)
+        self.erased: list[tuple[Erasure, int]] = []  # (erasure, the event partition it came on)
+
+    def decode_message(self, source: str, message: Any) -> Any:
+        # Lean: the record stays sealed until it is embedded, and its token names the key
+        # its vector's hash is keyed by.
+        return decode_lean(message.value)
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
-        if isinstance(event, RECORD_EVENTS) and event.record.status is Status.ACTIVE:
-            text = event.record.text
-            self.todo[content_hash(text), vector_partition(partition)] = text
+        r = event.record
+        if r is not None and r.status is Status.ACTIVE:
+            # Raises KeyMissing (the runner catches up and retries) or KeyDestroyed (skipped).
+            opened, h, subject = r.vector_of()
+            self.todo[h, vector_partition(partition)] = (opened.text, subject)
+        elif event.type == "SubjectErased":
+            self.erased.append((Erasure.of(event), partition))
         return []
 
     async def batch_done(self) -> list[Out]:
-        """Embed the batch's new texts in one call; the runner sends and commits them."""
+        """Embed the batch's new texts in one call; the runner sends and commits them, with
+        the tombstones of erased subjects' vectors."""
+        outs = await self._tombstones() if self.erased else []
         if not self.todo:
-            return []
-        new = {h: t for (h, _), t in self.todo.items() if h not in self.cache}
-        for h, v in zip(new, self.embedder.embed(list(new.values()))):
-            self.cache[h] = v
-        outs = []
+            return outs
+        new = {h: item for (h, _), item in self.todo.items() if h not in self.cache}
+        for (h, (_, subject)), v in zip(new.items(), self.embedder.embed([t for t, _ in new.values()])):
+            self.cache[h] = (subject, v)
+        sent = 0
         for h, partition in self.todo:
             self.cache.move_to_end(h)
-            msg = VectorComputed.of(self.embedder.model_id, h, self.cache[h])
+            subject, vec = self.cache[h]
+            msg = VectorComputed.of(self.embedder.model_id, h, vec, subject, cipher())
             outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), encode(msg), partition=partition))
-        while len(self.cache) > 20_000:
+            sent += 1
+        while len(self.cache) > CACHE:
             self.cache.popitem(last=False)
-        log.info("vectors_sent", embedded=len(new), sent=len(outs), model=self.embedder.model_id)
+        log.info("vectors_sent", embedded=len(new), sent=sent, model=self.embedder.model_id)
         self.todo = {}
         return outs
+
+    async def _tombstones(self) -> list[Out]:
+        """Tombstones for the vectors of the batch's erased subjects: the subject's own vector
+        partition (beside its agent), or all of them for an erasure of every agent."""
+        erased, self.erased = self.erased, []
+        partitions = sorted({p for er, ep in erased
+                             for p in (range(VECTORS.partitions) if er.everywhere else [vector_partition(ep)])})
+        self.cache = OrderedDict((h, v) for h, v in self.cache.items()
+                                 if v[0] is None or not any(er.covers_subject(v[0]) for er, _ in erased))
+        doomed: dict[tuple[bytes, int], None] = {}
+        topic = self.settings.topic(VECTORS.name)
+        tps = [TopicPartition(topic, p) for p in partitions]
+        async with TopicReader(self.settings, max_poll_records=5000) as c:
+            await c.assign(tps)
+            end = await c.ends(tps)
+            active = [tp for tp in tps if end[tp] > 0]
+            while active:
+                for tp, msgs in (await c.poll(*active, timeout_ms=500, max_records=5000)).items():
+                    for m in msgs:
+                        if m.offset >= end[tp] or m.key is None:
+                            continue
+                        if m.value is None:
+                            doomed.pop((m.key, tp.partition), None)  # tombstoned already
+                            continue
+                        subject = _subject_of(m.value)
+                        if subject is not None and any(er.covers_subject(subject) for er, _ in erased):
+                            doomed[m.key, tp.partition] = None
+                active = [tp for tp in active if await c.position(tp) < end[tp]]
+        if doomed:
+            log.info("vectors_tombstoned", vectors=len(doomed), erasures=len(erased))
+        return [Out(VECTORS.name, key, None, partition=p) for key, p in doomed]  # type: ignore[arg-type]
+
+
+def _subject_of(value: bytes) -> str | None:
+    if b'"subject"' not in value:
+        return None
+    try:
+        return decode_lean_vector(value).subject
+    except Exception:  # not a vector this reader can parse: not ours to tombstone
+        return None

@@ -195,7 +195,7 @@ class ExtractionProcessor(Processor):
             return
         self.model = ModelClient(s)
         self.redis = aioredis.from_url(s.redis_url)
-        self.state = ReviewState(self.redis, namespace=s.topic_prefix, keys=self.keys)
+        self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
 
     async def revoked(self, partitions: set[Any]) -> None:

@@ -5,8 +5,9 @@ attempt, end in `TurnRolledBack` and never reach the view. The checkpoint lives 
 Redis with the view and changes in the same transaction, so on assignment the worker
 seeks to its own checkpoint rather than trusting group offsets; with no checkpoint it
 reads the topic from the start, which is how a replay rebuilds the view.
-The Qdrant side of history runs in the API process, which owns its Edge shard
-(workers/history_qdrant.py).
+It also reads `memlane.memory.events` for `SubjectErased`, whose subject's history it
+drops (every other event is skipped undecoded). The Qdrant side of history runs in the
+API process, which owns its Edge shard (workers/history_qdrant.py).
 """
 
 from __future__ import annotations
@@ -16,25 +17,48 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.codec import decode
+from events.memory import SubjectErased
 from events.rules.history import KeptEvent, kept_events
-from events.topics import TURNS
+from events.topics import EVENTS, TURNS
 from events.turns import TurnCommitted
+from projections.records import Erasure
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
 from workers.topic_reader import checkpoint_key, seek_to_checkpoints
 
 log = structlog.get_logger()
+ERASED_MARK = b'"SubjectErased"'
+
+
+def erasure_of(source: str, value: bytes) -> Any:
+    """A `SubjectErased` of the memory events, or None for any other event (not decoded:
+    most are sealed, and history needs none of them)."""
+    return decode(source, value) if ERASED_MARK in value else None
+
+
+def erasure_at(e: SubjectErased) -> tuple[Erasure, int]:
+    return Erasure.of(e), int(e.occurred_at.timestamp() * 1000)
 
 
 class HistoryProjector(Processor):
     name = "history"
-    sources = (TURNS.name,)
+    sources = (TURNS.name, EVENTS.name)
 
     def __init__(self, settings, generation: int = 1) -> None:
         super().__init__(settings)
         self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
         self.pending: list[KeptEvent] = []
+        self.erasures: list[tuple[Erasure, int]] = []
         self.positions: dict[str, int] = {}
+
+    async def start(self) -> None:
+        self.store.keys = self.keys
+
+    def decode_message(self, source: str, message: Any) -> Any:
+        if source == EVENTS.name:
+            return erasure_of(source, message.value)
+        return super().decode_message(source, message)
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         ckpts = await self.store.checkpoints()
@@ -44,15 +68,19 @@ class HistoryProjector(Processor):
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         if isinstance(event, TurnCommitted):
             self.pending.extend(kept_events(event))
-        self.positions[checkpoint_key(self.settings.topic(TURNS.name), partition)] = offset + 1
+        elif isinstance(event, SubjectErased):
+            self.erasures.append(erasure_at(event))
+        self.positions[checkpoint_key(self.settings.topic(source), partition)] = offset + 1
         return []
 
     async def batch_done(self) -> list[Out]:
         if self.positions:
-            await self.store.apply(self.pending, self.positions)
+            await self.store.apply(self.pending, self.positions, self.erasures)
             if self.pending:
                 log.info("history_events_kept", events=len(self.pending))
-            self.pending, self.positions = [], {}
+            if self.erasures:
+                log.info("history_erased", erasures=len(self.erasures))
+            self.pending, self.erasures, self.positions = [], [], {}
         return []
 
     async def stop(self) -> None:

@@ -76,15 +76,20 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
 class MemoryShards:
     """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
 
-    def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None, keys: Any = None) -> None:
         self.settings = settings
         self.generation = generation
+        self.keys = keys  # the process's data keys (workers.keys.KeyTopic), or None
         paths = shard_paths(settings, generation)
         # The process's vector cache is shared among its shards, not one per shard.
         self.projections = [
-            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths))
+            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths),
+                             keys=keys)
             for k, p in enumerate(paths)
         ]
+        # An erasure of every agent of a tenant is in one shard's partitions and reaches all.
+        for proj in self.projections:
+            proj.peers = [other for other in self.projections if other is not proj]
         # The process's embedder, for points the reconciler heals whose vector is not cached
         # (it makes its own if none is given).
         self.embedder = embedder
@@ -136,6 +141,7 @@ class MemoryShards:
             "parked": sum(s["parked"] for s in each),
             "caught_up": all(s["caught_up"] for s in each),
             "applied": sum(s["applied"] for s in each),
+            "unreadable": sum(s["unreadable"] for s in each),
             "shards": len(each),
             "reconciled": self.reconciler.status(),
         }

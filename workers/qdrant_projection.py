@@ -10,6 +10,13 @@ The checkpoint is a file next to the shard, written after the shard is flushed. 
 passes an event still parked, nor a vector read before its event: each would be lost
 to a crash. It lists the parked events' offsets, so a restart applies those again and
 skips the events between them that were already applied.
+
+Records and vectors are sealed (`events.sealing`): a record is opened to be indexed, and
+one sealed under a destroyed key is counted (`unreadable`) and is no point. A vector's
+content hash is keyed by its subject's data key (`LeanRecord.vector_of`). `SubjectErased`
+removes the subject's points; one that reaches every agent of a tenant (a member on all of
+them, or the tenant) is carried by one shard's partitions, which purges its peers too (the
+other shards of its process) and saves no checkpoint past it until they have flushed.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from aiokafka import TopicPartition
 from events.base import command_key
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
+from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, REDELIVERED, VECTORS, vector_partitions
-from projections.embedding_port import content_hash, embedder_model_id
+from projections.embedding_port import embedder_model_id
 from projections.qdrant_index import EdgeIndex, RecordKey, indexable, read_checkpoint, write_checkpoint
+from projections.records import Erasure
 from settings import Settings
 from workers.heap import settle_heap
 from workers.topic_reader import TopicReader, reached, read_so_far, tp_key
@@ -42,6 +51,7 @@ LIVE_FLUSH_S = 5.0
 VECTOR_CACHE = 50_000  # vectors kept as read (about 2.2 KB each) by a serving process
 INLINE_WRITES = 32  # points; more go to a worker thread while serving
 PARKED, READ = "_parked", "_read"  # checkpoint entries besides the `topic:partition` positions
+PURGES = ("SubjectErased", "RecordsPurged")
 Heal = tuple[asyncio.Future, list[tuple[LeanRecord, Any]], list[tuple[RecordKey, int]], set[RecordKey]]
 
 
@@ -55,8 +65,17 @@ class QdrantProjection:
         vector_cache: int | None = VECTOR_CACHE,
         serving: bool = True,
         also: Also | None = None,
+        keys: Any = None,
     ) -> None:
         self.settings = settings
+        self.keys = keys  # workers.keys.KeyTopic: caught up on when a key is not known yet
+        self.unreadable = 0  # records and vectors sealed under destroyed keys, skipped
+        # The other shards of this process: an erasure of every agent of a tenant reaches them.
+        self.peers: list[QdrantProjection] = []
+        self.purges: list[tuple[asyncio.Future, Erasure]] = []  # queued by a peer
+        self.awaiting: list[asyncio.Future] = []  # peers' purges a saved checkpoint waits for
+        self.erased_everywhere: list[Erasure] = []  # seen here: a replay applies them to every shard
+        self.running = False
         self.index = index
         # The event partitions whose records this index holds (a shard's; all by default).
         self.partitions = list(range(EVENTS.partitions)) if partitions is None else partitions
@@ -95,6 +114,7 @@ class QdrantProjection:
         self.held_vectors: dict[str, OrderedDict[int, None]] = {}
         self.versions: dict[RecordKey, int] = {}
         self.heals: list[Heal] = []
+        self._answering: set[asyncio.Task] = set()
         self.waiters: dict[str, list[asyncio.Future]] = {}
         self.done_commands: OrderedDict[str, list[LeanEvent]] = OrderedDict()
         self.applied = 0
@@ -135,15 +155,45 @@ class QdrantProjection:
         while len(self.done_commands) > 50_000:
             self.done_commands.popitem(last=False)
         if self._complete(cid):
-            events = [e.full() for e in self.done_commands.pop(cid)]
-            for fut in self.waiters.pop(cid):
+            done, futs = self.done_commands.pop(cid), self.waiters.pop(cid)
+            try:
+                events = [e.full() for e in done]
+            except (KeyMissing, KeyDestroyed, ContractError) as err:
+                self._answer_later(done, futs, err)
+                return
+            for fut in futs:
                 if not fut.done():
                     fut.set_result(events)
 
+    def _answer_later(self, done: list[LeanEvent], futs: list[asyncio.Future], err: Exception) -> None:
+        """A waiter's events sealed under a key this process has not learned yet: caught up on
+        in the background (the loop goes on), then opened for it."""
+        async def answer() -> None:
+            try:
+                if isinstance(err, KeyMissing) and self.keys is not None:
+                    await self.keys.catch_up()
+                events = [e.full() for e in done]
+            except Exception as e:
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_exception(e)
+                return
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(events)
+
+        task = asyncio.get_running_loop().create_task(answer())
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
     # ------------------------------------------------------------------ folding
 
-    def _on_vector(self, key: bytes | None, value: bytes, batch: _Batch, part: str, offset: int) -> None:
+    def _on_vector(self, key: bytes | None, value: bytes | None, batch: _Batch, part: str, offset: int,
+                   final: bool = False) -> None:
+        """`final`: a key still not known is taken as destroyed (a second try, after catching up)."""
         if key is None:  # the topic is keyed "model/hash"; a keyless message says so itself
+            if value is None:
+                return
             msg = decode_lean_vector(value)
             model, h, held = msg.model, msg.content_hash, msg.floats()
         else:
@@ -151,12 +201,17 @@ class QdrantProjection:
             held = value
         if model != self.model_id:
             return
+        if held is None:  # a tombstone: the vector of an erased subject
+            self.vectors.pop(h, None)
+            if (prev := self.unused.pop(h, None)) is not None:
+                self.held_vectors[prev[0]].pop(prev[1], None)
+            return
         self.vectors[h] = held
         self.vectors.move_to_end(h)
         if h not in self.parked:
             self._hold_vector(h, part, offset)  # its event is still ahead in the log
             return
-        vec = self._vector(h)
+        vec = self._vector(h, final)
         if vec is None:
             return
         waiting = self.parked.pop(h)
@@ -167,7 +222,13 @@ class QdrantProjection:
             batch.upserts[rk] = (r, vec)
             batch.done.append(event)
 
-    def _on_event(self, e: LeanEvent, batch: _Batch, part: str, offset: int) -> None:
+    def _on_event(self, e: LeanEvent, batch: _Batch, part: str, offset: int, final: bool = False) -> None:
+        """Raises `KeyMissing` before it changes anything (the caller catches up on the keys
+        and calls again with `final`, when a key still not known is taken as destroyed)."""
+        if e.type in PURGES:
+            self._on_purge(e, batch)
+            batch.done.append(e)
+            return
         r = e.record
         if r is None:
             batch.done.append(e)
@@ -178,6 +239,18 @@ class QdrantProjection:
         if r.version <= self.versions.get(rk, 0):
             batch.done.append(e)  # a duplicate or an older version: already reflected
             return
+        opened, h, vec = None, "", None
+        if indexable(r):
+            try:
+                opened, h, _ = r.vector_of()
+            except KeyMissing:
+                if not final:
+                    raise
+                self.unreadable += 1
+            except KeyDestroyed:
+                self.unreadable += 1  # an erased subject's: no point
+            if opened is not None:
+                vec = self._vector(h, final)
         self.versions[rk] = r.version
         if rk in self.parked_at:  # a newer version replaces one still waiting for its vector
             stale = self._drop_parked(rk)
@@ -187,22 +260,85 @@ class QdrantProjection:
         batch.deletes.discard(rk)
         if r.preview and r.replaces:
             batch.shadows.append((r.tenant, r.agent, r.replaces))
-        if not indexable(r):
+        if opened is None:
             batch.deletes.add(rk)
             batch.done.append(e)
             return
-        h = content_hash(r.text)
-        vec = self._vector(h)
         if (held := self.unused.pop(h, None)) is not None:
             self.held_vectors[held[0]].pop(held[1], None)
         if vec is None:
-            self.parked.setdefault(h, {})[rk] = (r, e)
+            self.parked.setdefault(h, {})[rk] = (opened, e)
             self.parked_at[rk] = (h, part, offset)
             self.held_events.setdefault(part, OrderedDict())[offset] = None
             self.parked_commands[command_key(e.tenant, e.agent, e.command_id)] += 1
             return
-        batch.upserts[rk] = (r, vec)
+        batch.upserts[rk] = (opened, vec)
         batch.done.append(e)
+
+    # ------------------------------------------------------------------ purges
+
+    def _on_purge(self, e: LeanEvent, batch: _Batch) -> None:
+        if e.type == "RecordsPurged":
+            for rid in e.record_ids:
+                rk = (e.tenant, e.agent, rid)
+                self._forget(rk, batch)
+                batch.deletes.add(rk)
+            return
+        er = Erasure.of(e)
+        self._erase(er, batch)
+        if er.everywhere:
+            self.erased_everywhere.append(er)
+            self.awaiting += [peer.purge(er) for peer in self.peers]
+
+    def _forget(self, rk: RecordKey, batch: _Batch) -> None:
+        """Neither write nor wait for record `rk` any more."""
+        batch.upserts.pop(rk, None)
+        if rk in self.parked_at:
+            stale = self._drop_parked(rk)
+            if stale is not None:
+                batch.done.append(stale[1])
+
+    def _erase(self, er: Erasure, batch: _Batch) -> None:
+        """The batch's points and the parked records of an erased subject go; the index's go
+        when the batch is written, before its upserts (which came after the erasure)."""
+        doomed = [rk for rk, (r, _) in batch.upserts.items() if er.covers_record(r)]
+        doomed += [rk for rk, (h, _, _) in self.parked_at.items() if er.covers_record(self.parked[h][rk][0])]
+        for rk in doomed:
+            self._forget(rk, batch)
+        batch.purges.append(er)
+
+    def purge(self, er: Erasure) -> asyncio.Future:
+        """A peer's erasure of every agent of a tenant: applied with this shard's next write,
+        after which it is flushed. Resolves once it is."""
+        fut = asyncio.get_running_loop().create_future()
+        if self.running:
+            self.purges.append((fut, er))
+        else:
+            self._purge_now([(fut, er)])
+        return fut
+
+    def _take_purges(self, batch: _Batch) -> None:
+        for fut, er in self.purges:
+            self._erase(er, batch)
+            batch.purge_futs.append(fut)
+        self.purges.clear()
+
+    def _purge_now(self, purges: list[tuple[asyncio.Future, Erasure]]) -> None:
+        """Purges queued for a loop that no longer runs: applied and flushed here."""
+        try:
+            for _, er in purges:
+                self.index.purge(er)
+            if purges:
+                self.index.flush()
+        except Exception:  # a shard closed under it: its generation is retired anyway
+            log.exception("qdrant_purge_failed", shard=str(self.index.path))
+        for fut, _ in purges:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _peers_purged(self) -> bool:
+        self.awaiting = [f for f in self.awaiting if not f.done()]
+        return not self.awaiting
 
     def _drop_parked(self, rk: RecordKey) -> tuple[LeanRecord, LeanEvent] | None:
         """Stop waiting for record `rk`'s vector; returns what was parked."""
@@ -283,14 +419,15 @@ class QdrantProjection:
         self.heals.clear()
 
     def cached_vector(self, h: str) -> array.array | None:
-        return self._vector(h)
+        return self._vector(h, final=True)
 
     def parked_version(self, rk: RecordKey) -> int | None:
         at = self.parked_at.get(rk)
         return None if at is None else self.parked[at[0]][rk][0].version
 
-    def _vector(self, h: str) -> array.array | None:
-        """The vector of content hash `h`, decoded on first use; None if absent or bad."""
+    def _vector(self, h: str, final: bool = False) -> array.array | None:
+        """The vector of content hash `h`, decoded (and opened) on first use; None if absent,
+        bad or sealed under a destroyed key. Raises `KeyMissing` unless `final`."""
         held = self.vectors.get(h)
         if not isinstance(held, bytes):
             return held
@@ -299,12 +436,19 @@ class QdrantProjection:
             if (msg.model, msg.content_hash) != (self.model_id, h):
                 raise ContractError("content_hash", f"the message key names {self.model_id}/{h}, the value "
                                     f"{msg.model}/{msg.content_hash}")
+            vec = msg.floats()
         except ContractError as err:
             # Records wait for a good vector; the embedding worker owns its DLQ.
             log.warning("projection_skipped_vector", content_hash=h, error=str(err))
             del self.vectors[h]
             return None
-        vec = self.vectors[h] = msg.floats()
+        except (KeyMissing, KeyDestroyed) as err:
+            if isinstance(err, KeyMissing) and not final:
+                raise
+            self.unreadable += 1
+            del self.vectors[h]
+            return None
+        self.vectors[h] = vec
         return vec
 
     def _unpark(self, event: LeanEvent) -> None:
@@ -314,6 +458,8 @@ class QdrantProjection:
             del self.parked_commands[key]
 
     def _write(self, batch: _Batch) -> None:
+        for er in batch.purges:
+            self.index.purge(er)
         self.index.upsert(list(batch.upserts.values()))
         self.index.delete(list(batch.deletes))
         for tenant, agent, rid in batch.shadows:
@@ -321,6 +467,8 @@ class QdrantProjection:
                 self.index.set_shadowed(tenant, agent, rid, True)
             except Exception:  # the live record is not a point (not ACTIVE): nothing to hide
                 log.debug("shadow_target_missing", record_id=rid)
+        if batch.purge_futs:
+            self.index.flush()  # the peer that asked saves no checkpoint past its erasure before this
 
     def checkpoint(self) -> dict[str, Any]:
         """What a restart may resume from, for what has been written (call it with no batch
@@ -345,14 +493,20 @@ class QdrantProjection:
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in self.partitions]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in vector_partitions(self.partitions)]
         c = TopicReader(s, max_poll_records=2000)
-        async with c:
-            if until_caught_up or not self.ckpt:
-                # From the start of the log, vectors and events arrive in any order: read
-                # the vectors first and keep them all, so no record waits on a vector that
-                # already went by. Afterwards vectors trail their events and a cache will do.
-                self._bound, self.vector_cache = self.vector_cache, None
-                await self._follow(c, vtps, until_caught_up=True, progress=None)
-            await self._follow(c, etps + vtps, until_caught_up, progress, events=etps, stop=stop)
+        self.running = True
+        try:
+            async with c:
+                if until_caught_up or not self.ckpt:
+                    # From the start of the log, vectors and events arrive in any order: read
+                    # the vectors first and keep them all, so no record waits on a vector that
+                    # already went by. Afterwards vectors trail their events and a cache will do.
+                    self._bound, self.vector_cache = self.vector_cache, None
+                    await self._follow(c, vtps, until_caught_up=True, progress=None)
+                await self._follow(c, etps + vtps, until_caught_up, progress, events=etps, stop=stop)
+        finally:
+            self.running = False
+            purges, self.purges = self.purges, []
+            self._purge_now(purges)
 
     async def _follow(self, c: TopicReader, tps, until_caught_up, progress, events=None, stop=None) -> None:
         s = self.settings
@@ -380,41 +534,41 @@ class QdrantProjection:
                 for fut, n in done_batch.heals:
                     if not fut.done():
                         fut.set_result(n)
+                for fut in done_batch.purge_futs:
+                    if not fut.done():
+                        fut.set_result(None)
                 dirty = True
 
         while not self.stopping.is_set():
             batch = _Batch()
             for tp, msgs in (await c.poll(timeout_ms=200, max_records=2000)).items():
                 part = tp_key(tp)
+                is_vector = tp.topic == vectors_topic
                 for m in msgs:
                     try:
-                        if tp.topic == vectors_topic:
-                            self._on_vector(m.key, m.value, batch, part, m.offset)
-                        else:
-                            event = decode_lean(m.value)
-                            copy = (REDELIVERED, b"1") in (m.headers or ())
-                            if copy or (self.redo and not self._redone(part, m.offset)):
-                                batch.done.append(event)  # applied at its original offset, or before a restart
-                            else:
-                                self._on_event(event, batch, part, m.offset)
-                            if self.also:
-                                # A rebuild's Redis fill skips copies too (see `decode_logged`),
-                                # and still moves its checkpoint past them.
-                                if not copy:
-                                    batch.events.append(event)
-                                batch.event_positions.append((part, m.offset + 1))
+                        self._take(m, is_vector, batch, part)
                     except ContractError as err:
                         # The workers that write these topics own their DLQs; a reader only skips.
                         log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
+                    except KeyMissing:
+                        # A key published after this process last caught up: once more, after.
+                        if self.keys is not None:
+                            await self.keys.catch_up()
+                        try:
+                            self._take(m, is_vector, batch, part, final=True)
+                        except ContractError as err:
+                            log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
                     batch.positions[part] = m.offset + 1
                 batch.seen += len(msgs)
             if self.heals:
                 self._take_heals(batch)
+            if self.purges:
+                self._take_purges(batch)
             if batch.event_positions:
                 await self.also(batch.events, batch.event_positions)
             settle_heap()
             await land()
-            if batch.seen or batch.heals:
+            if batch.seen or batch.heals or batch.purges:
                 if self.serving and batch.writes() > INLINE_WRITES:
                     inflight = (asyncio.create_task(asyncio.to_thread(self._write, batch)), batch)
                 else:
@@ -434,7 +588,8 @@ class QdrantProjection:
             live = self.caught_up.is_set()
             every = LIVE_FLUSH_S if live else 30.0
             # The vectors-first pass saves none: it holds every vector it read.
-            if dirty and events and ((done and (until_caught_up or not live)) or time.monotonic() - last_flush > every):
+            due = (done and (until_caught_up or not live)) or time.monotonic() - last_flush > every
+            if dirty and events and due and self._peers_purged():
                 await land()
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
                 dirty, last_flush = False, time.monotonic()
@@ -451,6 +606,25 @@ class QdrantProjection:
                 if until_caught_up:
                     break
         await land()
+
+    def _take(self, m: Any, is_vector: bool, batch: _Batch, part: str, final: bool = False) -> None:
+        """One message read. Raises `KeyMissing` (unless `final`) before it changes anything."""
+        if is_vector:
+            self._on_vector(m.key, m.value, batch, part, m.offset, final)
+            return
+        event = decode_lean(m.value)
+        copy = (REDELIVERED, b"1") in (m.headers or ())
+        # A retry (`final`) follows a first try that was applying the event: `_redone` said so then.
+        if copy or (not final and self.redo and not self._redone(part, m.offset)):
+            batch.done.append(event)  # applied at its original offset, or before a restart
+        else:
+            self._on_event(event, batch, part, m.offset, final)
+        if self.also:
+            # A rebuild's Redis fill skips copies too (see `decode_logged`), and still moves
+            # its checkpoint past them.
+            if not copy:
+                batch.events.append(event)
+            batch.event_positions.append((part, m.offset + 1))
 
     async def _pace_vectors(self, c: TopicReader, vector_tps: list, event_tps: list) -> None:
         """Join in bounded memory: a vector read before its event is kept until the event
@@ -487,6 +661,7 @@ class QdrantProjection:
             "parked": self.parked_count(),
             "caught_up": self.caught_up.is_set(),
             "applied": self.applied,
+            "unreadable": self.unreadable,
         }
 
 
@@ -497,13 +672,15 @@ class _Batch:
         self.shadows: list[RecordKey] = []
         self.done: list[LeanEvent] = []
         self.heals: list[tuple[asyncio.Future, tuple[int, int]]] = []
+        self.purges: list[Erasure] = []  # applied before the upserts
+        self.purge_futs: list[asyncio.Future] = []  # peers' purges: resolved once flushed
         self.positions: dict[str, int] = {}
         self.events: list[LeanEvent] = []  # for `also`
         self.event_positions: list[tuple[str, int]] = []
         self.seen = 0
 
     def writes(self) -> int:
-        return len(self.upserts) + len(self.deletes) + len(self.shadows)
+        return len(self.upserts) + len(self.deletes) + len(self.shadows) + len(self.purges)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, int], dict[str, tuple[int, set[int]]]]:

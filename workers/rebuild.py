@@ -3,15 +3,21 @@
 A rebuild never calls a model and never embeds: records join the vectors already in
 `memlane.vectors`. It reads from offset 0 into a new generation, then switches readers
 over once it has caught up with the live generation.
+
+Each process loads the data keys first. What was sealed under a destroyed key (an erased
+subject's records, blocks and vectors) is skipped and counted: logged as
+`rebuild_skipped_unreadable`, a number and never a text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
@@ -24,12 +30,34 @@ from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from settings import Settings
 from workers.heap import collected_between_batches, settle_heap
+from workers.keys import open_keys
 from workers.memory_shards import current_generation, generation_path, set_generation, shard_partitions, shard_paths
 from workers.qdrant_projection import QdrantProjection
 from workers.topic_reader import TopicReader, checkpoint_key, of_topic, tp_key
 
 log = structlog.get_logger()
 Progress = Callable[[int, int], None]
+
+
+@contextlib.asynccontextmanager
+async def data_keys(settings: Settings) -> AsyncIterator[Any]:
+    """The data keys as of now (a rebuild reads a log written before it started), installed
+    as the process's cipher; None with encryption off. The keys it makes (an agent's, to seal
+    a block in the view) are published before anything sealed under them is written."""
+    keys = await open_keys(settings, follow=False)
+    try:
+        yield keys
+    finally:
+        if keys is not None:
+            await keys.stop()
+
+
+def report_unreadable(where: str, n: int) -> None:
+    if n:
+        log.warning("rebuild_skipped_unreadable", target=where, events=n,
+                    reason="sealed under destroyed data keys (erased subjects): left out")
+    else:
+        log.info("rebuild_skipped_unreadable", target=where, events=0)
 
 
 async def _apply_range(
@@ -86,6 +114,12 @@ async def rebuild_redis(
 
     `fill(generation)`, when given, does the pass from offset 0 elsewhere (the shard
     processes of `rebuild_all`) and returns the events it applied."""
+    async with data_keys(settings) as keys:
+        return await _rebuild_redis(settings, progress, switch, fill, keys)
+
+
+async def _rebuild_redis(settings: Settings, progress: Progress | None, switch: bool,
+                         fill: Callable[[int], Awaitable[int]] | None, keys: Any) -> int:
     live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     dropping: asyncio.Future | None = None
     try:
@@ -95,7 +129,7 @@ async def rebuild_redis(
         # one fills. The live one stays, to switch back to.
         stale = [g for g in await live.generations() if g < old] if switch else []
         dropping = asyncio.ensure_future(asyncio.gather(*(live.drop_generation(g) for g in stale)))
-        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
+        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix, keys=keys)
         try:
             if fill is None:
                 with collected_between_batches():
@@ -115,6 +149,8 @@ async def rebuild_redis(
                 await live.switch_generation(gen)
             await dropping
             log.info("redis_rebuilt", generation=gen, previous=old, events=applied, switched=switch, dropped=stale)
+            if fill is None:
+                report_unreadable("redis", new.unreadable)
             return gen
         finally:
             await new.aclose()
@@ -128,12 +164,16 @@ async def replay_redis(
     settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
-    store = RedisRecords.from_url(settings.redis_url, generation=generation, namespace=settings.topic_prefix)
-    try:
-        with collected_between_batches():
-            return await _apply_range(settings, store, start, stop, progress)
-    finally:
-        await store.aclose()
+    async with data_keys(settings) as keys:
+        store = RedisRecords.from_url(settings.redis_url, generation=generation, namespace=settings.topic_prefix,
+                                      keys=keys)
+        try:
+            with collected_between_batches():
+                applied = await _apply_range(settings, store, start, stop, progress)
+            report_unreadable("redis", store.unreadable)
+            return applied
+        finally:
+            await store.aclose()
 
 
 async def replay_qdrant(
@@ -144,14 +184,24 @@ async def replay_qdrant(
     shard's checkpoint up to `stop`.
 
     A point keeps no version (each payload key costs every upsert), so a replay only ever
-    moves a generation forward: `start` is for a generation that holds no events yet."""
+    moves a generation forward: `start` is for a generation that holds no events yet.
+    An erasure of every agent of a tenant is in one shard's partitions: once all are
+    folded, it is applied to every shard."""
+    async with data_keys(settings) as keys:
+        return await _replay_qdrant(settings, generation, start, stop, progress, keys)
+
+
+async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, int] | None,
+                         stop: dict[int, int] | None, progress: Progress | None, keys: Any) -> int:
     events_topic = settings.topic(EVENTS.name)
     paths = shard_paths(settings, generation)
-    applied = 0
+    applied = unreadable = 0
+    everywhere = []
     for k, path in enumerate(paths):
         index = EdgeIndex(path)
         try:
-            projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None, serving=False)
+            projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None,
+                                          serving=False, keys=keys)
             held = {checkpoint_key(events_topic, p): v for p, v in of_topic(projection.ckpt, events_topic).items()}
             if start and held:
                 raise ValueError(
@@ -163,8 +213,19 @@ async def replay_qdrant(
             with collected_between_batches():
                 await projection.run(until_caught_up=True, progress=_share(progress, k, len(paths)), stop=stop)
             applied += projection.applied
+            unreadable += projection.unreadable
+            everywhere += projection.erased_everywhere
         finally:
             index.close()
+    if everywhere and len(paths) > 1:
+        for path in paths:
+            index = EdgeIndex(path)
+            try:
+                for er in everywhere:
+                    index.purge(er)
+            finally:
+                index.close()
+    report_unreadable("qdrant", unreadable)
     return applied
 
 
@@ -177,17 +238,23 @@ def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
 
 async def _build_shard(
     settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Fold shard k of generation `gen` from offset 0 until caught up, and with `redis_gen`
     the Redis records of the shard's agents into that generation in the same pass.
-    Returns (points, events applied to Redis).
+    Returns (points, events applied to Redis, events and vectors skipped as unreadable).
 
     `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
     docs/qdrant-edge.md)."""
+    async with data_keys(settings) as keys:
+        return await _build_shard_with(settings, gen, k, progress, optimize, redis_gen, keys)
+
+
+async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool,
+                            redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
     paths = shard_paths(settings, gen)
     index = EdgeIndex(paths[k])
     store = None if redis_gen is None else RedisRecords.from_url(
-        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix)
+        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix, keys=keys)
     applied = 0
     filling: asyncio.Future | None = None
 
@@ -201,7 +268,7 @@ async def _build_shard(
 
     try:
         projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None,
-                                      serving=False, also=also if store else None)
+                                      serving=False, also=also if store else None, keys=keys)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
         if filling:
@@ -215,7 +282,7 @@ async def _build_shard(
         if optimize:
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
-        return index.count(), applied
+        return index.count(), applied, projection.unreadable + (store.unreadable if store else 0)
     finally:
         index.close()
         if filling and not filling.done():
@@ -268,14 +335,15 @@ def _child_init(settings: Settings, queue) -> None:
     _progress_queue = queue
 
 
-def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool, redis_gen: int | None) -> tuple[int, int]:
+def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool, redis_gen: int | None
+                          ) -> tuple[int, int, int]:
     t0, cpu0 = time.perf_counter(), time.process_time()
-    points, events = asyncio.run(
+    points, events, unreadable = asyncio.run(
         _build_shard(settings, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
     )
-    log.info("shard_rebuilt", shard=k, points=points, redis_events=events, wall_s=round(time.perf_counter() - t0, 2),
-             cpu_s=round(time.process_time() - cpu0, 2))
-    return points, events
+    log.info("shard_rebuilt", shard=k, points=points, redis_events=events, unreadable=unreadable,
+             wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - cpu0, 2))
+    return points, events, unreadable
 
 
 async def rebuild_all(
@@ -329,8 +397,9 @@ async def rebuild_all(
         results = await asyncio.gather(*shards, return_exceptions=True)
         if errors := [r for r in results if isinstance(r, BaseException)]:
             raise errors[0]
-        points = sum(p for p, _ in results)
-        return sum(e for _, e in results)
+        points = sum(p for p, _, _ in results)
+        report_unreadable(",".join(targets), sum(u for _, _, u in results))
+        return sum(e for _, e, _ in results)
 
     built: dict[str, int] = {}
     if "redis" in targets:

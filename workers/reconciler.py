@@ -30,9 +30,10 @@ import structlog
 
 from events.codec import ContractError
 from events.lean import LeanRecord, decode_lean
+from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS
 from projections.embedders import make_embedder
-from projections.embedding_port import Embedder, content_hash
+from projections.embedding_port import Embedder
 from projections.qdrant_index import indexable
 from projections.redis_records import RedisRecords
 from settings import Settings
@@ -92,7 +93,7 @@ class Reconciler:
         self.pending: list[tuple[str, str]] = []  # (tenant, agent) of a scan page not visited yet
         # (tenant, agent) -> {record id: version} parked for a vector at the last visit
         self.parked_seen: dict[tuple[str, str], dict[str, int]] = {}
-        self.healed = self.added = self.removed = self.deferred = self.runs = 0
+        self.healed = self.added = self.removed = self.deferred = self.runs = self.unreadable = 0
         self.last_run: float | None = None
 
     def status(self) -> dict[str, Any]:
@@ -200,11 +201,32 @@ class Reconciler:
             self.parked_seen[tenant, agent] = now
         return out
 
+    async def _opened(self, r: LeanRecord) -> tuple[LeanRecord, str] | None:
+        """The record opened and its vector's content hash; None for one sealed under a
+        destroyed key (an erased subject's: no point to heal)."""
+        for attempt in (1, 2):
+            try:
+                opened, h, _ = r.vector_of()
+                return opened, h
+            except KeyMissing:
+                keys = self.shards.keys
+                if attempt == 2 or keys is None:
+                    break
+                await keys.catch_up()
+            except (KeyDestroyed, ContractError):
+                break
+        self.unreadable += 1
+        return None
+
     async def _vectors(self, proj: QdrantProjection, records: list[LeanRecord]) -> list[tuple[LeanRecord, Any]]:
+        """Opened records and their vectors: from the projection's cache, else embedded."""
         out, todo = [], []
         for r in records:
-            vec = proj.cached_vector(content_hash(r.text))
-            (todo if vec is None else out).append((r, vec))
+            got = await self._opened(r)
+            if got is None:
+                continue
+            vec = proj.cached_vector(got[1])
+            (todo if vec is None else out).append((got[0], vec))
         if todo:
             if self.embedder is None:
                 self.embedder = self.shards.embedder or make_embedder(self.settings, cache_size=0)

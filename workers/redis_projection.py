@@ -1,4 +1,5 @@
-"""Folds `memlane.memory.events` into Redis (records, versions, listing, pins).
+"""Folds `memlane.memory.events` into Redis (records, versions, listing, pins), and drops
+what `SubjectErased` and `RecordsPurged` name (`RedisRecords.purge`).
 
 The checkpoint lives in Redis with the view, written by the same Lua call, so on
 assignment the worker seeks to its own checkpoint rather than trusting group offsets.
@@ -33,6 +34,10 @@ class RedisProjection(Processor):
         self.assignment: set[TopicPartition] = set()
         self.generation: int | None = None
         self.topic = settings.topic(EVENTS.name)
+
+    async def start(self) -> None:
+        # Block texts are sealed in the view, and records under destroyed keys left out.
+        self.store.keys = self.keys
 
     def decode_message(self, source: str, message: Any) -> Any:
         return decode_logged(message.value, message.headers)

@@ -71,7 +71,10 @@ class KeptEvent:
 
     @classmethod
     def from_json(cls, raw: str) -> KeptEvent:
-        d = json.loads(raw)
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KeptEvent:
         d["calls"] = tuple(d.get("calls") or ())
         return cls(**d)
 
@@ -133,6 +136,29 @@ def kept_events(turn: TurnCommitted) -> list[KeptEvent]:
             )
         )
     return out
+
+
+# ---------------------------------------------------------------------------- erasures
+
+ANY = "*"  # no agent or member id is "*"
+
+
+def erasure_marker(tenant: str, agent: str | None, user: str | None) -> str:
+    """An erasure as history remembers it: of one agent or (None) every agent of the tenant,
+    of one member or (None) everything of them."""
+    return f"{tenant}/{agent or ANY}|{user or ANY}"
+
+
+def erased(markers: dict[str, int], e: KeptEvent) -> bool:
+    """Whether an erasure that came after `e` (`markers`: erasure marker -> when, Unix ms)
+    reaches it: a turn folded late (its topic behind the events') is not kept again."""
+    users = (e.user, ANY) if e.user else (ANY,)
+    for agent in (e.agent, ANY):
+        for user in users:
+            at = markers.get(f"{e.tenant}/{agent}|{user}")
+            if at is not None and e.occurred_ms <= at:
+                return True
+    return False
 
 
 def kinds_for(index: str) -> tuple[str, ...]:

@@ -5,13 +5,17 @@ new ones itself (`pending`, to be published before anything sealed under them is
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from events.sealing import KeyDestroyed, KeyMissing, tenant_of
 from projections.keys.provider import KeyProvider
@@ -56,6 +60,7 @@ class Keyring:
     def __init__(self, provider: KeyProvider) -> None:
         self.provider = provider
         self._aead: dict[str, AESGCM] = {}
+        self._macs: dict[str, bytes] = {}  # kid -> the key vector names are keyed with (`mac`)
         self._records: dict[str, KeyRecord] = {}
         self._by_subject: dict[str, dict[str, None]] = {}  # subject -> its kids, oldest first
         self.destroyed: set[str] = set()
@@ -77,12 +82,13 @@ class Keyring:
 
     def _remember(self, rec: KeyRecord) -> None:
         data_key = self.provider.unwrap(tenant_of(rec.subject), rec.kek, rec.aad, rec.wrapped)
-        self._aead[rec.kid] = AESGCM(data_key)
+        self._use(rec.kid, data_key)
         self._records[rec.kid] = rec
         self._by_subject.setdefault(rec.subject, {})[rec.kid] = None
 
     def _forget(self, subject: str, kid: str) -> None:
         self._aead.pop(kid, None)
+        self._macs.pop(kid, None)
         self._records.pop(kid, None)
         kids = self._by_subject.get(subject)
         if kids is not None:
@@ -117,7 +123,7 @@ class Keyring:
         aad = f"{subject}#{kid}".encode()
         kek, wrapped = self.provider.wrap(tenant_of(subject), aad, data_key)
         rec = KeyRecord(subject, kid, kek, wrapped, created)
-        self._aead[kid] = AESGCM(data_key)
+        self._use(kid, data_key)
         self._records[kid] = rec
         self._by_subject.setdefault(subject, {})[kid] = None
         self.pending.append(rec)
@@ -144,3 +150,17 @@ class Keyring:
 
     def knows(self, kid: str) -> bool:
         return kid in self._aead
+
+    def mac(self, kid: str, data: bytes) -> bytes:
+        """HMAC-SHA256 of `data` under a key derived from data key `kid`: a name (a vector's
+        on memlane.vectors) no one without the key can compute or check a guess against.
+        Raises `KeyMissing` or `KeyDestroyed` as `open` does."""
+        mac_key = self._macs.get(kid)
+        if mac_key is None:
+            raise (KeyDestroyed if kid in self.destroyed else KeyMissing)(kid)
+        return hmac.new(mac_key, data, hashlib.sha256).digest()
+
+    def _use(self, kid: str, data_key: bytes) -> None:
+        self._aead[kid] = AESGCM(data_key)
+        # A separate key for names (HKDF of the data key), so sealing and naming never share one.
+        self._macs[kid] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"memlane/mac").derive(data_key)

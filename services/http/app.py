@@ -65,6 +65,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         redis_client = connect_redis(settings.redis_url)
         await redis_client.ping()
         shards = ShardOwner(settings)
+        shards.keys = data_keys
         await shards.open(current_generation(settings))
         prod = producer(settings)
         await prod.start()
@@ -72,7 +73,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(embedder.embed, ["warm up"])
         shards.embedder = shards.memory.embedder = embedder
         publisher = KafkaCommandPublisher(settings, prod, data_keys)
-        records = RedisRecords(redis_client, namespace=settings.topic_prefix)
+        records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys)
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher))
         shards.on_swap = lambda owner: service.use_shards(owner.memory)

@@ -30,10 +30,11 @@ class ShardOwner:
         self.task: asyncio.Task | None = None
         self.on_swap = None
         self.embedder = None  # the process's, for the points the shards' reconciler heals
+        self.keys = None  # the process's data keys (workers.keys.KeyTopic), for what the shards open
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
-        memory = MemoryShards(self.settings, generation, self.embedder)
+        memory = MemoryShards(self.settings, generation, self.embedder, self.keys)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:

@@ -275,16 +275,17 @@ class MemoryCommands:
         return outcome
 
     async def _erase_outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
-        """How many records were erased, once the view shows each tombstone (and the withdrawal)."""
+        """How many records were erased, once the view shows each one tombstoned or purged (the
+        view drops an erased subject's rows and consent when it applies `SubjectErased`)."""
         self._rejected(events)
         erased = {e.record.id: e.record.version for e in events if e.type == "RecordDeleted"}
         withdrawn = any(e.type == "ConsentWithdrawn" for e in events)
 
         async def shown() -> bool:
-            if withdrawn and (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent != "withdrawn":
+            if withdrawn and (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent == "granted":
                 return False
             found = {r.id: r.version for r in await self.records.get_many(cmd.tenant, cmd.agent, list(erased))}
-            return all(found.get(rid, 0) >= v for rid, v in erased.items())
+            return all(found.get(rid, v) >= v for rid, v in erased.items())
 
         await self._until(cmd, shown, f"the erasure of {cmd.user}'s memory")
         return {"command_id": cmd.command_id, "status": "applied", "user": cmd.user, "erased": len(erased)}

@@ -201,3 +201,111 @@ async def test_a_members_listing_follows_the_current_version(view):
     page = await view.page("t", "a", 10, user="ann")
     assert [(r.id, r.version) for r in page.records] == [("ann1", 2)] and page.next_cursor is None
     assert await view.users("t", "a") == {"ann"}
+
+
+# ----------------------------------------------------------------- erasure and purges
+
+
+def erased(agent: str = "a", user: str | None = None, tenant: str = "t", tenant_wide: bool = False):
+    from events import SubjectErased
+
+    return SubjectErased(event_id=f"x-{tenant}-{agent}-{user}-{tenant_wide}", command_id="cx", tenant=tenant,
+                         agent=agent, occurred_at=T0, user=user, tenant_wide=tenant_wide)
+
+
+async def two_members(view) -> None:
+    """ann and bob on agents a and b of tenant t, ann in tenant u too; pins, expiry, shadows,
+    blocks and consent rows."""
+    from events import ConsentGranted
+
+    await view.apply([
+        ev(RecordAdded, urec("ann1", "ann", 1)), ev(RecordPinned, urec("ann1", "ann", 1, 2, pinned=True)),
+        ev(RecordAdded, urec("ann2", "ann", 2, expires_at=T0 + timedelta(days=1))),
+        ev(RecordAdded, urec("ann3", "ann", 3)), ev(RecordDeleted, urec("ann3", "ann", 3, 2, status="DELETED")),
+        ev(RecordAdded, urec("ann-draft", "ann", 4, preview=True, replaces="shared")),
+        ev(RecordAdded, urec("bob1", "bob", 5)),
+        ev(RecordAdded, rec("shared", minute=6, user="ann")),  # names ann, but the agent's
+        ev(RecordAdded, urec("ann-b", "ann", 7, agent="b")), ev(RecordAdded, urec("bob-b", "bob", 8, agent="b")),
+        ev(RecordAdded, urec("ann-u", "ann", 9, tenant="u")),
+        *[subject_ev(ConsentGranted, agent=agent, user=user) for agent in ("a", "b") for user in ("ann", "bob")],
+        BlockChanged(event_id="blk", command_id="cb", tenant="t", agent="a", occurred_at=T0, label="style", text="Tabs"),
+    ])
+
+
+async def ids(view, agent="a", user=None, tenant="t"):
+    return sorted(r.id for r in (await view.page(tenant, agent, 100, user=user)).records)
+
+
+async def test_erasing_a_member_on_an_agent_drops_every_version_of_theirs_and_nothing_else(view):
+    await two_members(view)
+    for _ in range(2):  # a replay applies it again
+        await view.apply([erased(user="ann")])
+        for rid in ("ann1", "ann2", "ann3", "ann-draft"):
+            assert await view.get("t", "a", rid) is None and await view.history("t", "a", rid) == []
+            assert await view.get("t", "a", rid, 1) is None
+        assert await ids(view) == ["bob1", "shared"]
+        assert await ids(view, user="ann") == [] and await ids(view, user="bob") == ["bob1"]
+        assert await view.users("t", "a") == {"bob"}
+        assert await view.consents("t", "a") == {"bob": "granted"}
+        assert (await view.subject("t", "a", "ann")).consent is None
+        assert await view.pinned("t", "a") == []
+        assert await view.shadowed("t", "a") == {"shared"}  # another record's state: the agent's
+        assert await view.blocks("t", "a") == {"style": "Tabs"}  # the agent's, not the member's
+        # The same member on another agent, or in another tenant, is another subject.
+        assert await ids(view, "b") == ["ann-b", "bob-b"] and await view.consents("t", "b") == {"ann": "granted",
+                                                                                                 "bob": "granted"}
+        assert await ids(view, tenant="u") == ["ann-u"]
+        if hasattr(view, "expired"):
+            assert await view.expired(int((T0 + timedelta(days=2)).timestamp() * 1000)) == {}
+
+
+async def test_erasing_a_member_under_the_workspace_agent_reaches_every_agent_of_the_tenant(view):
+    from events.commands import WORKSPACE
+
+    await two_members(view)
+    await view.apply([erased(WORKSPACE, "ann")])
+    assert await ids(view) == ["bob1", "shared"] and await ids(view, "b") == ["bob-b"]
+    assert await view.users("t", "a") == {"bob"} == await view.users("t", "b")
+    assert await view.consents("t", "b") == {"bob": "granted"}
+    assert await view.get("t", "b", "ann-b") is None
+    assert await ids(view, tenant="u") == ["ann-u"]
+
+
+async def test_erasing_an_agent_drops_all_of_it_and_a_tenant_every_agent(view):
+    from events import AgentRemoved
+
+    await two_members(view)
+    await view.apply([subject_ev(AgentRemoved, agent="a"), erased()])
+    assert await ids(view) == [] and await view.get("t", "a", "shared") is None
+    assert await view.blocks("t", "a") == {} and await view.consents("t", "a") == {}
+    assert await view.users("t", "a") == set() and await view.shadowed("t", "a") == set()
+    assert (await view.subject("t", "a", None)).agent_removed  # the removal itself stays
+    assert await ids(view, "b") == ["ann-b", "bob-b"]
+    await view.apply([erased("b", tenant_wide=True)])
+    assert await ids(view, "b") == [] and await view.consents("t", "b") == {}
+    assert await ids(view, tenant="u") == ["ann-u"]
+    if hasattr(view, "expired"):
+        assert await view.expired(int((T0 + timedelta(days=2)).timestamp() * 1000)) == {}
+
+
+async def test_records_purged_drops_every_version_of_the_records_it_names(view):
+    from events import RecordsPurged
+
+    await two_members(view)
+    await view.apply([ev(RecordDeleted, rec("shared", 2, minute=6, status="DELETED", user="ann"))])
+    purge = RecordsPurged(event_id="p1", command_id="cp", tenant="t", agent="a", occurred_at=T0,
+                          record_ids=["shared", "ann3", "ann1", "never"])
+    for _ in range(2):
+        await view.apply([purge])
+        for rid in ("shared", "ann3", "ann1"):
+            assert await view.history("t", "a", rid) == [] and await view.get("t", "a", rid, 1) is None
+        assert await ids(view) == ["ann-draft", "ann2", "bob1"]
+        assert await ids(view, user="ann") == ["ann-draft", "ann2"]
+        assert await view.pinned("t", "a") == [] and await view.shadowed("t", "a") == set()
+    assert (await view.get("t", "a", "ann2")).summary == "ann2 v1"
+
+
+async def test_a_purge_in_the_middle_of_a_batch_keeps_what_comes_after_it(view):
+    """A member erased, then back with a new fact in the same batch: only the old ones go."""
+    await view.apply([ev(RecordAdded, urec("old", "ann", 1)), erased(user="ann"), ev(RecordAdded, urec("new", "ann", 2))])
+    assert await ids(view, user="ann") == ["new"] and await view.users("t", "a") == {"ann"}

@@ -184,3 +184,45 @@ def test_an_index_that_cannot_search_says_so(index, request):
         index.client = QdrantClient(url="http://127.0.0.1:1")
         with pytest.raises(IndexUnavailable):
             search(index, "zeta", "hybrid")
+
+
+def test_purge_removes_every_point_of_an_erased_subject_and_nothing_else(index):
+    """A member on one agent: their USER records there; on every agent of the tenant; an agent;
+    a tenant. The same member on another agent or tenant, and other members, stay."""
+    from projections.records import Erasure
+
+    def member(rid, user, **kw):
+        return rec(rid, f"omega {rid}", scope="USER", user=user, **kw)
+
+    put(index, member("ann1", "ann"), member("ann2", "ann", kind="profile"), member("bob1", "bob"),
+        rec("shared", "omega shared", user="ann"),  # names ann, but the agent's
+        member("ann-b", "ann", agent="b"), rec("b-shared", "omega b", agent="b"),
+        member("ann-tb", "ann", tenant="tb"), member("ann-u", "ann", tenant="u"), rec("u1", "omega u", tenant="u"))
+    everyone = ("AGENT", "SESSION", "USER")
+
+    def found(user, **kw):
+        return sorted(search(index, "omega", "lexical", flt(scopes=everyone, user=user, **kw), limit=20))
+
+    for _ in range(2):  # idempotent
+        index.purge(Erasure("t", "a", "ann"))
+        assert found("ann") == ["shared"] and found("bob") == ["bob1", "shared"]
+        assert found("ann", agent="b") == ["ann-b", "b-shared"]
+    index.purge(Erasure("t", None, "ann"))
+    assert found("ann", agent="b") == ["b-shared"] and found("bob") == ["bob1", "shared"]
+    assert found("ann", tenant="tb") == ["ann-tb"]  # "t/" is not a prefix of "tb/"
+    index.purge(Erasure("t", "a", None))
+    assert found("bob") == [] and found("bob", agent="b") == ["b-shared"]
+    index.purge(Erasure("t", None, None))
+    assert found("bob", agent="b") == [] and found("ann", tenant="tb") == ["ann-tb"]
+    assert found("ann", tenant="u") == ["ann-u", "u1"]
+    assert index.count() == 3
+
+
+def test_a_point_holds_no_personal_field():
+    """The payload names ids, scope, kind and labels; the text stays in the vectors."""
+    from projections.qdrant_index import payload_of
+
+    r = rec("r1", "Dana's locker code is 4411", content="at the heron gym", key="locker", labels={"topic": "gym"},
+            metadata={"note": "private"})
+    assert "4411" not in str(payload_of(r)) and "heron" not in str(payload_of(r))
+    assert "private" not in str(payload_of(r)) and "locker" not in str(payload_of(r))

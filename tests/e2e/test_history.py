@@ -322,3 +322,110 @@ async def test_a_members_turns_are_searched_only_by_the_agent_speaking_for_that_
         for found in (h.ids("heron gym locker 4411", mode="lexical"), h.ids("locker code"),
                       h.ids(ids=["ua", "aa", "un"]), h.ids(limit=100)):
             assert found == ["un"], (name, found)
+
+
+def redis_values(prefix: str) -> list[tuple[str, str]]:
+    """(key, each field, member and value) of every key of the deployment's namespace."""
+    import redis
+
+    from settings import Settings
+
+    r = redis.Redis.from_url(Settings().redis_url, decode_responses=True)
+    out = []
+    try:
+        for key in r.scan_iter(match=f"ml:{prefix}*", count=10_000):
+            kind = r.type(key)
+            if kind == "hash":
+                out += [(key, x) for kv in r.hgetall(key).items() for x in kv]
+            elif kind == "zset":
+                out += [(key, x) for x in r.zrange(key, 0, -1)]
+            elif kind == "set":
+                out += [(key, x) for x in r.smembers(key)]
+            elif kind == "list":
+                out += [(key, x) for x in r.lrange(key, 0, -1)]
+            elif kind == "string":
+                out.append((key, r.get(key)))
+    finally:
+        r.close()
+    return out
+
+
+def files_holding(root, needle: bytes) -> list[str]:
+    import os
+    from pathlib import Path
+
+    return [str(Path(d, f)) for d, _, files in os.walk(root) for f in files if needle in Path(d, f).read_bytes()]
+
+
+async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new_agent, stack, settings):
+    """A member's message is sealed in Redis and in the history shard's files (what was not
+    sealed, the session id, is there: the data reached them). Once the member is erased on
+    the agent, their events go from both sides, and a turn of theirs from before the erasure
+    that arrives after it is not kept; another member's and no member's stay."""
+    from aiokafka import AIOKafkaProducer
+
+    from events import SubjectErased, encode
+    from events.topics import EVENTS
+    from services.client import TurnPublisher
+    from workers.history_qdrant import history_shard_path
+
+    tenant, agent, key = await new_agent(AgentConfig.model_validate({"history": {"index": "messages"}}))
+    canary = f"zq{uuid.uuid4().hex}"
+    session = f"sess{uuid.uuid4().hex[:8]}"
+    said = [
+        turn(tenant, agent, 1, [Message(id="ua", role="user", content=f"My locker code is {canary} at the heron gym")],
+             session=session).model_copy(update={"user": "alice"}),
+        turn(tenant, agent, 2, [Message(id="ub", role="user", content="Bob swims at the heron gym")],
+             session=session).model_copy(update={"user": "bob"}),
+        turn(tenant, agent, 3, [Message(id="un", role="user", content="The heron gym opens at six")], session=session),
+    ]
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        for t in said:
+            await pub.publish(t)
+
+    def reader(user):
+        h = History(stack.api_url, key, session=session)
+        if user:
+            h.http.headers["X-User"] = user
+        return h
+
+    alice, bob, nobody = reader("alice"), reader("bob"), reader(None)
+    await eventually(lambda: set(alice.ids("heron gym", mode="lexical")) == {"ua", "un"}, timeout=60)
+    await eventually(lambda: set(alice.ids(ids=["ua", "un"])) == {"ua", "un"}, timeout=60)
+    assert canary in alice(ids=["ua"])["events"][0]["text"]  # read back opened
+
+    # Redis: the events are there, their texts are not.
+    held = redis_values(settings.topic_prefix)
+    assert any(agent in k and v == "ua" for k, v in held)
+    assert [k for k, v in held if v and canary in v] == []
+    # The shard's files, once flushed (every few seconds): its payload's plain keys, no text.
+    shard = history_shard_path(settings)
+    await eventually(lambda: files_holding(shard, session.encode()), timeout=60)
+    assert files_holding(shard, canary.encode()) == []
+
+    erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}", tenant=tenant,
+                            agent=agent, occurred_at=datetime.now(UTC), user="alice")
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic(EVENTS.name), encode(erasure), key=EVENTS.key_bytes(erasure))
+    finally:
+        await producer.stop()
+    await eventually(lambda: alice.ids("heron gym", mode="lexical") == ["un"], timeout=60)
+    await eventually(lambda: alice.ids(ids=["ua", "un"]) == ["un"], timeout=60)
+    assert alice.ids(limit=100) == ["un"]
+    assert set(bob.ids("heron gym", mode="lexical")) == {"ub", "un"} and bob.ids(ids=["ub"]) == ["ub"]
+    assert nobody.ids(limit=100) == ["un"]
+    assert not any(agent in k and v == "ua" for k, v in redis_values(settings.topic_prefix))
+
+    # A turn of alice's from before the erasure, arriving after it, is not kept; a new one is.
+    late = turn(tenant, agent, 4, [Message(id="ua-late", role="user", content="heron gym late locker")],
+                session=session, at=DAY1).model_copy(update={"user": "alice"})
+    fresh = turn(tenant, agent, 5, [Message(id="ua-new", role="user", content="heron gym new locker")],
+                 session=session, at=datetime.now(UTC)).model_copy(update={"user": "alice"})
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        await pub.publish(late)
+        await pub.publish(fresh)
+    await eventually(lambda: "ua-new" in alice.ids("heron gym locker", mode="lexical"), timeout=60)
+    await eventually(lambda: alice.ids(ids=["ua-new"]) == ["ua-new"], timeout=60)
+    assert "ua-late" not in alice.ids("heron gym locker", mode="lexical") and alice.ids(ids=["ua-late"]) == []

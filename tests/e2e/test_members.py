@@ -442,12 +442,12 @@ async def test_an_operator_sees_counts_not_bodies_and_erases_a_subject(members):
         erased = await op.erase_subject("dana")
         assert (erased["status"], erased["user"], erased["erased"]) == ("applied", "dana", 2)
         assert "Miso" not in json.dumps(erased)
-        assert (await op.subjects())["subjects"] == [{"user": "dana", "facts": 0, "consent": "withdrawn"},
-                                                     {"user": "erin", "facts": 1, "consent": "granted"}]
+        # Erased, dana's rows and consent are purged from the view: only erin is left.
+        assert (await op.subjects())["subjects"] == [{"user": "erin", "facts": 1, "consent": "granted"}]
         await refused(op.erase_subject("not a user"), 422, "VALIDATION_FAILED", "user")
     async with m.as_member("dana") as dana, m.as_member("erin") as erin, m.as_agent("dana") as dana_agent:
         assert (await dana.list_memory())["records"] == []
-        assert (await dana.consent())["consent"] == "withdrawn"  # a later write needs a new grant
+        assert (await dana.consent())["consent"] is None  # purged with the subject: a later write needs a new grant
         await refused(dana_agent.add_memory("Dana's cat is named Miso"), 403, "CONSENT_REQUIRED", "user")
         assert [r["id"] for r in (await erin.list_memory())["records"]] == [pepper["id"]]
 

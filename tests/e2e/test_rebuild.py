@@ -182,3 +182,73 @@ def test_a_rebuild_of_a_prefix_with_no_topics_says_what_to_do(stack):
     assert proc.returncode == 1
     assert "nothing has been written under the topic prefix" in proc.stderr
     assert "MEMLANE_TOPIC_PREFIX" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_counts_it(stack, settings, new_agent):
+    """A member erased on an agent and their keys destroyed (as the ledger does): the rebuilt
+    generations hold none of their facts, the log still holds them sealed, and the rebuild
+    says how many events it left out. The agent's own facts come back as they were."""
+    import json
+
+    from aiokafka import AIOKafkaProducer
+
+    from events import SubjectErased, codec, encode
+    from events.base import utcnow
+    from events.sealing import subject_of
+    from events.topics import EVENTS
+    from workers.keys import open_keys
+
+    tenant, agent, key = await new_agent(member_facts())
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        member_keys = {u: await op.issue_key(tenant, agent, "member", user=u) for u in ("fay", "gus")}
+    fay_key = member_keys["fay"]
+    said = {"fay": ("fay keeps bees", "fay's locker is 12"), "gus": ("gus inspects the hive on Mondays",)}
+    for user, texts in said.items():
+        async with MemlaneClient(stack.api_url, member_keys[user]) as m:
+            await m.grant_consent()
+        async with MemlaneClient(stack.api_url, key, user=user, channel="api") as c:
+            for text in texts:
+                await c.add_memory(text, kind="profile")
+
+    before = codec.cipher()
+    keys = await open_keys(settings, follow=False)
+    try:
+        erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}",
+                                tenant=tenant, agent=agent, occurred_at=utcnow(), user="fay")
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.topic(EVENTS.name), encode(erasure), key=EVENTS.key_bytes(erasure))
+        finally:
+            await producer.stop()
+        assert await keys.destroy(subject_of(tenant, agent, "fay")) >= 1
+    finally:
+        await keys.stop()
+        codec.use_cipher(before)
+
+    async with MemlaneClient(stack.api_url, fay_key) as fay:
+        async def purged() -> bool:  # the live view drops her facts first
+            return (await fay.list_memory())["records"] == []
+
+        await eventually(purged, timeout=60)
+    old_gen = httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"]
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild"], env=stack.env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    reports = [json.loads(line) for line in proc.stderr.splitlines()
+               if line.startswith("{") and '"rebuild_skipped_unreadable"' in line]
+    # Each of fay's two records is left out of both views (and her vectors are never opened).
+    assert reports and sum(r["events"] for r in reports) >= 4, reports
+    assert "fay keeps bees" not in proc.stderr and "locker" not in proc.stderr
+
+    await eventually(lambda: httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"] > old_gen,
+                     timeout=60)
+    async with MemlaneClient(stack.api_url, fay_key) as fay:
+        assert (await fay.list_memory())["records"] == []
+    async with MemlaneClient(stack.api_url, member_keys["gus"]) as gus:
+        assert [r["summary"] for r in (await gus.list_memory())["records"]] == ["gus inspects the hive on Mondays"]
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        assert [(s["user"], s["facts"]) for s in (await op.subjects())["subjects"]] == [("gus", 1)]
+    async with MemlaneClient(stack.api_url, key, user="gus", channel="api") as c:
+        hits, _ = await c.search_memory("hive inspects Mondays", mode="lexical")
+        assert [h.record.summary for h in hits] == ["gus inspects the hive on Mondays"]

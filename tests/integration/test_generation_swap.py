@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from events import RecordAdded, encode
+from events import RecordAdded, codec, encode
+from events.lean import as_lean
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
+from projections.embedding_port import MODEL_ID
 from services.http.shards import ShardOwner
 from tests.conftest import eventually
 from workers.kafka_io import ensure_topics
@@ -40,7 +41,8 @@ async def test_a_command_answered_after_the_swap_reaches_its_caller(settings, tm
         r = MemoryRecord(id="r1", version=1, created=T0, modified=T0, tenant="t", agent="a", scope="AGENT",
                          kind="fact", summary="sent just before a swap")
         e = RecordAdded(event_id="e1", command_id="c1", tenant="t", agent="a", occurred_at=T0, record=r)
-        v = VectorComputed.of(MODEL_ID, content_hash(r.text), np.ones(384, dtype=np.float32))
+        _, h, subject = as_lean(e).record.vector_of()
+        v = VectorComputed.of(MODEL_ID, h, np.ones(384, dtype=np.float32), subject, codec.cipher())
         key = EVENTS.key_bytes(e)
         await producer.send_and_wait(s.topic(EVENTS.name), encode(e), key=key)
         await producer.send_and_wait(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),

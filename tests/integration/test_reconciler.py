@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer
 
-from events import RecordAdded, RecordDeleted, encode
+from events import RecordAdded, RecordDeleted, codec, encode
 from events.lean import as_lean
 from events.record import MemoryRecord, Status
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
 from projections.embedder import OnnxMiniLM
-from projections.embedding_port import MODEL_ID, content_hash
+from projections.embedding_port import MODEL_ID
 from projections.qdrant_index import SearchFilter
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
@@ -68,7 +68,9 @@ class Stack:
             events.append(as_lean(e))
             positions.append((f"{md.topic}:{md.partition}", md.offset + 1))
             if vectors and r.status is Status.ACTIVE:
-                v = VectorComputed.of(MODEL_ID, content_hash(r.text), EMBEDDER.embed([r.text])[0])
+                # Named as the projection names it: keyed by the record's data key when it is sealed.
+                _, h, subject = as_lean(e).record.vector_of()
+                v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, codec.cipher())
                 await self.producer.send_and_wait(self.s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),
                                                   partition=vector_partition(md.partition))
         await self.view.apply(events, positions)

@@ -43,6 +43,7 @@ from events.rules.history import (
     split_parts,
     time_window,
 )
+from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
 from projections.history_index import HYBRID_DEPTH, HistoryIndex
 from projections.redis_history import RedisHistory
@@ -88,10 +89,11 @@ class HistoryExtension:
     async def start(self, app: FastAPI, settings: Settings) -> None:
         self.settings, self.app = settings, app
         service = app.state.service
+        keys = getattr(app.state, "data_keys", None)  # None with encryption off
         self.index = HistoryIndex(history_shard_path(settings))
-        self.projection = HistoryQdrantProjection(settings, self.index, service.embedder)
+        self.projection = HistoryQdrantProjection(settings, self.index, service.embedder, keys)
         self.task = asyncio.create_task(self.projection.run(), name="history-projection")
-        self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix)
+        self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, keys=keys)
         app.state.history = self
 
     async def stop(self, app: FastAPI) -> None:
@@ -182,7 +184,14 @@ class HistoryExtension:
         dense = None
         if mode != "lexical":
             dense = (await asyncio.to_thread(self.app.state.service.embedder.embed, [body.query]))[0]
-        hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode)
+        try:
+            hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode)
+        except KeyMissing:
+            # A part sealed under a key published since this process last caught up.
+            if self.store.keys is not None:
+                await self.store.keys.catch_up()
+            hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode,
+                                           missing_ok=True)
         more = len(hits) > limit and offset + limit < cap
         out = [
             render(event_from_payload(h.payload), h.payload["text"], h.payload["part"], h.payload["parts"], h.score)
