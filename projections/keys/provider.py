@@ -42,20 +42,23 @@ class LocalKeyFile:
     @classmethod
     def create(cls, path: Path) -> LocalKeyFile:
         """The file at `path`, made with a fresh master key if there is none. Concurrent
-        creators race on O_EXCL, so all of them end up with the same key."""
+        creators race on the link, so all of them end up with the same key."""
         path = Path(path)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             body = json.dumps({"current": "1", "keys": {"1": base64.b64encode(os.urandom(32)).decode()}})
+            tmp = path.with_suffix(f".new{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.link(tmp, path)  # whole or not at all: a reader never sees half a file
             except FileExistsError:
                 pass
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
+            finally:
+                os.unlink(tmp)
         return cls(path)
 
     @property
