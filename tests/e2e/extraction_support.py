@@ -14,7 +14,7 @@ from events import AgentConfig, Message, TurnCommitted, codec
 from events.codec import ContractError, decode, encode
 from events.commands import GrantConsent, WithdrawConsent
 from events.record import Provenance, Source
-from events.topics import COMMANDS, TOPICS
+from events.topics import COMMANDS, TOPICS, Topic
 from projections.redis_records import RedisRecords
 from services.client import MemlaneClient
 from services.stack import Stack, stack_env
@@ -94,6 +94,7 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
             raw.extend(m for msgs in batches.values() for m in msgs)
     finally:
         await c.stop()
+    before = codec.cipher()
     keys = await open_keys(settings, follow=False)
     try:
         out = []
@@ -111,16 +112,21 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
     finally:
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(None)  # the test's own messages stay plaintext, as a platform's are
+        codec.use_cipher(before)  # the test's own messages stay as they were (plaintext, as a platform's)
 
 
 async def send_commands(settings: Settings, *commands: Any) -> None:
     """Commands straight onto `memlane.memory.commands`, keyed as memlane keys them."""
+    await send_to(settings, COMMANDS, *commands)
+
+
+async def send_to(settings: Settings, topic: Topic, *messages: Any) -> None:
+    """Messages straight onto `topic`, keyed as memlane keys them (a test standing in for a worker)."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, acks="all")
     await producer.start()
     try:
-        for cmd in commands:
-            await producer.send_and_wait(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
+        for m in messages:
+            await producer.send_and_wait(settings.topic(topic.name), encode(m), key=topic.key_bytes(m))
     finally:
         await producer.stop()
 

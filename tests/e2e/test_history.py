@@ -362,11 +362,10 @@ async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new
     sealed, the session id, is there: the data reached them). Once the member is erased on
     the agent, their events go from both sides, and a turn of theirs from before the erasure
     that arrives after it is not kept; another member's and no member's stay."""
-    from aiokafka import AIOKafkaProducer
-
-    from events import SubjectErased, encode
+    from events import SubjectErased
     from events.topics import EVENTS
     from services.client import TurnPublisher
+    from tests.e2e.extraction_support import send_to
     from workers.history_qdrant import history_shard_path
 
     tenant, agent, key = await new_agent(AgentConfig.model_validate({"history": {"index": "messages"}}))
@@ -405,12 +404,7 @@ async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new
 
     erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}", tenant=tenant,
                             agent=agent, occurred_at=datetime.now(UTC), user="alice")
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
-    await producer.start()
-    try:
-        await producer.send_and_wait(settings.topic(EVENTS.name), encode(erasure), key=EVENTS.key_bytes(erasure))
-    finally:
-        await producer.stop()
+    await send_to(settings, EVENTS, erasure)
     await eventually(lambda: alice.ids("heron gym", mode="lexical") == ["un"], timeout=60)
     await eventually(lambda: alice.ids(ids=["ua", "un"]) == ["un"], timeout=60)
     assert alice.ids(limit=100) == ["un"]

@@ -190,12 +190,11 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
     says how many events it left out. The agent's own facts come back as they were."""
     import json
 
-    from aiokafka import AIOKafkaProducer
-
-    from events import SubjectErased, codec, encode
+    from events import SubjectErased, codec
     from events.base import utcnow
     from events.sealing import subject_of
     from events.topics import EVENTS
+    from tests.e2e.extraction_support import send_to
     from workers.keys import open_keys
 
     tenant, agent, key = await new_agent(member_facts())
@@ -215,12 +214,7 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
     try:
         erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}",
                                 tenant=tenant, agent=agent, occurred_at=utcnow(), user="fay")
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
-        await producer.start()
-        try:
-            await producer.send_and_wait(settings.topic(EVENTS.name), encode(erasure), key=EVENTS.key_bytes(erasure))
-        finally:
-            await producer.stop()
+        await send_to(settings, EVENTS, erasure)
         assert await keys.destroy(subject_of(tenant, agent, "fay")) >= 1
     finally:
         await keys.stop()

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
 from events import AddMemory, AgentConfig, ConfigureAgent, codec, encode
@@ -30,6 +30,7 @@ from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from services.stack import Stack, free_port, stack_env
 from settings import Settings
 from tests.conftest import eventually
+from tests.e2e.extraction_support import read_topic_at
 from workers.kafka_io import ensure_topics
 from workers.kafka_io import producer as kafka_producer
 from workers.keys import open_keys
@@ -72,21 +73,7 @@ async def send(s: Settings, cmds: list) -> None:
 
 async def events(s: Settings, *agents: str) -> list[dict]:
     """The agents' committed events as JSON, sealed fields and all (their ids, types and codes never are)."""
-    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, isolation_level="read_committed",
-                         enable_auto_commit=False)
-    await c.start()
-    try:
-        tps = [TopicPartition(s.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
-        out = []
-        while [tp for tp in tps if await c.position(tp) < end[tp]]:
-            for msgs in (await c.getmany(timeout_ms=500)).values():
-                out += [e for e in (json.loads(m.value) for m in msgs) if e["agent"] in agents]
-        return out
-    finally:
-        await c.stop()
+    return [e for e in (json.loads(v) for _, _, v, _ in await read_topic_at(s, EVENTS.name)) if e["agent"] in agents]
 
 
 async def event_types(s: Settings, agents: tuple[str, ...] = (AGENT,)) -> list[str]:
@@ -271,7 +258,7 @@ async def test_only_the_deployments_key_removes_a_tenant_and_its_api_keys_go_at_
         assert sorted(body["revoked_keys"]) == sorted(entry["id"] for _, entry in issued)
         assert await store.list("gone") == [] and len(await store.list("stays")) == 1
         assert await store.resolve(issued[0][0]) is None
-        sent = [json.loads(m.value) for m in await commands(s)]
+        sent = await commands(s)
         assert [(c["type"], c["tenant"], c["agent"], c["provenance"]["source"]) for c in sent] == [
             ("RemoveTenant", "gone", WORKSPACE, "OPERATOR")]
     finally:
@@ -279,18 +266,5 @@ async def test_only_the_deployments_key_removes_a_tenant_and_its_api_keys_go_at_
         await records.aclose()
 
 
-async def commands(s: Settings) -> list:
-    c = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False)
-    await c.start()
-    try:
-        tps = [TopicPartition(s.topic(COMMANDS.name), p) for p in range(COMMANDS.partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
-        out = []
-        while [tp for tp in tps if await c.position(tp) < end[tp]]:
-            for msgs in (await c.getmany(timeout_ms=500)).values():
-                out += msgs
-        return out
-    finally:
-        await c.stop()
+async def commands(s: Settings) -> list[dict]:
+    return [json.loads(v) for _, _, v, _ in await read_topic_at(s, COMMANDS.name)]
