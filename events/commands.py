@@ -188,8 +188,9 @@ class RemoveTenant(_CommandBase):
 
 
 class PurgeRecords(_CommandBase):
-    """Retention (`workers.retention`): physically remove these tombstones, each deleted at
-    least the retention period before `issued_at`; the ledger checks each one itself."""
+    """Retention (`events.rules.ledger.retention`, sent by the ledger to itself each night):
+    superseded rows past the retention period become tombstones, and tombstones deleted at least
+    the retention period before `issued_at` are removed for good; the ledger checks each id."""
 
     type: Literal["PurgeRecords"] = "PurgeRecords"
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import decode
+from events.codec import ContractError, decode
 from events.memory import SubjectErased
 from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
@@ -31,10 +32,25 @@ log = structlog.get_logger()
 ERASED_MARK = b'"SubjectErased"'
 
 
+class _Type(msgspec.Struct):
+    type: str = ""
+
+
+_TYPE = msgspec.json.Decoder(_Type)
+
+
 def erasure_of(source: str, value: bytes) -> Any:
     """A `SubjectErased` of the memory events, or None for any other event (not decoded:
-    most are sealed, and history needs none of them)."""
-    return decode(source, value) if ERASED_MARK in value else None
+    most are sealed, and history needs none of them). The mark only pre-filters: a record
+    whose kind or label reads "SubjectErased" is still not opened (its key may be unknown
+    here, or destroyed)."""
+    if ERASED_MARK not in value:
+        return None
+    try:
+        kind = _TYPE.decode(value).type
+    except msgspec.DecodeError as e:
+        raise ContractError("$", str(e)) from None
+    return decode(source, value) if kind == "SubjectErased" else None
 
 
 def erasure_at(e: SubjectErased) -> tuple[Erasure, int]:

@@ -69,9 +69,19 @@ class KeyTopic:
 
     async def _poll(self, timeout_ms: int) -> None:
         batches = await self.consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
+        failed: Exception | None = None
         for m in batches.get(self.tp, ()):
             if m.key != ROLL_KEY:
-                self.keyring.apply(m.key, m.value)
+                # One key that does not unwrap must not cost the rest of the batch (tombstones
+                # among them): the consumer has moved past all of it.
+                try:
+                    self.keyring.apply(m.key, m.value)
+                except Exception as e:
+                    log.error("key_not_applied", key=m.key.decode(errors="replace"), offset=m.offset,
+                              error=type(e).__name__)
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     async def catch_up(self) -> None:
         """Reads the topic up to its end as of now: every key published before this call is known after it."""
@@ -99,7 +109,9 @@ class KeyTopic:
             while self.keyring.pending:
                 rec = self.keyring.pending[0]
                 await self.producer.send_and_wait(self.name, rec.encode(), key=rec.topic_key)
-                self.keyring.pending.pop(0)
+                # By identity: a destroy during the send replaces the list (`Keyring._forget`).
+                if rec in self.keyring.pending:
+                    self.keyring.pending.remove(rec)
 
     async def destroy(self, subject: str, before: datetime | None = None) -> int:
         """Tombstones `subject`'s keys (an agent's subject takes its members' keys along),
@@ -138,6 +150,14 @@ class KeyTopic:
             self.keyring.apply(new.topic_key, new.encode())
             if progress:
                 progress(i + 1, len(recs))
+        # A key destroyed after this process caught up was just published again under its own
+        # message key: compaction would keep the rewrap and drop the tombstone, and a process
+        # started later would know the key again. Tombstoned once more.
+        await self.catch_up()
+        for r in recs:
+            if r.kid in self.keyring.destroyed:
+                await self.producer.send_and_wait(self.name, None, key=r.topic_key)
+                log.info("key_destroyed_again", kid=r.kid)
         return len(recs)
 
     async def opening(self, fn, *args):

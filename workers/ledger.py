@@ -176,6 +176,18 @@ class LedgerProcessor(Processor):
         self.next_retention = next_retention(self.clock(), settings)
         self.tick_every = min(self.tick_every, settings.retention_every_s)
 
+    async def start(self) -> None:
+        if self.keys is not None:
+            self.keys.keyring.on_destroy.append(self._subject_destroyed)
+
+    def _subject_destroyed(self, subject: str) -> None:
+        """A key destroyed anywhere (another ledger's erasure too): what the held states keep of
+        its subject is forgotten at once, so no snapshot or decision here seals it again."""
+        now = self.clock()
+        n = sum(forget(state, subject, until=now) for state in list(self.states.values()))
+        if n:
+            log.info("ledger_forgot_destroyed_subject", records=n)
+
     async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             await self._recovered(tp.partition)
@@ -565,6 +577,11 @@ class Snapshots:
         log.info("ledger_snapshot", partition=p, next_offset=last + 1, bytes=len(body))
 
 
+# Clock skew between the process that stamped an erasure and those that made keys, allowed for
+# when a recovery destroys an erasure's keys again.
+RECOVERY_MARGIN = timedelta(minutes=5)
+
+
 class Erasures:
     """Destroys the keys of what was erased, once the `SubjectErased` saying so is committed.
 
@@ -631,10 +648,17 @@ class Erasures:
                 return  # stopping: the next recovery destroys them
             except TimeoutError:
                 pass
+        forgotten = 0
+        if not recovered:
+            # Before any key goes: a held state that still had the subject would seal it again,
+            # under a new key, in its next snapshot or decision.
+            for key, at in erasures:
+                if erasure_of(key)[1] is None:
+                    forgotten += sum(forget(state, key, until=at) for state in list(self.ledger.states.values()))
         while True:
             try:
                 await keys.catch_up()  # keys another process made are destroyed too
-                counts = await self._destroy_keys(erasures)
+                counts = await self._destroy_keys(erasures, recovered)
                 break
             except Exception as e:
                 if self.ledger.stopping.is_set():
@@ -644,10 +668,9 @@ class Erasures:
                 log.warning("ledger_keys_destroy_retrying", error=f"{type(e).__name__}: {e}", delay_s=delay)
                 await asyncio.sleep(delay)
                 attempt += 1
-        forgotten = 0
         for key, at in erasures:
             # After a recovery, only what was destroyed just now can still be open in a held state.
-            if erasure_of(key)[1] is None and (counts[key] or not recovered):
+            if recovered and erasure_of(key)[1] is None and counts[key]:
                 forgotten += sum(forget(state, key, until=at) for state in list(self.ledger.states.values()))
         n = sum(counts.values())
         self.destroyed += n
@@ -655,9 +678,12 @@ class Erasures:
             log.info("ledger_keys_destroyed", erasures=len(erasures), keys=n, records_forgotten=forgotten,
                      after_recovery=recovered)
 
-    async def _destroy_keys(self, erasures: list[tuple[str, datetime]]) -> dict[str, int]:
-        """Each erasure's keys made no later than it: a member on an agent, an agent with its
-        members, a member on every agent of the tenant, or every agent of the tenant."""
+    async def _destroy_keys(self, erasures: list[tuple[str, datetime]], recovered: bool) -> dict[str, int]:
+        """Each erasure's keys: a member on an agent, an agent with its members, a member on every
+        agent of the tenant, or every agent of the tenant. Live, every key the subject has now
+        (a key's time comes from the clock of the process that made it, so a cutoff could spare
+        one made just before the erasure); after a recovery, those made up to `RECOVERY_MARGIN`
+        after it, so a member who came back since keeps the new keys."""
         keys = self.ledger.keys
         ring = keys.keyring
         by_tenant: defaultdict[str, list[str]] = defaultdict(list)
@@ -666,8 +692,9 @@ class Erasures:
         counts: dict[str, int] = {}
         for key, at in erasures:
             n = 0
+            cutoff = at + RECOVERY_MARGIN if recovered else None
             for s in by_tenant[erasure_of(key)[0]]:
-                if covers(key, s) and any(r.created <= at for r in ring.kids(s)):
-                    n += await keys.destroy(s, before=at)
+                if covers(key, s) and any(cutoff is None or r.created <= cutoff for r in ring.kids(s)):
+                    n += await keys.destroy(s, before=cutoff)
             counts[key] = counts.get(key, 0) + n
         return counts

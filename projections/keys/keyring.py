@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -64,6 +65,8 @@ class Keyring:
         self._records: dict[str, KeyRecord] = {}
         self._by_subject: dict[str, dict[str, None]] = {}  # subject -> its kids, oldest first
         self.destroyed: set[str] = set()
+        # Called with the subject of each key destroyed (a tombstone read from the topic).
+        self.on_destroy: list[Callable[[str], None]] = []
         self.pending: list[KeyRecord] = []
         self.sealed = self.opened = 0
 
@@ -72,8 +75,12 @@ class Keyring:
         """One message of the keys topic: a wrapped key, or a tombstone that destroys one."""
         subject, kid = kid_of_topic_key(key)
         if value is None:
+            known = kid in self._records
             self._forget(subject, kid)
             self.destroyed.add(kid)
+            if known:
+                for callback in self.on_destroy:
+                    callback(subject)
             return
         rec = KeyRecord.decode(value)
         if kid in self.destroyed:

@@ -34,10 +34,24 @@ class LocalKeyFile:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._keks: dict[tuple[str, str], AESGCM] = {}
+        self._load()
+
+    def _load(self) -> None:
+        self._mtime = self._stamp()
         data = json.loads(self.path.read_text())
         self._masters = {v: base64.b64decode(k) for v, k in data["keys"].items()}
         self._current = data["current"]
-        self._keks: dict[tuple[str, str], AESGCM] = {}
+
+    def _stamp(self) -> tuple[int, int]:
+        st = self.path.stat()  # a rewrite is a new file (os.replace): its inode changes
+        return st.st_ino, st.st_mtime_ns
+
+    def _reload_if_changed(self) -> None:
+        """A rotation in another process: wrap under the new current version from now on, so
+        `memlane kek retire` never strands a key wrapped under a version it drops."""
+        if self._stamp() != self._mtime:
+            self._load()
 
     @classmethod
     def create(cls, path: Path) -> LocalKeyFile:
@@ -77,10 +91,13 @@ class LocalKeyFile:
         return kek
 
     def wrap(self, tenant: str, aad: bytes, data_key: bytes) -> tuple[str, bytes]:
+        self._reload_if_changed()
         nonce = os.urandom(12)
         return self._current, nonce + self._kek(tenant, self._current).encrypt(nonce, data_key, aad)
 
     def unwrap(self, tenant: str, version: str, aad: bytes, wrapped: bytes) -> bytes:
+        if version not in self._masters:
+            self._reload_if_changed()
         return self._kek(tenant, version).decrypt(wrapped[:12], wrapped[12:], aad)
 
     def rotate(self) -> str:
@@ -109,3 +126,4 @@ class LocalKeyFile:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self._mtime = self._stamp()

@@ -110,3 +110,23 @@ def test_without_a_cipher_messages_stay_plaintext_and_sealed_ones_are_refused(ke
     assert CANARY.encode() in codec.encode(_event(_record()))
     with pytest.raises(codec.ContractError):
         codec.decode("memlane.memory.events", data)
+
+
+def test_a_destroyed_key_names_its_subject_to_whoever_holds_its_data(keyring, tmp_path):
+    codec.encode(_event(_record()))
+    reader = Keyring(LocalKeyFile(tmp_path / "memlane.key"))
+    told: list[str] = []
+    reader.on_destroy.append(told.append)
+    for rec in keyring.pending:
+        reader.apply(rec.topic_key, rec.encode())
+        reader.apply(rec.topic_key, None)
+        reader.apply(rec.topic_key, None)  # a tombstone read again (a replay) tells no one twice
+    assert told == [subject_of("t", "a", "u1")]
+
+
+def test_a_process_that_was_not_restarted_wraps_under_the_rotated_kek(tmp_path):
+    running = LocalKeyFile.create(tmp_path / "memlane.key")
+    rotator = LocalKeyFile(tmp_path / "memlane.key")
+    new = rotator.rotate()
+    version, _ = running.wrap("t", b"aad", bytes(32))
+    assert version == new  # so retiring the old version strands nothing this process wraps later

@@ -67,14 +67,14 @@ def due(state: LedgerState, now: datetime, retention: timedelta = RETENTION, cap
         taken[subject] = taken.get(subject, 0) + 1
         setattr(night, kind, getattr(night, kind) + 1)
         work.setdefault((ak, "expire" if kind == "expired" else "purge"), []).append(r.id)
-    day = now.date().isoformat()
+    run = now.isoformat()  # one night's commands share it: a second run is new commands
     for (ak, what), ids in sorted(work.items()):
         tenant, agent = ak.split("/", 1)
         for i in range(0, len(ids), BATCH):
             chunk = sorted(ids)[i:i + BATCH]
             cls = SweepExpired if what == "expire" else PurgeRecords
             night.commands.append(cls(
-                command_id=f"retention:{what}:{uuid.uuid5(NAMESPACE, f'{ak}|{day}|{i}')}",
+                command_id=f"retention:{what}:{uuid.uuid5(NAMESPACE, f'{ak}|{run}|{i}')}",
                 tenant=tenant, agent=agent, issued_at=now, record_ids=chunk,
                 provenance=Provenance(source=Source.OPERATOR, modified_by="retention"),
             ))
