@@ -66,7 +66,12 @@ class EmbeddingWorker(Processor):
     async def batch_done(self) -> list[Out]:
         """Embed the batch's new texts in one call; the runner sends and commits them, with
         the tombstones of erased subjects' vectors."""
-        outs = await self._tombstones() if self.erased else []
+        erased = list(self.erased)
+        outs = await self._tombstones() if erased else []
+        # A text of a subject erased in this same batch is not embedded: sealed after the
+        # erasure's tombstones, under a new key, its vector would outlive them.
+        self.todo = {k: v for k, v in self.todo.items()
+                     if v[1] is None or not any(er.covers_subject(v[1]) for er, _ in erased)}
         if not self.todo:
             return outs
         new = {h: item for (h, _), item in self.todo.items() if h not in self.cache}
