@@ -14,6 +14,7 @@ GROUPS = {
     "recall": "tests.bench.bench_recall",
     "history": "tests.bench.bench_history",
     "chaos": "tests.bench.bench_chaos",
+    "encryption": "tests.bench.bench_encryption",
 }
 
 

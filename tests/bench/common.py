@@ -38,13 +38,16 @@ def median(xs: list[float]) -> float:
 
 
 @contextmanager
-def bench_stack(name: str, api: bool = True, workers: tuple[str, ...] | None = None, keep: bool = False):
-    """A private stack; `keep` reuses one deployment (topics, Redis keys, index) across runs."""
+def bench_stack(name: str, api: bool = True, workers: tuple[str, ...] | None = None, keep: bool = False,
+                env: dict[str, str] | None = None):
+    """A private stack; `keep` reuses one deployment (topics, Redis keys, index) across runs;
+    `env`: more of its processes' environment (e.g. MEMLANE_ENCRYPTION=0)."""
     run_id = f"bench{name}" if keep else f"bench{name}{uuid.uuid4().hex[:6]}"
     data = ROOT / ".run" / run_id
     port = free_port()
     settings = Settings(topic_prefix=f"{run_id}.", data_dir=data, api_port=port)
-    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port))
+    env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port),
+                    **(env or {}))
     stack = Stack(env, Path(data) / "logs")
     t0 = time.monotonic()
     try:
