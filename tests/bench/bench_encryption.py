@@ -83,19 +83,17 @@ from events.sealing import SEALED_MARK, subject_of
 from events.topics import EVENTS, VECTORS, keys_topic
 from events.vectors import VectorComputed, keyed_hash
 from projections.embedding_port import MODEL_ID, content_hash
-from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from settings import ROOT, Settings
 from tests.bench import bench_extraction as bx
-from tests.bench.bench_rebuild import _bench_redis_url, _produce, vector_partition_of
+from tests.bench.bench_rebuild import _bench_redis_url, _produce, qdrant_points, vector_partition_of
 from tests.bench.common import bench_stack, discard, figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel
 from workers.kafka_io import ensure_topics
 from workers.keys import open_keys
-from workers.memory_shards import shard_paths
 
 # A keys topic just made is "not found in cluster metadata" a few times: noise among the progress.
 logging.getLogger("aiokafka.cluster").addFilter(
@@ -458,13 +456,8 @@ sys.stdin.readline()
 
 def check_built(settings: Settings, built: dict[str, int], keyring) -> None:
     """Each generation holds every record of the log, and records read back whole."""
-    counts = {"redis": asyncio.run(redis_records(settings, built["redis"], keyring)), "qdrant": 0}
-    for path in shard_paths(settings, built["qdrant"]):
-        index = EdgeIndex(path)
-        try:
-            counts["qdrant"] += index.count()
-        finally:
-            index.close()
+    counts = {"redis": asyncio.run(redis_records(settings, built["redis"], keyring)),
+              "qdrant": qdrant_points(settings, built["qdrant"])}
     if any(n != REBUILD_RECORDS for n in counts.values()):
         raise RuntimeError(f"the rebuild's generations {built} hold {counts} records, not the log's {REBUILD_RECORDS}")
 

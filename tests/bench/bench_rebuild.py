@@ -131,19 +131,25 @@ print(json.dumps({{"redis_s": redis_s, "qdrant_s": qdrant_s, "both_s": both}}), 
     return result
 
 
+def qdrant_points(settings: Settings, gen: int) -> int:
+    """The points of every shard of Qdrant generation `gen`."""
+    n = 0
+    for path in shard_paths(settings, gen):
+        index = EdgeIndex(path)
+        try:
+            n += index.count()
+        finally:
+            index.close()
+    return n
+
+
 def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
     """The records of each generation a rebuild built: every one of the log's, or it raises."""
     counts = {}
     if "redis" in built:
         counts["redis"] = asyncio.run(_redis_records(settings, built["redis"]))
     if "qdrant" in built:
-        counts["qdrant"] = 0
-        for path in shard_paths(settings, built["qdrant"]):
-            index = EdgeIndex(path)
-            try:
-                counts["qdrant"] += index.count()
-            finally:
-                index.close()
+        counts["qdrant"] = qdrant_points(settings, built["qdrant"])
     if any(n != RECORDS for n in counts.values()):
         raise RuntimeError(f"the rebuild's generations {built} hold {counts} records, not the log's {RECORDS}")
     return counts
