@@ -89,9 +89,34 @@ async def _scenario(stack: Stack, settings: Settings) -> int:
         hits, _ = await client.search_memory(q, limit=1, mode=mode)
         top = f"{hits[0].record.summary}  (score {hits[0].score:.3f})" if hits else "nothing"
         console.print(f"search ({mode}) [bold]{q!r}[/] -> {top}")
+    events, plain = await _log_bytes(settings, "SETL-2291")
+    console.print(f"the log holds {events} memory events; 'SETL-2291' appears in plaintext in {plain} of them "
+                  "(personal fields are sealed with the agent's data key; only the platform's memlane.turns is plaintext)")
     await client.aclose()
     await op.aclose()
-    return 0 if len(found) == want else 1
+    return 0 if len(found) == want and events and not plain else 1
+
+
+async def _log_bytes(settings: Settings, text: str) -> tuple[int, int]:
+    """How many messages `memlane.memory.events` holds, and how many of them hold `text` as is."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from events.topics import EVENTS
+
+    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        values: list[bytes] = []
+        while [tp for tp in tps if await c.position(tp) < end[tp]]:
+            for msgs in (await c.getmany(timeout_ms=500)).values():
+                values += [m.value or b"" for m in msgs]
+        return len(values), sum(text.encode() in v for v in values)
+    finally:
+        await c.stop()
 
 
 def run_demo() -> int:
