@@ -457,13 +457,7 @@ class RedisRecords:
         batch with purges is applied up to each, then the purge, and the checkpoint moves
         with its last part: a crash in between applies it all again, which changes nothing.
         """
-        ns = await self._register()
-        lean = [as_lean(e) for e in events]
-        gone = await self._destroyed_kids(lean)
-        for seg, purge in _segments(lean):
-            await self._apply_segment(ns, seg, gone, None if purge else positions)
-            if purge is not None:
-                await self.purge(ns, purge)
+        await self._segmented(events, positions, self._apply_segment)
 
     async def _apply_segment(self, ns: str, events: list[LeanEvent], gone: set[str],
                              positions: list[tuple[str, int]] | None) -> None:
@@ -505,11 +499,15 @@ class RedisRecords:
         no script, whose interpreter cost redis-server more than the writes. The sorted
         sets follow, then the checkpoint, so it never gets ahead of the view; a rebuild
         that fails starts a new generation anyway."""
+        await self._segmented(events, positions, self._fill_segment)
+
+    async def _segmented(self, events: list[Any], positions: list[tuple[str, int]] | None, step: Any) -> None:
+        """`step` over the batch up to each purge, then the purge; the checkpoint goes with the last part."""
         ns = await self._register()
         lean = [as_lean(e) for e in events]
         gone = await self._destroyed_kids(lean)
         for seg, purge in _segments(lean):
-            await self._fill_segment(ns, seg, gone, None if purge else positions)
+            await step(ns, seg, gone, None if purge else positions)
             if purge is not None:
                 await self.purge(ns, purge)
 

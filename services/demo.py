@@ -99,24 +99,14 @@ async def _scenario(stack: Stack, settings: Settings) -> int:
 
 async def _log_bytes(settings: Settings, text: str) -> tuple[int, int]:
     """How many messages `memlane.memory.events` holds, and how many of them hold `text` as is."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from events.topics import EVENTS
+    from workers.topic_reader import TopicReader
 
-    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
-    await c.start()
-    try:
-        tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
-        values: list[bytes] = []
-        while [tp for tp in tps if await c.position(tp) < end[tp]]:
-            for msgs in (await c.getmany(timeout_ms=500)).values():
-                values += [m.value or b"" for m in msgs]
-        return len(values), sum(text.encode() in v for v in values)
-    finally:
-        await c.stop()
+    async with TopicReader(settings) as c:
+        msgs = await c.read_all([TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)])
+    return len(msgs), sum(text.encode() in (m.value or b"") for m in msgs)
 
 
 def run_demo() -> int:

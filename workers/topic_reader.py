@@ -110,6 +110,16 @@ class TopicReader:
                     self.consumer.pause(tp)  # a replay's range ends here
         return batches
 
+    async def read_all(self, tps: list[TopicPartition]) -> list:
+        """Every message of `tps`, from the beginning up to where each ends as of now."""
+        await self.assign(tps)
+        end = await self.ends(tps)
+        out: list = []
+        while [tp for tp in tps if await self.position(tp) < end[tp]]:
+            for msgs in (await self.poll(*tps, timeout_ms=500, max_records=5000)).values():
+                out += msgs
+        return out
+
     async def position(self, tp: TopicPartition) -> int:
         return await self.consumer.position(tp)
 

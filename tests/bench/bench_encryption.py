@@ -88,7 +88,8 @@ from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from settings import ROOT, Settings
 from tests.bench import bench_extraction as bx
-from tests.bench.bench_rebuild import _bench_redis_url, _produce, qdrant_points, vector_partition_of
+from tests.bench.bench_rebuild import _bench_redis_url, _produce, qdrant_points, record_text, vector_partition_of
+from tests.bench.bench_rebuild import redis_records as rebuild_redis_records
 from tests.bench.common import bench_stack, discard, figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel
@@ -355,10 +356,6 @@ async def erasures(stack, settings: Settings, pub) -> None:
 # ------------------------------------------------------------------------- logs written by this process
 
 
-def record_text(i: int, agent: str) -> str:
-    return f"Record {i} of {agent}: the customer prefers option {i % 97} for shipping"
-
-
 def log_items(settings: Settings, n: int, agent_of, keyring=None):
     """`n` records and their vectors as the ledger and the embedding worker write them:
     sealed when the codec has `keyring` as its cipher."""
@@ -464,17 +461,9 @@ def check_built(settings: Settings, built: dict[str, int], keyring) -> None:
 
 async def redis_records(settings: Settings, gen: int, keyring) -> int:
     codec.use_cipher(keyring)
-    store = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
     try:
-        for i in (0, REBUILD_RECORDS // 2, REBUILD_RECORDS - 1):
-            agent = rebuild_agent(i)
-            r = await store.get("bench", agent, record_id_for("bench", agent, f"c{i}"))
-            if r is None or r.summary != record_text(i, agent):
-                raise RuntimeError(f"redis generation {gen} lacks record {i} of the log, or holds it changed")
-        keys = [store._keys(gen, "bench", f"agent{a}")[1] for a in range(REBUILD_AGENTS)]
-        return sum(await asyncio.gather(*(store.r.zcard(k) for k in keys)))
+        return await rebuild_redis_records(settings, gen, REBUILD_RECORDS, REBUILD_AGENTS)
     finally:
-        await store.aclose()
         codec.use_cipher(None)
 
 

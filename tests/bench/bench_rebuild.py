@@ -50,7 +50,7 @@ async def _produce(settings: Settings, items) -> None:
         await p.stop()
 
 
-def _record_text(i: int, agent: str) -> str:
+def record_text(i: int, agent: str) -> str:
     return f"Record {i} of {agent}: the customer prefers option {i % 97} for shipping"
 
 
@@ -58,7 +58,7 @@ def _log_items(settings: Settings):
     rng = np.random.default_rng(1)
     for i in range(RECORDS):
         agent = f"agent{i % AGENTS}"
-        text = _record_text(i, agent)
+        text = record_text(i, agent)
         vec = rng.standard_normal(384).astype(np.float32)
         vec /= np.linalg.norm(vec)
         v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
@@ -147,7 +147,7 @@ def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
     """The records of each generation a rebuild built: every one of the log's, or it raises."""
     counts = {}
     if "redis" in built:
-        counts["redis"] = asyncio.run(_redis_records(settings, built["redis"]))
+        counts["redis"] = asyncio.run(redis_records(settings, built["redis"]))
     if "qdrant" in built:
         counts["qdrant"] = qdrant_points(settings, built["qdrant"])
     if any(n != RECORDS for n in counts.values()):
@@ -155,16 +155,16 @@ def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-async def _redis_records(settings: Settings, gen: int) -> int:
+async def redis_records(settings: Settings, gen: int, records: int = RECORDS, agents: int = AGENTS) -> int:
     """Records listed in Redis generation `gen`, after reading a few back whole."""
     store = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
     try:
-        for i in (0, RECORDS // 2, RECORDS - 1):
-            agent = f"agent{i % AGENTS}"
+        for i in (0, records // 2, records - 1):
+            agent = f"agent{i % agents}"
             r = await store.get("bench", agent, record_id_for("bench", agent, f"c{i}"))
-            if r is None or r.summary != _record_text(i, agent):
+            if r is None or r.summary != record_text(i, agent):
                 raise RuntimeError(f"redis generation {gen} lacks record {i} of the log, or holds it changed")
-        keys = [store._keys(gen, "bench", f"agent{a}")[1] for a in range(AGENTS)]
+        keys = [store._keys(gen, "bench", f"agent{a}")[1] for a in range(agents)]
         return sum(await asyncio.gather(*(store.r.zcard(k) for k in keys)))
     finally:
         await store.aclose()

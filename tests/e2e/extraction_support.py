@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from events import AgentConfig, Message, TurnCommitted, codec
 from events.codec import ContractError, decode, encode
@@ -21,6 +21,7 @@ from services.stack import Stack, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from workers.keys import open_keys
+from workers.topic_reader import TopicReader
 
 
 def extraction_stack(fake_url: str, prefix: str, data_dir: Path, port: int, embeddings: str = "openai",
@@ -79,21 +80,9 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
     Sealed values are opened with the stack's data keys, loaded after the read, as a worker
     that meets them would have them."""
     name = settings.topic(topic)
-    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, isolation_level="read_committed",
-                         enable_auto_commit=False)
-    await c.start()
-    try:
-        n = 1 if topic.endswith(".dlq") else TOPICS[topic].partitions
-        parts = [TopicPartition(name, p) for p in range(n)]
-        c.assign(parts)
-        await c.seek_to_beginning(*parts)
-        end = await c.end_offsets(parts)
-        raw = []
-        while [tp for tp in parts if await c.position(tp) < end[tp]]:
-            batches = await c.getmany(timeout_ms=500)
-            raw.extend(m for msgs in batches.values() for m in msgs)
-    finally:
-        await c.stop()
+    n = 1 if topic.endswith(".dlq") else TOPICS[topic].partitions
+    async with TopicReader(settings) as c:
+        raw = await c.read_all([TopicPartition(name, p) for p in range(n)])
     before = codec.cipher()
     keys = await open_keys(settings, follow=False)
     try:
