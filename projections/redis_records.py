@@ -728,6 +728,27 @@ class RedisRecords:
         nxt = encode_cursor(*picked[limit - 1]) if len(picked) > limit else None
         return Page(records, nxt)
 
+    async def agents(self, tenant: str) -> list[str]:
+        """The tenant's configured agents: a SCAN of the view, for an operator's page, not a hot path."""
+        prefix = f"{self._ns(await self._read_generation())}:config:{tenant}/"
+        return sorted(k[len(prefix):] for k in await self._scan(f"{prefix}*"))
+
+    async def census(self, tenant: str, agent: str) -> dict[tuple[str, str, str], int]:
+        """How many of the agent's records are in each (status, kind, scope), by their current
+        versions; never a record's text (ids, statuses and kinds are stored unsealed)."""
+        rec_key = self._keys(await self._read_generation(), tenant, agent)[0]
+        latest: dict[str, tuple[int, str]] = {}
+        async for field, raw in self.r.hscan_iter(rec_key, match="*#*", count=PAGE):
+            rid, _, v = field.rpartition("#")
+            if v.isdigit() and int(v) > latest.get(rid, (0, ""))[0]:
+                latest[rid] = (int(v), raw)
+        counts: dict[tuple[str, str, str], int] = {}
+        for _, raw in latest.values():
+            if (r := _lean_record(raw)) is not None:
+                k = (r.status.value, r.kind, r.scope.value)
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+
     async def users(self, tenant: str, agent: str) -> set[str]:
         """The members who have (or had) USER records on the agent."""
         return await self.r.smembers(f"{self._ns(await self._read_generation())}:users:{tenant}/{agent}")

@@ -56,6 +56,9 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+key_digest = _hash
+
+
 def key_id(digest: str) -> str:
     """A key's public id: the start of its hash, enough to name it, useless to use it."""
     return digest[:16]
@@ -109,6 +112,16 @@ class KeyStore:
                 p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest}))
                 await p.execute()
         return Principal(d["tenant"], d.get("agent"), d["role"], d["id"], d.get("user"))
+
+    async def resolve_digest(self, digest: str) -> Principal | None:
+        """The key whose hash is `digest` (a signed-in web session holds the hash, never the key)."""
+        if self.operator_key and secrets.compare_digest(digest, hashlib.sha256(self.operator_key).hexdigest()):
+            return Principal(self.operator_tenant, None, "operator", deployment=True)
+        raw = await self.r.get(self._key(digest))
+        if not raw:
+            return None
+        d = json.loads(raw)
+        return Principal(d["tenant"], d.get("agent"), d["role"], d.get("id"), d.get("user"))
 
     async def list(self, tenant: str) -> list[dict[str, Any]]:
         """The tenant's keys, oldest first: id, tenant, agent, role, created, and a member key's

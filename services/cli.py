@@ -78,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from services.http import build_app
+    from services.web.pages import WebExtension
     from workers.heap import tune_for_service
 
     settings = get_settings()
@@ -86,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return refused
     host = args.host or settings.api_host
     port = args.port or settings.api_port
-    app = build_app(settings)
+    app = build_app(settings, extra=[WebExtension()])
     tune_for_service()
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     return 0

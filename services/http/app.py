@@ -4,6 +4,7 @@ starts and stops, and the routers it serves."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,7 +18,8 @@ from services.auth import KeyStore
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.input_guard import GuardBodies
-from services.http.routes import blocks, config, health, keys, memory, recall, search, subjects, whoami
+from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
+from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
@@ -30,7 +32,7 @@ log = structlog.get_logger()
 
 # The OpenAPI document lists the operations in this order.
 ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
-           blocks.router, memory.router, subjects.router)
+           blocks.router, memory.router, subjects.router, agents.router, pipeline_router)
 
 
 class Extension:
@@ -48,14 +50,16 @@ class Extension:
 
 def extensions() -> list[Extension]:
     """The extensions every API process serves. Add new features here."""
+    from services.http.routes.activity import ActivityExtension
     from services.http.routes.history import HistoryExtension
 
-    return [HistoryExtension()]
+    return [HistoryExtension(), ActivityExtension()]
 
 
-def build_app(settings: Settings | None = None) -> FastAPI:
+def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ()) -> FastAPI:
+    """The API; `extra`: features the bootstrap adds on top (the web page: services.cli)."""
     settings = settings or get_settings()
-    exts = extensions()
+    exts = [*extensions(), *extra]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import secrets
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -27,6 +28,7 @@ from events.errors import ErrorCode
 from events.turns import CHANNEL_PATTERN
 from services.auth import Principal
 from services.errors import ApiError
+from services.http.sessions import COOKIE, CSRF_HEADER
 from services.memory import Context, MemoryService
 
 # The contract's rules for a user id (events.base.Ident) and a channel (events.turns.Channel).
@@ -35,10 +37,26 @@ _IDENT, _CHANNEL = re.compile(IDENT_PATTERN), re.compile(CHANNEL_PATTERN)
 
 async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     key = (authorization or "").removeprefix("Bearer ").strip()
+    if not key and COOKIE in request.cookies:
+        return await _web_principal(request)
     p = await request.app.state.keys.resolve(key)
     if p is None:
         raise ApiError(ErrorCode.UNAUTHENTICATED, "authorization", "send 'Authorization: Bearer <api key>'", 401)
     return p
+
+
+async def _web_principal(request: Request) -> Principal:
+    """The Memory tab's own calls: its session cookie, and the page's CSRF token beside it."""
+    sessions = getattr(request.app.state, "web_sessions", None)  # None: this API serves no web page
+    session = await sessions.get(request.cookies.get(COOKIE)) if sessions else None
+    if session is None:
+        raise ApiError(ErrorCode.UNAUTHENTICATED, "authorization", "the web session ended; sign in again at /ui "
+                       "(or send 'Authorization: Bearer <api key>')", 401)
+    sent = request.headers.get(CSRF_HEADER, "")
+    if not secrets.compare_digest(sent.encode("utf-8", "surrogatepass"), session.csrf.encode()):
+        raise ApiError(ErrorCode.FORBIDDEN, CSRF_HEADER, f"{CSRF_HEADER}: a call made with the web session sends "
+                       "the page's CSRF token; reload the page", 403)
+    return session.principal
 
 
 def checked_user(user: str | None, field: str = "x-user") -> str | None:

@@ -15,6 +15,7 @@ GROUPS = {
     "history": "tests.bench.bench_history",
     "chaos": "tests.bench.bench_chaos",
     "encryption": "tests.bench.bench_encryption",
+    "web": "tests.bench.bench_web",
 }
 
 

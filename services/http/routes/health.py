@@ -20,6 +20,9 @@ async def health(request: Request):
     tasks = {"memory projection": shards.task is not None and not shards.task.done()}
     if history is not None and history.task is not None:
         tasks["history projection"] = not history.task.done()
+    activity = getattr(request.app.state, "activity_follower", None)
+    if activity is not None:
+        tasks["activity follower"] = activity.running
     workers, problems = assess(await request.app.state.health.observe(), settings.health_max_lag, tasks)
     body = {
         "status": "degraded" if problems else "ok",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 # Metadata and labels use the command's own checked types, so a body too deep or too large
 # for a command is refused where it is parsed, with the limit.
@@ -79,6 +79,15 @@ async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None,
 @router.get("/v1/memory/{rid}/history")
 async def memory_history(rid: str, ctx: Ctx, s: Svc):
     return {"versions": [record_out(r) for r in await s.reads.history(ctx, rid)]}
+
+
+@router.get("/v1/memory/{rid}/recalls")
+async def memory_recalls(rid: str, ctx: Ctx, s: Svc, request: Request):
+    """Whether the record was ever recalled into a conversation (any version): `count`, and the
+    `first` and `last` times, from the activity view of `memlane.usage`. Whoever may read the
+    record may ask."""
+    await s.reads.read(ctx, rid)
+    return (await request.app.state.activity.recalls_of(ctx.tenant, ctx.agent, [rid]))[rid]
 
 
 @router.delete("/v1/memory/{rid}")

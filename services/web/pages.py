@@ -1,0 +1,191 @@
+"""The Memory tab's pages: sign-in, a member's view (consent, their facts, why a fact exists)
+and an operator's (agents, counts, members, pipeline health).
+
+Pages are read-only renderings of the same service reads the JSON API answers with; every
+change a page offers is a form its script sends to the JSON API itself (app.js).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import jinja2
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from services.errors import ApiError
+from services.http.deps import checked_agent, checked_user, resolve_context
+from services.http.sessions import COOKIE, SESSION_TTL_S, WebSession, WebSessions
+from services.memory import overview
+from services.memory.member_reads import MEMBER_LIST
+from settings import Settings
+
+HERE = Path(__file__).parent
+# What a page may load and do: its own script and style only, so text that slipped past
+# escaping still could not run, and no other site may frame it.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+MAX_SIGN_IN_BYTES = 4096
+
+# The page's own two files, read once: nothing else under /ui/static is served.
+STATIC = {name: ((HERE / "static" / name).read_bytes(), media)
+          for name, media in (("app.js", "text/javascript"), ("app.css", "text/css"))}
+
+templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                               undefined=jinja2.StrictUndefined)
+
+
+def render(request: Request, name: str, session: WebSession | None, status: int = 200, **values: Any) -> Response:
+    html = templates.get_template(name).render(
+        who=session.principal if session else None, csrf=session.csrf if session else "", **values).encode()
+    if "gzip" not in request.headers.get("accept-encoding", ""):
+        return HTMLResponse(html, status_code=status, headers=HEADERS)
+    # A member's 200 facts are ~300 KB of HTML and a tenth of that compressed: pages only, the
+    # JSON API's hot paths stay uncompressed.
+    return HTMLResponse(gzip.compress(html, 5), status_code=status,
+                        headers={**HEADERS, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+
+
+def to_sign_in() -> RedirectResponse:
+    return RedirectResponse("/ui", status_code=303)
+
+
+async def signed_in(request: Request) -> WebSession | None:
+    return await request.app.state.web_sessions.get(request.cookies.get(COOKIE))
+
+
+class WebExtension:
+    """Serves /ui: its sessions live in the API's Redis, beside the keys they stand for."""
+
+    def __init__(self) -> None:
+        self.router = APIRouter(include_in_schema=False)
+        r = self.router
+        r.add_api_route("/", lambda: RedirectResponse("/ui", status_code=307), methods=["GET"])
+        # Browsers ask for an icon; none, and no 404 in the console.
+        r.add_api_route("/favicon.ico", lambda: Response(status_code=204), methods=["GET"])
+        r.add_api_route("/ui", self.home, methods=["GET"])
+        r.add_api_route("/ui/session", self.sign_in, methods=["POST"])
+        r.add_api_route("/ui/signout", self.sign_out, methods=["POST"])
+        r.add_api_route("/ui/member", self.member, methods=["GET"])
+        r.add_api_route("/ui/member/facts/{rid}", self.fact, methods=["GET"])
+        r.add_api_route("/ui/operator", self.operator, methods=["GET"])
+        r.add_api_route("/ui/static/{name}", self.static, methods=["GET"])
+
+    async def start(self, app: FastAPI, settings: Settings) -> None:
+        keys = app.state.keys
+        app.state.web_sessions = WebSessions(keys.r, keys, settings.redis_root)
+
+    async def stop(self, app: FastAPI) -> None: ...
+
+    async def home(self, request: Request) -> Response:
+        session = await signed_in(request)
+        if session is None:
+            return render(request, "signin.html", None, error=None)
+        role = session.principal.role
+        if role in ("member", "operator"):
+            return RedirectResponse(f"/ui/{role}", status_code=303)
+        return render(request, "signin.html", session, 403, error=f"an {role} key has no Memory tab: sign out, then sign in "
+                      "with a member key (your facts) or an operator key (your agents)")
+
+    async def sign_in(self, request: Request) -> Response:
+        raw = await request.body()
+        key = parse_qs(raw[:MAX_SIGN_IN_BYTES].decode("utf-8", "replace")).get("key", [""])[0].strip()
+        made = await request.app.state.web_sessions.sign_in(key) if key else None
+        if made is None:
+            return render(request, "signin.html", None, 401, error="key: no such key; check it, or ask your operator for a "
+                          "member key")
+        sid, _ = made
+        out = RedirectResponse("/ui", status_code=303)
+        out.set_cookie(COOKIE, sid, max_age=SESSION_TTL_S, httponly=True, samesite="strict", path="/",
+                       secure=request.url.scheme == "https")
+        return out
+
+    async def sign_out(self, request: Request) -> Response:
+        session = await signed_in(request)
+        raw = await request.body()
+        sent = parse_qs(raw[:MAX_SIGN_IN_BYTES].decode("utf-8", "replace")).get("csrf", [""])[0]
+        if session is not None and sent == session.csrf:
+            await request.app.state.web_sessions.sign_out(request.cookies.get(COOKIE))
+        out = to_sign_in()
+        out.delete_cookie(COOKIE, path="/")
+        return out
+
+    async def static(self, name: str) -> Response:
+        if name not in STATIC:
+            return Response("no such file", status_code=404, media_type="text/plain")
+        body, media = STATIC[name]
+        return Response(body, media_type=media, headers={"Cache-Control": "max-age=300",
+                                                         "X-Content-Type-Options": "nosniff"})
+
+    # ------------------------------------------------------------------ member
+
+    async def member(self, request: Request, agent: str | None = None) -> Response:
+        session = await signed_in(request)
+        if session is None or session.principal.role != "member":
+            return to_sign_in()
+        p, svc = session.principal, request.app.state.service
+        names = [p.agent] if p.agent else await svc.records.agents(p.tenant)
+        agent = checked_agent(agent, "agent") if agent else (names[0] if names else None)
+        if agent is not None and agent not in names:
+            return render(request, "member.html", session, 404, consents=[], agent=None, facts=[], more=False,
+                          facts_error=None)
+        consents = [await svc.consent(resolve_context(p, a, None, None, False)) for a in names]
+        facts, more, error = [], False, None
+        if agent:
+            try:
+                page = await svc.reads.memories(resolve_context(p, agent, None, None, False), MEMBER_LIST, None, False)
+                facts, more = page.records, page.next_cursor is not None
+            except ApiError as e:
+                error = e.message
+        return render(request, "member.html", session, consents=consents, agent=agent, facts=facts, more=more,
+                      facts_error=error)
+
+    async def fact(self, request: Request, rid: str, agent: str | None = None) -> Response:
+        session = await signed_in(request)
+        if session is None or session.principal.role != "member":
+            return to_sign_in()
+        p, svc = session.principal, request.app.state.service
+        ctx = resolve_context(p, checked_agent(agent, "agent"), None, None, False)
+        try:
+            versions = await svc.reads.history(ctx, rid)
+        except ApiError as e:
+            return render(request, "member.html", session, e.status, consents=[], agent=ctx.agent, facts=[], more=False,
+                          facts_error=e.message)
+        recalls = (await request.app.state.activity.recalls_of(ctx.tenant, ctx.agent, [rid]))[rid]
+        return render(request, "fact.html", session, agent=ctx.agent, versions=versions, current=versions[-1],
+                      recalls=recalls)
+
+    # ------------------------------------------------------------------ operator
+
+    async def operator(self, request: Request, tenant: str | None = None, agent: str | None = None) -> Response:
+        session = await signed_in(request)
+        if session is None or session.principal.role != "operator":
+            return to_sign_in()
+        p, svc = session.principal, request.app.state.service
+        tenant = p.tenant if p.tenant != "*" else checked_user(tenant or None, "tenant")
+        agents = await overview.agents(svc, tenant) if tenant else []
+        agent = checked_agent(agent, "agent") if agent else (agents[0]["agent"] if agents else None)
+        view, error = None, None
+        if tenant and agent:
+            try:
+                view = await overview.overview(svc, resolve_context(p, agent, tenant, None, False))
+            except ApiError as e:
+                error = e.message
+        pipeline = await self._pipeline(request, session, tenant)
+        return render(request, "operator.html", session, tenant=tenant, agents=agents, agent=agent, overview=view,
+                      overview_error=error, pipeline=pipeline)
+
+    async def _pipeline(self, request: Request, session: WebSession, tenant: str | None) -> dict[str, Any] | None:
+        from services.pipeline_status import pipeline_status
+
+        st = request.app.state
+        return await pipeline_status(st.settings, st.health, st.shards, st.activity, tenant,
+                                     session.principal.deployment)
