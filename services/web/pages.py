@@ -8,6 +8,7 @@ change a page offers is a form its script sends to the JSON API itself (app.js).
 from __future__ import annotations
 
 import gzip
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -58,6 +59,13 @@ def to_sign_in() -> RedirectResponse:
     return RedirectResponse("/ui", status_code=303)
 
 
+def same_origin(request: Request) -> bool:
+    """A form posted from another site (a browser names it in Origin) is refused: no one signs a
+    visitor in as themselves, or out, from elsewhere."""
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
+
+
 async def signed_in(request: Request) -> WebSession | None:
     return await request.app.state.web_sessions.get(request.cookies.get(COOKIE))
 
@@ -96,6 +104,8 @@ class WebExtension:
                       "with a member key (your facts) or an operator key (your agents)")
 
     async def sign_in(self, request: Request) -> Response:
+        if not same_origin(request):
+            return render(request, "signin.html", None, 403, error="sign in from this server's own page (/ui)")
         raw = await request.body()
         key = parse_qs(raw[:MAX_SIGN_IN_BYTES].decode("utf-8", "replace")).get("key", [""])[0].strip()
         made = await request.app.state.web_sessions.sign_in(key) if key else None
@@ -112,7 +122,7 @@ class WebExtension:
         session = await signed_in(request)
         raw = await request.body()
         sent = parse_qs(raw[:MAX_SIGN_IN_BYTES].decode("utf-8", "replace")).get("csrf", [""])[0]
-        if session is not None and sent == session.csrf:
+        if session is not None and same_origin(request) and secrets.compare_digest(sent.encode(), session.csrf.encode()):
             await request.app.state.web_sessions.sign_out(request.cookies.get(COOKIE))
         out = to_sign_in()
         out.delete_cookie(COOKIE, path="/")
@@ -188,4 +198,4 @@ class WebExtension:
 
         st = request.app.state
         return await pipeline_status(st.settings, st.health, st.shards, st.activity, tenant,
-                                     session.principal.deployment)
+                                     False)
