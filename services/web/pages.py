@@ -31,7 +31,9 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it Chromium sends `Origin: null` with the page's own form posts,
+    # and sign-in checks that Origin.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 MAX_SIGN_IN_BYTES = 4096
@@ -170,7 +172,7 @@ class WebExtension:
             return render(request, "member.html", session, e.status, consents=[], agent=ctx.agent, facts=[], more=False,
                           facts_error=e.message)
         recalls = (await request.app.state.activity.recalls_of(ctx.tenant, ctx.agent, [rid]))[rid]
-        return render(request, "fact.html", session, agent=ctx.agent, versions=versions, current=versions[-1],
+        return render(request, "fact.html", session, agent=ctx.agent, versions=versions, current=versions[0],
                       recalls=recalls)
 
     # ------------------------------------------------------------------ operator
@@ -198,4 +200,4 @@ class WebExtension:
 
         st = request.app.state
         return await pipeline_status(st.settings, st.health, st.shards, st.activity, tenant,
-                                     False)
+                                     session.principal.deployment)

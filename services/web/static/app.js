@@ -29,7 +29,7 @@
   async function send(el) {
     if (el.dataset.confirm && !window.confirm(el.dataset.confirm)) return;
     const method = (el.dataset.method || "POST").toUpperCase();
-    const headers = { "Accept": "application/json" };
+    const headers = { "Accept": "application/json", "X-CSRF-Token": csrf };
     const agent = inherited(el, "agent"), tenant = inherited(el, "tenant");
     if (agent) headers["X-Agent"] = agent;
     if (tenant) headers["X-Tenant"] = tenant;
