@@ -330,21 +330,24 @@ def redis_values(prefix: str) -> list[tuple[str, str]]:
 
     from settings import Settings
 
-    r = redis.Redis.from_url(Settings().redis_url, decode_responses=True)
+    # Bytes, read as text with replacement: some values are binary (the activity view's digests,
+    # HyperLogLogs), and a plaintext leak is still found in them.
+    r = redis.Redis.from_url(Settings().redis_url)
     out = []
     try:
         for key in r.scan_iter(match=f"ml:{prefix}*", count=10_000):
-            kind = r.type(key)
+            kind = r.type(key).decode()
             if kind == "hash":
-                out += [(key, x) for kv in r.hgetall(key).items() for x in kv]
+                got = [x for kv in r.hgetall(key).items() for x in kv]
             elif kind == "zset":
-                out += [(key, x) for x in r.zrange(key, 0, -1)]
+                got = r.zrange(key, 0, -1)
             elif kind == "set":
-                out += [(key, x) for x in r.smembers(key)]
+                got = list(r.smembers(key))
             elif kind == "list":
-                out += [(key, x) for x in r.lrange(key, 0, -1)]
-            elif kind == "string":
-                out.append((key, r.get(key)))
+                got = r.lrange(key, 0, -1)
+            else:
+                got = [r.get(key)] if kind == "string" else []
+            out += [(key.decode(), x.decode("utf-8", "replace")) for x in got]
     finally:
         r.close()
     return out
