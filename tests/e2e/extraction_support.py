@@ -109,6 +109,18 @@ async def send_commands(settings: Settings, *commands: Any) -> None:
     await send_to(settings, COMMANDS, *commands)
 
 
+async def send_poison_command(settings: Settings, tenant: str, agent: str) -> Any:
+    """A command that breaks the contract, keyed to the agent: the ledger dead-letters it.
+    Returns where it was written (its topic, partition and offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        return await producer.send_and_wait(settings.topic(COMMANDS.name), b'{"type": "AddMemory", "tenant": 1}',
+                                            key=f"{tenant}/{agent}".encode())
+    finally:
+        await producer.stop()
+
+
 async def send_to(settings: Settings, topic: Topic, *messages: Any) -> None:
     """Messages straight onto `topic`, keyed as memlane keys them (a test standing in for a worker)."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, acks="all")

@@ -23,7 +23,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
 from playwright.async_api import Dialog, Page, expect
 from playwright.async_api import Error as PlaywrightError
 
@@ -33,7 +32,7 @@ from services.client import TurnPublisher
 from services.stack import free_port
 from tests.conftest import eventually
 from tests.e2e.browser_support import browser, console_errors, page, shots_dir  # noqa: F401
-from tests.e2e.extraction_support import extraction_stack, new_agent
+from tests.e2e.extraction_support import extraction_stack, new_agent, send_poison_command
 from tests.e2e.test_consent_extraction import answer, cand, marker, member_turn
 
 CHANNEL = "studio"  # one of member_facts()'s channels (events.config.DEFAULT_CHANNELS)
@@ -462,13 +461,7 @@ async def test_an_operator_sees_dead_letters_lags_and_members_by_count_and_erase
     assert alice_facts
 
     # A command that breaks the contract: the ledger dead-letters it.
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
-    await producer.start()
-    try:
-        sent = await producer.send_and_wait(s.topic(COMMANDS.name), b'{"type": "AddMemory", "tenant": 1}',
-                                            key=f"{w.tenant}/{w.agent}".encode())
-    finally:
-        await producer.stop()
+    sent = await send_poison_command(s, w.tenant, w.agent)
 
     async def parked():
         body = await w.ok(op_key, "GET", "/v1/admin/pipeline", agent=False)

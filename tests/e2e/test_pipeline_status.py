@@ -8,12 +8,12 @@ import uuid
 from functools import partial
 
 import httpx
-from aiokafka import AIOKafkaProducer
 
 from events.topics import COMMANDS
 from services.client import MemlaneClient
 from services.pipeline_status import DLQ_HEADERS, PEEK, origin
 from tests.conftest import eventually
+from tests.e2e.extraction_support import send_poison_command
 
 DLQ = COMMANDS.dlq
 
@@ -31,13 +31,7 @@ async def test_operators_see_the_pipeline_and_only_the_deployment_sees_dead_lett
     before = (await _get(stack, settings.operator_key)).json()["dlq"][DLQ]["size"]
 
     # A command that breaks the contract: the ledger parks it in the commands' DLQ.
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
-    await producer.start()
-    try:
-        sent = await producer.send_and_wait(settings.topic(COMMANDS.name), b'{"type": "AddMemory", "tenant": 1}',
-                                            key=f"{tenant}/{agent}".encode())
-    finally:
-        await producer.stop()
+    sent = await send_poison_command(settings, tenant, agent)
     async with MemlaneClient(stack.api_url, agent_key, session="s1") as c:
         await c.add_memory("The customer prefers email", kind="fact")
         await c.recall("conv-1", "how should I reach the customer?")
