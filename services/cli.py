@@ -47,7 +47,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from workers.heap import tune_for_service
     from workers.heartbeat import heartbeat
-    from workers.runtime import Runner, run_processor
+    from workers.probe import WorkerProbe
+    from workers.runtime import Runner
 
     settings = get_settings()
     configure(settings.log_level, service=f"worker.{args.name}")
@@ -63,10 +64,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     tune_for_service()
 
     async def run() -> None:
-        # The heartbeat /health reads names the group the runner consumes in.
-        group = Runner(processor, settings).group
-        async with heartbeat(settings, args.name, group, list(processor.sources)):
-            await run_processor(processor, settings)
+        runner = Runner(processor, settings)
+        runner.install_signal_handlers()
+        # The heartbeat /health reads names the group the runner consumes in. The probe serves
+        # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
+        async with heartbeat(settings, args.name, runner.group, list(processor.sources)):
+            await WorkerProbe(runner, args.name).serve(settings, runner.run())
 
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
@@ -368,6 +371,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    """Every worker and the API as supervised child processes (services/supervisor.py)."""
+    from services.supervisor import run_from_args
+
+    settings = get_settings()
+    if (refused := _refuse_default_operator_key(settings, "start")) is not None:
+        return refused
+    return run_from_args(args, settings)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from services.demo import run_demo
 
@@ -438,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--api-url", default=None, help="memlane API (default: MEMLANE_API_URL)")
         p.set_defaults(fn=cmd_keys)
 
+    from services.operator_cli import add_parsers as operator_parsers
+
+    operator_parsers(sub)  # `status`, `dlq list|show|replay`
+
     i = sub.add_parser("init", help="create the local key file data keys are wrapped under (processes also "
                        "create it on first start)")
     i.set_defaults(fn=cmd_init)
@@ -446,6 +463,13 @@ def main(argv: list[str] | None = None) -> int:
     kk.add_argument("action", choices=["rotate", "retire"],
                     help="rotate: new KEK version, rewrap; retire: rewrap stragglers, drop older versions")
     kk.set_defaults(fn=cmd_kek)
+
+    from services.supervisor import add_arguments as start_arguments
+
+    st = sub.add_parser("start", help="run every worker and the API as supervised processes: restarts with "
+                        "backoff, a log per process, readiness, a clean stop on SIGTERM/Ctrl-C")
+    start_arguments(st)
+    st.set_defaults(fn=cmd_start)
 
     d = sub.add_parser("demo", help="start everything, store a sample conversation, search it, stop")
     d.set_defaults(fn=cmd_demo)

@@ -18,6 +18,12 @@ import httpx
 PIPELINE = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 
 
+def command(name: str) -> list[str]:
+    """How one process of the stack is launched: `api` serves, any other name is a worker."""
+    args = ["serve"] if name == "api" else ["worker", name]
+    return [sys.executable, "-m", "services.cli", *args]
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
@@ -29,11 +35,10 @@ class Stack:
         return self.env.get("MEMLANE_API_URL") or f"http://127.0.0.1:{self.env.get('MEMLANE_API_PORT', '38080')}"
 
     def start(self, name: str) -> subprocess.Popen:
-        args = ["serve"] if name == "api" else ["worker", name]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{name}.log", "ab")
         p = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *args],
+            command(name),
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -101,4 +106,7 @@ def stack_env(**overrides: str) -> dict[str, str]:
     env.setdefault("MEMLANE_EMBED_THREADS", "1")
     # Test, demo and bench stacks are development deployments: the default operator key is allowed.
     env.setdefault("MEMLANE_DEV", "1")
+    # Many stacks share a test run's machine: no probe servers unless a caller picks their ports.
+    if "MEMLANE_METRICS_PORT_BASE" not in env:
+        env.setdefault("MEMLANE_METRICS_PORT", "0")
     return env

@@ -87,6 +87,22 @@ class Settings(BaseSettings):
     retention_hour_utc: int = Field(default=3, ge=0, le=23)
     retention_every_s: float = Field(default=86_400.0, gt=0)
     retention_cap: int = Field(default=500, ge=1)
+    # /metrics, /health and /ready of each process (docs/metrics.md): on this port, unset the
+    # process's default (metrics_port_base + its index in docs/metrics.md's table), 0 none.
+    # Gauges such as consumer lag are sampled every metrics_every_s.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_port_base: int = Field(default=39100, ge=1, le=65000)
+    metrics_host: str = "127.0.0.1"
+    metrics_every_s: float = Field(default=5.0, gt=0)
+    # Scheduled jobs (docs/scheduled-jobs.md). The ledger sweeps its partitions' expired records
+    # this often (0: only the nightly retention pass and `memlane sweep` do).
+    sweep_every_s: float = Field(default=3600.0, ge=0)
+    # The API process builds an optimised memory generation in the background once a shard has
+    # this many more unindexed points than its last optimise left (0: never); looked at every
+    # optimize_check_s, one process at a time (a Redis lock held for at most optimize_lock_s).
+    optimize_unindexed_points: int = Field(default=20_000, ge=0)
+    optimize_check_s: float = Field(default=60.0, gt=0)
+    optimize_lock_s: float = Field(default=3600.0, gt=0)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
 from projections.embedders import make_embedder
 from projections.records import Erasure
+from workers.metrics import MeteredEmbedder
 from workers.runtime import Out, Processor
 from workers.topic_reader import TopicReader
 
@@ -41,7 +42,8 @@ class EmbeddingWorker(Processor):
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
-        self.embedder = embedder or make_embedder(settings, cache_size=0)  # it keeps its own cache
+        # it keeps its own cache; metered: memlane_embedding_* with caller="worker" (docs/metrics.md)
+        self.embedder = MeteredEmbedder(embedder or make_embedder(settings, cache_size=0), "worker")
         # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
         # once per subject, never shared with another.
         self.cache: OrderedDict[str, tuple[str | None, list[float]]] = OrderedDict()

@@ -54,7 +54,9 @@ from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
 from projections.redis_records import RedisRecords
+from workers import metrics
 from workers.api_reader import ApiReader
+from workers.dlq import replay_origin
 from workers.extraction_state import ReviewState
 from workers.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime import DeadLetter, Out, Processor, release_key
@@ -173,6 +175,16 @@ class ExtractionProcessor(Processor):
         # proposals the ledger refuses (it checks consent again when it applies them).
         self.open_subjects: dict[tuple[str, str, str | None], tuple[float, subjects.SubjectState]] = {}
         self.tally: Counter[str] = Counter()  # the current batch, for its summary line
+        # Turns an operator replayed from the DLQ (workers.dlq), (partition, offset) -> the
+        # offset the turn first had: it is reviewed as there, where the cadence state still
+        # says what its review shows (at its new offset, its messages count as seen).
+        self.replays: dict[tuple[int, int], int] = {}
+
+    def decode_message(self, source: str, message: Any) -> Any:
+        origin = replay_origin(getattr(message, "headers", None))
+        if origin is not None and origin[0] == message.partition:
+            self.replays[(message.partition, message.offset)] = origin[1]
+        return super().decode_message(source, message)
 
     async def start(self) -> None:
         s = self.settings
@@ -229,7 +241,8 @@ class ExtractionProcessor(Processor):
                 reviewed["review"] = refusal.skipped
                 extra.append(self._usage_out(skipped(turn, refusal.skipped, f"{refusal.code.value}: {refusal.reason}")))
             elif self.model is not None:
-                extra += await self.review(turn, cfg, partition, offset, reviewed)
+                at = self.replays.get((partition, offset), offset)
+                extra += await self.review(turn, cfg, partition, at, reviewed)
         if refused:
             self.tally["tool_writes_refused"] += len(refused)
         extra = [self._usage_out(u) for u in refused] + extra
@@ -339,6 +352,7 @@ class ExtractionProcessor(Processor):
             reviewed["review"] = "dead_lettered"
             return [self._usage_out(u) for u in e.usage] + [DeadLetter(f"extraction review: {e.error}", e.attempts)]
         decided = review.to_commands(turn, cfg, answer.value, shown, handles, self.model.model)
+        metrics.extraction_decided(decided)
         for r in decided.refused:
             log.warning("candidate_refused", index=r.index, reason=r.reason, detail=r.detail, **ctx)
         reviewed.update(
@@ -358,6 +372,7 @@ class ExtractionProcessor(Processor):
         )
 
     async def batch_done(self) -> list[Out]:
+        self.replays.clear()
         if self.tally:
             if self.api is not None:
                 self.tally.update(self.api.requests)

@@ -41,13 +41,17 @@ from events.rules.ledger import (
     reused,
 )
 from events.rules.ledger.retention import due as retention_due
+from events.rules.ledger.sweep import due as sweep_due
+from events.rules.ledger.sweep import is_due, next_sweep
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import COMMANDS, EVENTS, REDELIVERED
 from workers import ledger_snapshot as snapshot_file
+from workers import metrics
 from workers.heap import settle_heap
 from workers.kafka_io import reader
 from workers.ledger_erasures import Erasures
 from workers.ledger_snapshot import Snapshot
+from workers.metrics import RECORDS_EXPIRED, SWEEP_RECORDS, SWEEPS
 from workers.runtime import DeadLetter, Out, Processor, Stopping
 
 log = structlog.get_logger()
@@ -172,6 +176,12 @@ class LedgerProcessor(Processor):
         self.unreadable = 0  # events and snapshot entries skipped: sealed under destroyed keys
         self.next_retention = next_retention(self.clock(), settings)
         self.tick_every = min(self.tick_every, settings.retention_every_s)
+        # The scheduled expiry sweep (`events.rules.ledger.sweep`), and the records named by
+        # sweeps still waiting in the input (not named again until decided).
+        self.next_sweep = next_sweep(self.clock(), settings.sweep_every_s)
+        self.sweep_asked: set[str] = set()
+        if settings.sweep_every_s > 0:
+            self.tick_every = min(self.tick_every, settings.sweep_every_s)
 
     async def start(self) -> None:
         if self.keys is not None:
@@ -203,6 +213,11 @@ class LedgerProcessor(Processor):
             task = self.recovering[partition] = asyncio.ensure_future(self._recover(partition))
             task.add_done_callback(lambda _: self.recovering.pop(partition, None))
         await task
+
+    def not_ready(self, partitions: set[int]) -> list[str]:
+        """Not ready while an assigned partition's state is still being folded (`_recover`)."""
+        missing = sorted(p for p in partitions if p not in self.states)
+        return [f"ledger recovering partitions {missing}"] if missing else []
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
@@ -400,6 +415,10 @@ class LedgerProcessor(Processor):
         self.decided += 1
         self.kinds.update(e.type for e in events)
         self.rejections.update(rejected)
+        metrics.LEDGER_COMMANDS.labels(type(cmd).__name__).inc()
+        for e in events:
+            if e.type == "CommandRejected":
+                metrics.LEDGER_REJECTIONS.labels(e.code).inc()
         # Fold last: nothing above may fail after the state has moved.
         for e, o in zip(events, outs):
             evolve(state, e)
@@ -465,7 +484,24 @@ class LedgerProcessor(Processor):
         if new:
             log.info("turns_overdue", agents=len(new))
         self.asked |= {cmd.command_id for cmd in new}
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd)) for cmd in new + self._retention(now)]
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))
+                for cmd in new + self._retention(now) + self._sweep(now)]
+
+    def _sweep(self, now: datetime) -> list[Any]:
+        """The scheduled expiry sweep of the partitions held here, once due: `SweepExpired`
+        commands for the ledger's own input, decided like any other (docs/scheduled-jobs.md)."""
+        if not is_due(now, self.next_sweep):
+            return []
+        self.next_sweep = next_sweep(now, self.settings.sweep_every_s)
+        sweeps = [sweep_due(state, now, self.sweep_asked) for state in self.states.values()]
+        self.sweep_asked = {k for s in sweeps for k in s.waiting | s.names}
+        cmds = [c for s in sweeps for c in s.commands]
+        named = sum(len(s.names) for s in sweeps)
+        SWEEPS.inc()
+        SWEEP_RECORDS.inc(named)
+        if cmds:
+            log.info("sweep_due", commands=len(cmds), records=named, next_at=self.next_sweep.isoformat())
+        return cmds
 
     def _retention(self, now: datetime) -> list[Any]:
         """The night's retention work (`events.rules.ledger.retention`) for the partitions held
@@ -488,6 +524,7 @@ class LedgerProcessor(Processor):
     async def batch_done(self) -> list[Out]:
         self.snapshots.take_due()
         if self.decided:
+            RECORDS_EXPIRED.inc(self.kinds["RecordExpired"])
             log.info("ledger_batch", commands=self.decided, events=dict(self.kinds), rejected=dict(self.rejections))
             self.decided, self.kinds, self.rejections = 0, Counter(), Counter()
         return []

@@ -30,6 +30,7 @@ from events.base import utcnow
 from events.rules.model_answer import Malformed
 from events.usage import ModelUsage
 from settings import Settings
+from workers import metrics
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -182,10 +183,13 @@ class ModelClient:
             except Exception as e:
                 why = _retryable(e)
                 usage.append(self._usage(ctx, purpose, attempt, t0, None, f"{why or type(e).__name__}: {e}"[:500]))
+                metrics.MODEL_ERRORS.labels(purpose, metrics.model_error_reason(e)).inc()
                 if why is None:
+                    metrics.MODEL_FAILED.labels(purpose).inc()
                     raise ModelFailed(f"model call failed and is not retryable: {type(e).__name__}: {e}", attempt, usage) from e
                 transient_failures += 1
                 if transient_failures > s.model_retries:
+                    metrics.MODEL_FAILED.labels(purpose).inc()
                     raise ModelFailed(
                         f"model call failed {transient_failures} times (limit model_retries={s.model_retries}); last: {why}",
                         attempt,
@@ -193,6 +197,7 @@ class ModelClient:
                     ) from e
                 delay = min(s.model_backoff_s * 2 ** (transient_failures - 1), 10.0)
                 log.warning("model_call_retrying", reason=why, attempt=attempt, delay_s=delay, agent=ctx.agent, turn=ctx.turn)
+                metrics.MODEL_RETRIES.labels(purpose, "transient").inc()
                 await asyncio.sleep(delay)
                 continue
             text = ""
@@ -201,9 +206,12 @@ class ModelClient:
                 value = parse(text)
             except (Malformed, ValueError) as e:
                 usage.append(self._usage(ctx, purpose, attempt, t0, resp, f"malformed: {e}"[:500]))
+                metrics.MODEL_ERRORS.labels(purpose, "malformed").inc()
                 if repaired:
+                    metrics.MODEL_FAILED.labels(purpose).inc()
                     raise ModelFailed(f"model output is malformed after one repair attempt: {e}", attempt, usage) from e
                 repaired = True
+                metrics.MODEL_RETRIES.labels(purpose, "repair").inc()
                 log.warning("model_output_malformed_repairing", error=str(e)[:300], agent=ctx.agent, turn=ctx.turn)
                 messages = messages + [
                     {"role": "assistant", "content": text[:4000]},
@@ -220,6 +228,8 @@ class ModelClient:
     def _usage(self, ctx: CallContext, purpose: str, attempt: int, t0: float, resp: Any, error: str | None) -> ModelUsage:
         body = resp if isinstance(resp, dict) else {}
         u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        metrics.model_request(purpose, time.perf_counter() - t0, error, _count(u.get("prompt_tokens")),
+                              _count(u.get("completion_tokens")))
         return ModelUsage(
             usage_id=str(uuid.uuid5(USAGE_NS, f"{ctx.id_seed}/{purpose}/{attempt}")),
             tenant=ctx.tenant,

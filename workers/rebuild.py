@@ -30,6 +30,7 @@ from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from settings import Settings
 from workers.heap import collected_between_batches, settle_heap
+from workers.index_optimize import shard_unindexed, write_left
 from workers.keys import open_keys
 from workers.memory_shards import current_generation, generation_path, set_generation, shard_partitions, shard_paths
 from workers.qdrant_projection import QdrantProjection
@@ -282,6 +283,9 @@ async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Prog
         if optimize:
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
+            # What it left unindexed (too small for a graph): the API's optimise policy counts
+            # only what comes after (workers.index_optimize).
+            write_left(paths[k], shard_unindexed(index))
         return index.count(), applied, projection.unreadable + (store.unreadable if store else 0)
     finally:
         index.close()

@@ -15,8 +15,9 @@ from aiokafka import TopicPartition
 from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.redis_records import RedisRecords
+from workers import metrics
 from workers.runtime import Out, Processor
-from workers.topic_reader import checkpoint_key, seek_to_checkpoints
+from workers.topic_reader import checkpoint_key, seek_to_checkpoints, tp_key
 
 log = structlog.get_logger()
 
@@ -24,6 +25,7 @@ log = structlog.get_logger()
 class RedisProjection(Processor):
     name = "redis-projection"
     sources = (EVENTS.name,)
+    catch_up_on_start = True  # /ready: once the view holds what the log held when assigned
 
     def __init__(self, settings, generation: int | None = None) -> None:
         super().__init__(settings)
@@ -58,8 +60,17 @@ class RedisProjection(Processor):
     async def batch_done(self) -> list[Out]:
         if self.positions:  # a batch of skipped copies still moves the checkpoint on
             await self.store.apply(self.pending, self.positions)
+            metrics.PROJECTION_APPLIED.labels("redis").inc(len(self.pending))
             self.pending, self.positions = [], []
         return []
+
+    async def sample(self, ends: dict[TopicPartition, int]) -> None:
+        """The generation written to, and how far its checkpoint (in Redis, with the view) trails the log."""
+        gen = await self.store.generation()
+        ckpts = await self.store.checkpoints(gen)
+        metrics.PROJECTION_GENERATION.labels("redis").set(gen)
+        metrics.PROJECTION_CHECKPOINT_LAG.labels("redis").set(
+            sum(max(0, end - ckpts.get(tp_key(tp), 0)) for tp, end in ends.items()))
 
     async def stop(self) -> None:
         await self.store.aclose()

@@ -34,6 +34,8 @@ from events.limits import MESSAGE_LIMIT
 from events.sealing import KeyDestroyed, KeyMissing, subject_of
 from events.topics import TOPICS, TURNS
 from settings import Settings
+from workers import metrics
+from workers.dlq import kept_on_repeat, replay_group
 from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
 from workers.keys import KeyTopic, open_keys
@@ -133,6 +135,9 @@ class Processor:
     tick_every: float | None = None
     # The process's keys (`workers.keys`), set by the runner before `start`; None with encryption off.
     keys: KeyTopic | None = None
+    # /ready waits until the worker has read, after each assignment, up to where its partitions
+    # ended then (a projection's view has caught up); see `Runner.not_ready`.
+    catch_up_on_start = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -176,6 +181,14 @@ class Processor:
         work that time alone makes due. Its outputs commit like a batch's, with no offsets."""
         return []
 
+    def not_ready(self, partitions: set[int]) -> list[str]:
+        """Why the worker cannot serve its assigned `partitions` yet (for /ready); empty: it can."""
+        return []
+
+    async def sample(self, ends: dict[TopicPartition, int]) -> None:
+        """Sets the processor's own gauges (docs/metrics.md), every few seconds; `ends`: its
+        assigned partitions' end offsets."""
+
 
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, runner: Runner) -> None:
@@ -189,7 +202,10 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned):
         log.info("partitions_assigned", worker=self.runner.processor.name, partitions=sorted(p.partition for p in assigned))
+        self.runner.assignments += 1
+        self.runner.catch_up_to, self.runner.caught_up = None, False
         await self.runner.processor.assigned(self.runner.consumer, set(assigned))
+        await self.runner.took(set(assigned))
 
 
 class Runner:
@@ -205,6 +221,13 @@ class Runner:
         self.keys: KeyTopic | None = None
         self.committing: asyncio.Task | None = None  # the previous poll's commit, in flight
         self.commit_error: Exception | None = None
+        # For /ready (`not_ready`): assignments so far, where the partitions ended when taken
+        # (catch_up_on_start processors), whether the worker has read that far since, and
+        # whether a poll's messages are being processed (positions then run ahead of the view).
+        self.assignments = 0
+        self.catch_up_to: dict[TopicPartition, int] | None = None
+        self.caught_up = False
+        self.in_batch = False
 
     def _registry_name(self, topic: str) -> str:
         p = self.settings.topic_prefix
@@ -230,6 +253,7 @@ class Runner:
                 batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
                 if self.stopping.is_set():
                     break  # stopped during the poll (a rebalance, a recovery): leave it uncommitted
+                self.in_batch = bool(batches)
                 try:
                     if self.processor.concurrent_keys:
                         # Partitions one after another would leave a processor that waits on I/O
@@ -242,6 +266,7 @@ class Runner:
                             await self._handle({tp: msgs})
                 except Stopping:
                     break
+                self.in_batch = False
                 if batches:
                     settle_heap()
                 if self.processor.tick_every is not None and loop.time() >= next_tick:
@@ -264,6 +289,7 @@ class Runner:
         """
         msgs = [m for ms in batches.values() for m in ms]
         results: list[list[Out]] = [[] for _ in msgs]
+        t0 = asyncio.get_running_loop().time()
         if self.processor.concurrent_keys and len(msgs) > 1:
             by_key: dict[tuple[str, int, bytes], list[int]] = {}
             for i, m in enumerate(msgs):
@@ -292,6 +318,8 @@ class Runner:
                 results[i] = await self._one(m)
         outs = [o for r in results for o in r]
         outs.extend(self._fitting(await self._retrying(self.processor.batch_done, "batch_done") or [], "batch_done"))
+        metrics.BATCH_SECONDS.labels(self.processor.name).observe(asyncio.get_running_loop().time() - t0)
+        metrics.MESSAGES.labels(self.processor.name).inc(len(msgs))
         # Committed in the background: the worker polls and processes the next batch
         # meanwhile. A commit is mostly round trips to the broker (the outputs, the offsets,
         # the end of the transaction), during which the worker had nothing else to do.
@@ -325,6 +353,8 @@ class Runner:
     async def _one(self, m: Any) -> list[Out]:
         source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
+        if (group := replay_group(getattr(m, "headers", None))) is not None and group != self.group:
+            return []  # an operator's replay (`memlane dlq replay`) is for the group that parked it
         try:
             value = await self._opening(self.processor.decode_message, source, m)
         except ContractError as e:
@@ -382,7 +412,9 @@ class Runner:
             key=m.key or b"",
             value=self._parked(source, m),
             # Each consumer group parks what it cannot handle, so the header says which one did.
-            headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode())),
+            # A replay parked again keeps its replay headers: `memlane dlq list` shows it is a repeat.
+            headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode()),
+                     *kept_on_repeat(getattr(m, "headers", None))),
         )
         if fits(out):
             return out
@@ -442,7 +474,37 @@ class Runner:
             written = await self._send_all(outs)
             if offsets:
                 await self.consumer.commit(offsets)
+        for o in outs:
+            if o.topic.endswith(".dlq"):
+                metrics.DLQ_MESSAGES.labels(o.topic).inc()
         self.processor.committed(written)
+
+    async def took(self, partitions: set[TopicPartition]) -> None:
+        """After the processor took an assignment: where a `catch_up_on_start` worker must read to."""
+        self.catch_up_to = await self.consumer.end_offsets(list(partitions)) if (
+            self.processor.catch_up_on_start and partitions) else {}
+
+    async def not_ready(self) -> list[str]:
+        """Why the worker is not ready (docs/metrics.md): not in its group yet, the processor's
+        own reasons (the ledger recovering), or not yet read up to where its partitions ended
+        when it took them. Empty once ready; caught up stays so until the next assignment."""
+        c = self.consumer
+        if c is None or not self.assignments:
+            return ["no partitions assigned yet (joining the consumer group)"]
+        reasons = self.processor.not_ready({tp.partition for tp in c.assignment()})
+        if reasons:
+            return reasons
+        if self.catch_up_to is None:
+            return ["taking its partitions"]
+        if not self.caught_up:
+            assignment = self.assignments
+            behind = 0
+            for tp, end in self.catch_up_to.items():
+                behind += max(0, end - await c.position(tp))
+            if behind or self.in_batch or assignment != self.assignments:
+                return [f"catching up: {behind} messages behind where its partitions ended when assigned"]
+            self.caught_up = True
+        return []
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

@@ -27,6 +27,7 @@ from settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.keys import open_keys
 from workers.memory_shards import current_generation
+from workers.metrics import MeteredEmbedder
 
 log = structlog.get_logger()
 
@@ -50,10 +51,13 @@ class Extension:
 
 def extensions() -> list[Extension]:
     """The extensions every API process serves. Add new features here."""
+    from services.http.index_optimize import IndexOptimizer
+    from services.http.probe import ProbeExtension
     from services.http.routes.activity import ActivityExtension
     from services.http.routes.history import HistoryExtension
 
-    return [HistoryExtension(), ActivityExtension()]
+    # ProbeExtension last: /ready reads what the others started (the history projection).
+    return [HistoryExtension(), ActivityExtension(), IndexOptimizer(), ProbeExtension()]
 
 
 def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ()) -> FastAPI:
@@ -73,7 +77,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         await shards.open(current_generation(settings))
         prod = producer(settings)
         await prod.start()
-        embedder = make_embedder(settings)
+        # Metered (memlane_embedding_*, caller "api"): queries, history parts, healed points.
+        embedder = MeteredEmbedder(make_embedder(settings), "api")
         await asyncio.to_thread(embedder.embed, ["warm up"])
         shards.embedder = shards.memory.embedder = embedder
         publisher = KafkaCommandPublisher(settings, prod, data_keys)

@@ -33,6 +33,7 @@ from services.memory.recalled import RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
 from services.memory.usage import UsageLog
 from settings import Settings
+from workers.metrics import RECALL_SECONDS, SEARCH_SECONDS, Timed
 
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
@@ -187,10 +188,11 @@ class MemoryReads:
         """`dense` and `cfg`: the query's vector and the agent's configuration, when the
         caller has them already (`search_many`)."""
         check_role(ctx, NOT_MEMBER, "search memory")
-        cfg = cfg or await self.config(ctx.tenant, ctx.agent)
-        self._check_enabled(ctx, cfg)
-        await self._check_subject(ctx, cfg)
-        return await self._search(ctx, cfg, query, kind, labels, ids, limit, after, mode, min_score, dense)
+        with Timed(SEARCH_SECONDS):
+            cfg = cfg or await self.config(ctx.tenant, ctx.agent)
+            self._check_enabled(ctx, cfg)
+            await self._check_subject(ctx, cfg)
+            return await self._search(ctx, cfg, query, kind, labels, ids, limit, after, mode, min_score, dense)
 
     async def _search(self, ctx: Context, cfg: AgentConfig, query: str | None = None, kind: str | None = None,
                       labels: dict[str, str] | None = None, ids: list[str] | None = None, limit: int | None = None,
@@ -341,6 +343,10 @@ class MemoryReads:
         that cannot be read (Redis or the index down) an empty one with `memory_unavailable`,
         logged without the caller's text or member."""
         check_role(ctx, NOT_MEMBER, "recall memory")
+        with Timed(RECALL_SECONDS):
+            return await self._recall_or_empty(ctx, conversation, text)
+
+    async def _recall_or_empty(self, ctx: Context, conversation: str, text: str) -> RecallResult:
         cfg: AgentConfig | None = None
         try:
             got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),

@@ -6,6 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.http.health_probe import assess
+from services.http.probe import not_ready
+from workers import metrics
 
 router = APIRouter()
 
@@ -32,3 +34,14 @@ async def health(request: Request):
         "extraction": "on" if settings.model_configured else "off: no model configured (OPENAI_API_KEY / OPENAI_BASE_URL)",
     }
     return JSONResponse(body, status_code=503 if problems else 200)
+
+
+@router.get("/ready")
+async def ready(request: Request):
+    """"ready" (200) once this process serves what it should: its memory projection (every shard of
+    the generation served) and its history projection caught up with the log; else "not_ready"
+    (503) with the reasons. Unlike /health, it says nothing of the workers (docs/metrics.md)."""
+    reasons = not_ready(request.app)
+    metrics.READY.labels("api").set(0 if reasons else 1)
+    return JSONResponse({"status": "not_ready" if reasons else "ready", "process": "api", "reasons": reasons},
+                        status_code=503 if reasons else 200)
