@@ -83,7 +83,9 @@ start() {
       || { cat "$RUN/format.log" >&2; exit 1; }
   fi
   log "starting broker on 127.0.0.1:$PORT (log: $LOG)"
-  nohup java -Xms256m -Xmx768m -XX:+UseParallelGC -XX:ParallelGCThreads=2 -Dkafka.logs.dir="$RUN" \
+  # A session of its own: the broker outlives the shell job or test run that started it
+  # (a job killed as a process group took the broker with it).
+  setsid nohup java -Xms256m -Xmx768m -XX:+UseParallelGC -XX:ParallelGCThreads=2 -Dkafka.logs.dir="$RUN" \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
     -cp "$LIBS/*" kafka.Kafka "$RUN/server.properties" >"$RUN/stdout.log" 2>&1 &
   echo $! >"$PIDFILE"
