@@ -16,6 +16,7 @@ GROUPS = {
     "chaos": "tests.bench.bench_chaos",
     "encryption": "tests.bench.bench_encryption",
     "web": "tests.bench.bench_web",
+    "ops": "tests.bench.bench_ops",
 }
 
 
