@@ -89,15 +89,11 @@ def make_openai(settings: Settings) -> AsyncOpenAI:
 
 
 def _retryable(e: Exception) -> str | None:
-    if isinstance(e, openai.RateLimitError):
-        return "rate limited (429)"
-    if isinstance(e, openai.APITimeoutError):
-        return "timeout"
-    if isinstance(e, openai.APIConnectionError):
-        return "connection failed"
-    if isinstance(e, openai.APIStatusError) and e.status_code >= 500:
+    """Why a failed request is worth making again (None: it is not), from its metric reason."""
+    reason = metrics.model_error_reason(e)
+    if reason == "server_error":
         return f"server error ({e.status_code})"
-    return None
+    return {"rate_limited": "rate limited (429)", "timeout": "timeout", "connection": "connection failed"}.get(reason)
 
 
 def answer_text(resp: Any) -> str:

@@ -20,6 +20,7 @@ from services.client import MemlaneClient
 from services.stack import Stack, stack_env
 from settings import Settings
 from tests.conftest import eventually
+from tests.fakes.model_server import Reply
 from workers.keys import open_keys
 from workers.topic_reader import TopicReader
 
@@ -158,3 +159,8 @@ async def set_consents(settings: Settings, subjects: list[tuple[str, str, str]],
         await eventually(held, timeout=60)
     finally:
         await records.aclose()
+
+
+def answer(*cands: dict) -> Reply:
+    """The scripted model's answer: these review candidates."""
+    return Reply({"candidates": list(cands)})

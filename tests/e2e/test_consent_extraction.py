@@ -22,8 +22,16 @@ from events.topics import COMMANDS, EVENTS, USAGE
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, read_topic_at, set_consent, turn
-from tests.fakes.model_server import Delay, Reply
+from tests.e2e.extraction_support import (
+    answer,
+    extraction_stack,
+    new_agent,
+    read_topic,
+    read_topic_at,
+    set_consent,
+    turn,
+)
+from tests.fakes.model_server import Delay
 from workers import extraction
 
 MODEL_DELAY_S = 8  # how long the in-flight review waits: the withdrawal lands well within it
@@ -33,10 +41,6 @@ def cand(summary: str, **kw) -> dict:
     return {"decision": "add", "handle": None, "kind": kw.pop("kind", "profile"), "labels": {}, "key": None,
             "scope": kw.pop("scope", "user"), "summary": summary, "content": "",
             "source_message_ids": kw.pop("source_message_ids", []), **kw}
-
-
-def answer(*cands: dict) -> Reply:
-    return Reply({"candidates": list(cands)})
 
 
 def marker() -> str:

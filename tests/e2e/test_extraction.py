@@ -17,7 +17,7 @@ from events.record import Source, Status
 from events.topics import EVENTS
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
+from tests.e2e.extraction_support import answer, extraction_stack, new_agent, read_topic, turn
 from tests.fakes.model_server import Delay, Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 
@@ -28,10 +28,6 @@ def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> d
     return {"decision": decision, "handle": handle, "kind": kw.pop("kind", "fact"), "labels": kw.pop("labels", {}),
             "scope": kw.pop("scope", "session"), "summary": summary, "content": kw.pop("content", ""),
             "source_message_ids": kw.pop("source_message_ids", []), **kw}
-
-
-def answer(*cands: dict) -> Reply:
-    return Reply({"candidates": list(cands)})
 
 
 @pytest.fixture(scope="module")

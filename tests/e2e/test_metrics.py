@@ -32,7 +32,7 @@ from projections.redis_records import RedisRecords
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, stack_env
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, send_commands, send_poison_command, turn
+from tests.e2e.extraction_support import answer, extraction_stack, new_agent, send_commands, send_poison_command, turn
 from tests.fakes.model_server import Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 from workers.kafka_io import reader
@@ -64,10 +64,6 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
 def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> dict:
     return {"decision": decision, "handle": handle, "kind": kw.pop("kind", "fact"), "labels": {},
             "scope": "session", "summary": summary, "content": "", "source_message_ids": [], **kw}
-
-
-def answer(*cands: dict) -> Reply:
-    return Reply({"candidates": list(cands)})
 
 
 @pytest.fixture(scope="module")
