@@ -92,7 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port or settings.api_port
     app = build_app(settings, extra=[WebExtension()])
     tune_for_service()
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False,
+                forwarded_allow_ips=settings.forwarded_allow_ips)
     return 0
 
 

@@ -163,6 +163,13 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
+def _count(text: str) -> int:
+    """--limit: 0 or more messages (0: all)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--limit: a whole number of messages, 0 or more, got {text!r}")
+    return int(text)
+
+
 def _table(rows: list[list[str]], head: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
@@ -401,7 +408,7 @@ def add_parsers(sub: Any) -> None:
     dsub = d.add_subparsers(dest="action", required=True)
     dl = dsub.add_parser("list", help="each <topic>.dlq with its size and messages (never their values)")
     dl.add_argument("topic", nargs="?", default=None, help="one topic, e.g. memlane.turns.dlq (default: all)")
-    dl.add_argument("--limit", type=int, default=LIST_LIMIT, help=f"messages shown per topic, newest (default "
+    dl.add_argument("--limit", type=_count, default=LIST_LIMIT, help=f"messages shown per topic, newest (default "
                     f"{LIST_LIMIT}; 0: all)")
     dl.add_argument("--json", action="store_true", help="machine-readable output, every message")
     ds = dsub.add_parser("show", help="one dead letter's headers")

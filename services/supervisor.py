@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -411,12 +412,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", default=None, help="one log file per process here (default: <data dir>/logs)")
     p.add_argument("--status-file", default=None,
                    help="JSON status written while running (default: <data dir>/supervisor.json)")
-    p.add_argument("--stop-timeout", type=float, default=20.0,
+    p.add_argument("--stop-timeout", type=seconds("--stop-timeout"), default=20.0,
                    help="seconds between SIGTERM and SIGKILL at stop (default 20)")
-    p.add_argument("--backoff-base", type=float, default=Backoff.base_s, help="first restart delay, seconds")
-    p.add_argument("--backoff-cap", type=float, default=Backoff.cap_s, help="longest restart delay, seconds")
-    p.add_argument("--backoff-reset", type=float, default=Backoff.reset_after_s,
+    p.add_argument("--backoff-base", type=seconds("--backoff-base"), default=Backoff.base_s, help="first restart delay, seconds")
+    p.add_argument("--backoff-cap", type=seconds("--backoff-cap"), default=Backoff.cap_s, help="longest restart delay, seconds")
+    p.add_argument("--backoff-reset", type=seconds("--backoff-reset"), default=Backoff.reset_after_s,
                    help="a child up this long counts as healthy again, seconds")
+
+
+def seconds(flag: str) -> Callable[[str], float]:
+    """An argparse type: a number of seconds above 0 (0 or less would restart a crashing child
+    in a tight loop, or kill every child at once)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{flag}: a number of seconds above 0, got {text!r}")
+        return value
+
+    return parse
 
 
 def child_env() -> dict[str, str]:

@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     data_dir: Path = ROOT / ".run" / "data"
     api_host: str = "127.0.0.1"
     api_port: int = 38080
+    # Proxies whose X-Forwarded-Proto/-For the API believes (comma-separated IPs, or *): behind a
+    # TLS-terminating load balancer, name it, so the web page sees https (its Origin check and
+    # its cookie's Secure flag depend on it).
+    forwarded_allow_ips: str = "127.0.0.1"
     api_url: str = ""
     # Worker topics get this prefix so tests can run isolated pipelines on one broker.
     topic_prefix: str = ""

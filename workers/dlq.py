@@ -34,8 +34,11 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from events import codec
+from events.codec import ContractError
+from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, TOPICS
 from settings import Settings
 from workers.kafka_io import producer, reader
@@ -262,8 +265,15 @@ class DeadLetters:
         if "value_dropped" in h or x.value is None:
             return {"ref": x.ref, "skipped": "its value was too large to park; the original is at "
                     f"{source}/{h.get('source_partition')}/{h.get('source_offset')} for its retention"}
+        if not (h.get("source_partition") or "").isdigit():
+            return {"ref": x.ref, "skipped": "its source_partition header is missing; a replay goes back to the "
+                    "partition it came from, beside the rest of its session or agent"}
         where = f"{source}/{h.get('source_partition')}/{h.get('source_offset')}"
-        value = codec.unpark(x.value, where)  # the platform's plaintext, as it was sent
+        try:
+            value = codec.unpark(x.value, where)  # the platform's plaintext, as it was sent
+        except (KeyDestroyed, KeyMissing, ContractError) as e:
+            return {"ref": x.ref, "skipped": f"cannot open it ({type(e).__name__}: its subject was erased, or this "
+                    "process has no data keys)"}
         count = x.repeat + 1
         claim = json.dumps({"at": datetime.now(UTC).isoformat(), "count": count})
         key = replayed_key(s, dlq)
@@ -277,9 +287,14 @@ class DeadLetters:
         if h.get("consumer_group"):
             headers.append((REPLAY_FOR, h["consumer_group"].encode()))
         try:
-            meta = await p.send_and_wait(source, value, key=x.raw_key, headers=headers)
-        except BaseException:
-            await self.r.hdel(key, x.ref)  # not sent: it may be replayed again
+            meta = await p.send_and_wait(source, value, key=x.raw_key, headers=headers,
+                                         partition=int(h["source_partition"]))
+        except KafkaError as e:
+            # Refused by the broker: not written, so it may be replayed again. A timeout (or an
+            # interruption, below) may have been written: the claim stays, so no later replay
+            # sends it twice, and `dlq list` shows it as sending, for the operator to check.
+            if not isinstance(e, KafkaTimeoutError):
+                await self.r.hdel(key, x.ref)
             raise
         to = f"{meta.topic}/{meta.partition}/{meta.offset}"
         await self.r.hset(key, x.ref, json.dumps({**json.loads(claim), "to": to}))
