@@ -7,8 +7,10 @@ change a page offers is a form its script sends to the JSON API itself (app.js).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -72,6 +74,20 @@ async def signed_in(request: Request) -> WebSession | None:
     return await request.app.state.web_sessions.get(request.cookies.get(COOKIE))
 
 
+def as_page(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """A page's refusal (a bad `agent` or `tenant`, a record one may not read) as a page that
+    names the field, not the API's JSON body."""
+
+    @functools.wraps(handler)
+    async def page(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(request, *args, **kwargs)
+        except ApiError as e:
+            return render(request, "error.html", await signed_in(request), e.status, error=e.message)
+
+    return page
+
+
 class WebExtension:
     """Serves /ui: its sessions live in the API's Redis, beside the keys they stand for."""
 
@@ -84,9 +100,9 @@ class WebExtension:
         r.add_api_route("/ui", self.home, methods=["GET"])
         r.add_api_route("/ui/session", self.sign_in, methods=["POST"])
         r.add_api_route("/ui/signout", self.sign_out, methods=["POST"])
-        r.add_api_route("/ui/member", self.member, methods=["GET"])
-        r.add_api_route("/ui/member/facts/{rid}", self.fact, methods=["GET"])
-        r.add_api_route("/ui/operator", self.operator, methods=["GET"])
+        r.add_api_route("/ui/member", as_page(self.member), methods=["GET"])
+        r.add_api_route("/ui/member/facts/{rid}", as_page(self.fact), methods=["GET"])
+        r.add_api_route("/ui/operator", as_page(self.operator), methods=["GET"])
         r.add_api_route("/ui/static/{name}", self.static, methods=["GET"])
 
     async def start(self, app: FastAPI, settings: Settings) -> None:

@@ -27,6 +27,10 @@ async def test_sign_in_sets_a_strict_http_only_cookie_and_never_echoes_the_key(s
         assert "httponly" in cookie and "samesite=strict" in cookie and key.lower() not in cookie
         page = await h.get("/ui/member")
         assert page.status_code == 200 and key not in page.text
+        # A bad parameter is a page naming it, not the API's JSON.
+        bad = await h.get("/ui/member", params={"agent": "no such/agent"})
+        assert bad.status_code == 422 and bad.headers["content-type"].startswith("text/html")
+        assert "agent: an id is 1 to 128" in bad.text
         assert "default-src 'none'" in page.headers["content-security-policy"]
 
 
