@@ -95,11 +95,12 @@ class KeyStore:
         return key, entry
 
     async def resolve(self, key: str | None) -> Principal | None:
-        if not key:
-            return None
-        if self.operator_key and secrets.compare_digest(key.encode("utf-8", "surrogatepass"), self.operator_key):
+        return await self.resolve_digest(_hash(key)) if key else None
+
+    async def resolve_digest(self, digest: str) -> Principal | None:
+        """The key whose hash is `digest` (a signed-in web session holds the hash, never the key)."""
+        if self.operator_key and secrets.compare_digest(digest, hashlib.sha256(self.operator_key).hexdigest()):
             return Principal(self.operator_tenant, None, "operator", deployment=True)
-        digest = _hash(key)
         raw = await self.r.get(self._key(digest))
         if not raw:
             return None
@@ -112,16 +113,6 @@ class KeyStore:
                 p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest}))
                 await p.execute()
         return Principal(d["tenant"], d.get("agent"), d["role"], d["id"], d.get("user"))
-
-    async def resolve_digest(self, digest: str) -> Principal | None:
-        """The key whose hash is `digest` (a signed-in web session holds the hash, never the key)."""
-        if self.operator_key and secrets.compare_digest(digest, hashlib.sha256(self.operator_key).hexdigest()):
-            return Principal(self.operator_tenant, None, "operator", deployment=True)
-        raw = await self.r.get(self._key(digest))
-        if not raw:
-            return None
-        d = json.loads(raw)
-        return Principal(d["tenant"], d.get("agent"), d["role"], d.get("id"), d.get("user"))
 
     async def list(self, tenant: str) -> list[dict[str, Any]]:
         """The tenant's keys, oldest first: id, tenant, agent, role, created, and a member key's
