@@ -25,7 +25,7 @@ from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import Delay, Reply
 from workers.dlq import REPLAY_COUNT, REPLAY_FOR, REPLAY_OF
 
-TIMEOUT_S = 1.5  # the model call's timeout; the fake answers a Delay far later
+TIMEOUT_S = 3.0  # the model call's timeout (room for a loaded machine); the fake answers a Delay far later
 LATE = Delay(TIMEOUT_S * 4)
 
 
