@@ -20,6 +20,7 @@ import pytest
 from events import AgentConfig
 from events.topics import TURNS
 from services.client import MemlaneClient, TurnPublisher
+from services.stack import free_port
 from tests.conftest import ROOT, eventually
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import Delay, Reply
@@ -33,7 +34,7 @@ LATE = Delay(TIMEOUT_S * 4)
 def dstack(fake, infra, settings, tmp_path_factory):
     prefix = f"{settings.topic_prefix}d{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
     stack, dsettings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("ddata"), settings.api_port,
+        fake.url, prefix, tmp_path_factory.mktemp("ddata"), free_port(),
         MEMLANE_MODEL_TIMEOUT_S=str(TIMEOUT_S), MEMLANE_MODEL_RETRIES="0", MEMLANE_CONFIG_CACHE_S="0.5", **infra,
     )
     try:

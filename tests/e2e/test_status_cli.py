@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from events.topics import COMMANDS, TOPICS
-from services.stack import PIPELINE
+from services.stack import PIPELINE, free_port
 from tests.conftest import ROOT, eventually
 from tests.e2e.extraction_support import extraction_stack, send_poison_command
 
@@ -25,7 +25,7 @@ def sstack(fake, infra, settings, tmp_path_factory):
     prefix = f"{settings.topic_prefix}s{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
     # The base URL carries credentials in its user part: status shows the origin alone.
     url = fake.url.replace("://", f"://user:{SECRET}@")
-    stack, ssettings = extraction_stack(url, prefix, tmp_path_factory.mktemp("sdata"), settings.api_port, **infra)
+    stack, ssettings = extraction_stack(url, prefix, tmp_path_factory.mktemp("sdata"), free_port(), **infra)
     stack.env["OPENAI_API_KEY"] = SECRET
     try:
         stack.start_all()
