@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,9 @@ from events.errors import ErrorCode
 from events.record import MemoryRecord
 from events.topics import TURNS
 from events.turns import SessionEnded, TurnCommitted, TurnRolledBack
+
+# POSTs that only read: sent again to another replica when the first did not answer.
+_READS = frozenset({"/v1/memory/search", "/v1/memory/search/batch", "/v1/recall", "/v1/history/search"})
 
 
 class MemlaneError(Exception):
@@ -35,7 +40,7 @@ class MemlaneClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         key: str,
         *,
         session: str | None = None,
@@ -47,7 +52,19 @@ class MemlaneClient:
         user: str | None = None,
         channel: str | None = None,
         timeout: float = 40.0,
+        failover_s: float | None = None,
     ) -> None:
+        """`base_url`: one API, or several serve replicas of one deployment. With several, a
+        call goes to the next replica when one is down or not caught up, for up to
+        `failover_s` (10 s by default), and reads send back the log positions earlier answers
+        gave (`X-Memlane-Position`), so what this client wrote or saw is never missing from
+        another replica's answer."""
+        self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else base_url)]
+        if not self.urls:
+            raise ValueError("base_url: name at least one API URL")
+        self.failover_s = (10.0 if len(self.urls) > 1 else 0.0) if failover_s is None else failover_s
+        self.at = 0  # the replica calls go to until it fails
+        self.positions: dict[int, int] = {}  # event partition -> offset, the highest any answer gave
         headers = {"Authorization": f"Bearer {key}"}
         for name, value in (
             ("X-Session", session),
@@ -63,7 +80,8 @@ class MemlaneClient:
             headers["X-Preview"] = "true"
         if turn is not None:
             headers["X-Turn"] = str(turn)
-        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+        # base_url: the first replica, for callers that use `http` directly.
+        self.http = httpx.AsyncClient(base_url=self.urls[0], headers=headers, timeout=timeout)
 
     async def __aenter__(self) -> MemlaneClient:
         return self
@@ -74,8 +92,39 @@ class MemlaneClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One call, failing over between replicas: a replica that cannot be reached, or that
+        answers 503, is left for the next. A request that may have reached a replica is sent
+        again only when that is safe: a read, or a write that names its command id."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.failover_s
+        again = method == "GET" or path in _READS or (isinstance(kw.get("json"), dict) and "command_id" in kw["json"])
+        failed = httpx.TransportError if again else (httpx.ConnectError, httpx.ConnectTimeout)
+        tried = 0
+        while True:
+            if self.positions:
+                kw["headers"] = {**kw.get("headers", {}), "X-Memlane-After": ",".join(
+                    f"{p}:{o}" for p, o in sorted(self.positions.items()))}
+            try:
+                resp = await self.http.request(method, self.urls[self.at] + path, **kw)
+            except failed:
+                if loop.time() >= deadline:
+                    raise
+            else:
+                if not (resp.status_code == 503 and again and loop.time() < deadline):
+                    self._note(resp)
+                    return resp
+            self.at, tried = (self.at + 1) % len(self.urls), tried + 1
+            if tried % len(self.urls) == 0:  # every replica failed once: give them a moment
+                await asyncio.sleep(0.2)
+
+    def _note(self, resp: httpx.Response) -> None:
+        partition, sep, offset = resp.headers.get("X-Memlane-Position", "").partition(":")
+        if sep and partition.isdigit() and offset.isdigit():
+            self.positions[int(partition)] = max(self.positions.get(int(partition), 0), int(offset))
+
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self.http.request(method, path, **kw)
+        resp = await self._send(method, path, **kw)
         if resp.status_code >= 400:
             try:
                 err = resp.json()["error"]
@@ -115,6 +164,8 @@ class MemlaneClient:
         return AgentConfig.model_validate(await self._call("GET", "/v1/config"))
 
     async def add_memory(self, summary: str, *, wait: bool = True, **fields: Any) -> dict[str, Any]:
+        # A command id of its own makes the write safe to send again (the ledger applies an id once).
+        fields.setdefault("command_id", str(uuid.uuid4()))
         return await self._call("POST", "/v1/memory", params={"wait": wait}, json={"summary": summary, **fields})
 
     async def search_memory(self, query: str | None = None, **filters: Any) -> tuple[list[Found], str | None]:

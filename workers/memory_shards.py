@@ -105,6 +105,23 @@ class MemoryShards:
     def wait_for(self, command_id: str, tenant: str, agent: str) -> asyncio.Future:
         return self.of(tenant, agent).wait_for(command_id, tenant, agent)
 
+    def position(self, tenant: str, agent: str) -> tuple[int, int]:
+        """The agent's event partition and the offset before which this process serves all of it."""
+        partition = EVENTS.partition_of(f"{tenant}/{agent}".encode())
+        return partition, self.of(tenant, agent).searchable_to(tenant, agent, partition)
+
+    async def reach(self, tenant: str, agent: str, offset: int, timeout: float) -> bool:
+        """Until this process serves the agent's events before `offset` (another replica's
+        position), or `timeout` s: False then. Replicas follow the same log, so it is a
+        matter of milliseconds unless this one is behind."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.position(tenant, agent)[1] < offset:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     async def run(self) -> None:
         reconciling = asyncio.create_task(self.reconciler.run(self.settings.reconcile_every_s, self.settings.reconcile_delay_s), name="reconciler")
         try:

@@ -655,6 +655,13 @@ class QdrantProjection:
     def parked_count(self) -> int:
         return sum(len(b) for b in self.parked.values())
 
+    def searchable_to(self, tenant: str, agent: str, partition: int) -> int:
+        """The event offset of `partition` before which every event of the agent is searchable
+        here: read and written to the index, none still parked (a serve replica's read fence)."""
+        part = tp_key(TopicPartition(self.settings.topic(EVENTS.name), partition))
+        held = [off for (t, a, _), (_, p, off) in self.parked_at.items() if t == tenant and a == agent and p == part]
+        return min([self.ckpt.get(part, 0), *held])
+
     def status(self) -> dict[str, Any]:
         return {
             "points": self.index.count(),

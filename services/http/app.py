@@ -18,6 +18,7 @@ from services.auth import KeyStore
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.input_guard import GuardBodies
+from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
@@ -117,6 +118,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         lifespan=lifespan,
     )
     app.add_middleware(GuardBodies)
+    app.add_middleware(Positions)
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -28,6 +28,7 @@ from events.errors import ErrorCode
 from events.turns import CHANNEL_PATTERN
 from services.auth import Principal
 from services.errors import ApiError
+from services.http.positions import fence
 from services.http.sessions import COOKIE, CSRF_HEADER
 from services.memory import Context, MemoryService
 
@@ -118,6 +119,7 @@ def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_tur
 
 
 async def context(
+    request: Request,
     p: Annotated[Principal, Depends(principal)],
     x_agent: Annotated[str | None, Header()] = None,
     x_tenant: Annotated[str | None, Header()] = None,
@@ -128,9 +130,13 @@ async def context(
     x_turn: Annotated[int | None, Header(ge=0)] = None,
     x_user: Annotated[str | None, Header(description="the member the call speaks for (user-scope memory)")] = None,
     x_channel: Annotated[str | None, Header(description="the session's channel (memory.channels)")] = None,
+    x_memlane_after: Annotated[str | None, Header(description="positions another replica answered with "
+                                                  "(X-Memlane-Position): read what they cover")] = None,
 ) -> Context:
-    return resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn,
-                           x_user, x_channel)
+    ctx = resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn,
+                          x_user, x_channel)
+    await fence(request.app.state.shards.memory, ctx.tenant, ctx.agent, x_memlane_after)
+    return ctx
 
 
 def tenant_of(p: Principal, x_tenant: str | None) -> str:
