@@ -5,6 +5,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ONLY ?=
 PYTEST_ARGS ?=
+# Run again on a 3-master Redis Cluster after the main suite (docs/redis-cluster.md); empty: skipped.
+CLUSTER_TESTS ?= tests/contract/test_record_view.py tests/integration/test_applied_waiter.py \
+  tests/integration/test_reconciler_reads.py tests/integration/test_reconciler.py \
+  tests/integration/test_history_replay.py tests/integration/test_activity.py \
+  tests/integration/test_erasure_projections.py tests/integration/test_reads_subjects.py \
+  tests/integration/test_projection_law.py tests/integration/test_health_forget.py \
+  tests/integration/test_generation_swap.py tests/integration/test_projection_checkpoint.py \
+  tests/e2e/test_memory_api.py tests/e2e/test_members.py tests/e2e/test_history.py tests/e2e/test_rebuild.py \
+  --deselect tests/integration/test_reads_subjects.py::test_a_recall_whose_redis_is_down_answers_empty_and_flagged
 # Local development: `memlane serve` and the workers accept the default operator key (with a warning).
 export MEMLANE_DEV ?= 1
 
@@ -33,10 +42,16 @@ up: install
 
 down:
 	@deploy/local/kafka.sh stop
+	@deploy/local/kafka-cluster.sh stop
 	@deploy/local/redis.sh stop
+	@deploy/local/redis-cluster.sh stop
 
 test: up
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@# The projection and API suites again, every Redis client on the cluster (tests/redis_cluster.py).
+	@if [ -n "$(strip $(CLUSTER_TESTS))" ]; then deploy/local/redis-cluster.sh start && \
+	  MEMLANE_TEST_REDIS=cluster MEMLANE_TEST_API_PORT=$${MEMLANE_TEST_CLUSTER_API_PORT:-28281} \
+	  $(PY) -m pytest $(CLUSTER_TESTS); fi
 
 demo: up
 	$(VENV)/bin/memlane demo

@@ -26,6 +26,7 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     "memlane.memory.commands": TypeAdapter(Command),
     "memlane.memory.events": TypeAdapter(MemoryEvent),
     "memlane.vectors": TypeAdapter(VectorComputed),
+    "memlane.history.vectors": TypeAdapter(VectorComputed),
     "memlane.usage": TypeAdapter(UsageEvent),
 }
 

@@ -75,6 +75,11 @@ COMMANDS = Topic("memlane.memory.commands", 8, agent_key)
 EVENTS = Topic("memlane.memory.events", 8, agent_key, config={"retention.ms": "-1"})
 VECTORS = Topic("memlane.vectors", 4, vector_key, compacted=True, config={"cleanup.policy": "compact"})
 USAGE = Topic("memlane.usage", 4, agent_key)
+# Vectors of history parts, keyed by model and part (`events.rules.history.point_id` as the
+# content hash), each in the partition of its turn: the embedding worker that reads turns
+# partition p writes them to partition p, so as many workers share them as share the turns.
+HISTORY_VECTORS = Topic("memlane.history.vectors", TURNS.partitions, vector_key, compacted=True,
+                        config={"cleanup.policy": "compact"})
 
 
 def vector_partition(event_partition: int) -> int:
@@ -91,7 +96,7 @@ def vector_partitions(event_partitions: list[int]) -> list[int]:
     return sorted({vector_partition(p) for p in event_partitions})
 
 
-TOPICS: dict[str, Topic] = {t.name: t for t in (TURNS, COMMANDS, EVENTS, VECTORS, USAGE)}
+TOPICS: dict[str, Topic] = {t.name: t for t in (TURNS, COMMANDS, EVENTS, VECTORS, USAGE, HISTORY_VECTORS)}
 
 
 def keys_topic(segment_ms: int = 3_600_000) -> Topic:

@@ -4,6 +4,11 @@ A vector belongs to the subject of the record it was computed for (`subject`): i
 hash is keyed by that subject's data key (`keyed_hash`) and its dense vector sealed under
 it, so neither a guessed text nor the embedding can be read back once the key is destroyed.
 A message with no subject (written without encryption) holds a plain hash and vector.
+
+`memlane.history.vectors` carries the same message for a part of session history: there
+`content_hash` is the part's point id (`events.rules.history.parts_of`), which the history
+projection computes from the turn alone, and `subject` is the turn's (its member's, else
+its agent's).
 """
 
 from __future__ import annotations

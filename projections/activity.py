@@ -3,15 +3,17 @@ recalls, and each record's recalls (what is counted: events.rules.activity; docs
 
 Under the deployment's root (`settings.redis_root`), ids, counts and times only:
 - `act:<scope>:<minute>:<kind>`: a set of the ids (8-byte digests) counted in that minute, for the scopes
-  `<tenant>/<agent>`, `<tenant>` and `*` (every tenant). Sets, not counters: adding an id twice
+  `{<tenant>/<agent>}` (the agent as hash tag: its keys share a Redis Cluster slot), `<tenant>` and
+  `*` (every tenant). Sets, not counters: adding an id twice
   changes nothing, so replays, redeliveries and several API processes following the same
   topics count each thing once. Each expires `KEEP_MINUTES` after its minute.
-- `act:rc:<tenant>/<agent>/<record>`: a HyperLogLog of the recalls' usage ids that named the
+- `act:rc:{<tenant>/<agent>}/<record>`: a HyperLogLog of the recalls' usage ids that named the
   record (idempotent like a set, at most 12 kB however often it is recalled; exact in
-  practice for small counts, within about 1% beyond), and `act:rf:` / `act:rl:<tenant>/<agent>`:
+  practice for small counts, within about 1% beyond), and `act:rf:` / `act:rl:{<tenant>/<agent>}`:
   sorted sets of each record's first and last recall (ZADD LT / GT: idempotent too).
 - `act:ckpt`: the follower's next offset per partition, written in the same MULTI/EXEC as
-  the counts it covers.
+  the counts it covers (on a Redis Cluster right after them, which every write above allows:
+  adding what is there changes nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from events.rules.activity import KEEP_MINUTES, KINDS, Recalled, Tick
+from projections.redis_client import agent_tag, connect, retag_once, write_then
 
 
 def _iso(ms: float | None) -> str | None:
@@ -40,16 +43,18 @@ class ActivityView:
     def __init__(self, client: aioredis.Redis, root: str) -> None:
         self.r = client  # decode_responses=True
         self.root = f"{root}act:"
+        self._retagged = False
 
     @classmethod
     def from_url(cls, url: str, root: str) -> ActivityView:
-        return cls(aioredis.from_url(url, decode_responses=True), root)
+        return cls(connect(url), root)
 
     async def aclose(self) -> None:
         await self.r.aclose()
 
     def _minute_key(self, scope: str, minute: int, kind: str) -> str:
-        return f"{self.root}{scope}:{minute}:{kind}"
+        # An agent's scope is its hash tag; a tenant's and every tenant's spread over the slots.
+        return f"{self.root}{agent_tag(scope) if '/' in scope else scope}:{minute}:{kind}"
 
     @property
     def _ckpt(self) -> str:
@@ -67,24 +72,45 @@ class ActivityView:
                 key = self._minute_key(scope, t.minute, t.kind)
                 members.setdefault(key, []).append(_digest(t.member))
                 expiring[key] = (t.minute + KEEP_MINUTES + 1) * 60
-        async with self.r.pipeline(transaction=True) as p:
+        recalls = list(recalls)
+
+        def writes(p: Any) -> None:
             for key, ids in members.items():
                 p.sadd(key, *ids)
                 p.expireat(key, expiring[key])
             for rc in recalls:
-                agent = f"{rc.tenant}/{rc.agent}"
+                agent = agent_tag(f"{rc.tenant}/{rc.agent}")
                 for rid in rc.record_ids:
                     p.pfadd(f"{self.root}rc:{agent}/{rid}", rc.usage_id)
                 if rc.record_ids:
                     at = dict.fromkeys(rc.record_ids, rc.at_ms)
                     p.zadd(f"{self.root}rf:{agent}", at, lt=True)
                     p.zadd(f"{self.root}rl:{agent}", at, gt=True)
+
+        def checkpoint(p: Any) -> None:
             if positions:
                 p.hset(self._ckpt, mapping=dict(positions))
-            await p.execute()
+
+        await write_then(self.r, writes, checkpoint)
 
     async def checkpoints(self) -> dict[str, int]:
+        """The follower's checkpoints. Its first look moves recall counts kept before hash tags
+        to the tagged names (`redis_client.retag_once`): `memlane.usage` may no longer hold
+        their recalls. Per-minute counts are not moved: they expire within the hour anyway."""
+        if not self._retagged:
+            await retag_once(self.r, f"{self.root}layout:tagged", f"{self.root}r[cfl]:*", self._retag)
+            self._retagged = True
         return {k: int(v) for k, v in (await self.r.hgetall(self._ckpt)).items()}
+
+    def _retag(self, key: str) -> str | None:
+        head, rest = key[:len(self.root) + 3], key[len(self.root) + 3:]
+        if "{" in rest or head[-3:] not in ("rc:", "rf:", "rl:"):
+            return None
+        tenant, _, rest = rest.partition("/")
+        agent, slash, rid = rest.partition("/")
+        if not agent or (head.endswith("rc:") != bool(slash)):
+            return None
+        return f"{head}{agent_tag(f'{tenant}/{agent}')}{slash}{rid}"
 
     # ------------------------------------------------------------------ read side
 
@@ -114,10 +140,11 @@ class ActivityView:
         ids = list(dict.fromkeys(record_ids))
         if not ids:
             return {}
-        scope = f"{tenant}/{agent}"
+        scope = agent_tag(f"{tenant}/{agent}")
         async with self.r.pipeline(transaction=False) as p:
             for rid in ids:
-                p.pfcount(f"{self.root}rc:{scope}/{rid}")
+                # execute_command: redis-py's cluster pipeline refuses pfcount() (which may name several keys).
+                p.execute_command("PFCOUNT", f"{self.root}rc:{scope}/{rid}")
             p.zmscore(f"{self.root}rf:{scope}", ids)
             p.zmscore(f"{self.root}rl:{scope}", ids)
             *counts, first, last = await p.execute()

@@ -17,6 +17,8 @@ from typing import Any
 
 import structlog
 
+from projections import redis_client
+
 log = structlog.get_logger()
 
 Key = tuple[str, str, str]  # ("r", tenant/agent, record id) or ("b", tenant/agent, label)
@@ -106,7 +108,7 @@ class AppliedListener:
         await asyncio.shield(self._ready)
 
     async def _subscribe(self) -> Any:
-        pubsub = self.r.pubsub()
+        pubsub = await redis_client.pubsub(self.r)
         await pubsub.subscribe(self.channel)
         # The confirmation, read before anyone relies on the subscription.
         while (m := await pubsub.get_message(timeout=5)) is None or m["type"] != "subscribe":

@@ -37,7 +37,7 @@ from qdrant_edge import (
 )
 
 from events.codec import ContractError, cipher
-from events.rules.history import HistoryFilter, KeptEvent, point_id, split_parts
+from events.rules.history import HistoryFilter, KeptEvent, parts_of
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
 from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
@@ -120,9 +120,8 @@ def unpack(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_parts(e: KeptEvent) -> list[tuple[str, dict[str, Any]]]:
-    """(point id, payload) of each part; texts to embed are `payload["text"]`."""
-    texts = split_parts(e.text)
-    return [(point_id(e, i + 1), part_payload(e, t, i + 1, len(texts))) for i, t in enumerate(texts)]
+    """(point id, payload) of each part; a part's text is `payload["text"]`."""
+    return [(pid, part_payload(e, t, part, parts)) for pid, part, parts, t in parts_of(e)]
 
 
 class HistoryIndex:
@@ -162,6 +161,11 @@ class HistoryIndex:
             must.append(FieldCondition("user", match=MatchValue(er.user)))
         with self._lock:
             self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
+
+    def held(self, ids: list[str]) -> set[str]:
+        """Which of these point ids the shard holds."""
+        with self._lock:
+            return {str(r.id) for r in self.shard.retrieve(ids, False, False)}
 
     def flush(self) -> None:
         with self._lock:

@@ -1,9 +1,11 @@
 """Redis side of session history: kept events by id, and each session's order.
 
-Per session (`tenant/agent/session`): a hash of event id -> whole event, and a sorted
-set ordered by turn then sequence, for listing without a query and for paging. The
-projection's checkpoints live in the same namespace and change in the same MULTI/EXEC
-as the events they cover, so a restart resumes exactly where the view stands.
+Per session (`tenant/agent/session`): a hash of event id -> whole event, `ev:{tenant/agent}/session`,
+and a sorted set ordered by turn then sequence, `ord:{tenant/agent}/session`, for listing
+without a query and for paging; the agent is their hash tag, so a session's two keys share a
+Redis Cluster slot. The projection's checkpoints live in the same namespace and change in the
+same MULTI/EXEC as the events they cover (on a cluster, right after them:
+`redis_client.write_then`), so a restart resumes where the view stands.
 Folding the same turn twice writes the same values: replays and redeliveries are safe.
 
 An event's text is sealed under its subject's data key (its member's when the turn had
@@ -23,6 +25,7 @@ from events.codec import ContractError, cipher
 from events.rules.history import SEQ_SLOTS, HistoryFilter, KeptEvent, erased, erasure_marker
 from events.sealing import open_text, seal_text, subject_of
 from projections.records import Erasure, Keys, opening
+from projections.redis_client import agent_tag, connect, retag_once, scan_keys, write_then
 
 PAGE = 1000
 
@@ -55,6 +58,13 @@ def open_event(raw: str) -> KeptEvent:
     return KeptEvent.from_dict(d)
 
 
+def _tagged_session(session_key: str) -> str:
+    """`tenant/agent/session` with its agent as the hash tag: `{tenant/agent}/session`."""
+    tenant, _, rest = session_key.partition("/")
+    agent, _, session = rest.partition("/")
+    return f"{agent_tag(f'{tenant}/{agent}')}/{session}"
+
+
 class RedisHistory:
     def __init__(self, client: aioredis.Redis, namespace: str = "", generation: int = 1,
                  keys: Keys | None = None) -> None:
@@ -63,16 +73,17 @@ class RedisHistory:
         self.keys = keys  # catches up on keys not known yet; publishes the ones a write seals under
         self.unreadable = 0  # events left out: sealed under destroyed keys
         self._erased: dict[str, int] | None = None
+        self._retagged = False
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "", generation: int = 1, keys: Keys | None = None) -> RedisHistory:
-        return cls(aioredis.from_url(url, decode_responses=True), namespace, generation, keys)
+        return cls(connect(url), namespace, generation, keys)
 
     def _ev(self, session_key: str) -> str:
-        return f"{self.ns}:ev:{session_key}"
+        return f"{self.ns}:ev:{_tagged_session(session_key)}"
 
     def _ord(self, session_key: str) -> str:
-        return f"{self.ns}:ord:{session_key}"
+        return f"{self.ns}:ord:{_tagged_session(session_key)}"
 
     # ------------------------------------------------------------------ write side
 
@@ -87,13 +98,17 @@ class RedisHistory:
         rows = [(e, seal_event(e)) for e in kept]
         if rows and self.keys is not None:
             await self.keys.flush()
-        async with self.r.pipeline(transaction=True) as p:
+
+        def writes(p) -> None:
             for e, raw in rows:
                 p.hset(self._ev(e.session_key), e.id, raw)
                 p.zadd(self._ord(e.session_key), {e.id: e.order})
+
+        def checkpoint(p) -> None:
             if checkpoints:
                 p.hset(f"{self.ns}:ckpt", mapping=checkpoints)
-            await p.execute()
+
+        await write_then(self.r, writes, checkpoint)
 
     async def erasures(self) -> dict[str, int]:
         """Erasure marker -> when it was (Unix ms): what a late turn is checked against."""
@@ -110,8 +125,9 @@ class RedisHistory:
             await self.r.hset(f"{self.ns}:erased", marker, at_ms)
             markers[marker] = at_ms
         prefix = f"{self.ns}:ev:"
-        match = f"{prefix}{er.tenant}/{er.agent}/*" if er.agent is not None else f"{prefix}{er.tenant}/*"
-        sessions = [k[len(prefix):] async for k in self.r.scan_iter(match=match, count=PAGE)]
+        match = f"{prefix}{agent_tag(f'{er.tenant}/{er.agent}')}/*" if er.agent is not None else f"{prefix}{{{er.tenant}/*"
+        sessions = [k[len(prefix):].replace("{", "", 1).replace("}", "", 1)
+                    async for k in scan_keys(self.r, match, count=PAGE)]
         for sk in sessions:
             if er.user is None:
                 await self.r.unlink(self._ev(sk), self._ord(sk))
@@ -125,7 +141,19 @@ class RedisHistory:
                     await p.execute()
 
     async def checkpoints(self) -> dict[str, int]:
+        """The writer's checkpoints. Its first look moves a view kept before hash tags to the
+        tagged names (`redis_client.retag_once`): its turns may be past the topic's retention."""
+        if not self._retagged:
+            await retag_once(self.r, f"{self.ns}:layout:tagged", f"{self.ns}:*", self._retag)
+            self._retagged = True
         return {k: int(v) for k, v in (await self.r.hgetall(f"{self.ns}:ckpt")).items()}
+
+    def _retag(self, key: str) -> str | None:
+        for kind in ("ev", "ord"):
+            prefix = f"{self.ns}:{kind}:"
+            if key.startswith(prefix) and "{" not in key and key.count("/") >= 2:
+                return prefix + _tagged_session(key[len(prefix):])
+        return None
 
     # ------------------------------------------------------------------ read side
 

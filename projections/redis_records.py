@@ -2,19 +2,26 @@
 
 Keys live under a generation namespace `ml:g<N>:`, and `ml:generation` points at the
 one readers use, so a rebuild can fill a new generation and switch over atomically.
-An agent's records share one hash, `rec:<tenant>/<agent>`: field `<record id>` holds the
+Every key of an agent carries the agent as a hash tag, `{<tenant>/<agent>}`, so an
+agent's keys share one Redis Cluster slot and one script or MULTI/EXEC may touch them all
+(`projections.redis_client`; docs/redis-cluster.md). Generations written before hash tags
+(before 2026-12-02) read as empty: rebuild.
+An agent's records share one hash, `rec:{<tenant>/<agent>}`: field `<record id>` holds the
 current version and `<record id>#<version>` each version. Per-record keys cost Redis
 a key each to create, and dropping a generation had to scan and unlink every one.
 Generations written with per-record keys (before 2026-11-29) read as empty: rebuild.
-Besides the agent's listing `list:<agent>`, each member has a listing of their USER
-records, `ulist:<agent>|<user>`, and `users:<agent>` names the members who have (had)
+Besides the agent's listing `list:{<agent>}`, each member has a listing of their USER
+records, `ulist:{<agent>}|<user>`, and `users:{<agent>}` names the members who have (had)
 any: a member's list and an operator's counts read those, not the agent's whole listing.
 A generation written before 2026-12-01 has neither for its records of then: there a
 member's list and the operator's counts miss them (a member's list shows only records
 written since, the counts only those and members with a consent state) until
 `memlane rebuild` fills a new generation, which has them all.
-Each event is applied by one Lua script that checks the version and writes the view and
-the projection's checkpoint together: the tracking record lives with the view.
+Each agent's events of a batch are applied by one Lua script that checks the versions; on
+one server the batch's scripts and the projection's checkpoint go in one MULTI/EXEC (the
+tracking record lives with the view), on a cluster the checkpoint follows the agents'
+scripts, which a replay applies again without changing anything. Expiring records are in
+each agent's `expiry:{<agent>}`, and `expiring` names the agents that have (had) any.
 
 No plaintext: a version is stored as the event's raw bytes, its personal fields sealed
 (`events.sealing`), and a block's text sealed under its agent's key; reads open them,
@@ -38,61 +45,61 @@ from events.lean import LeanEvent, LeanRecord, as_lean, decode_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 from events.sealing import kid_of, open_text, seal_text, subject_of
+from projections import redis_client
 from projections.applied_waiter import AppliedListener
 from projections.records import Erasure, Keys, Page, decode_cursor, encode_cursor, listed, opening, sort_score
+from projections.redis_client import agent_tag, is_cluster, scan_keys, scan_page, unlink_keys, write_then
 
-# One call applies a whole batch. ARGV[1]: namespace; ARGV[2]: JSON object {checkpoint
-# field: next offset}; ARGV[3]: the channel to announce the batch on, or "" (no one waits);
-# ARGV[4]: the batch's changed blocks as a JSON array; then 9 arguments per event (`_row`):
-# agent key, record id, version, the event's raw JSON, sort score, flags (1 listed + 2
-# pinned), expiry ms of a live record or -1, the live record a preview record shadows or "",
-# and the member of a USER record or "". A USER record is listed in its member's listing
-# too, as in the agent's (its scope and member never change between versions), and its
-# member joins the agent's set of members. Flat arguments, not one JSON document: decoding
-# escaped snapshots in Lua cost more than the writes. A batch's sorted-set changes go out
-# as one ZADD and one ZREM per key, and its new members as one SADD per agent, not a call
-# per event. Keys are derived in the script, so this needs a single Redis node.
+# One call per agent of a batch, all its keys in one hash slot (the agent's tag), so it
+# runs on a Redis Cluster too. KEYS: the agent's rec, list, pinned, shadowed, users and
+# expiry keys (`_apply_keys`). ARGV[1]: the prefix of the agent's member listings; ARGV[2]:
+# the channel to announce on, or "" (no one waits); ARGV[3]: the agent's changed blocks as a
+# JSON array; ARGV[4]: the agent key (`tenant/agent`, for the announcement); then 8 arguments
+# per event (`_row` but its agent key): record id, version, the event's raw JSON, sort
+# score, flags (1 listed + 2 pinned), expiry ms of a live record or -1, the live record a
+# preview record shadows or "", and the member of a USER record or "". A USER record is
+# listed in its member's listing too, as in the agent's (its scope and member never change
+# between versions), and its member joins the agent's set of members. Flat arguments, not
+# one JSON document: decoding escaped snapshots in Lua cost more than the writes. The
+# sorted-set changes go out as one ZADD and one ZREM per key, not a call per event. The
+# checkpoint is CHECKPOINT's, after the batch's agents (`redis_client.write_then`).
 APPLY = """
-local ns = ARGV[1]
+local rk, lk, pk, sk, uk, ek = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ulist, ak = ARGV[1], ARGV[4]
 local applied = 0
 local changes = {}
-local announce, announced = ARGV[3] ~= '', {}
-local users = {}
+local announce, announced = ARGV[2] ~= '', {}
+local users, anyuser = {}, false
 local function put(key, member, score)
   local t = changes[key]
   if not t then t = {}; changes[key] = t end
   t[member] = score
 end
-for i = 5, #ARGV, 9 do
-  local ak, rid, ver, user = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 8]
-  local rk = ns .. ':rec:' .. ak
+for i = 5, #ARGV, 8 do
+  local rid, ver, user = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 7]
   local cur = tonumber(redis.call('HGET', rk, rid) or '0')
-  if ARGV[i + 7] ~= '' then redis.call('SADD', ns .. ':shadowed:' .. ak, ARGV[i + 7]) end
-  if user ~= '' then
-    local u = users[ak]
-    if not u then u = {}; users[ak] = u end
-    u[user] = true
-  end
+  if ARGV[i + 6] ~= '' then redis.call('SADD', sk, ARGV[i + 6]) end
+  if user ~= '' then users[user] = true; anyuser = true end
   if ver > cur then
-    redis.call('HSET', rk, rid .. '#' .. ver, ARGV[i + 3], rid, ver)
-    local score, flags, expiry = ARGV[i + 4], tonumber(ARGV[i + 5]), ARGV[i + 6]
+    redis.call('HSET', rk, rid .. '#' .. ver, ARGV[i + 2], rid, ver)
+    local score, flags, expiry = ARGV[i + 3], tonumber(ARGV[i + 4]), ARGV[i + 5]
     -- A first version has no earlier listing, pin or expiry to take back.
     local later = cur > 0
-    if flags % 2 == 1 then put(ns .. ':list:' .. ak, rid, score)
-    elseif later then put(ns .. ':list:' .. ak, rid, false) end
+    if flags % 2 == 1 then put(lk, rid, score)
+    elseif later then put(lk, rid, false) end
     if user ~= '' then
-      local ul = ns .. ':ulist:' .. ak .. '|' .. user
+      local ul = ulist .. user
       if flags % 2 == 1 then put(ul, rid, score)
       elseif later then put(ul, rid, false) end
     end
-    if flags >= 2 then put(ns .. ':pinned:' .. ak, rid, score)
-    elseif later then put(ns .. ':pinned:' .. ak, rid, false) end
-    if expiry ~= '-1' then put(ns .. ':expiry', ak .. '|' .. rid, expiry)
-    elseif later then put(ns .. ':expiry', ak .. '|' .. rid, false) end
+    if flags >= 2 then put(pk, rid, score)
+    elseif later then put(pk, rid, false) end
+    if expiry ~= '-1' then put(ek, rid, expiry)
+    elseif later then put(ek, rid, false) end
     applied = applied + 1
     if announce then announced[#announced + 1] = {ak, rid, ver} end
   else
-    redis.call('HSETNX', rk, rid .. '#' .. ver, ARGV[i + 3])
+    redis.call('HSETNX', rk, rid .. '#' .. ver, ARGV[i + 2])
   end
 end
 for key, members in pairs(changes) do
@@ -104,29 +111,35 @@ for key, members in pairs(changes) do
   for j = 1, #add, 4000 do redis.call('ZADD', key, unpack(add, j, math.min(j + 3999, #add))) end
   for j = 1, #rem, 4000 do redis.call('ZREM', key, unpack(rem, j, math.min(j + 3999, #rem))) end
 end
-for ak, members in pairs(users) do
+if anyuser then
   local add = {}
-  for u in pairs(members) do add[#add + 1] = u end
-  for j = 1, #add, 4000 do
-    redis.call('SADD', ns .. ':users:' .. ak, unpack(add, j, math.min(j + 3999, #add)))
-  end
-end
-local ck = ns .. ':ckpt'
-for field, nxt in pairs(cjson.decode(ARGV[2])) do
-  local cur = tonumber(redis.call('HGET', ck, field) or '-1')
-  if nxt > cur then redis.call('HSET', ck, field, nxt) end
+  for u in pairs(users) do add[#add + 1] = u end
+  for j = 1, #add, 4000 do redis.call('SADD', uk, unpack(add, j, math.min(j + 3999, #add))) end
 end
 -- Published with the writes, so whoever hears of a version can read it.
-if announce and (#announced > 0 or ARGV[4] ~= '[]') then
+if announce and (#announced > 0 or ARGV[3] ~= '[]') then
   local rows = '[]'
   if #announced > 0 then rows = cjson.encode(announced) end
-  redis.call('PUBLISH', ARGV[3], '{"b":' .. ARGV[4] .. ',"r":' .. rows .. '}')
+  redis.call('PUBLISH', ARGV[2], '{"b":' .. ARGV[3] .. ',"r":' .. rows .. '}')
 end
 return applied
 """
 
 
-# One SCAN page of a pattern, unlinked where it is found. ARGV: cursor, pattern.
+# The projection's checkpoint: KEYS[1] the generation's checkpoint hash; ARGV[1] a JSON
+# object {checkpoint field: next offset}. A field only moves forward.
+CHECKPOINT = """
+for field, nxt in pairs(cjson.decode(ARGV[1])) do
+  local cur = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
+  if nxt > cur then redis.call('HSET', KEYS[1], field, nxt) end
+end
+return 0
+"""
+
+
+# One SCAN page of a pattern, unlinked where it is found. ARGV: cursor, pattern. One
+# server only: its UNLINKs span slots, so a cluster drops a generation key by key
+# (`drop_generation`).
 DROP_PAGE = """
 local page = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', 10000)
 local keys = page[2]
@@ -213,14 +226,14 @@ def _row(e: Any) -> tuple[str, str, int, str, float, int, int, str, str] | None:
 
 def _config_item(ns: str, e: Any) -> tuple[str, str]:
     full = as_lean(e).full()
-    return f"{ns}:config:{full.tenant}/{full.agent}", full.config.model_dump_json()
+    return agent_key(ns, "config", f"{full.tenant}/{full.agent}"), full.config.model_dump_json()
 
 
 def _block_change(pipe: Any, ns: str, full: Any) -> tuple[str, str]:
     """A block's text (from the opened event `full`) replaces the last, sealed; an empty one
     removes the block. Events of one agent come in log order, so the last applied is the
     newest, as for configurations. Returns the block's (agent key, label)."""
-    key = f"{ns}:blocks:{full.tenant}/{full.agent}"
+    key = agent_key(ns, "blocks", f"{full.tenant}/{full.agent}")
     if full.text:
         pipe.hset(key, full.label, seal_block(full.tenant, full.agent, full.label, full.text))
     else:
@@ -241,7 +254,7 @@ def _subject_change(pipe: Any, ns: str, e: Any) -> None:
         pipe.sadd(f"{ns}:removed_users:{full.tenant}", full.user)
     else:
         state = "granted" if full.type == "ConsentGranted" else "withdrawn"
-        pipe.hset(f"{ns}:consent:{full.tenant}/{full.agent}", full.user, state)
+        pipe.hset(agent_key(ns, "consent", f"{full.tenant}/{full.agent}"), full.user, state)
 
 
 def snapshot(raw: str) -> MemoryRecord:
@@ -258,28 +271,33 @@ class _Stored(BaseModel):
 _STORED = TypeAdapter(_Stored)
 
 
-# Connections one process opens at most. A burst of requests beyond it waits for a free
-# connection (up to POOL_WAIT_S) instead of failing with "Too many connections".
-POOL_SIZE = 128
-POOL_WAIT_S = 20.0
-
-
 def connect(url: str) -> aioredis.Redis:
-    """A client that reconnects and retries a few times when Redis restarts under it."""
-    from redis.asyncio import BlockingConnectionPool
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError, TimeoutError
+    """A client that reconnects and retries a few times when Redis restarts under it (a
+    cluster client when the settings say so: `projections.redis_client`)."""
+    return redis_client.connect(url, pooled=True)
 
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=POOL_SIZE,
-        timeout=POOL_WAIT_S,
-        decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
-        retry_on_error=[ConnectionError, TimeoutError],
-    )
-    return aioredis.Redis.from_pool(pool)
+
+def agent_key(ns: str, kind: str, ak: str) -> str:
+    """An agent's key of `kind` in generation namespace `ns`, tagged with the agent."""
+    return f"{ns}:{kind}:{agent_tag(ak)}"
+
+
+def user_list_prefix(ns: str, ak: str) -> str:
+    """What the agent's member listings start with: APPLY appends the member."""
+    return f"{agent_key(ns, 'ulist', ak)}|"
+
+
+def user_list_key(ns: str, ak: str, user: str) -> str:
+    """The member's listing of their USER records on the agent."""
+    return user_list_prefix(ns, ak) + user
+
+
+APPLY_KINDS = ("rec", "list", "pinned", "shadowed", "users", "expiry")  # APPLY's KEYS, in order
+AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent")  # what dropping an agent unlinks, with its member listings
+
+
+def apply_keys(ns: str, ak: str) -> list[str]:
+    return [agent_key(ns, kind, ak) for kind in APPLY_KINDS]
 
 
 class RedisRecords:
@@ -301,6 +319,7 @@ class RedisRecords:
         self.announce = announce
         self._listener: AppliedListener | None = None
         self._apply = client.register_script(APPLY)
+        self._checkpoint = client.register_script(CHECKPOINT)
         self._drop_page = client.register_script(DROP_PAGE)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
@@ -378,8 +397,18 @@ class RedisRecords:
 
     async def drop_generation(self, gen: int) -> int:
         """Delete a generation's keys a scan page at a time, so Redis keeps serving
-        meanwhile; the keys never travel to this process."""
+        meanwhile; on one server the keys never travel to this process. A cluster's
+        keys span slots and nodes, which one script cannot, so there each primary's
+        SCAN pages come here and go back as an UNLINK per slot."""
         await self.r.srem(f"{self.root}generations", gen)
+        if is_cluster(self.r):
+            dropped, doomed = 0, []
+            async for k in scan_keys(self.r, f"{self._ns(gen)}:*", count=10_000):
+                doomed.append(k)
+                if len(doomed) >= 10_000:
+                    dropped += await unlink_keys(self.r, doomed)
+                    doomed = []
+            return dropped + await unlink_keys(self.r, doomed)
         dropped, cursor = 0, "0"
         while True:
             cursor, n = await self._drop_page(args=[cursor, f"{self._ns(gen)}:*"])
@@ -391,24 +420,26 @@ class RedisRecords:
         return f"{self.root}g{gen}"
 
     def _keys(self, gen: int, tenant: str, agent: str) -> list[str]:
-        # Must match the key names built inside APPLY.
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
-        return [f"{ns}:rec:{ak}", f"{ns}:list:{ak}", f"{ns}:pinned:{ak}", f"{ns}:ckpt"]
+        return [agent_key(ns, "rec", ak), agent_key(ns, "list", ak), agent_key(ns, "pinned", ak), f"{ns}:ckpt"]
 
     def _user_list(self, gen: int, tenant: str, agent: str, user: str) -> str:
-        """The member's listing of their USER records. Must match the key APPLY builds."""
-        return f"{self._ns(gen)}:ulist:{tenant}/{agent}|{user}"
+        """The member's listing of their USER records."""
+        return user_list_key(self._ns(gen), f"{tenant}/{agent}", user)
+
+    def _agent(self, gen: int, kind: str, tenant: str, agent: str) -> str:
+        return agent_key(self._ns(gen), kind, f"{tenant}/{agent}")
 
     # ------------------------------------------------------------------ reconciler's reads
 
     async def scan_agents(self, gen: int, cursor: int, count: int) -> tuple[int, list[tuple[str, str]]]:
         """One SCAN page of the (tenant, agent) pairs that have records in generation `gen`:
         the next cursor (0 when done) and the pairs."""
-        prefix = f"{self._ns(gen)}:rec:"
-        cursor, keys = await self.r.scan(cursor, match=f"{prefix}*", count=count)
+        prefix = f"{self._ns(gen)}:rec:{{"
+        cursor, keys = await scan_page(self.r, cursor, f"{prefix}*", count)
         out = []
         for k in keys:
-            tenant, _, agent = k[len(prefix):].partition("/")
+            tenant, _, agent = k[len(prefix):-1].partition("/")
             out.append((tenant, agent))
         return cursor, out
 
@@ -439,7 +470,7 @@ class RedisRecords:
 
     async def shadowed_in(self, gen: int, tenant: str, agent: str) -> set[str]:
         """`shadowed` in a given generation."""
-        return await self.r.smembers(f"{self._ns(gen)}:shadowed:{tenant}/{agent}")
+        return await self.r.smembers(self._agent(gen, "shadowed", tenant, agent))
 
     # ------------------------------------------------------------------ write side
 
@@ -463,29 +494,48 @@ class RedisRecords:
                              positions: list[tuple[str, int]] | None) -> None:
         if not events and positions is None:
             return
-        args: list[Any] = [ns, json.dumps(_checkpoints(positions)), self.applied_channel if self.announce else "", ""]
-        configs = []
-        blocks = self.r.pipeline(transaction=False)
-        changed: list[tuple[str, str]] = []
+        rows: dict[str, list[Any]] = {}  # agent key -> APPLY's 8 arguments per event
+        pre = self.r.pipeline(transaction=False)  # configurations, blocks, consent; one key each
+        changed: dict[str, list[tuple[str, str]]] = {}
+        expiring: set[str] = set()
         for e in events:
             row = _row(e) if self._readable(e, gone) else None
             if row is not None:
-                args += row
+                rows.setdefault(row[0], []).extend(row[1:])
+                if row[6] != -1:
+                    expiring.add(row[0])
             elif e.type == "AgentConfigured":
-                configs.append(_config_item(ns, e))
+                pre.set(*_config_item(ns, e))
             elif e.type == "BlockChanged":
                 if (full := await self._opening(e.full)) is not None:
-                    changed.append(_block_change(blocks, ns, full))
+                    ak, label = _block_change(pre, ns, full)
+                    changed.setdefault(ak, []).append((ak, label))
             elif e.type in SUBJECT_EVENTS:
                 # Before the batch's records and its checkpoint: a withdrawal is never behind them.
-                _subject_change(blocks, ns, e)
-        args[3] = json.dumps(changed)
-        if configs:
-            await self.r.mset(dict(configs))
-        if len(blocks):
+                _subject_change(pre, ns, e)
+        if expiring:
+            # The sweep's registry of agents with expiring records: written first, so a record
+            # with an expiry is never in an agent the sweep does not know of.
+            pre.sadd(f"{ns}:expiring", *sorted(expiring))
+        if len(pre):
             await self._flush_keys()
-            await blocks.execute()
-        await self._apply(args=args)
+            await pre.execute()
+        channel = self.applied_channel if self.announce else ""
+        agents = list(rows) + [ak for ak in changed if ak not in rows]
+        ckpt = _checkpoints(positions)
+
+        def scripts(p: Any) -> None:
+            for ak in agents:
+                # execute_command: redis-py's cluster pipeline refuses its evalsha() method.
+                p.execute_command("EVALSHA", self._apply.sha, len(APPLY_KINDS), *apply_keys(ns, ak),
+                          user_list_prefix(ns, ak), channel, json.dumps(changed.get(ak, [])), ak,
+                          *rows.get(ak, ()))
+
+        def checkpoint(p: Any) -> None:
+            if ckpt:
+                p.execute_command("EVALSHA", self._checkpoint.sha, 1, f"{ns}:ckpt", json.dumps(ckpt))
+
+        await write_then(self.r, scripts, checkpoint, scripts=(self._apply, self._checkpoint))
 
     async def _flush_keys(self) -> None:
         """The keys this process made go out before anything sealed under them is written."""
@@ -517,12 +567,12 @@ class RedisRecords:
         changes: dict[str, dict[str, float | None]] = {}
         users: dict[str, set[str]] = {}  # the agent's set of members -> members this batch names
         versions: dict[str, list[Any]] = {}  # agent hash -> field, value, ...
-        configs = []
+        expiring: set[str] = set()
         for e in events:
             row = _row(e) if self._readable(e, gone) else None
             if row is None:
                 if e.type == "AgentConfigured":
-                    configs.append(_config_item(ns, e))
+                    pipe.set(*_config_item(ns, e))
                 elif e.type == "BlockChanged":
                     if (full := await self._opening(e.full)) is not None:
                         _block_change(pipe, ns, full)
@@ -530,11 +580,13 @@ class RedisRecords:
                     _subject_change(pipe, ns, e)
                 continue
             ak, rid, ver, raw, score, flags, expiry, shadows, user = row
-            rk = f"{ns}:rec:{ak}"
+            rk = agent_key(ns, "rec", ak)
             if shadows:
-                pipe.sadd(f"{ns}:shadowed:{ak}", shadows)
+                pipe.sadd(agent_key(ns, "shadowed", ak), shadows)
             if user:
-                users.setdefault(f"{ns}:users:{ak}", set()).add(user)
+                users.setdefault(agent_key(ns, "users", ak), set()).add(user)
+            if expiry != -1:
+                expiring.add(ak)
             cur = self._filled.get((rk, rid), 0)
             if ver <= cur:
                 pipe.hsetnx(rk, f"{rid}#{ver}", raw)
@@ -543,15 +595,17 @@ class RedisRecords:
             versions.setdefault(rk, []).extend((f"{rid}#{ver}", raw, rid, ver))
             later = cur > 0  # a first version has no earlier listing, pin or expiry to take back
             zsets = [
-                (f"{ns}:list:{ak}", rid, flags & 1, score),
-                (f"{ns}:pinned:{ak}", rid, flags & 2, score),
-                (f"{ns}:expiry", f"{ak}|{rid}", expiry != -1, expiry),
+                (agent_key(ns, "list", ak), rid, flags & 1, score),
+                (agent_key(ns, "pinned", ak), rid, flags & 2, score),
+                (agent_key(ns, "expiry", ak), rid, expiry != -1, expiry),
             ]
             if user:
-                zsets.append((f"{ns}:ulist:{ak}|{user}", rid, flags & 1, score))
+                zsets.append((user_list_key(ns, ak, user), rid, flags & 1, score))
             for key, member, on, value in zsets:
                 if on or later:
                     changes.setdefault(key, {})[member] = value if on else None
+        if expiring:
+            pipe.sadd(f"{ns}:expiring", *sorted(expiring))
         for rk, fields in versions.items():
             pipe.execute_command("HSET", rk, *fields)
         for key, members in changes.items():
@@ -561,13 +615,12 @@ class RedisRecords:
                 pipe.zrem(key, *rem)
         for key, names in users.items():
             pipe.sadd(key, *names)
-        if configs:
-            pipe.mset(dict(configs))
-        if ckpt := _checkpoints(positions):
-            pipe.hset(f"{ns}:ckpt", mapping=ckpt)
         if len(pipe):
             await self._flush_keys()
             await pipe.execute()
+        # After the view's writes, which on a cluster go to several nodes at once.
+        if ckpt := _checkpoints(positions):
+            await self.r.hset(f"{ns}:ckpt", mapping=ckpt)
 
     # ------------------------------------------------------------------ purges
 
@@ -588,34 +641,36 @@ class RedisRecords:
                 await self._drop_member(ns, ak, er.user)
 
     async def _scan(self, match: str) -> list[str]:
-        return [k async for k in self.r.scan_iter(match=match, count=PAGE)]
+        """Every key matching `match`: every primary's, on a cluster."""
+        return [k async for k in scan_keys(self.r, match, count=PAGE)]
+
+    async def _tagged_agents(self, ns: str, kind: str, tenant: str) -> set[str]:
+        """The agents of `tenant` that have a key of `kind` (`<ns>:<kind>:{<tenant>/<agent>}`)."""
+        prefix = f"{ns}:{kind}:{{{tenant}/"
+        return {k[len(prefix):-1] for k in await self._scan(f"{prefix}*}}")}
 
     async def _agents_of(self, ns: str, tenant: str) -> set[str]:
         """The agents of `tenant` the view holds anything of."""
         agents = set()
         for kind in ("rec", "blocks", "consent"):
-            prefix = f"{ns}:{kind}:{tenant}/"
-            agents |= {k[len(prefix):] for k in await self._scan(f"{prefix}*")}
+            agents |= await self._tagged_agents(ns, kind, tenant)
         return agents
 
-    async def _unlink(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), PAGE):
-            await self.r.unlink(*keys[i:i + PAGE])
-
     async def _drop_agent(self, ns: str, ak: str) -> None:
-        """Everything of an agent but its configuration (no personal data; the log holds it in the clear)."""
-        keys = [f"{ns}:{kind}:{ak}" for kind in ("rec", "list", "pinned", "shadowed", "blocks", "consent", "users")]
-        await self._unlink(keys + await self._scan(f"{ns}:ulist:{ak}|*"))
-        expiring = [m async for m, _ in self.r.zscan_iter(f"{ns}:expiry", match=f"{ak}|*", count=PAGE)]
-        for i in range(0, len(expiring), PAGE):
-            await self.r.zrem(f"{ns}:expiry", *expiring[i:i + PAGE])
-        self._filled = {k: v for k, v in self._filled.items() if k[0] != f"{ns}:rec:{ak}"}
+        """Everything of an agent but its configuration (no personal data; the log holds it in
+        the clear): its keys, one slot, and its member listings, named by its set of members."""
+        members = await self.r.smembers(agent_key(ns, "users", ak))
+        keys = [agent_key(ns, kind, ak) for kind in AGENT_KINDS] + [user_list_key(ns, ak, u) for u in sorted(members)]
+        await unlink_keys(self.r, keys, PAGE)
+        await self.r.srem(f"{ns}:expiring", ak)
+        rk = agent_key(ns, "rec", ak)
+        self._filled = {k: v for k, v in self._filled.items() if k[0] != rk}
 
     async def _drop_member(self, ns: str, ak: str, user: str) -> None:
         """Every version of the member's USER records on the agent, their listing, their
         consent and their place among the agent's members. Walks the agent's versions (a
         deleted or superseded record is in no listing): an erasure is rare."""
-        rk = f"{ns}:rec:{ak}"
+        rk = agent_key(ns, "rec", ak)
         rids: set[str] = set()
         fields: list[str] = []
         needle = f'"user":"{user}"'
@@ -628,9 +683,9 @@ class RedisRecords:
                 fields.append(field)
         await self._drop_records(ns, ak, rids, fields, {user})
         pipe = self.r.pipeline(transaction=False)
-        pipe.unlink(f"{ns}:ulist:{ak}|{user}")
-        pipe.srem(f"{ns}:users:{ak}", user)
-        pipe.hdel(f"{ns}:consent:{ak}", user)
+        pipe.execute_command("UNLINK", user_list_key(ns, ak, user))  # cluster pipelines make unlink() a coroutine
+        pipe.srem(agent_key(ns, "users", ak), user)
+        pipe.hdel(agent_key(ns, "consent", ak), user)
         await pipe.execute()
 
     async def _drop_records(self, ns: str, ak: str, rids: set[str], fields: list[str] | None = None,
@@ -639,7 +694,7 @@ class RedisRecords:
         their places in the agent's listings."""
         if not rids:
             return
-        rk, ids = f"{ns}:rec:{ak}", sorted(rids)
+        rk, ids = agent_key(ns, "rec", ak), sorted(rids)
         if fields is None:
             currents = await self.r.hmget(rk, ids)
             fields = [f"{rid}#{v}" for rid, cur in zip(ids, currents) if cur for v in range(1, int(cur) + 1)]
@@ -655,12 +710,11 @@ class RedisRecords:
             pipe.hdel(rk, *doomed[i:i + PAGE])
         for i in range(0, len(ids), PAGE):
             chunk = ids[i:i + PAGE]
-            pipe.zrem(f"{ns}:list:{ak}", *chunk)
-            pipe.zrem(f"{ns}:pinned:{ak}", *chunk)
-            pipe.srem(f"{ns}:shadowed:{ak}", *chunk)
-            pipe.zrem(f"{ns}:expiry", *[f"{ak}|{rid}" for rid in chunk])
+            for kind in ("list", "pinned", "expiry"):
+                pipe.zrem(agent_key(ns, kind, ak), *chunk)
+            pipe.srem(agent_key(ns, "shadowed", ak), *chunk)
             for user in users or ():
-                pipe.zrem(f"{ns}:ulist:{ak}|{user}", *chunk)
+                pipe.zrem(user_list_key(ns, ak, user), *chunk)
         await pipe.execute()
         for rid in ids:
             self._filled.pop((rk, rid), None)
@@ -730,8 +784,7 @@ class RedisRecords:
 
     async def agents(self, tenant: str) -> list[str]:
         """The tenant's configured agents: a SCAN of the view, for an operator's page, not a hot path."""
-        prefix = f"{self._ns(await self._read_generation())}:config:{tenant}/"
-        return sorted(k[len(prefix):] for k in await self._scan(f"{prefix}*"))
+        return sorted(await self._tagged_agents(self._ns(await self._read_generation()), "config", tenant))
 
     async def census(self, tenant: str, agent: str) -> dict[tuple[str, str, str], int]:
         """How many of the agent's records are in each (status, kind, scope), by their current
@@ -751,7 +804,7 @@ class RedisRecords:
 
     async def users(self, tenant: str, agent: str) -> set[str]:
         """The members who have (or had) USER records on the agent."""
-        return await self.r.smembers(f"{self._ns(await self._read_generation())}:users:{tenant}/{agent}")
+        return await self.r.smembers(self._agent(await self._read_generation(), "users", tenant, agent))
 
     async def pinned(self, tenant, agent) -> list[MemoryRecord]:
         key = self._keys(await self._read_generation(), tenant, agent)[2]
@@ -760,7 +813,7 @@ class RedisRecords:
 
     async def blocks(self, tenant, agent) -> dict[str, str]:
         """The agent's memory blocks, label -> text (opened; one sealed under a destroyed key is left out)."""
-        stored = await self.r.hgetall(f"{self._ns(await self._read_generation())}:blocks:{tenant}/{agent}")
+        stored = await self.r.hgetall(self._agent(await self._read_generation(), "blocks", tenant, agent))
         out = {}
         for label, value in stored.items():
             if (text := await self._opening(open_block, tenant, agent, label, value)) is not None:
@@ -769,10 +822,10 @@ class RedisRecords:
 
     async def shadowed(self, tenant, agent) -> set[str]:
         """Live records a preview record replaces or deletes: preview turns skip them."""
-        return await self.r.smembers(f"{self._ns(await self._read_generation())}:shadowed:{tenant}/{agent}")
+        return await self.r.smembers(self._agent(await self._read_generation(), "shadowed", tenant, agent))
 
     async def config(self, tenant: str, agent: str) -> AgentConfig | None:
-        raw = await self.r.get(f"{self._ns(await self._read_generation())}:config:{tenant}/{agent}")
+        raw = await self.r.get(self._agent(await self._read_generation(), "config", tenant, agent))
         return AgentConfig.model_validate_json(raw) if raw else None
 
     async def subject(self, tenant: str, agent: str, user: str | None) -> SubjectState:
@@ -782,7 +835,7 @@ class RedisRecords:
         pipe = self.r.pipeline(transaction=False)
         pipe.sismember(f"{ns}:removed_agents:{tenant}", agent)
         if user is not None:
-            pipe.hget(f"{ns}:consent:{tenant}/{agent}", user)
+            pipe.hget(agent_key(ns, "consent", f"{tenant}/{agent}"), user)
             pipe.sismember(f"{ns}:removed_users:{tenant}", user)
         got = await pipe.execute()
         if user is None:
@@ -791,17 +844,25 @@ class RedisRecords:
 
     async def consents(self, tenant: str, agent: str) -> dict[str, str]:
         """Every member's consent on the agent: user -> granted | withdrawn."""
-        return await self.r.hgetall(f"{self._ns(await self._read_generation())}:consent:{tenant}/{agent}")
+        return await self.r.hgetall(self._agent(await self._read_generation(), "consent", tenant, agent))
 
     async def expired(self, at_ms: int) -> dict[tuple[str, str], list[str]]:
         """Live records whose expiry is at or before `at_ms`, by (tenant, agent): what a
-        sweep asks the ledger to tombstone."""
+        sweep asks the ledger to tombstone. Each agent's expiring records are in its own
+        slot; `expiring` names the agents to look at."""
         out: dict[tuple[str, str], list[str]] = {}
         ns = self._ns(await self._read_generation())
-        for member in await self.r.zrangebyscore(f"{ns}:expiry", "-inf", at_ms):
-            ak, _, rid = member.partition("|")
-            tenant, _, agent = ak.partition("/")
-            out.setdefault((tenant, agent), []).append(rid)
+        agents = sorted(await self.r.smembers(f"{ns}:expiring"))
+        for i in range(0, len(agents), PAGE):
+            chunk = agents[i:i + PAGE]
+            async with self.r.pipeline(transaction=False) as p:
+                for ak in chunk:
+                    p.zrangebyscore(agent_key(ns, "expiry", ak), "-inf", at_ms)
+                found = await p.execute()
+            for ak, rids in zip(chunk, found):
+                if rids:
+                    tenant, _, agent = ak.partition("/")
+                    out[(tenant, agent)] = list(rids)
         return out
 
     async def aclose(self) -> None:

@@ -11,6 +11,12 @@ Keys are stored hashed in Redis under the deployment's root (`ml:<topic prefix>`
 deployments sharing one Redis never accept each other's keys. Each tenant has an index of
 its keys (id, agent, role, a member key's user, creation time; never the key) for listing and
 revoking. The bootstrap operator key comes from settings and is never stored.
+
+A key (`apikey:<hash>`) and its index entry (`apikeys:<tenant>`) change in one MULTI/EXEC on
+one Redis server. On a Redis Cluster they are in different slots (a key is looked up by its
+hash alone, before its tenant is known), so they change one after the other, in the order
+that never leaves a working key out of its tenant's index: the entry goes in before the key
+and comes out after it. The key names are as they were before clusters: no issued key moves.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from events.base import utcnow
+from projections.redis_client import write_then
 
 Role = Literal["agent", "helper", "operator", "member"]
 
@@ -88,10 +95,8 @@ class KeyStore:
         entry = {"id": key_id(digest), "tenant": tenant, "agent": agent, "role": role, "created": utcnow().isoformat()}
         if user is not None:
             entry["user"] = user
-        async with self.r.pipeline(transaction=True) as p:
-            p.set(self._key(digest), json.dumps(entry))
-            p.hset(self._index(tenant), entry["id"], json.dumps({**entry, "hash": digest}))
-            await p.execute()
+        await write_then(self.r, lambda p: p.hset(self._index(tenant), entry["id"], json.dumps({**entry, "hash": digest})),
+                         lambda p: p.set(self._key(digest), json.dumps(entry)))
         return key, entry
 
     async def resolve(self, key: str | None) -> Principal | None:
@@ -108,10 +113,8 @@ class KeyStore:
         if "id" not in d:
             # Issued before keys had ids: it joins its tenant's index the first time it is used.
             d = {**d, "id": key_id(digest), "created": None}
-            async with self.r.pipeline(transaction=True) as p:
-                p.set(self._key(digest), json.dumps(d))
-                p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest}))
-                await p.execute()
+            await write_then(self.r, lambda p: p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest})),
+                             lambda p: p.set(self._key(digest), json.dumps(d)))
         return Principal(d["tenant"], d.get("agent"), d["role"], d["id"], d.get("user"))
 
     async def list(self, tenant: str) -> list[dict[str, Any]]:
@@ -127,11 +130,11 @@ class KeyStore:
         rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
         mine = [row for row in rows if row.get("role") == "member" and row.get("user") == user]
         if mine:
-            async with self.r.pipeline(transaction=True) as p:
+            def keys(p: Any) -> None:
                 for row in mine:
                     p.delete(self._key(row["hash"]))
-                    p.hdel(self._index(tenant), row["id"])
-                await p.execute()
+
+            await write_then(self.r, keys, lambda p: p.hdel(self._index(tenant), *[row["id"] for row in mine]))
         out = [{k: v for k, v in row.items() if k != "hash"} for row in mine]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
 
@@ -141,8 +144,6 @@ class KeyStore:
         if raw is None:
             return None
         entry = json.loads(raw)
-        async with self.r.pipeline(transaction=True) as p:
-            p.delete(self._key(entry.pop("hash")))
-            p.hdel(self._index(tenant), kid)
-            await p.execute()
+        digest = entry.pop("hash")
+        await write_then(self.r, lambda p: p.delete(self._key(digest)), lambda p: p.hdel(self._index(tenant), kid))
         return entry

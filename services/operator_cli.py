@@ -28,14 +28,13 @@ LIST_LIMIT = 50
 
 async def gather_status(settings: Settings) -> dict[str, Any]:
     """What `memlane status --json` prints."""
-    from redis import asyncio as aioredis
-
     from events.topics import TOPICS
+    from projections.redis_client import connect as connect_redis
     from services.http.health_probe import HealthProbe, assess
     from services.pipeline_status import model_config
     from workers.dlq import DeadLetters
 
-    r = aioredis.from_url(settings.redis_url, socket_timeout=5)
+    r = connect_redis(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False, socket_timeout=5)
     probe = HealthProbe(settings, r)
     try:
         seen, (dlq, dlq_errors), projection, api, processes = await asyncio.gather(
@@ -246,13 +245,12 @@ def _letter_row(x: Any) -> list[str]:
 
 
 async def _with_letters(settings: Settings, fn) -> Any:
-    from redis import asyncio as aioredis
-
+    from projections.redis_client import connect as connect_redis
     from workers.dlq import DeadLetters
     from workers.kafka_io import wait_for_broker
 
     await wait_for_broker(settings, timeout=30)
-    r = aioredis.from_url(settings.redis_url)
+    r = connect_redis(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
     try:
         return await fn(DeadLetters(settings, r))
     finally:

@@ -35,6 +35,8 @@ class Stack:
         return self.env.get("MEMLANE_API_URL") or f"http://127.0.0.1:{self.env.get('MEMLANE_API_PORT', '38080')}"
 
     def start(self, name: str) -> subprocess.Popen:
+        if name == "api":
+            self._port_free()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{name}.log", "ab")
         p = subprocess.Popen(
@@ -69,6 +71,16 @@ class Stack:
                 last = e
             time.sleep(0.3)
         raise RuntimeError(f"the API did not become healthy in {timeout} s ({last}); see {self.log_dir}/api.log")
+
+    def _port_free(self) -> None:
+        """Another deployment's API on our port would answer our health checks (an orphan of
+        a killed test run did): refuse to start instead."""
+        import socket
+
+        port = int(self.env.get("MEMLANE_API_PORT", "38080"))
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                raise RuntimeError(f"port {port} already serves another process; stop it or set MEMLANE_API_PORT")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs.pop(name)

@@ -22,7 +22,21 @@ class Settings(BaseSettings):
     redis_port: int = 36379
     # REDIS_URL (no prefix: the name Redis hosts and tools set) wins; MEMLANE_REDIS_URL works too.
     redis_url: str = Field(default="", validation_alias="REDIS_URL")
+    # REDIS_URL names a node of a Redis Cluster: every process connects with redis-py's
+    # cluster client (projections.redis_client; docs/redis-cluster.md).
+    redis_cluster: bool = False
     data_dir: Path = ROOT / ".run" / "data"
+    # The memory index on a Qdrant server or cluster through qdrant-client (docs/qdrant-server.md):
+    # QDRANT_URL (no prefix, the name Qdrant's tools use) wins; MEMLANE_QDRANT_URL works too, and
+    # QDRANT_API_KEY likewise. Unset: the embedded Qdrant Edge shards in the data directory.
+    # MEMLANE_QDRANT_LOCAL_PATH instead runs qdrant-client's local mode in that directory: a
+    # protocol check where no server is reachable, not for production.
+    qdrant_url: str = Field(default="", validation_alias="QDRANT_URL")
+    qdrant_api_key: str = Field(default="", validation_alias="QDRANT_API_KEY")
+    qdrant_local_path: Path | None = None
+    # Collection and alias names start with this (default: "memlane." and the topic prefix,
+    # so deployments and test stacks sharing a server keep apart).
+    qdrant_collection_prefix: str = ""
     api_host: str = "127.0.0.1"
     api_port: int = 38080
     # Proxies whose X-Forwarded-Proto/-For the API believes (comma-separated IPs, or *): behind a
@@ -32,6 +46,12 @@ class Settings(BaseSettings):
     api_url: str = ""
     # Worker topics get this prefix so tests can run isolated pipelines on one broker.
     topic_prefix: str = ""
+    # Replicas of every topic memlane creates (DLQs and memlane.keys included), and its
+    # min.insync.replicas (unset: the broker's default). 1 suits the local single broker; on a
+    # cluster 3 and 2 keep every acknowledged write through one broker's death
+    # (docs/kafka-replication.md). Existing topics keep what they were created with.
+    topic_replication_factor: int = Field(default=1, ge=1)
+    topic_min_insync_replicas: int | None = Field(default=None, ge=1)
     group_prefix: str = "memlane"
     log_level: str = "INFO"
     # Bootstrap operator key: issues agent keys. Set a secret one outside local development.
@@ -114,6 +134,14 @@ class Settings(BaseSettings):
         return str(v).strip().lower() in {"1", "true", "on", "enabled"}
 
     @model_validator(mode="after")
+    def _replicas(self) -> Settings:
+        # More in-sync replicas than replicas would make every acks=all write fail.
+        if (self.topic_min_insync_replicas or 0) > self.topic_replication_factor:
+            raise ValueError(f"MEMLANE_TOPIC_MIN_INSYNC_REPLICAS ({self.topic_min_insync_replicas}) exceeds "
+                             f"MEMLANE_TOPIC_REPLICATION_FACTOR ({self.topic_replication_factor})")
+        return self
+
+    @model_validator(mode="after")
     def _derive(self) -> Settings:
         if not self.kafka_bootstrap:
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
@@ -123,7 +151,19 @@ class Settings(BaseSettings):
             self.redis_url = os.environ.get("MEMLANE_REDIS_URL") or f"redis://127.0.0.1:{self.redis_port}/0"
         if not self.api_url:
             self.api_url = f"http://{self.api_host}:{self.api_port}"
+        if not self.qdrant_url or not self.qdrant_api_key:
+            import os
+
+            self.qdrant_url = self.qdrant_url or os.environ.get("MEMLANE_QDRANT_URL", "")
+            self.qdrant_api_key = self.qdrant_api_key or os.environ.get("MEMLANE_QDRANT_API_KEY", "")
+        if not self.qdrant_collection_prefix:
+            self.qdrant_collection_prefix = f"memlane.{self.topic_prefix}"
         return self
+
+    @property
+    def qdrant_client_mode(self) -> bool:
+        """Whether the memory index is a Qdrant server's (or local mode's) rather than Edge's."""
+        return bool(self.qdrant_url or self.qdrant_local_path)
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

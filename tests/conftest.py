@@ -48,7 +48,10 @@ def infra():
     host, port = s.kafka_bootstrap.split(":")
     if not _reachable(host, int(port)):
         pytest.fail(f"Kafka is not reachable at {s.kafka_bootstrap}: run `make up` first (or `make test`)")
-    yield {}
+    from tests import redis_cluster
+
+    # MEMLANE_TEST_REDIS=cluster: every Redis client of the session and its stacks on a Redis Cluster.
+    yield redis_cluster.cluster_env() if redis_cluster.selected() else {}
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
 from pydantic import ValidationError
 
@@ -53,6 +52,7 @@ from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
+from projections.redis_client import connect as connect_redis
 from projections.redis_records import RedisRecords
 from workers import metrics
 from workers.api_reader import ApiReader
@@ -206,7 +206,7 @@ class ExtractionProcessor(Processor):
             )
             return
         self.model = ModelClient(s)
-        self.redis = aioredis.from_url(s.redis_url)
+        self.redis = connect_redis(s.redis_url, cluster=s.redis_cluster, decode_responses=False)
         self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
 

@@ -31,6 +31,7 @@ from typing import Any
 from events.codec import cipher
 from events.config import EveryMessages, ExtractionConfig
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text
+from projections.redis_client import is_cluster
 from workers.batching import MicroBatcher
 
 MAX_UNCOMMITTED = 500  # the runner's max records per partition batch (one transaction)
@@ -211,7 +212,9 @@ class ReviewState:
         self.namespace = namespace
         self.keys = keys  # workers.keys.KeyTopic: catch up on a key another worker made
         self.reads = pipelined(redis, transaction=False)
-        self.writes = pipelined(redis, transaction=True)
+        # A batch's sessions span slots on a Redis Cluster, where no MULTI/EXEC may: there each
+        # caller's commands (one session's key) go out in order, unwrapped.
+        self.writes = pipelined(redis, transaction=not is_cluster(redis))
         self.max_sessions = max_sessions
         self.known: OrderedDict[str, SessionFacts] = OrderedDict()  # by Redis key
         self.unsaved: dict[str, set[asyncio.Future]] = {}  # writes of a key still on their way

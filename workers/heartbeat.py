@@ -1,8 +1,11 @@
 """Worker heartbeats, which `/health` reads to tell a dead worker from a quiet one.
 
-Each worker process writes `<root>hb:<worker>` (with a TTL) every `heartbeat_s` seconds,
-holding its consumer group and source topics, adds its name to `<root>workers` and the
-time to `<root>workers:seen`. A graceful stop removes all three; a crash or kill -9 leaves
+Each worker process writes `<root>{workers}:hb:<worker>` (with a TTL) every `heartbeat_s`
+seconds, holding its consumer group and source topics, adds its name to `<root>{workers}` and
+the time to `<root>{workers}:seen`. One hash tag for the three, so forgetting a worker is one
+MULTI/EXEC and `/health` reads every heartbeat with one MGET on a Redis Cluster too (before
+2026-12-02 they were `<root>hb:<worker>`, `<root>workers` and `<root>workers:seen`: workers
+of an older version beat where `/health` no longer looks, until they run this one). A graceful stop removes all three; a crash or kill -9 leaves
 the name without a heartbeat, which is how `/health` knows that worker is expected and
 dead, until `worker_forget_s` after its last beat (a worker killed and never restarted).
 Several processes of one worker share its heartbeat: any of them alive keeps it.
@@ -20,22 +23,23 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 import structlog
 
+from projections.redis_client import connect
 from settings import Settings
 
 log = structlog.get_logger()
 
 
 def heartbeat_key(settings: Settings, worker: str) -> str:
-    return f"{settings.redis_root}hb:{worker}"
+    return f"{registry_key(settings)}:hb:{worker}"
 
 
 def registry_key(settings: Settings) -> str:
-    return f"{settings.redis_root}workers"
+    return f"{settings.redis_root}{{workers}}"
 
 
 def seen_key(settings: Settings) -> str:
     """Hash of worker name -> time of its last beat (seconds since the epoch)."""
-    return f"{settings.redis_root}workers:seen"
+    return f"{registry_key(settings)}:seen"
 
 
 async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) -> None:
@@ -58,7 +62,7 @@ async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) 
 
 async def deregister(settings: Settings, worker: str) -> None:
     """Forget `worker` at once, as its clean stop would: `memlane worker NAME --deregister`."""
-    r = aioredis.from_url(settings.redis_url)
+    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
     try:
         await _forget(r, settings, worker)
     finally:
@@ -77,7 +81,7 @@ async def _forget(r: aioredis.Redis, settings: Settings, worker: str) -> None:
 async def heartbeat(settings: Settings, worker: str, group: str, topics: list[str]):
     """Beats while the body runs. A clean exit deregisters the worker; an exception keeps it
     registered, so `/health` reports it dead until it runs again."""
-    r = aioredis.from_url(settings.redis_url)
+    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
     body = {"group": group, "topics": topics, "pid": os.getpid(), "host": socket.gethostname()}
     task = asyncio.create_task(_beat(r, settings, worker, body), name="heartbeat")
     clean = False

@@ -17,6 +17,15 @@ from settings import Settings
 log = structlog.get_logger()
 
 
+def new_topic(settings: Settings, name: str, partitions: int, config: dict[str, str] | None = None) -> NewTopic:
+    """A topic as memlane creates it: the deployment's replication factor and, when set, its
+    min.insync.replicas (with acks=all, how many copies a write needs before it is acknowledged)."""
+    configs = dict(config or {})
+    if settings.topic_min_insync_replicas:
+        configs["min.insync.replicas"] = str(settings.topic_min_insync_replicas)
+    return NewTopic(name, partitions, settings.topic_replication_factor, topic_configs=configs)
+
+
 async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.values()) -> None:
     """Create memlane's topics and their dead-letter topics with the registry's partitions."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -27,9 +36,9 @@ async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.val
         for t in topics:
             name = settings.topic(t.name)
             if name not in existing:
-                wanted.append(NewTopic(name, t.partitions, 1, topic_configs=t.config))
+                wanted.append(new_topic(settings, name, t.partitions, t.config))
             if settings.topic(t.dlq) not in existing:
-                wanted.append(NewTopic(settings.topic(t.dlq), 1, 1))
+                wanted.append(new_topic(settings, settings.topic(t.dlq), 1))
         for nt in wanted:
             try:
                 await admin.create_topics([nt])

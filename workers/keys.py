@@ -8,7 +8,7 @@ from datetime import datetime
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAlreadyExistsError
 
 from events import codec
@@ -16,7 +16,7 @@ from events.sealing import KeyDestroyed, KeyMissing, agent_subject
 from events.topics import keys_topic
 from projections.keys import Keyring, LocalKeyFile
 from settings import Settings
-from workers.kafka_io import producer, reader
+from workers.kafka_io import new_topic, producer, reader
 
 log = structlog.get_logger()
 ROLL_KEY = b"~roll"  # not a key: see `KeyTopic._roll_segment`
@@ -61,7 +61,7 @@ class KeyTopic:
         try:
             if self.name not in set(await admin.list_topics()):
                 try:
-                    await admin.create_topics([NewTopic(self.name, 1, 1, topic_configs=self.topic.config)])
+                    await admin.create_topics([new_topic(self.settings, self.name, 1, self.topic.config)])
                 except TopicAlreadyExistsError:
                     pass
         finally:

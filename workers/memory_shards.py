@@ -7,14 +7,20 @@ two agents, so none spans two shards.
 
 On disk: `qdrant/CURRENT` names the generation readers use; `qdrant/memory-g<N>/` holds
 its shard count (`SHARDS`), the shards `s<k>/` and their checkpoints.
+
+With a Qdrant server (`QDRANT_URL`, or qdrant-client's local mode) each shard of a generation
+is a collection, the shard aliases name the generation readers use, and a generation's shard
+count is how many collections it has (`projections.qdrant_client_index.Collections`); the
+checkpoints stay in the data directory (docs/qdrant-server.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from events.topics import EVENTS
 from projections.embedding_port import Embedder
@@ -23,12 +29,29 @@ from settings import Settings
 from workers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.reconciler import Reconciler
 
+if TYPE_CHECKING:
+    from projections.qdrant_client_index import ClientIndex, Collections
+
 
 def qdrant_root(settings: Settings) -> Path:
     return Path(settings.data_dir) / "qdrant"
 
 
+def collections_of(settings: Settings) -> Collections | None:
+    """The server's (or local mode's) collections, or None for the embedded Edge shards."""
+    if not settings.qdrant_client_mode:
+        return None
+    # Imported here: qdrant-client takes seconds to import, which an Edge deployment never needs.
+    from projections.qdrant_client_index import Collections
+
+    return Collections(settings.qdrant_url, settings.qdrant_collection_prefix, qdrant_root(settings) / "server",
+                       local_root=settings.qdrant_local_path, api_key=settings.qdrant_api_key,
+                       dim=settings.embedding_dim)
+
+
 def current_generation(settings: Settings) -> int:
+    if (cols := collections_of(settings)) is not None:
+        return cols.live() or 1
     try:
         return int((qdrant_root(settings) / "CURRENT").read_text())
     except FileNotFoundError:
@@ -73,19 +96,63 @@ def shard_paths(settings: Settings, generation: int | None = None) -> list[Path]
     return [root / f"s{k}" for k in range(int(count.read_text()))]
 
 
+def shard_count(settings: Settings, generation: int) -> int:
+    """A generation's shard count, made with the configured count if it has no shards yet."""
+    if (cols := collections_of(settings)) is not None:
+        return cols.ensure(generation, settings.memory_shards)
+    return len(shard_paths(settings, generation))
+
+
+def open_index(settings: Settings, generation: int, shard: int) -> EdgeIndex | ClientIndex:
+    """Shard `shard` of a generation: its Edge shard, or its collection (see `shard_count`)."""
+    if (cols := collections_of(settings)) is not None:
+        return cols.open(generation, shard)
+    return EdgeIndex(shard_paths(settings, generation)[shard])
+
+
+def prepare_generation(settings: Settings, generation: int) -> int:
+    """An empty generation with the configured shard count (a failed rebuild's leftovers
+    gone); returns its shard count."""
+    if (cols := collections_of(settings)) is not None:
+        cols.drop(generation)
+    else:
+        shutil.rmtree(generation_path(settings, generation), ignore_errors=True)
+    return shard_count(settings, generation)
+
+
+def switch_to(settings: Settings, old: int, generation: int) -> None:
+    """Readers move from `old` to `generation`. `serve` may still read `old` until it swaps,
+    so only generations older than it go."""
+    if (cols := collections_of(settings)) is not None:
+        cols.switch(generation)
+        for stale in sorted(g for g in cols.generations() if g < old):
+            cols.drop(stale)
+        return
+    set_generation(settings, generation)
+    for stale in range(1, old):
+        shutil.rmtree(generation_path(settings, stale), ignore_errors=True)
+        generation_path(settings, stale).with_name(f"memory-g{stale}.checkpoint.json").unlink(missing_ok=True)
+
+
 class MemoryShards:
-    """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`."""
+    """Routes by agent to the shards of one generation; searchable like one `EdgeIndex`.
+
+    Searches go to the generation's collections by name, not through the aliases: between a
+    rebuild's alias swap and this process's own swap, the alias names a generation whose
+    projection this process does not run yet, so a write it reported searchable would not be."""
 
     def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None, keys: Any = None) -> None:
         self.settings = settings
         self.generation = generation
         self.keys = keys  # the process's data keys (workers.keys.KeyTopic), or None
-        paths = shard_paths(settings, generation)
+        n = shard_count(settings, generation)
+        if (cols := collections_of(settings)) is not None and cols.live() is None:
+            cols.switch(generation)  # a new deployment: its first generation gets the aliases
         # The process's vector cache is shared among its shards, not one per shard.
         self.projections = [
-            QdrantProjection(settings, EdgeIndex(p), shard_partitions(k, len(paths)), vector_cache=VECTOR_CACHE // len(paths),
-                             keys=keys)
-            for k, p in enumerate(paths)
+            QdrantProjection(settings, open_index(settings, generation, k), shard_partitions(k, n),
+                             vector_cache=VECTOR_CACHE // n, keys=keys)
+            for k in range(n)
         ]
         # An erasure of every agent of a tenant is in one shard's partitions and reaches all.
         for proj in self.projections:

@@ -28,7 +28,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import TopicPartition
@@ -45,6 +45,9 @@ from settings import Settings
 from workers.heap import settle_heap
 from workers.topic_reader import TopicReader, reached, read_so_far, tp_key
 
+if TYPE_CHECKING:
+    from projections.qdrant_client_index import ClientIndex
+
 log = structlog.get_logger()
 Also = Callable[[list[LeanEvent], list[tuple[str, int]]], Awaitable[None]]
 LIVE_FLUSH_S = 5.0
@@ -59,7 +62,7 @@ class QdrantProjection:
     def __init__(
         self,
         settings: Settings,
-        index: EdgeIndex,
+        index: EdgeIndex | ClientIndex,  # the vector-index port: either adapter
         partitions: list[int] | None = None,
         model_id: str | None = None,
         vector_cache: int | None = VECTOR_CACHE,

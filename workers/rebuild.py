@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,7 +31,14 @@ from settings import Settings
 from workers.heap import collected_between_batches, settle_heap
 from workers.index_optimize import shard_unindexed, write_left
 from workers.keys import open_keys
-from workers.memory_shards import current_generation, generation_path, set_generation, shard_partitions, shard_paths
+from workers.memory_shards import (
+    current_generation,
+    open_index,
+    prepare_generation,
+    shard_count,
+    shard_partitions,
+    switch_to,
+)
 from workers.qdrant_projection import QdrantProjection
 from workers.topic_reader import TopicReader, checkpoint_key, of_topic, tp_key
 
@@ -195,13 +201,13 @@ async def replay_qdrant(
 async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, int] | None,
                          stop: dict[int, int] | None, progress: Progress | None, keys: Any) -> int:
     events_topic = settings.topic(EVENTS.name)
-    paths = shard_paths(settings, generation)
+    n = shard_count(settings, generation)
     applied = unreadable = 0
     everywhere = []
-    for k, path in enumerate(paths):
-        index = EdgeIndex(path)
+    for k in range(n):
+        index = open_index(settings, generation, k)
         try:
-            projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None,
+            projection = QdrantProjection(settings, index, shard_partitions(k, n), vector_cache=None,
                                           serving=False, keys=keys)
             held = {checkpoint_key(events_topic, p): v for p, v in of_topic(projection.ckpt, events_topic).items()}
             if start and held:
@@ -212,15 +218,15 @@ async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, i
             # Vectors from the start of their topic: a record may join a vector written long before.
             projection.ckpt = held | {checkpoint_key(events_topic, p): o for p, o in (start or {}).items()}
             with collected_between_batches():
-                await projection.run(until_caught_up=True, progress=_share(progress, k, len(paths)), stop=stop)
+                await projection.run(until_caught_up=True, progress=_share(progress, k, n), stop=stop)
             applied += projection.applied
             unreadable += projection.unreadable
             everywhere += projection.erased_everywhere
         finally:
             index.close()
-    if everywhere and len(paths) > 1:
-        for path in paths:
-            index = EdgeIndex(path)
+    if everywhere and n > 1:
+        for k in range(n):
+            index = open_index(settings, generation, k)
             try:
                 for er in everywhere:
                     index.purge(er)
@@ -252,8 +258,8 @@ async def _build_shard(
 
 async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool,
                             redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
-    paths = shard_paths(settings, gen)
-    index = EdgeIndex(paths[k])
+    n = shard_count(settings, gen)
+    index = open_index(settings, gen, k)
     store = None if redis_gen is None else RedisRecords.from_url(
         settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix, keys=keys)
     applied = 0
@@ -268,7 +274,7 @@ async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Prog
         applied += len(events)
 
     try:
-        projection = QdrantProjection(settings, index, shard_partitions(k, len(paths)), vector_cache=None,
+        projection = QdrantProjection(settings, index, shard_partitions(k, n), vector_cache=None,
                                       serving=False, also=also if store else None, keys=keys)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
@@ -280,12 +286,12 @@ async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Prog
                              "embedding worker writes them beside each agent's events; if the log predates that, "
                              "reset the embedding worker's consumer group to the earliest offsets "
                              "(kafka-consumer-groups --reset-offsets --to-earliest), let it catch up, and rebuild")
-        if optimize:
+        if optimize and isinstance(index, EdgeIndex):  # a Qdrant server builds its graphs on its own
             log.info("qdrant_optimizing", shard=k, points=index.count())
             await asyncio.to_thread(index.optimize)
             # What it left unindexed (too small for a graph): the API's optimise policy counts
             # only what comes after (workers.index_optimize).
-            write_left(paths[k], shard_unindexed(index))
+            write_left(index.path, shard_unindexed(index))
         return index.count(), applied, projection.unreadable + (store.unreadable if store else 0)
     finally:
         index.close()
@@ -298,18 +304,14 @@ async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Prog
 def _next_qdrant_generation(settings: Settings) -> tuple[int, int]:
     """(live generation, an empty next one with the configured shard count)."""
     old = current_generation(settings)
-    shutil.rmtree(generation_path(settings, old + 1), ignore_errors=True)
-    shard_paths(settings, old + 1)
+    prepare_generation(settings, old + 1)
     return old, old + 1
 
 
 def _switch_qdrant(settings: Settings, old: int, gen: int, points: int, switch: bool) -> None:
     if switch:
-        set_generation(settings, gen)
-        # `serve` may still read the previous generation until it swaps: only older ones go.
-        for stale in range(1, old):
-            shutil.rmtree(generation_path(settings, stale), ignore_errors=True)
-            generation_path(settings, stale).with_name(f"memory-g{stale}.checkpoint.json").unlink(missing_ok=True)
+        # The CURRENT file, or with a Qdrant server the collection aliases; older generations go.
+        switch_to(settings, old, gen)
     log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
 
 
@@ -371,7 +373,7 @@ async def rebuild_all(
     if "qdrant" not in targets:
         return {"redis": await rebuild_redis(settings, report("redis"), switch=switch)}
     old, gen = _next_qdrant_generation(settings)
-    n = len(shard_paths(settings, gen))
+    n = shard_count(settings, gen)
     points = 0
 
     async def run_shards(redis_gen: int | None) -> int:

@@ -6,25 +6,14 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 PORT="${MEMLANE_KAFKA_PORT:-39092}"
 CONTROLLER_PORT="${MEMLANE_KAFKA_CONTROLLER_PORT:-39093}"
-CACHE="$HERE/.cache/kafka"
-LIBS="$CACHE/libs"
+TAG=kafka
+# log, port_open, fetch_jars, kafka_ready and the jar cache (LIBS), shared with kafka-cluster.sh.
+source "$HERE/kafka-lib.sh"
 RUN="${MEMLANE_RUN_DIR:-$ROOT/.run}/kafka"
 PIDFILE="$RUN/kafka.pid"
 LOG="$RUN/server.log"
 
-log() { printf '[kafka] %s\n' "$*" >&2; }
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
-
-fetch_jars() {
-  [[ -f "$LIBS/.complete" ]] && return
-  log "fetching broker jars with mvn into $LIBS (once)"
-  mkdir -p "$LIBS"
-  mvn -q -B -f "$HERE/kafka-pom.xml" dependency:copy-dependencies -DoutputDirectory="$LIBS"
-  touch "$LIBS/.complete"
-}
 
 write_config() {
   mkdir -p "$RUN/data"
@@ -95,7 +84,7 @@ start() {
 wait_ready() {
   # Ready means a metadata request answers, not merely that the port accepts.
   local deadline=$((SECONDS + 90))
-  until "${PYTHON:-python3}" "$HERE/kafka_ready.py" "127.0.0.1:$PORT" 2>/dev/null; do
+  until kafka_ready "127.0.0.1:$PORT"; do
     if ! running; then log "broker exited; see $LOG and $RUN/stdout.log"; tail -20 "$RUN/stdout.log" >&2; exit 1; fi
     if (( SECONDS > deadline )); then log "broker not ready after 90 s; see $LOG"; exit 1; fi
     sleep 1

@@ -61,6 +61,7 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  install) ensure_installed ;;  # redis-cluster.sh uses this too
   status) if running; then echo "redis running pid $(cat "$PIDFILE") port $PORT"; else echo "redis stopped"; exit 1; fi ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|install" >&2; exit 2 ;;
 esac

@@ -213,6 +213,14 @@ def point_id(e: KeptEvent, part: int) -> str:
     return str(uuid.uuid5(POINT_NS, f"{e.session_key}/{e.id}/{part}"))
 
 
+def parts_of(e: KeptEvent) -> list[tuple[str, int, int, str]]:
+    """(point id, part, parts, text) of each part of a kept event. The embedding worker names
+    a part's vector by its point id and the history projection joins on it, so both split
+    through here."""
+    texts = split_parts(e.text)
+    return [(point_id(e, i + 1), i + 1, len(texts), t) for i, t in enumerate(texts)]
+
+
 def header(e: KeptEvent) -> str:
     """The line before a result's text, e.g. `turn 12, user` or `turn 3, tool lookup error`."""
     if e.kind == "message":

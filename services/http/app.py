@@ -78,7 +78,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         await shards.open(current_generation(settings))
         prod = producer(settings)
         await prod.start()
-        # Metered (memlane_embedding_*, caller "api"): queries, history parts, healed points.
+        # Metered (memlane_embedding_*, caller "api"): queries and healed points.
         embedder = MeteredEmbedder(make_embedder(settings), "api")
         await asyncio.to_thread(embedder.embed, ["warm up"])
         shards.embedder = shards.memory.embedder = embedder

@@ -17,9 +17,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from redis import asyncio as aioredis
 
 from events.topics import TOPICS
+from projections.redis_client import connect as connect_redis
 from settings import Settings
 from workers.heartbeat import heartbeat_key, registry_key, seen_key
 from workers.kafka_io import reader
@@ -68,7 +68,8 @@ class HealthProbe:
     def __init__(self, settings: Settings, redis: Any = None) -> None:
         self.settings = settings
         self._own_redis = redis is None
-        self.r = aioredis.from_url(settings.redis_url) if redis is None else redis
+        self.r = connect_redis(settings.redis_url, cluster=settings.redis_cluster,
+                               decode_responses=False) if redis is None else redis
         self.admin: AIOKafkaAdminClient | None = None
         self.ends: Any = None
         self.cached: tuple[float, Observed] | None = None

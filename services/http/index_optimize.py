@@ -67,8 +67,8 @@ class IndexOptimizer:
         self.owner: Any = None
 
     async def start(self, app: Any, settings: Settings) -> None:
-        if settings.optimize_unindexed_points <= 0:
-            return
+        if settings.optimize_unindexed_points <= 0 or settings.qdrant_client_mode:
+            return  # a Qdrant server optimises its collections itself (docs/qdrant-server.md)
         self.settings, self.owner = settings, app.state.shards
         self.redis = connect_redis(settings.redis_url)
         self.task = asyncio.create_task(self.run(), name="index-optimize")

@@ -5,6 +5,7 @@ A session holds the key's hash (what `KeyStore` indexes keys by, so a revoked ke
 sessions at once) and a CSRF token. The cookie is HttpOnly and SameSite=Strict; an API call
 authenticated by it must also send the token in `X-CSRF-Token`, which only the page's own
 script can read (from the page), so another site cannot make a signed-in browser call the API.
+Every command names one key, so sessions need nothing more on a Redis Cluster.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The memory shards this API process serves, and their swap to a rebuilt generation.
 
 The serving process also runs the Qdrant projection for its shard, because an Edge shard
-belongs to one process.
+belongs to one process. With a Qdrant server the same holds: the projection's read-your-writes
+waits are answered in this process, and the generation to serve is the one the collection
+aliases name.
 """
 
 from __future__ import annotations
@@ -58,7 +60,12 @@ class ShardOwner:
     async def watch_generation(self) -> None:
         while True:
             await asyncio.sleep(1)
-            gen = current_generation(self.settings)
+            try:
+                # With a Qdrant server this asks it which generation the aliases name.
+                gen = await asyncio.to_thread(current_generation, self.settings)
+            except Exception as e:  # a server restarting: serve what is open, ask again
+                log.warning("qdrant_generation_unknown", error=f"{type(e).__name__}: {e}")
+                continue
             if gen != self.generation:
                 await self.open(gen)
 

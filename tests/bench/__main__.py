@@ -17,6 +17,7 @@ GROUPS = {
     "encryption": "tests.bench.bench_encryption",
     "web": "tests.bench.bench_web",
     "ops": "tests.bench.bench_ops",
+    "scale": "tests.bench.bench_scale",
 }
 
 

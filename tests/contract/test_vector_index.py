@@ -226,3 +226,112 @@ def test_a_point_holds_no_personal_field():
             metadata={"note": "private"})
     assert "4411" not in str(payload_of(r)) and "heron" not in str(payload_of(r))
     assert "private" not in str(payload_of(r)) and "locker" not in str(payload_of(r))
+
+
+# ---------------------------------------------------------------------- collections and aliases
+
+COLLECTIONS = ["client-local"] + (["server"] if os.environ.get("QDRANT_URL") else [])
+
+
+@pytest.fixture(params=COLLECTIONS)
+def collections(request, tmp_path):
+    from projections.qdrant_client_index import Collections
+
+    prefix = f"contract{uuid.uuid4().hex[:8]}."
+    if request.param == "server":
+        cols = Collections(os.environ["QDRANT_URL"], prefix, tmp_path / "state",
+                           api_key=os.environ.get("QDRANT_API_KEY"))
+    else:
+        cols = Collections(None, prefix, tmp_path / "state", local_root=tmp_path / "local")
+    yield cols
+    for gen in cols.generations():
+        cols.drop(gen)
+
+
+def aliases(cols) -> dict[str, str]:
+    with cols.catalog() as c:
+        return {a.alias_name: a.collection_name for a in c.get_aliases().aliases if a.alias_name.startswith(cols.prefix)}
+
+
+def test_a_generation_is_a_collection_per_shard_and_keeps_its_shard_count(collections):
+    assert collections.generations() == {} and collections.live() is None
+    assert collections.ensure(1, 2) == 2
+    assert collections.ensure(1, 4) == 2  # made with two shards, it keeps two
+    assert collections.ensure(2, 3) == 3
+    assert collections.generations() == {1: 2, 2: 3}
+    # Each shard is a collection of its own: a point in one is in no other.
+    for gen, k, text in ((1, 0, "kappa in g1 s0"), (2, 0, "kappa in g2 s0")):
+        idx = collections.open(gen, k)
+        try:
+            put(idx, rec(f"g{gen}", text))
+        finally:
+            idx.close()
+    for gen, k, want in ((1, 0, ["g1"]), (1, 1, []), (2, 0, ["g2"]), (2, 2, [])):
+        idx = collections.open(gen, k)
+        try:
+            assert search(idx, "kappa", "lexical") == want, (gen, k)
+        finally:
+            idx.close()
+
+
+def test_a_switch_moves_every_shards_alias_at_once_and_drops_the_extra_ones(collections):
+    collections.ensure(1, 2)
+    collections.ensure(2, 3)
+    collections.switch(1)
+    assert collections.live() == 1
+    assert aliases(collections) == {collections.alias(k): collections.name(1, k) for k in range(2)}
+    collections.switch(2)
+    assert collections.live() == 2
+    assert aliases(collections) == {collections.alias(k): collections.name(2, k) for k in range(3)}
+    # Back to fewer shards: the third shard's alias goes, none names a generation not live.
+    collections.switch(1)
+    assert aliases(collections) == {collections.alias(k): collections.name(1, k) for k in range(2)}
+    with pytest.raises(ValueError):
+        collections.switch(7)  # no such generation: the aliases stay
+    assert collections.live() == 1
+
+
+def test_dropping_a_generation_removes_its_collections_and_checkpoints(collections):
+    collections.ensure(1, 2)
+    collections.ensure(2, 2)
+    collections.switch(2)
+    idx = collections.open(1, 0)
+    put(idx, rec("r1", "lambda fact"))
+    ckpt = idx.path.parent / f"{idx.path.name}.checkpoint.json"
+    idx.close()
+    ckpt.write_text("{}")
+    collections.drop(1)
+    assert collections.generations() == {2: 2} and not ckpt.exists()
+    assert collections.live() == 2
+    # A generation made again after a drop starts empty.
+    assert collections.ensure(1, 2) == 2
+    idx = collections.open(1, 0)
+    try:
+        assert idx.count() == 0
+    finally:
+        idx.close()
+
+
+def test_every_filter_field_has_a_payload_index_and_owner_is_the_tenant_index(tmp_path, monkeypatch):
+    """Whatever a search filters on is indexed (a server in strict mode refuses unindexed
+    filters), and `owner` is the tenant index, with prefix matching for a tenant's erasure."""
+    from qdrant_client import QdrantClient
+
+    from projections.qdrant_index import filter_terms
+
+    made: dict[str, object] = {}
+    real = QdrantClient.create_payload_index
+
+    def record(self, collection_name, field_name, field_schema=None, **kw):
+        made[field_name] = field_schema
+        return real(self, collection_name, field_name, field_schema, **kw)
+
+    monkeypatch.setattr(QdrantClient, "create_payload_index", record)
+    ClientIndex.connect(None, "memory", path=str(tmp_path / "local")).close()
+    everything = flt(scopes=("AGENT", "SESSION", "USER"), user="ann", kind="fact", labels=(("a", "b"),),
+                     ids=("r1",))
+    for preview in (False, True):
+        must, must_not = filter_terms(SearchFilter(**{**everything.__dict__, "preview": preview}))
+        assert {k for k, _ in must + must_not} <= set(made), set(made)
+    assert made["owner"].is_tenant and made["owner"].prefix
+    assert not any(getattr(made[f], "is_tenant", False) for f in made if f != "owner")

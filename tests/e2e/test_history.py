@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from events import AgentConfig, Message, ToolCall, TurnCommitted, TurnRolledBack
 from events.codec import decode
@@ -332,7 +332,9 @@ def redis_values(prefix: str) -> list[tuple[str, str]]:
 
     # Bytes, read as text with replacement: some values are binary (the activity view's digests,
     # HyperLogLogs), and a plaintext leak is still found in them.
-    r = redis.Redis.from_url(Settings().redis_url)
+    s = Settings()
+    # On a Redis Cluster the cluster client's scan_iter walks every primary.
+    r = redis.RedisCluster.from_url(s.redis_url) if s.redis_cluster else redis.Redis.from_url(s.redis_url)
     out = []
     try:
         for key in r.scan_iter(match=f"ml:{prefix}*", count=10_000):
@@ -351,6 +353,22 @@ def redis_values(prefix: str) -> list[tuple[str, str]]:
     finally:
         r.close()
     return out
+
+
+async def history_vectors(settings) -> dict[str, bytes | None]:
+    """The latest value (None: a tombstone) of each part's vector on `memlane.history.vectors`, by point id."""
+    from events.topics import HISTORY_VECTORS
+    from workers.topic_reader import TopicReader
+
+    tps = [TopicPartition(settings.topic(HISTORY_VECTORS.name), p) for p in range(HISTORY_VECTORS.partitions)]
+    async with TopicReader(settings) as c:
+        return {m.key.decode().rpartition("/")[2]: m.value for m in await c.read_all(tps)}
+
+
+def part_ids(t) -> list[str]:
+    from events.rules.history import kept_events, parts_of
+
+    return [pid for e in kept_events(t) for pid, *_ in parts_of(e)]
 
 
 def files_holding(root, needle: bytes) -> list[str]:
@@ -414,8 +432,16 @@ async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new
     assert set(bob.ids("heron gym", mode="lexical")) == {"ub", "un"} and bob.ids(ids=["ub"]) == ["ub"]
     assert nobody.ids(limit=100) == ["un"]
     assert not any(agent in k and v == "ua" for k, v in redis_values(settings.topic_prefix))
+    # The embedding worker tombstones her parts' vectors (sealed under her destroyed key); bob's stay.
+    [ua], [ub] = part_ids(said[0]), part_ids(said[1])
 
-    # A turn of alice's from before the erasure, arriving after it, is not kept; a new one is.
+    async def alices_vectors_gone():
+        vectors = await history_vectors(settings)
+        return ua in vectors and vectors[ua] is None and vectors.get(ub) is not None
+
+    await eventually(alices_vectors_gone, timeout=60)
+
+    # A turn of alice's from before the erasure, arriving after it, is not kept nor embedded; a new one is.
     late = turn(tenant, agent, 4, [Message(id="ua-late", role="user", content="heron gym late locker")],
                 session=session, at=DAY1).model_copy(update={"user": "alice"})
     fresh = turn(tenant, agent, 5, [Message(id="ua-new", role="user", content="heron gym new locker")],
@@ -426,3 +452,6 @@ async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new
     await eventually(lambda: "ua-new" in alice.ids("heron gym locker", mode="lexical"), timeout=60)
     await eventually(lambda: alice.ids(ids=["ua-new"]) == ["ua-new"], timeout=60)
     assert "ua-late" not in alice.ids("heron gym locker", mode="lexical") and alice.ids(ids=["ua-late"]) == []
+    # The worker embeds a session's turns in order: the fresh turn's vector came, the late one's never will.
+    vectors = await history_vectors(settings)
+    assert vectors.get(part_ids(fresh)[0]) is not None and part_ids(late)[0] not in vectors

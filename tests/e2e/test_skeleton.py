@@ -104,7 +104,7 @@ async def test_poison_turn_goes_to_the_dlq_and_the_worker_keeps_going(stack, set
             assert headers["source_offset"].isdigit() and headers["source_partition"].isdigit()
             assert "event_id" in headers["error"] or "tenant" in headers["error"]
             assert headers["attempt"] == "1"
-            assert headers["consumer_group"].endswith(("extraction", "consolidation", "history"))
+            assert headers["consumer_group"].endswith(("extraction", "consolidation", "history", "embedding"))
     finally:
         await consumer.stop()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:

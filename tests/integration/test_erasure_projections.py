@@ -240,7 +240,7 @@ async def test_the_record_view_holds_no_plaintext_and_leaves_out_what_it_cannot_
         try:
             await again.fill(events, [("ev:0", 3)])
             assert again.unreadable == 1
-            assert sorted(await again.r.hkeys(f"ml:{s.topic_prefix}g2:rec:t/a")) == ["team1", "team1#1"]
+            assert sorted(await again.r.hkeys(f"ml:{s.topic_prefix}g2:rec:{{t/a}}")) == ["team1", "team1#1"]
             assert await again.blocks("t", "a") == {"style": block.text}  # the agent's: its key stays
         finally:
             await again.aclose()

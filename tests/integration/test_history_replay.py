@@ -1,8 +1,9 @@
 """Replaying `memlane.turns` rebuilds both sides of session history (real Kafka, Redis, Edge).
 
-The Redis side (`memlane worker history`) and the Qdrant side (the API's projection)
-are each folded from offset 0 into fresh state, twice, and must equal the pure fold
-of the same turns: nothing lost, nothing doubled, the rolled-back attempt absent.
+The Redis side (`memlane worker history`) and the Qdrant side (the API's projection, which
+joins the turns with the embedding worker's part vectors) are each folded from offset 0 into
+fresh state, twice, and must equal the pure fold of the same turns: nothing lost, nothing
+doubled, the rolled-back attempt absent, no vector beyond the kept parts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 from aiokafka import TopicPartition
 
 from events.rules.history import kept_events
-from events.topics import TURNS
+from events.topics import HISTORY_VECTORS, TURNS
 from projections.embedder import OnnxMiniLM
 from projections.history_index import HistoryIndex, event_parts
 from projections.redis_history import RedisHistory
@@ -21,6 +22,7 @@ from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
+from workers.embedding import EmbeddingWorker
 from workers.history import HistoryProjector
 from workers.history_qdrant import HistoryQdrantProjection
 from workers.kafka_io import ensure_topics
@@ -44,6 +46,32 @@ async def _fold_redis(settings: Settings, generation: int) -> None:
         runner.stopping.set()
         await task
         await store.aclose()
+
+
+async def _embed_history(settings: Settings, embedder) -> list:
+    """Runs the embedding worker until every turn is read; returns the history vectors' keys."""
+    proc = EmbeddingWorker(settings, embedder)
+    runner = Runner(proc, settings, group=f"{settings.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
+    task = asyncio.create_task(runner.run())
+    tps = [TopicPartition(settings.topic(TURNS.name), p) for p in range(TURNS.partitions)]
+    end = await runner_end_offsets(settings, tps)
+    vtps = [TopicPartition(settings.topic(HISTORY_VECTORS.name), p) for p in range(HISTORY_VECTORS.partitions)]
+    try:
+        async def read_and_sent():
+            # Committed offsets move once a batch's vectors are written.
+            if not runner.assignments:
+                return False
+            committed = {tp: await runner.consumer.committed(tp) for tp in tps}
+            return all((committed.get(tp) or 0) >= end[tp] for tp in tps)
+
+        await eventually(read_and_sent, timeout=90)
+    finally:
+        runner.stopping.set()
+        await task
+    from workers.topic_reader import TopicReader
+
+    async with TopicReader(settings) as c:
+        return [m.key.decode() for m in await c.read_all(vtps)]
 
 
 async def runner_end_offsets(settings: Settings, tps):
@@ -79,16 +107,24 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
         await store.aclose()
         assert {e.id: e for e in got} == expected
 
-    # Qdrant: a fresh shard folds the topic; folding it again from offset 0 changes nothing.
+    # The embedding worker sends one vector per kept part (none for the rolled-back attempt),
+    # named by model and point id.
     embedder = OnnxMiniLM()
+    sent = await _embed_history(settings, embedder)
+    assert sorted(k.rpartition("/")[2] for k in sent) == sorted(expected_points)
+    assert {k.rpartition("/")[0] for k in sent} == {embedder.model_id}
+
+    # Qdrant: a fresh shard joins turns and vectors; folding it again from offset 0 changes nothing.
     index = HistoryIndex(tmp_path / "history-g1")
     try:
         for _ in range(2):
-            proj = HistoryQdrantProjection(settings, index, embedder)
+            proj = HistoryQdrantProjection(settings, index)
             proj.ckpt = {}
             await proj.run(until_caught_up=True)
+            assert proj.status()["parked"] == 0 and not proj.held
             rows = index.shard.retrieve(sorted(expected_points), ["event_id", "session", "agent"], False)
             assert {str(r.id) for r in rows} == expected_points
+            assert index.count() == len(expected_points)
             assert all(r.payload["agent"] == agent for r in rows)
     finally:
         index.close()

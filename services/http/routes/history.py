@@ -88,10 +88,9 @@ class HistoryExtension:
 
     async def start(self, app: FastAPI, settings: Settings) -> None:
         self.settings, self.app = settings, app
-        service = app.state.service
         keys = getattr(app.state, "data_keys", None)  # None with encryption off
         self.index = HistoryIndex(history_shard_path(settings))
-        self.projection = HistoryQdrantProjection(settings, self.index, service.embedder, keys)
+        self.projection = HistoryQdrantProjection(settings, self.index, keys)  # it never embeds: vectors come joined
         self.task = asyncio.create_task(self.projection.run(), name="history-projection")
         self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, keys=keys)
         app.state.history = self

@@ -1,0 +1,97 @@
+"""A history rebuild embeds nothing (issue 24): the embedding worker puts each history part's
+vector on `memlane.history.vectors`, and the API's history projection only joins and indexes.
+
+A stack of its own (topic prefix, data directory, API port): ledger and Redis projection (the
+agent's configuration), the embedding worker and the API. The fixture conversation is indexed,
+searched, then the history shard and its checkpoint are deleted and the API started again: the
+new process indexes every part while its embedder (metered, `memlane_embedding_*`) embeds only
+its start-up warm-up text, and every search answers exactly as before.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import uuid
+
+import httpx
+
+from events import AgentConfig, TurnCommitted
+from events.rules.history import kept_events
+from projections.history_index import event_parts
+from services.client import MemlaneClient, TurnPublisher
+from services.stack import Stack, free_port, stack_env
+from settings import Settings
+from tests.conftest import eventually
+from tests.e2e.test_history import conversation
+from workers.history_qdrant import history_shard_path
+
+QUERIES = ("When is the kestrel deployment window?", "migration runbook rollback steps", "giraffe codename",
+           "who owns the runbook", "budget in euros")
+
+
+def embedded_texts(api_url: str) -> float:
+    """Texts the API process has embedded since it started, whoever asked (its /metrics)."""
+    body = httpx.get(f"{api_url}/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r'^memlane_embedding_texts_total\{[^}]*\} (\S+)$', body, re.M))
+
+
+def searches(api_url: str, key: str) -> dict:
+    out = {}
+    with httpx.Client(base_url=api_url, timeout=30, headers={"Authorization": f"Bearer {key}", "X-Session": "s1"}) as h:
+        for q in QUERIES:
+            for mode in ("hybrid", "vector"):
+                r = h.post("/v1/history/search", json={"query": q, "mode": mode, "limit": 8})
+                r.raise_for_status()
+                out[q, mode] = r.json()["events"]
+    return out
+
+
+def status(api_url: str) -> dict:
+    return httpx.get(f"{api_url}/v1/history/status", timeout=10).json()
+
+
+async def test_a_history_rebuild_embeds_nothing_and_searches_the_same(settings, infra, tmp_path):
+    prefix = f"{settings.topic_prefix}hr{uuid.uuid4().hex[:4]}."
+    data = tmp_path / "data"
+    port = free_port()
+    own = Settings(topic_prefix=prefix, data_dir=data, api_port=port)
+    stack = Stack(stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port),
+                            **infra), tmp_path / "logs")
+    try:
+        stack.start_all(("ledger", "redis-projection", "embedding"))
+        tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+        async with MemlaneClient(stack.api_url, own.operator_key, tenant=tenant, agent=agent) as op:
+            key = await op.issue_key(tenant, agent)
+            await op.configure(AgentConfig.model_validate({"history": {"index": "messages_and_tools"}}))
+        turns = conversation(tenant, agent)
+        async with TurnPublisher(own.kafka_bootstrap, prefix) as pub:
+            for t in turns:
+                await pub.publish(t)
+        parts = {pid for t in turns if isinstance(t, TurnCommitted) for e in kept_events(t) for pid, _ in event_parts(e)}
+        assert len(parts) > len(turns)  # the long message is several parts
+
+        def indexed():
+            st = status(stack.api_url)
+            return st["caught_up"] and st["points"] == len(parts) and st["parked"] == 0 and st
+
+        await eventually(indexed, timeout=60)
+        before = searches(stack.api_url, key)
+        assert any(e["id"] == "u3" and e["parts"] > 1 for e in before["migration runbook rollback steps", "hybrid"])
+
+        # The rebuild: the API stopped, its history shard and checkpoint gone, the API started again.
+        stack.kill("api", signal.SIGTERM)
+        shard = history_shard_path(own)
+        shutil.rmtree(shard)
+        shard.parent.joinpath(f"{shard.name}.checkpoint.json").unlink()
+        stack.start("api")
+        stack.wait_healthy(90)
+        rebuilt = await eventually(indexed, timeout=60)
+        assert rebuilt["turns"] == sum(isinstance(t, TurnCommitted) for t in turns)
+        # One text since the process started: the embedder's warm-up (services/http/app.py).
+        # Embedding the parts again would add one per part.
+        assert embedded_texts(stack.api_url) == 1
+        assert searches(stack.api_url, key) == before
+    finally:
+        stack.stop()
