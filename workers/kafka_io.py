@@ -72,6 +72,7 @@ def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafk
         acks="all",
         linger_ms=5,
         transactional_id=transactional_id,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
         # Checked by the client before a message is sent, so an oversized one fails alone (one
         # the broker refused would leave a gap in the idempotent sequence for every later send).
         max_request_size=MESSAGE_LIMIT,

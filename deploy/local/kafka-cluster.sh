@@ -61,6 +61,7 @@ offsets.topic.replication.factor=3
 offsets.topic.num.partitions=4
 transaction.state.log.replication.factor=3
 transaction.state.log.min.isr=2
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 transaction.state.log.num.partitions=4
 unclean.leader.election.enable=false
 # A dead node is fenced (and dropped from every ISR) after 6 s without a heartbeat instead of

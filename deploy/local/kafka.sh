@@ -32,6 +32,9 @@ offsets.topic.replication.factor=1
 offsets.topic.num.partitions=8
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
+# A killed transactional worker's open transaction is aborted within a second of timing out
+# (MEMLANE_TRANSACTION_TIMEOUT_MS), not up to ten (docs/kafka-replication.md).
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
