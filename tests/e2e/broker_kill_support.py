@@ -33,6 +33,7 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import turn
 from workers.keys import open_keys
+from workers.topic_reader import TopicReader
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local" / "kafka-cluster.sh"
@@ -139,21 +140,8 @@ async def leaders(bootstrap: str, topic: str) -> dict[int, int]:
 
 async def read_log(bootstrap: str, topic: str, partitions: int) -> list:
     """Every committed message of `topic` up to its end as of now."""
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed",
-                         enable_auto_commit=False)
-    await c.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
-        out: list = []
-        while [tp for tp in tps if await c.position(tp) < end[tp]]:
-            for ms in (await c.getmany(timeout_ms=1000, max_records=5000)).values():
-                out.extend(ms)
-        return out
-    finally:
-        await c.stop()
+    async with TopicReader(Settings(kafka_bootstrap=bootstrap)) as r:
+        return await r.read_all([TopicPartition(topic, p) for p in range(partitions)])
 
 
 async def committed(bootstrap: str, topic: str, partitions: int) -> int:

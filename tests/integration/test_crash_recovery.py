@@ -26,6 +26,7 @@ from services.stack import Stack, free_port, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from workers.keys import open_keys
+from workers.topic_reader import TopicReader
 
 AGENTS = 100
 PER_AGENT = 100  # 10,000 commands in all
@@ -71,24 +72,8 @@ def pure_events(cmds: list) -> list:
 
 
 async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed",
-                         enable_auto_commit=False)
-    await c.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
-        out = []
-        async def behind():
-            return [tp for tp in tps if await c.position(tp) < end[tp]]
-
-        while await behind():
-            for ms in (await c.getmany(timeout_ms=1000, max_records=5000)).values():
-                out.extend(ms)
-        return out
-    finally:
-        await c.stop()
+    async with TopicReader(Settings(kafka_bootstrap=bootstrap)) as r:
+        return await r.read_all([TopicPartition(topic, p) for p in range(partitions)])
 
 
 @pytest.fixture
