@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-PORTS = os.environ.get("MEMLANE_REDIS_CLUSTER_PORTS", "36380 36381 36382").split()
+PORTS = os.environ.get("MEMLANE_REDIS_CLUSTER_PORTS", "16380 16381 16382").split()
 
 
 def selected() -> bool:

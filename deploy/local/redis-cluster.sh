@@ -2,13 +2,15 @@
 # Start or stop a private 3-master Redis Cluster on 127.0.0.1 (Debian's redis-server in
 # cluster mode), for running the projection and API tests against a cluster.
 # Usage: redis-cluster.sh start|stop|status
-# Ports: MEMLANE_REDIS_CLUSTER_PORTS (default "36380 36381 36382"); each node's cluster bus
-# is its port + 10000. The data is throwaway: every start makes a fresh cluster, so a
-# node's stale nodes.conf can never leave the cluster half-formed.
+# Ports: MEMLANE_REDIS_CLUSTER_PORTS (default "16380 16381 16382"); each node's cluster bus
+# is its port + 10000. Both stay below Linux's ephemeral range (32768-60999): a bus port in it
+# was once held by one of the test run's own client connections when the cluster started.
+# The data is throwaway: every start makes a fresh cluster, so a node's stale nodes.conf can
+# never leave the cluster half-formed.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-read -r -a PORTS <<<"${MEMLANE_REDIS_CLUSTER_PORTS:-36380 36381 36382}"
+read -r -a PORTS <<<"${MEMLANE_REDIS_CLUSTER_PORTS:-16380 16381 16382}"
 RUN="${MEMLANE_RUN_DIR:-$ROOT/.run}/redis-cluster"
 
 log() { printf '[redis-cluster] %s\n' "$*" >&2; }
