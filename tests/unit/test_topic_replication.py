@@ -29,3 +29,17 @@ def test_a_cluster_gets_three_replicas_and_min_isr_on_top_of_the_registrys_confi
 def test_more_in_sync_replicas_than_replicas_is_refused():
     with pytest.raises(ValidationError, match="MEMLANE_TOPIC_MIN_INSYNC_REPLICAS"):
         Settings(topic_replication_factor=2, topic_min_insync_replicas=3)
+
+
+async def test_transactional_producers_ask_for_the_deployments_transaction_timeout():
+    # A killed worker's open transaction blocks read_committed readers until it times out:
+    # aiokafka's own default (60 s) stalled the pipeline a minute after a kill -9 of the ledger.
+    # The client keeps the value on its transaction manager, which it sends to the coordinator.
+    from workers.kafka_io import producer
+
+    p = producer(Settings(transaction_timeout_ms=7_000), transactional_id="t")
+    try:
+        assert p._txn_manager.transaction_timeout_ms == 7_000
+        assert producer(Settings(), transactional_id="t")._txn_manager.transaction_timeout_ms == 10_000
+    finally:
+        await p.stop()
