@@ -122,6 +122,20 @@ async def send_poison_command(settings: Settings, tenant: str, agent: str) -> An
         await producer.stop()
 
 
+async def send_atomically(settings: Settings, *commands: Any) -> None:
+    """Commands in one Kafka transaction: the ledger (a read_committed consumer) sees all of
+    them or none, so no scheduled job of its own can fall between two of them."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
+                                transactional_id=f"test-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            for m in commands:
+                await producer.send(settings.topic(COMMANDS.name), encode(m), key=COMMANDS.key_bytes(m))
+    finally:
+        await producer.stop()
+
+
 async def send_to(settings: Settings, topic: Topic, *messages: Any) -> None:
     """Messages straight onto `topic`, keyed as memlane keys them (a test standing in for a worker)."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, acks="all")
