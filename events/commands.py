@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
-from events.base import Ident, Message_
+from events.base import Ident, Message_, RunId
 from events.config import AgentConfig
 from events.limits import check_labels, check_metadata, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
@@ -17,6 +17,9 @@ from events.record import Content, Provenance, Scope, Summary
 Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata))]
 Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
 TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
+# The version the writer read of the record it changes (docs/trust.md): the ledger refuses the
+# write with VERSION_CONFLICT when the record has moved on since. None: no check.
+ExpectedVersion = Annotated[int, Field(ge=0)] | None
 
 
 class _CommandBase(Message_):
@@ -32,6 +35,17 @@ class _CommandBase(Message_):
     user: Ident | None = None
 
 
+class MergeEvidence(Message_):
+    """Why a write is taken for a near duplicate of `record_id` (events.rules.near_duplicate):
+    measured by the API (the similarity needs the embedder), re-checked by the ledger, and kept
+    on the event that records the merge, so a replay decides the same. Ids and numbers only."""
+
+    record_id: Ident
+    similarity: Annotated[float, Field(ge=-1, le=1)]
+    overlap: Annotated[float, Field(ge=0, le=1)]
+    age_s: Annotated[float, Field(ge=0)]
+
+
 class AddMemory(_CommandBase):
     type: Literal["AddMemory"] = "AddMemory"
     record_id: Ident | None = None
@@ -45,6 +59,10 @@ class AddMemory(_CommandBase):
     replaces: Ident | None = None
     key: Annotated[str, Field(max_length=256)] | None = None
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+    importance: Annotated[float, Field(ge=0, le=1)] | None = None  # None: the record's default
+    # With `replaces`, the replaced record's version; without, only 0: the write must make a
+    # new record, not merge into a live one that states the same (docs/trust.md).
+    expected_version: ExpectedVersion = None
     # Another write of the same review gives this key a different text: the
     # record is PENDING, or CONFLICT when a stored fact holds the key.
     pending: bool = False
@@ -52,24 +70,33 @@ class AddMemory(_CommandBase):
     metadata: Metadata = {}
     observed_at: datetime | None = None
     valid_from: datetime | None = None
+    # The run (session memory) the write belongs to: with no `scope` it is a run entry only,
+    # with one it is also stored durably at once (docs/session-memory.md).
+    run: RunId | None = None
+    # The API found a near duplicate of this write: the ledger merges it there if its own
+    # re-check agrees, else adds the record as usual (docs/near-duplicate-merge.md).
+    merge: MergeEvidence | None = None
 
 
 class DeleteMemory(_CommandBase):
     type: Literal["DeleteMemory"] = "DeleteMemory"
     record_id: Ident
     session: Ident | None = None
+    expected_version: ExpectedVersion = None
 
 
 class PinMemory(_CommandBase):
     type: Literal["PinMemory"] = "PinMemory"
     record_id: Ident
     session: Ident | None = None
+    expected_version: ExpectedVersion = None
 
 
 class UnpinMemory(_CommandBase):
     type: Literal["UnpinMemory"] = "UnpinMemory"
     record_id: Ident
     session: Ident | None = None
+    expected_version: ExpectedVersion = None
 
 
 class EditMemory(_CommandBase):
@@ -81,6 +108,7 @@ class EditMemory(_CommandBase):
     summary: Summary | None = None
     content: Content | None = None
     metadata: Metadata | None = None
+    expected_version: ExpectedVersion = None
 
 
 class SweepExpired(_CommandBase):
@@ -115,6 +143,19 @@ class ReportOutcome(_CommandBase):
     record_id: Ident
     success: bool
     session: Ident | None = None
+    expected_version: ExpectedVersion = None
+
+
+class RecordUsage(_CommandBase):
+    """The trust worker's count of how often records reached the model (`Retrieved` on
+    `memlane.usage`, offsets `from_offset`..`through_offset` of partition `usage_partition`):
+    record id -> times. The ledger counts a span once (`events.rules.ledger.usage`)."""
+
+    type: Literal["RecordUsage"] = "RecordUsage"
+    counts: Annotated[dict[Ident, Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=1000)]
+    usage_partition: Annotated[int, Field(ge=0)]
+    from_offset: Annotated[int, Field(ge=0)]
+    through_offset: Annotated[int, Field(ge=0)]
 
 
 BLOCK_CHARS = 2000  # a memory block holds at most this many characters
@@ -196,6 +237,16 @@ class PurgeRecords(_CommandBase):
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
+class SummarizeRun(_CommandBase):
+    """The run-compression worker's summary of a run's older entries (`events.rules.runs`):
+    `summary` takes the place of the run's summary, and `entry_ids` leave its entries."""
+
+    type: Literal["SummarizeRun"] = "SummarizeRun"
+    run: RunId
+    entry_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
+    summary: Annotated[str, Field(min_length=1, max_length=8000)]
+
+
 class ConfigureAgent(_CommandBase):
     type: Literal["ConfigureAgent"] = "ConfigureAgent"
     config: AgentConfig
@@ -204,6 +255,6 @@ class ConfigureAgent(_CommandBase):
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
     | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
-    | RemoveUser | RemoveTenant | PurgeRecords,
+    | RemoveUser | RemoveTenant | PurgeRecords | RecordUsage | SummarizeRun,
     Field(discriminator="type"),
 ]

@@ -42,5 +42,7 @@ class ErrorCode(str, Enum):
     CHANNEL_NOT_ALLOWED = "CHANNEL_NOT_ALLOWED"
     # The agent or the user was removed: its leftover memory is never served.
     SUBJECT_REMOVED = "SUBJECT_REMOVED"
+    # A write named the version it read (`expected_version`) and the record has moved on.
+    VERSION_CONFLICT = "VERSION_CONFLICT"
     # Made by the Python client when a response is not a memlane error body.
     HTTP_ERROR = "HTTP_ERROR"

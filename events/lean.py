@@ -44,6 +44,16 @@ def _open(c: Any, token: str, aad: bytes) -> bytes:
         raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
 
 
+class LeanProvenance(msgspec.Struct, frozen=True, kw_only=True):
+    """What the ledger's recovery reads of a record's provenance: the run that wrote it,
+    whose episode links it later (`events.rules.ledger.episodes`)."""
+
+    source: str = "TOOL"
+    session: str | None = None
+    execution_id: str | None = None
+    episode: str | None = None
+
+
 class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The fields of a `MemoryRecord` that listing, expiry and search filter on."""
 
@@ -67,6 +77,7 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     replaces: str | None = None
     preview: bool = False
     key: str | None = None
+    provenance: LeanProvenance = LeanProvenance()
     # The personal fields (summary, content, metadata, key) sealed (events.sealing): blank
     # above until `opened` fills them. Listing, expiry and filters never need them.
     sealed: str | None = None
@@ -116,6 +127,7 @@ class LeanEvent(msgspec.Struct, kw_only=True):
     user: str | None = None
     tenant_wide: bool = False
     record_ids: list[str] = []
+    totals: dict[str, int] = {}  # UsageRecorded: record id -> usage_count
     raw: bytes = b""  # the bytes it was decoded from (not a field of the event)
 
     def full(self) -> Any:
@@ -166,6 +178,15 @@ class LedgerView(msgspec.Struct, kw_only=True):
     erased: bool = False
     tenant_wide: bool = False  # SubjectErased
     record_ids: list[str] = []  # RecordsPurged
+    totals: dict[str, int] = {}  # UsageRecorded
+    usage_partition: int = 0
+    through_offset: int = -1
+    run: str | None = None  # RunEntryAdded, RunSummarized
+    entry_id: str | None = None
+    entry_ids: list[str] = []
+    run_last_write: datetime | None = None
+    summary: str = ""
+    content: str = ""
 
 
 # Not strict: the contract's pydantic models accept "2" for 2, and so must its views.

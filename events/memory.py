@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from events.base import Ident, Message_
+from events.commands import MergeEvidence
 from events.config import AgentConfig
 from events.record import MemoryRecord, Provenance
 
@@ -36,6 +37,9 @@ class RecordAdded(_RecordEvent):
     type: Literal["RecordAdded"] = "RecordAdded"
     # True when the write restated a live record and was merged into it.
     merged: bool = False
+    # A near-duplicate merge's evidence, as the ledger checked it (events.rules.near_duplicate);
+    # None for an exact restatement and for every new record.
+    merge: MergeEvidence | None = None
 
 
 class RecordSuperseded(_RecordEvent):
@@ -65,6 +69,14 @@ class RecordRevised(_RecordEvent):
     with the same text."""
 
     type: Literal["RecordRevised"] = "RecordRevised"
+
+
+class EpisodeLinked(_RecordEvent):
+    """A fact extraction made during a run, once the run's episode exists: a new version with
+    the same text whose `provenance.episode` names the episode."""
+
+    type: Literal["EpisodeLinked"] = "EpisodeLinked"
+    episode: Ident
 
 
 class WriteStaged(_EventBase):
@@ -151,6 +163,48 @@ class RecordsPurged(_EventBase):
     user: Ident | None = None  # the subject the records belong to, when a member
 
 
+class RunEntryAdded(_EventBase):
+    """A write landed in a run's session memory (docs/session-memory.md). `record_id` names the
+    durable record a write with a scope was also stored as. The counts are the run's entries not
+    yet summarized after this one, so the run-compression worker needs no state of its own."""
+
+    type: Literal["RunEntryAdded"] = "RunEntryAdded"
+    run: str
+    entry_id: Ident
+    record_id: Ident | None = None
+    summary: str = ""
+    content: str = ""
+    kind: str = "fact"
+    user: Ident | None = None
+    run_last_write: datetime  # the run's newest write so far: it expires 48 h after this
+    pending_entries: int = 0
+    pending_chars: int = 0
+
+
+class RunSummarized(_EventBase):
+    """A run's older entries (`entry_ids`) compressed into `summary`, which replaces the run's
+    previous summary (the model read that one too)."""
+
+    type: Literal["RunSummarized"] = "RunSummarized"
+    run: str
+    user: Ident | None = None  # the run's member: a run is one member's (or the agent's own)
+    summary: str = ""
+    entry_ids: list[Ident]
+    run_last_write: datetime | None = None  # unchanged by a summary, which is no write
+
+
+class UsageRecorded(_EventBase):
+    """Records reached the model (`RecordUsage`): each one's `usage_count` is now `totals[id]`,
+    at the same version, as usage is not content. No record snapshot: a projection keeps the
+    totals beside the versions. `usage_partition`/`through_offset`: the span counted, so the
+    ledger counts it once, also after a recovery."""
+
+    type: Literal["UsageRecorded"] = "UsageRecorded"
+    totals: dict[Ident, int]
+    usage_partition: int
+    through_offset: int
+
+
 class CommandRejected(_EventBase):
     type: Literal["CommandRejected"] = "CommandRejected"
     code: str
@@ -166,6 +220,7 @@ MemoryEvent = Annotated[
     | RecordPinned
     | RecordUnpinned
     | RecordRevised
+    | EpisodeLinked
     | WriteStaged
     | TurnResolved
     | WriteDiscarded
@@ -177,9 +232,12 @@ MemoryEvent = Annotated[
     | UserRemoved
     | SubjectErased
     | RecordsPurged
+    | RunEntryAdded
+    | RunSummarized
+    | UsageRecorded
     | CommandRejected,
     Field(discriminator="type"),
 ]
 
 RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordExpired, RecordPinned, RecordUnpinned,
-                 RecordRevised)
+                 RecordRevised, EpisodeLinked)

@@ -70,6 +70,9 @@ class Provenance(Message_):
     prompt_version: str | None = None
     candidates: list[str] = []
     source_message_ids: list[str] = []
+    # The episode (a consolidated session) this change came from: set on what consolidation
+    # distils from a run, and on the run's extraction-made facts once its episode exists.
+    episode: Ident | None = None
 
 
 # Statuses that count toward the live-fact cap and can expire.
@@ -95,6 +98,12 @@ class MemoryRecord(Message_):
     labels: dict[str, str] = {}
     key: str | None = None
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+    # Trust inputs (docs/trust.md). `importance` is the writer's; `usage_count` (times the
+    # record reached the model) and `utility` (reported outcomes) are learned. Usage changes
+    # them without a new version: usage is not content (`events.rules.ledger.usage`).
+    importance: Annotated[float, Field(ge=0, le=1)] = 0.5
+    usage_count: Annotated[int, Field(ge=0)] = 0
+    utility: Annotated[float, Field(ge=0, le=1)] = 0.5
     expires_at: datetime | None = None
     status: Status = Status.ACTIVE
     pinned: bool = False
@@ -108,6 +117,8 @@ class MemoryRecord(Message_):
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
     superseded_at: datetime | None = None
+    # How many later writes from other runs restated this fact (`events.rules.procedures.confirm`).
+    confirmations: Annotated[int, Field(ge=0)] = 0
 
     def in_force(self, now: datetime) -> bool:
         """ACTIVE and not past its expiry. A sweep tombstones expired records later;

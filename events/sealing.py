@@ -104,13 +104,16 @@ RECORD_FIELDS = {"summary": "", "content": "", "metadata": {}, "key": None}
 _RECORD = Personal(RECORD_FIELDS, _record_subject, _record_aad, container="record")
 PERSONAL: dict[str, Personal] = {
     **{t: _RECORD for t in ("RecordAdded", "RecordSuperseded", "RecordDeleted", "RecordExpired", "RecordPinned",
-                            "RecordUnpinned", "RecordRevised")},
+                            "RecordUnpinned", "RecordRevised", "EpisodeLinked")},
     "AddMemory": Personal(RECORD_FIELDS, _member_subject, _command_aad),
     "EditMemory": Personal({"summary": None, "content": None, "metadata": None}, _member_subject, _command_aad),
     "CurateBlock": Personal({"line": None, "old": None}, _agent_subject, _command_aad),
     "BlockChanged": Personal({"text": ""}, _agent_subject, _event_aad),
     "WriteStaged": Personal({"command": ""}, _member_subject, _event_aad),
     "CommandRejected": Personal({"reason": ""}, _member_subject, _event_aad),
+    "RunEntryAdded": Personal({"summary": "", "content": ""}, _member_subject, _event_aad),
+    "RunSummarized": Personal({"summary": ""}, _member_subject, _event_aad),
+    "SummarizeRun": Personal({"summary": ""}, _member_subject, _command_aad),
     "CandidateRefused": Personal({"summary_preview": ""}, _member_subject, lambda m: m["usage_id"].encode()),
 }
 

@@ -31,6 +31,7 @@ from events.memory import (
     ConsentWithdrawn,
     RecordsPurged,
     SubjectErased,
+    UsageRecorded,
     UserRemoved,
 )
 from events.record import LIVE, MemoryRecord, Scope, Status
@@ -69,6 +70,12 @@ async def opening(keys: Keys | None, fn: Callable[..., Any], *args: Any) -> Any:
 def listed(r: MemoryRecord) -> bool:
     """Listing omits deleted and superseded records, except preview deletions."""
     return r.status in LIVE or (r.preview and r.status is Status.DELETED)
+
+
+def with_usage(r: MemoryRecord, usage_count: int) -> MemoryRecord:
+    """The current version as read: its usage count is the latest the view holds, which usage
+    events move without a new version (docs/trust.md)."""
+    return r.model_copy(update={"usage_count": usage_count}) if usage_count > r.usage_count else r
 
 
 def sort_score(r: MemoryRecord) -> float:
@@ -186,6 +193,8 @@ class MemoryFold:
     consent: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     removed_agents: set[tuple[str, str]] = field(default_factory=set)
     removed_users: set[tuple[str, str]] = field(default_factory=set)
+    # Each record's usage_count, kept beside its versions: usage makes no version (docs/trust.md).
+    usage: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     async def apply(self, events: list[Any]) -> None:
         for e in events:
@@ -193,6 +202,10 @@ class MemoryFold:
                 self._erase(Erasure.of(e))
             elif isinstance(e, RecordsPurged):
                 self._drop({(e.tenant, e.agent, rid) for rid in e.record_ids})
+            elif isinstance(e, UsageRecorded):
+                for rid, total in e.totals.items():
+                    k = (e.tenant, e.agent, rid)
+                    self.usage[k] = max(total, self.usage.get(k, 0))
             if isinstance(e, (ConsentGranted, ConsentWithdrawn)):
                 state = "granted" if isinstance(e, ConsentGranted) else "withdrawn"
                 self.consent.setdefault((e.tenant, e.agent), {})[e.user] = state
@@ -219,6 +232,7 @@ class MemoryFold:
         for k in keys:
             self.versions.pop(k, None)
             self.current.pop(k, None)
+            self.usage.pop(k, None)
             if k[:2] in self.shadows:
                 self.shadows[k[:2]].discard(k[2])
 
@@ -238,7 +252,9 @@ class MemoryFold:
         vs = self.versions.get((tenant, agent, rid))
         if not vs:
             return None
-        return vs.get(version if version is not None else self.current[(tenant, agent, rid)])
+        if version is None:
+            return with_usage(vs[self.current[(tenant, agent, rid)]], self.usage.get((tenant, agent, rid), 0))
+        return vs.get(version)
 
     async def history(self, tenant, agent, rid):
         vs = self.versions.get((tenant, agent, rid)) or {}
@@ -247,7 +263,7 @@ class MemoryFold:
     def _current(self, tenant, agent):
         for (t, a, rid), v in self.current.items():
             if t == tenant and a == agent:
-                yield self.versions[(t, a, rid)][v]
+                yield with_usage(self.versions[(t, a, rid)][v], self.usage.get((t, a, rid), 0))
 
     async def page(self, tenant, agent, limit, after=None, ascending=False, user=None):
         rows = sorted(

@@ -45,9 +45,19 @@ from events.lean import LeanEvent, LeanRecord, as_lean, decode_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 from events.sealing import kid_of, open_text, seal_text, subject_of
-from projections import redis_client
+from projections import redis_client, redis_runs
 from projections.applied_waiter import AppliedListener
-from projections.records import Erasure, Keys, Page, decode_cursor, encode_cursor, listed, opening, sort_score
+from projections.records import (
+    Erasure,
+    Keys,
+    Page,
+    decode_cursor,
+    encode_cursor,
+    listed,
+    opening,
+    sort_score,
+    with_usage,
+)
 from projections.redis_client import agent_tag, is_cluster, scan_keys, scan_page, unlink_keys, write_then
 
 # One call per agent of a batch, all its keys in one hash slot (the agent's tag), so it
@@ -124,6 +134,25 @@ if announce and (#announced > 0 or ARGV[3] ~= '[]') then
 end
 return applied
 """
+
+
+# A `UsageRecorded`'s totals into the agent's `usage` hash, beside the versions: usage makes no
+# version (docs/trust.md). KEYS[1]: the hash; ARGV: record id, total, ... A total only grows, so
+# a redelivered older event changes nothing, as a version guard would.
+USAGE = """
+for i = 1, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 0
+"""
+
+
+def _usage_totals(into: dict[str, dict[str, int]], e: Any) -> None:
+    """A `UsageRecorded`'s totals, by agent key, the largest of the batch kept."""
+    mine = into.setdefault(f"{e.tenant}/{e.agent}", {})
+    for rid, total in e.totals.items():
+        mine[rid] = max(total, mine.get(rid, 0))
 
 
 # The projection's checkpoint: KEYS[1] the generation's checkpoint hash; ARGV[1] a JSON
@@ -293,7 +322,7 @@ def user_list_key(ns: str, ak: str, user: str) -> str:
 
 
 APPLY_KINDS = ("rec", "list", "pinned", "shadowed", "users", "expiry")  # APPLY's KEYS, in order
-AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent")  # what dropping an agent unlinks, with its member listings
+AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent", "usage")  # what dropping an agent unlinks, with its member listings
 
 
 def apply_keys(ns: str, ak: str) -> list[str]:
@@ -320,6 +349,8 @@ class RedisRecords:
         self._listener: AppliedListener | None = None
         self._apply = client.register_script(APPLY)
         self._checkpoint = client.register_script(CHECKPOINT)
+        self._usage = client.register_script(USAGE)
+        self._used: dict[tuple[str, str], int] = {}  # (usage hash, record id) -> total, for `fill`
         self._drop_page = client.register_script(DROP_PAGE)
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
@@ -498,6 +529,7 @@ class RedisRecords:
         pre = self.r.pipeline(transaction=False)  # configurations, blocks, consent; one key each
         changed: dict[str, list[tuple[str, str]]] = {}
         expiring: set[str] = set()
+        used: dict[str, dict[str, int]] = {}  # agent key -> record id -> usage total
         for e in events:
             row = _row(e) if self._readable(e, gone) else None
             if row is not None:
@@ -513,6 +545,10 @@ class RedisRecords:
             elif e.type in SUBJECT_EVENTS:
                 # Before the batch's records and its checkpoint: a withdrawal is never behind them.
                 _subject_change(pre, ns, e)
+            elif e.type in redis_runs.RUN_EVENTS:
+                redis_runs.fold(pre, ns, e.raw)  # session memory: before the checkpoint, as blocks
+            elif e.type == "UsageRecorded":
+                _usage_totals(used, e)
         if expiring:
             # The sweep's registry of agents with expiring records: written first, so a record
             # with an expiry is never in an agent the sweep does not know of.
@@ -530,12 +566,15 @@ class RedisRecords:
                 p.execute_command("EVALSHA", self._apply.sha, len(APPLY_KINDS), *apply_keys(ns, ak),
                           user_list_prefix(ns, ak), channel, json.dumps(changed.get(ak, [])), ak,
                           *rows.get(ak, ()))
+            for ak, totals in used.items():
+                p.execute_command("EVALSHA", self._usage.sha, 1, agent_key(ns, "usage", ak),
+                                  *[x for kv in sorted(totals.items()) for x in kv])
 
         def checkpoint(p: Any) -> None:
             if ckpt:
                 p.execute_command("EVALSHA", self._checkpoint.sha, 1, f"{ns}:ckpt", json.dumps(ckpt))
 
-        await write_then(self.r, scripts, checkpoint, scripts=(self._apply, self._checkpoint))
+        await write_then(self.r, scripts, checkpoint, scripts=(self._apply, self._checkpoint, self._usage))
 
     async def _flush_keys(self) -> None:
         """The keys this process made go out before anything sealed under them is written."""
@@ -578,6 +617,10 @@ class RedisRecords:
                         _block_change(pipe, ns, full)
                 elif e.type in SUBJECT_EVENTS:
                     _subject_change(pipe, ns, e)
+                elif e.type in redis_runs.RUN_EVENTS:
+                    redis_runs.fold(pipe, ns, e.raw)
+                elif e.type == "UsageRecorded":
+                    self._fill_usage(pipe, ns, e)
                 continue
             ak, rid, ver, raw, score, flags, expiry, shadows, user = row
             rk = agent_key(ns, "rec", ak)
@@ -622,6 +665,14 @@ class RedisRecords:
         if ckpt := _checkpoints(positions):
             await self.r.hset(f"{ns}:ckpt", mapping=ckpt)
 
+    def _fill_usage(self, pipe: Any, ns: str, e: Any) -> None:
+        """`USAGE` for `fill`, which knows the totals it wrote: plain HSETs of those that grew."""
+        key = agent_key(ns, "usage", f"{e.tenant}/{e.agent}")
+        grew = {rid: n for rid, n in e.totals.items() if n > self._used.get((key, rid), 0)}
+        if grew:
+            self._used.update({(key, rid): n for rid, n in grew.items()})
+            pipe.hset(key, mapping=grew)
+
     # ------------------------------------------------------------------ purges
 
     async def purge(self, ns: str, e: Any) -> None:
@@ -663,8 +714,9 @@ class RedisRecords:
         keys = [agent_key(ns, kind, ak) for kind in AGENT_KINDS] + [user_list_key(ns, ak, u) for u in sorted(members)]
         await unlink_keys(self.r, keys, PAGE)
         await self.r.srem(f"{ns}:expiring", ak)
-        rk = agent_key(ns, "rec", ak)
+        rk, uk = agent_key(ns, "rec", ak), agent_key(ns, "usage", ak)
         self._filled = {k: v for k, v in self._filled.items() if k[0] != rk}
+        self._used = {k: v for k, v in self._used.items() if k[0] != uk}
 
     async def _drop_member(self, ns: str, ak: str, user: str) -> None:
         """Every version of the member's USER records on the agent, their listing, their
@@ -713,11 +765,13 @@ class RedisRecords:
             for kind in ("list", "pinned", "expiry"):
                 pipe.zrem(agent_key(ns, kind, ak), *chunk)
             pipe.srem(agent_key(ns, "shadowed", ak), *chunk)
+            pipe.hdel(agent_key(ns, "usage", ak), *chunk)
             for user in users or ():
                 pipe.zrem(user_list_key(ns, ak, user), *chunk)
         await pipe.execute()
         for rid in ids:
             self._filled.pop((rk, rid), None)
+            self._used.pop((agent_key(ns, "usage", ak), rid), None)
 
     async def checkpoints(self, gen: int | None = None) -> dict[str, int]:
         gen = gen if gen is not None else await self.generation()
@@ -727,11 +781,10 @@ class RedisRecords:
     # ------------------------------------------------------------------ read side
 
     async def get(self, tenant, agent, rid, version=None) -> MemoryRecord | None:
-        key = self._keys(await self._read_generation(), tenant, agent)[0]
         if version is None:
-            version = await self.r.hget(key, rid)
-            if version is None:
-                return None
+            found = await self.get_many(tenant, agent, [rid])
+            return found[0] if found else None
+        key = self._keys(await self._read_generation(), tenant, agent)[0]
         raw = await self.r.hget(key, f"{rid}#{version}")
         return await self._opening(snapshot, raw) if raw else None
 
@@ -740,11 +793,16 @@ class RedisRecords:
         destroyed keys: two round trips in all."""
         if not rids:
             return []
-        key = self._keys(await self._read_generation(), tenant, agent)[0]
-        currents = await self.r.hmget(key, rids)
+        gen = await self._read_generation()
+        key = self._keys(gen, tenant, agent)[0]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(key, rids)
+        pipe.hmget(self._agent(gen, "usage", tenant, agent), rids)  # the usage counts (docs/trust.md)
+        currents, counts = await pipe.execute()
         fields = [f"{rid}#{cur}" for rid, cur in zip(rids, currents) if cur is not None]
         raws = await self.r.hmget(key, fields) if fields else []
-        return await self._snapshots(raws)
+        used = {rid: int(n) for rid, n in zip(rids, counts) if n is not None}
+        return [with_usage(r, used.get(r.id, 0)) for r in await self._snapshots(raws)]
 
     async def history(self, tenant, agent, rid) -> list[MemoryRecord]:
         """Every version, newest first: versions count up from 1."""

@@ -69,12 +69,34 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # The heartbeat /health reads names the group the runner consumes in. The probe serves
         # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
         async with heartbeat(settings, args.name, runner.group, list(processor.sources)):
-            await WorkerProbe(runner, args.name).serve(settings, runner.run())
+            await WorkerProbe(runner, args.name).serve(settings, _with_companions(args.name, processor, settings,
+                                                                                  runner.run()))
 
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
     uvloop.run(run())
     return 0
+
+
+# Processors that run inside another worker's process, in consumer groups of their own: the
+# run-compression worker is rare work of the same kind (one model call, purpose consolidation),
+# so it needs no process, port or deployment of its own.
+COMPANIONS = {"consolidation": ("workers.run_compression:RunCompression",),
+              # Usage counts for the ledger (docs/trust.md): a few dict updates per batch.
+              "ledger": ("workers.trust:TrustProcessor",)}
+
+
+async def _with_companions(name: str, processor, settings, main) -> None:
+    """`main` (the worker's runner), and a runner for each companion processor. They share the
+    worker's stop signal: one loop may hold only one handler per signal."""
+    from workers.runtime import Runner
+
+    runners = []
+    for path in COMPANIONS.get(name, ()):
+        companion = _load(path)(settings)
+        companion.stopping = processor.stopping
+        runners.append(Runner(companion, settings).run())
+    await asyncio.gather(main, *runners)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -28,6 +28,11 @@ class MemlaneError(Exception):
         self.status, self.code, self.field, self.message = status, code, field, message
 
 
+def _expected(version: int | None) -> dict[str, int]:
+    """`expected_version` when the caller names the version it read (docs/trust.md)."""
+    return {} if version is None else {"expected_version": version}
+
+
 @dataclass
 class Found:
     record: MemoryRecord
@@ -171,12 +176,13 @@ class MemlaneClient:
     async def search_memory(self, query: str | None = None, **filters: Any) -> tuple[list[Found], str | None]:
         body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}
         data = await self._call("POST", "/v1/memory/search", json=body)
-        found = [Found(MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}), r.get("score"))
+        found = [Found(MemoryRecord.model_validate({k: v for k, v in r.items() if k not in ("score", "trust")}), r.get("score"))
                  for r in data["records"]]
         return found, data["next_cursor"]
 
-    async def recall(self, conversation: str, text: str) -> dict[str, Any]:
-        return await self._call("POST", "/v1/recall", json={"conversation": conversation, "text": text})
+    async def recall(self, conversation: str, text: str, run_id: str | None = None) -> dict[str, Any]:
+        body = {"conversation": conversation, "text": text} | ({"run_id": run_id} if run_id else {})
+        return await self._call("POST", "/v1/recall", json=body)
 
     async def search_history(self, query: str | None = None, **filters: Any) -> dict[str, Any]:
         body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}
@@ -190,21 +196,22 @@ class MemlaneClient:
         data = await self._call("GET", f"/v1/memory/{rid}/history")
         return [MemoryRecord.model_validate(v) for v in data["versions"]]
 
-    async def delete_memory(self, rid: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"/v1/memory/{rid}")
+    async def delete_memory(self, rid: str, expected_version: int | None = None) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/memory/{rid}", params=_expected(expected_version))
 
     async def edit_memory(self, rid: str, **fields: Any) -> dict[str, Any]:
         """Operator keys, and member keys for their own facts: new text makes a successor record."""
         return await self._call("PATCH", f"/v1/memory/{rid}", json=fields)
 
-    async def pin(self, rid: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/memory/{rid}/pin")
+    async def pin(self, rid: str, expected_version: int | None = None) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/memory/{rid}/pin", params=_expected(expected_version))
 
-    async def unpin(self, rid: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"/v1/memory/{rid}/pin")
+    async def unpin(self, rid: str, expected_version: int | None = None) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/memory/{rid}/pin", params=_expected(expected_version))
 
-    async def report_outcome(self, rid: str, success: bool) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/memory/{rid}/outcome", json={"success": success})
+    async def report_outcome(self, rid: str, success: bool, expected_version: int | None = None) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/memory/{rid}/outcome",
+                                json={"success": success, **_expected(expected_version)})
 
     async def blocks(self) -> list[dict[str, str]]:
         return (await self._call("GET", "/v1/blocks"))["blocks"]

@@ -21,6 +21,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.DUPLICATE_ID: 409,
     ErrorCode.LIMIT_EXCEEDED: 409,
     ErrorCode.PIN_BUDGET_EXCEEDED: 409,
+    ErrorCode.VERSION_CONFLICT: 409,
     ErrorCode.TIMEOUT: 504,
 }
 

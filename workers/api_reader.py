@@ -115,7 +115,8 @@ class ApiReader:
             if "error" in res:
                 out.append(SearchFailed(f"search answered {res.get('status')}: {res['error'].get('message')}"))
             else:
-                out.append([MemoryRecord.model_validate({k: v for k, v in r.items() if k != "score"}) for r in res["records"]])
+                out.append([MemoryRecord.model_validate({k: v for k, v in r.items() if k not in ("score", "trust")})
+                            for r in res["records"]])
         return out
 
 

@@ -3,8 +3,9 @@
 It reads `memlane.turns` in its own consumer group and acts on `SessionEnded` only. The
 session's kept history comes from the history view in Redis, once the history worker has
 folded every turn before the end on that partition (a session's turns and its end share a
-partition, in order). One model call (purpose `consolidation`) gives the episode, and a
-procedure or an anti-pattern when the run has one (`events.rules.consolidation`); they go
+partition, in order). One model call (purpose `consolidation`) gives the episode, a
+procedure or an anti-pattern when the run has one, and the run's canonical facts of the
+agent's kinds (`events.rules.consolidation`); they go
 to the ledger as commands, with the usage records, in one transaction with the input
 offset, so a crash never consolidates a session twice in effect (the command ids follow the
 SessionEnded event). A model that keeps failing sends the SessionEnded to the DLQ.
@@ -35,7 +36,6 @@ from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
 from workers.topic_reader import checkpoint_key
 
 log = structlog.get_logger()
-ANSWER_SCHEMA = rules.answer_schema()
 HISTORY_WAIT_S = 30.0  # how long an end waits for the history worker before it is retried
 ALL_KINDS = ("message", "tool_result", "tool_error")
 
@@ -103,7 +103,8 @@ class ConsolidationProcessor(Processor):
             return []
         call = CallContext(ended.tenant, ended.agent, ended.session, ended.execution_id, None, ended.event_id)
         try:
-            answer = await self.model.json_call(rules.build_messages(ended, events), ANSWER_SCHEMA,
+            kinds = rules.fact_kinds(cfg)
+            answer = await self.model.json_call(rules.build_messages(ended, events, kinds), rules.answer_schema(kinds),
                                                 rules.parse_answer, call, purpose="consolidation")
         except ModelFailed as e:
             log.error("consolidation_failed_dead_lettered", error=e.error, attempts=e.attempts, **ctx)

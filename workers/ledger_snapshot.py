@@ -73,6 +73,10 @@ class _State(msgspec.Struct):
     record_keys: list[str]
     sealed_records: list[tuple[str, list[int], str]]
     blocks: dict[str, dict[str, str]] = {}  # agent -> {label: text}
+    # agent -> {run: (last write, [(entry id, chars)])}: ids, sizes and times only, never text.
+    # A snapshot without it was taken before any run event existed, so empty is right.
+    runs: dict[str, dict[str, tuple[datetime, list[tuple[str, int]]]]] = {}
+    usage_marks: dict[str, int] = {}  # agent|usage partition -> last usage offset counted
 
 
 class Snapshot(msgspec.Struct):
@@ -183,6 +187,9 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
             removed_users=dict(state.removed_users),
             subject_records={k: tuple(v) for k, v in state.subject_records.items()},
             erasures=dict(state.erasures),
+            runs={ak: {run: (last, [tuple(p) for p in pending]) for run, (last, pending) in v.items()}
+                  for ak, v in state.runs.items()},
+            usage_marks=dict(state.usage_marks),
             sealed=c is not None,
             record_keys=record_keys,
             sealed_records=sealed_records,
@@ -213,6 +220,9 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         removed_users=s.removed_users,
         subject_records=s.subject_records,
         erasures=s.erasures,
+        runs={ak: {run: (last, tuple(tuple(p) for p in pending)) for run, (last, pending) in v.items()}
+              for ak, v in s.runs.items()},
+        usage_marks=s.usage_marks,
     )
     return state, s.recent, _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
 

@@ -133,10 +133,10 @@ class QdrantProjection:
         key = command_key(tenant, agent, command_id)
         fut = asyncio.get_running_loop().create_future()
         self.waiters.setdefault(key, []).append(fut)
-        fut.add_done_callback(lambda f: self._forget(key, f) if f.cancelled() else None)
+        fut.add_done_callback(lambda f: self._drop_waiter(key, f) if f.cancelled() else None)
         return fut
 
-    def _forget(self, cid: str, fut: asyncio.Future) -> None:
+    def _drop_waiter(self, cid: str, fut: asyncio.Future) -> None:
         """A caller gave up (timed out): drop its waiter and, if it was the last, the command."""
         left = [f for f in self.waiters.get(cid, []) if f is not fut]
         if left:

@@ -25,12 +25,39 @@ HEADER = (
 )
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
-BLOCK_CHARS = 8000  # the injected block's cap; records that do not fit are left out whole
-# Memory blocks come first but may take only this share of the cap, so the turn's records
-# always have room; a block that does not fit whole in what is left of it is left out.
-BLOCKS_CHARS = 4000
-SECTIONS = ("Blocks", "Pinned", "Records", "Episodes", "Procedures")
+BLOCK_CHARS = 8000  # the injected block's cap; items that do not fit are left out whole
 
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of the recalled block: its heading, its name in recall's JSON (seed 002's
+    names), the characters it may take before any other layer has had its share, and
+    whether it may take more from what the others leave (blocks may not: they are capped)."""
+
+    heading: str
+    json: str
+    budget: int
+    overflows: bool = True
+
+
+# The block's layers, in the order they are rendered (docs/recall-layers.md). Each first
+# fills its own budget in this order; the room the others leave then goes to the layers in
+# `OVERFLOW` order.
+LAYERS = (
+    Layer("Blocks", "blocks", 3000, overflows=False),
+    Layer("Pinned", "pinned", 600),
+    Layer("Session summary", "sessionSummary", 500),
+    Layer("Session entries", "sessionEntries", 900),
+    Layer("Records", "workspaceEntries", 1600),
+    Layer("Episodes", "relevantEpisodes", 500),
+    Layer("Procedures", "procedures", 400),
+    Layer("Avoid", "antiPatterns", 200),
+)
+SECTIONS = tuple(layer.heading for layer in LAYERS)
+BLOCKS_CHARS = LAYERS[0].budget
+# Pins are what a member asked to keep in view, facts answer the turn: they take the room
+# left over first.
+OVERFLOW = ("Pinned", "Records", "Session entries", "Session summary", "Episodes", "Procedures", "Avoid")
 # Every character Python's str.splitlines() breaks on: any of them would start a new line.
 _LINE_BREAK = re.compile(r"\r\n|[\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 # Angle brackets that NFKC leaves alone but a reader takes for < and >.
@@ -46,6 +73,10 @@ _NOT_PLAIN = re.compile(r"[^\x20-\x7e\n]|[<>&]")
 # A field is cut to this many times its display length before it is cleaned: cleaning costs
 # per character, and a record's content can be 16 KiB of which 600 characters are shown.
 CUT_MARGIN = 2
+
+
+# Every layer's budget fits in the block at once, so each is a floor as well as a first share.
+assert sum(layer.budget for layer in LAYERS) <= BLOCK_CHARS - len(HEADER) - len(FOOTER)
 
 
 def clean(text: str, multiline: bool = False) -> str:
@@ -97,39 +128,98 @@ def _record(r: MemoryRecord) -> str:
     return line
 
 
+def _entry(e) -> str:
+    """A session entry (any item with `id`, `kind`, `summary` and `content`): a record's
+    line, named as an entry of the run."""
+    line = f"- [{clean(e.kind)}] {clean(e.summary)} (entry: {e.id})\n"
+    body = clean(e.content[:CONTENT_CHARS * CUT_MARGIN], multiline=True)
+    return line + (_indented(body if len(body) <= CONTENT_CHARS else body[:CONTENT_CHARS] + "…") if body else "")
+
+
+def _summary(text: str) -> str:
+    return _indented(clean(text, multiline=True))
+
+
+_SHOW = {"Blocks": lambda b: _block(*b), "Pinned": _pin, "Session summary": _summary,
+         "Session entries": _entry, "Records": _record, "Episodes": _record, "Procedures": _record,
+         "Avoid": _record}
+
+
 @dataclass
 class Fitted:
-    """What the block shows, each list in its given order, and each item's rendered text."""
+    """What the block shows, per layer in its given order, and each item's rendered text."""
 
-    blocks: list[tuple[str, str]] = field(default_factory=list)
-    pinned: list[MemoryRecord] = field(default_factory=list)
-    records: list[MemoryRecord] = field(default_factory=list)
-    episodes: list[MemoryRecord] = field(default_factory=list)
-    procedures: list[MemoryRecord] = field(default_factory=list)
+    kept: dict[str, list] = field(default_factory=lambda: {s: [] for s in SECTIONS})
     text: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in SECTIONS})
+
+    @property
+    def blocks(self) -> list[tuple[str, str]]:
+        return self.kept["Blocks"]
+
+    @property
+    def pinned(self) -> list[MemoryRecord]:
+        return self.kept["Pinned"]
+
+    @property
+    def records(self) -> list[MemoryRecord]:
+        return self.kept["Records"]
+
+    @property
+    def episodes(self) -> list[MemoryRecord]:
+        return self.kept["Episodes"]
+
+    @property
+    def procedures(self) -> list[MemoryRecord]:
+        return self.kept["Procedures"]
+
+    @property
+    def avoid(self) -> list[MemoryRecord]:
+        return self.kept["Avoid"]
+
+    @property
+    def session_entries(self) -> list:
+        return self.kept["Session entries"]
+
+    @property
+    def session_summary(self) -> str | None:
+        return self.kept["Session summary"][0] if self.kept["Session summary"] else None
 
 
 def fit(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tuple[str, str]] = (),
-        episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = ()) -> Fitted:
-    """What fits whole in a block of `BLOCK_CHARS`: blocks first (within `BLOCKS_CHARS`),
-    then pins, records, episodes and procedures, each list best first. An item that does
-    not fit is left out whole and a smaller one after it may still fit."""
-    out = Fitted()
+        episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = (), *,
+        session_summary: str | None = None, session_entries: list = (), avoid: list[MemoryRecord] = ()) -> Fitted:
+    """What fits whole in a block of `BLOCK_CHARS`, layer by layer (`LAYERS`): each layer
+    first takes items, best first, within its own budget; then the room left goes to the
+    layers in `OVERFLOW` order. An item that does not fit is left out whole and a smaller one
+    after it may still fit; each layer keeps its items in their given order."""
+    given = {"Blocks": list(blocks), "Pinned": list(pinned), "Session summary": [session_summary] if session_summary
+             else [], "Session entries": list(session_entries), "Records": list(records),
+             "Episodes": list(episodes), "Procedures": list(procedures), "Avoid": list(avoid)}
     room = BLOCK_CHARS - len(HEADER) - len(FOOTER)
-    cap = min(BLOCKS_CHARS, room)
-    for section, items, show in (("Blocks", blocks, lambda b: _block(*b)), ("Pinned", pinned, _pin),
-                                 ("Records", records, _record), ("Episodes", episodes, _record),
-                                 ("Procedures", procedures, _record)):
-        kept, texts = getattr(out, section.lower()), out.text[section]
-        for item in items:
-            piece = show(item)
+    taken: dict[str, dict[int, str]] = {s: {} for s in SECTIONS}
+
+    def take(section: str, cap: int) -> int:
+        """Items of `section` not taken yet that fit within `cap`; returns what they used."""
+        used, texts = 0, taken[section]
+        for i, item in enumerate(given[section]):
+            if i in texts:
+                continue
+            piece = _SHOW[section](item)
             cost = len(piece) + (0 if texts else len(f"## {section}\n"))
-            if cost <= cap:
-                kept.append(item)
-                texts.append(piece)
-                cap -= cost
-                room -= cost
-        cap = room  # past the blocks, everything left is for the rest
+            if used + cost <= cap:
+                texts[i] = piece
+                used += cost
+        return used
+
+    for layer in LAYERS:
+        room -= take(layer.heading, min(layer.budget, room))
+    for section in OVERFLOW:
+        room -= take(section, room)
+    out = Fitted()
+    for section in SECTIONS:
+        for i in sorted(taken[section]):
+            out.kept[section].append(given[section][i])
+            out.text[section].append(taken[section][i])
     return out
 
 

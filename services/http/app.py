@@ -20,6 +20,7 @@ from services.http.health_probe import HealthProbe
 from services.http.input_guard import GuardBodies
 from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
+from services.http.routes import runs as runs_routes
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
@@ -34,7 +35,7 @@ log = structlog.get_logger()
 
 # The OpenAPI document lists the operations in this order.
 ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
-           blocks.router, memory.router, subjects.router, agents.router, pipeline_router)
+           blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router)
 
 
 class Extension:

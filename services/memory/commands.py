@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -49,6 +50,7 @@ from events.limits import COMMAND_LIMIT, largest_field, too_large
 from events.record import Provenance, Source
 from events.rules import subjects, write_filter
 from projections.applied_waiter import Key, block_key, record_key
+from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
@@ -57,6 +59,7 @@ from settings import Settings
 
 if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
+    from services.memory.merge import MergeCheck
     from workers.memory_shards import MemoryShards
 
 
@@ -67,6 +70,9 @@ class MemoryCommands:
         self.records = records
         self.memory = memory  # the shards whose projection answers `wait`; swapped with the generation
         self.publisher = publisher
+
+    # The near-duplicate check of direct writes (services.memory.merge), set by the memory service.
+    merge: MergeCheck | None = None
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()
@@ -139,6 +145,8 @@ class MemoryCommands:
         check_operator_write(ctx, cmd.scope)
         self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
                      metadata=cmd.metadata)
+        if self.merge is not None and (ev := await self.merge.evidence(cmd, cfg, self.memory)) is not None:
+            cmd = cmd.model_copy(update={"merge": ev})  # a near duplicate: the ledger merges it if it agrees
         return await self.submit(cmd, wait, ctx=ctx)
 
     async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
@@ -152,20 +160,23 @@ class MemoryCommands:
         self._screen(ctx, label=cmd.label, line=cmd.line)
         return await self.submit(cmd, wait, ctx=ctx)
 
-    async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True) -> dict[str, Any]:
+    async def report(self, ctx: Context, rid: str, success: bool, wait: bool = True,
+                     expected_version: int | None = None) -> dict[str, Any]:
         """An outcome of applying a procedure, counted on it."""
         await self._check_tool(ctx, "report_outcome")
         await self._check_record(ctx, rid)
-        return await self.submit(self._command(ReportOutcome, ctx, record_id=rid, success=success, session=ctx.session),
-                                 wait, ctx=ctx)
+        return await self.submit(self._command(ReportOutcome, ctx, record_id=rid, success=success, session=ctx.session,
+                                               expected_version=expected_version), wait, ctx=ctx)
 
-    async def delete(self, ctx: Context, rid: str, wait: bool = True) -> dict[str, Any]:
+    async def delete(self, ctx: Context, rid: str, wait: bool = True,
+                     expected_version: int | None = None) -> dict[str, Any]:
         """An agent's `delete_memory`, an operator's deletion, or a member deleting their own fact
         (seed 004: with or without consent; the tombstone stays)."""
         if ctx.principal.role != "member":
             await self._check_tool(ctx, "delete_memory")
         await self._check_record(ctx, rid)
-        return await self.submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session), wait, ctx=ctx)
+        return await self.submit(self._command(DeleteMemory, ctx, record_id=rid, session=ctx.session,
+                                               expected_version=expected_version), wait, ctx=ctx)
 
     async def edit(self, ctx: Context, rid: str, wait: bool = True, **fields: Any) -> dict[str, Any]:
         """An operator's edit, or a member's of their own fact: both bypass the write filter
@@ -176,11 +187,12 @@ class MemoryCommands:
         await self._check_record(ctx, rid)
         return await self.submit(self._command(EditMemory, ctx, record_id=rid, **fields), wait, ctx=ctx)
 
-    async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True) -> dict[str, Any]:
+    async def pin(self, ctx: Context, rid: str, pinned: bool, wait: bool = True,
+                  expected_version: int | None = None) -> dict[str, Any]:
         await self._check_tool(ctx, "pin_memory" if pinned else "unpin_memory")
         await self._check_record(ctx, rid)
         return await self.submit(self._command(PinMemory if pinned else UnpinMemory, ctx, record_id=rid,
-                                               session=ctx.session), wait, ctx=ctx)
+                                               session=ctx.session, expected_version=expected_version), wait, ctx=ctx)
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
         check_role(ctx, ("operator",), "change an agent's configuration")
@@ -341,6 +353,8 @@ class MemoryCommands:
                 result["reason"] = e.reason
             elif e.type == "BlockChanged":
                 result["block"] = {"label": e.label, "text": e.text}
+            elif e.type == "RunEntryAdded":
+                result["run_entry"] = {"id": e.entry_id, "run_id": e.run, "record_id": e.record_id}
             elif hasattr(e, "record"):
                 if ctx is None or not readable_by(ctx, e.record):
                     continue
@@ -359,6 +373,8 @@ class MemoryCommands:
 
             await self._seen(cmd, block_key(cmd.tenant, cmd.agent, block["label"]), 0, block_shown,
                              f"block {block['label']}'s new text")
+        if entry := result.get("run_entry"):
+            await self._until(cmd, partial(self._entry_shown, cmd, entry), f"entry {entry['id']} of run {entry['run_id']}")
         if "id" in result:
             rid = result["id"]
             want = max(m["version"] for m in result["memories"] if m["id"] == rid)
@@ -372,6 +388,12 @@ class MemoryCommands:
         return result
 
     READ_YOUR_WRITES_S = 6.0
+
+    async def _entry_shown(self, cmd: Any, entry: dict[str, Any]) -> bool:
+        """Whether the run view (session memory, folded by the redis-projection worker) shows the entry."""
+        entries, _ = await RunView(self.records).session(cmd.tenant, cmd.agent, entry["run_id"], utcnow(),
+                                                     cmd.user)
+        return any(x.id == entry["id"] for x in entries)
 
     async def _seen(self, cmd: Any, key: Key, version: int, shown: Any, what: str) -> None:
         """Until the record view (the redis-projection worker's) shows the change: `shown` is read

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -21,11 +21,14 @@ from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord, Scope
 from events.rules.ledger import RESERVED_KINDS
+from events.rules.procedures import is_anti_pattern
+from events.rules.procedures import rank as procedures_rank
 from events.rules.recall_render import fit, fit_facts, pinned_within_budget, render, render_fitted
 from events.rules.subjects import Refusal, SubjectState, refusal
 from events.rules.visibility import readable_scopes, visible
 from projections.qdrant_index import IndexUnavailable, SearchFilter
 from projections.records import CursorError, Page, encode_cursor, sort_score
+from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory import member_reads
 from services.memory.context import Context
@@ -60,6 +63,10 @@ class RecallResult:
     skipped: Refusal | None = None
     # Memory could not be read (Redis or the index failed): empty, logged, and the turn goes on.
     memory_unavailable: bool = False
+    # The run's session memory (its summary and newest entries) and the procedures to avoid.
+    session_summary: str | None = None
+    session_entries: list[Any] = field(default_factory=list)
+    avoid: list[MemoryRecord] = field(default_factory=list)
 
 
 log = structlog.get_logger()
@@ -335,7 +342,7 @@ class MemoryReads:
         rendered = "" if cfg is not None and cfg.memory.recall.format == "facts" else render([], [])
         return RecallResult([], [], rendered, [], [], [], skipped=skipped, memory_unavailable=unavailable)
 
-    async def recall(self, ctx: Context, conversation: str, text: str) -> RecallResult:
+    async def recall(self, ctx: Context, conversation: str, text: str, run: str | None = None) -> RecallResult:
         """What the agent should remember before its next model call.
 
         Never fails the platform's turn for memory's sake: a subject that gets no memory
@@ -344,9 +351,9 @@ class MemoryReads:
         logged without the caller's text or member."""
         check_role(ctx, NOT_MEMBER, "recall memory")
         with Timed(RECALL_SECONDS):
-            return await self._recall_or_empty(ctx, conversation, text)
+            return await self._recall_or_empty(ctx, conversation, text, run)
 
-    async def _recall_or_empty(self, ctx: Context, conversation: str, text: str) -> RecallResult:
+    async def _recall_or_empty(self, ctx: Context, conversation: str, text: str, run: str | None) -> RecallResult:
         cfg: AgentConfig | None = None
         try:
             got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),
@@ -360,12 +367,13 @@ class MemoryReads:
             skipped = self._refusal(ctx, cfg, state)
             if skipped is not None:
                 return self._empty(cfg, skipped=skipped)
-            return await self._recall(ctx, cfg, conversation, text)
+            return await self._recall(ctx, cfg, conversation, text, run)
         except READ_FAILURES as e:
             log.warning("recall_memory_unavailable", tenant=ctx.tenant, agent=ctx.agent, error=type(e).__name__)
             return self._empty(cfg, unavailable=True)
 
-    async def _recall(self, ctx: Context, cfg: AgentConfig, conversation: str, text: str) -> RecallResult:
+    async def _recall(self, ctx: Context, cfg: AgentConfig, conversation: str, text: str,
+                      run: str | None = None) -> RecallResult:
         scopes, now = self._scopes(ctx, cfg), utcnow()
         hidden = await self._shadowed(ctx)
         pinned_all = [
@@ -394,25 +402,42 @@ class MemoryReads:
             kept, rendered = fit_facts(pinned + facts)
             kept_ids = {r.id for r in kept}
             shown_pins = [r for r in pinned if r.id in kept_ids]
-            records, episodes, procedures = [r for r in facts if r.id in kept_ids], [], []
+            records, episodes, procedures, avoid = [r for r in facts if r.id in kept_ids], [], [], []
+            summary, entries = None, []
         else:
+            summary, entries = await self._session(ctx, run, now, {r.id for r in facts})
             shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text)
                             for scope, label, text in blocks]
+            # Reported outcomes reorder procedures; anti-patterns get a layer of their own.
+            procs = procedures_rank([r for r, _ in fresh if r.kind == "procedure"], {r.id: s for r, s in fresh})
             fitted = fit(
                 pinned,
                 facts,
                 shown_blocks,
                 [r for r, _ in fresh if r.kind == "episode"][:RECALLED_PER_SECTION],
-                [r for r, _ in fresh if r.kind == "procedure"][:RECALLED_PER_SECTION],
+                [r for r in procs if not is_anti_pattern(r)][:RECALLED_PER_SECTION],
+                avoid=[r for r in procs if is_anti_pattern(r)][:RECALLED_PER_SECTION],
+                session_summary=summary,
+                session_entries=entries,
             )
+            summary, entries = fitted.session_summary, fitted.session_entries
             rendered, shown_pins = render_fitted(fitted), fitted.pinned
-            records, episodes, procedures = fitted.records, fitted.episodes, fitted.procedures
-        new = [r for r in records + episodes + procedures if r.id not in again]
+            records, episodes, procedures, avoid = fitted.records, fitted.episodes, fitted.procedures, fitted.avoid
+        new = [r for r in records + episodes + procedures + avoid if r.id not in again]
         if new:
             await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new)
             await self.usage.retrieved(ctx, "recall", new, conversation)
         scores = dict((r.id, s) for r, s in fresh)
-        return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks)
+        return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks,
+                            session_summary=summary, session_entries=entries, avoid=avoid)
+
+    async def _session(self, ctx: Context, run: str | None, now: Any, facts: set[str]) -> tuple[str | None, list]:
+        """The run's summary and its entries, newest first (what fits of a long run is its
+        latest), without those also stored as a fact the recall shows."""
+        if run is None:
+            return None, []
+        entries, summary = await RunView(self.records).session(ctx.tenant, ctx.agent, run, now, ctx.user)
+        return summary, [e for e in reversed(entries) if e.record_id not in facts]
 
     # ------------------------------------------------------------------ listing and reading
 

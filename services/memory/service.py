@@ -10,6 +10,7 @@ from events.rules import subjects
 from services.errors import ApiError
 from services.memory.commands import MemoryCommands
 from services.memory.context import Context
+from services.memory.merge import MergeCheck
 from services.memory.ports import CommandPublisher, UsageRecorder
 from services.memory.reads import MemoryReads
 from services.memory.rules import check_role
@@ -31,6 +32,7 @@ class MemoryService:
         self.usage = UsageLog(recorder, embedder.model_id if embedder is not None else "embedder")
         self.reads = MemoryReads(settings, records, memory, embedder, self.usage)
         self.commands = MemoryCommands(settings, records, memory, publisher)
+        self.commands.merge = MergeCheck(records, embedder) if embedder is not None else None
 
     def use_shards(self, memory: MemoryShards) -> None:
         self.reads.memory = self.commands.memory = memory

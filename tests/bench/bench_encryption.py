@@ -307,7 +307,7 @@ async def erasure(stack, settings: Settings, pub) -> tuple[float, float, float]:
             return len(listed) == ERASE_FACTS + 1 and bool(hist)
 
         await poll("the member's facts and history message", all_served, timeout=60, interval=0.2)
-        if not (await c.search_memory(word, mode="lexical"))[0] or not (await c.recall("c0", f"my {word}?"))["records"]:
+        if not (await c.search_memory(word, mode="lexical"))[0] or not (await c.recall("c0", f"my {word}?"))["workspaceEntries"]:
             raise RuntimeError("the member's facts are listed but not found by search or recall")
         kids = await subject_keys(settings, subject)
         if not kids:
@@ -321,7 +321,7 @@ async def erasure(stack, settings: Settings, pub) -> tuple[float, float, float]:
         async def nothing_served():
             if (await c.list_memory(first=50))["records"] or (await c.search_memory(word, mode="lexical"))[0]:
                 return False
-            if (await c.recall(f"c{uuid.uuid4().hex[:8]}", f"my {word}?"))["records"]:
+            if (await c.recall(f"c{uuid.uuid4().hex[:8]}", f"my {word}?"))["workspaceEntries"]:
                 return False
             if (await hc.search_history(word, mode="lexical"))["events"]:
                 return False
@@ -533,7 +533,7 @@ async def one_recall(h: httpx.AsyncClient, q: int, tag: str) -> float:
     r = await h.post("/v1/recall", json={"conversation": f"c{q}-{tag}", "text": text})
     ms = (time.perf_counter() - t) * 1000
     r.raise_for_status()
-    records = r.json()["records"]
+    records = r.json()["workspaceEntries"]
     if not records or not all(x["summary"].startswith("Record ") for x in records):
         raise RuntimeError(f"a recall found nothing, or records not as written: {records[:1]}")
     return ms

@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 
 from events import ConsentGranted, RecordAdded, encode
+from events.memory import RunEntryAdded, RunSummarized
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
@@ -79,6 +80,70 @@ def _items(settings):
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 
 
+# Every layer present (issue 25): episodes and procedures among the measured agent's records,
+# and a run with a summary and entries that recall names.
+LAYER_RECORDS = 2_000  # of each kind, beside the agent's 100,000 facts
+RUN = "bench-run"
+
+
+def _layer_items(settings, now: datetime):
+    rng = np.random.default_rng(7)
+    for j in range(2 * LAYER_RECORDS):
+        kind = "episode" if j % 2 == 0 else "procedure"
+        text = f"{kind}: the {WORDS[j % 12]} {WORDS[(j // 12) % 12]} case {j} went well"
+        vec = rng.standard_normal(384).astype(np.float32)
+        vec /= np.linalg.norm(vec)
+        v = VectorComputed.of(MODEL_ID, content_hash(text), vec)
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of("big")
+        meta = {"anti_pattern": j % 10 == 1} if kind == "procedure" else {}
+        r = MemoryRecord(id=f"L{j}", version=1, created=T0, modified=T0, tenant="bench", agent="big", scope="AGENT",
+                         kind=kind, summary=text, metadata=meta)
+        e = RecordAdded(event_id=f"eL{j}", command_id=f"cL{j}", tenant="bench", agent="big", occurred_at=T0, record=r)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+    yield from _run_items(settings, now)
+
+
+def _run_items(settings, now: datetime):
+    """A run written just now (a run expires 48 hours after its last write): six entries, and
+    a summary of the first four, as the run-compression worker leaves it."""
+    tag = uuid.uuid4().hex[:8]
+    ids = [f"run-{tag}-{i}" for i in range(6)]
+    for i, eid in enumerate(ids):
+        e = RunEntryAdded(event_id=f"e{eid}", command_id=f"c{eid}", tenant="bench", agent="big", occurred_at=now,
+                          run=RUN, entry_id=eid, summary=f"Step {i} of the run: checked the {WORDS[i]} records",
+                          content="The batch was compared row by row.", run_last_write=now)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+    summary = RunSummarized(event_id=f"s{tag}", command_id=f"s{tag}", tenant="bench", agent="big", occurred_at=now,
+                            run=RUN, summary="Earlier in the run: " + "the refunds were reconciled; " * 12,
+                            entry_ids=ids[:4], run_last_write=now)
+    yield settings.topic(EVENTS.name), EVENTS.key_bytes(summary), encode(summary)
+
+
+async def _with_layers(stack, settings) -> None:
+    """Writes the layers once (the run again once it expired) and waits until they are served."""
+    from projections.redis_records import RedisRecords
+    from projections.redis_runs import RunView
+
+    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    try:
+        now = datetime.now(UTC)
+        if await store.get("bench", "big", "L0") is None:
+            await _produce(settings, _layer_items(settings, now))
+        elif not (await RunView(store).session("bench", "big", RUN, now))[0]:
+            await _produce(settings, _run_items(settings, now))
+        async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:
+            while True:
+                points = (await h.get("/health")).json()["projection"]["points"]
+                entries, summary = await RunView(store).session("bench", "big", RUN, datetime.now(UTC))
+                last = await store.get("bench", "big", f"L{2 * LAYER_RECORDS - 1}")
+                if points >= TOTAL + 2 * LAYER_RECORDS and last is not None and len(entries) >= 2 and summary:
+                    return
+                progress(f"layers: {points - TOTAL} of {2 * LAYER_RECORDS} points, run entries {len(entries)}")
+                await asyncio.sleep(2)
+    finally:
+        await store.aclose()
+
+
 async def _logged(settings) -> int:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -126,26 +191,34 @@ def _check_records(records: list[dict], user: str | None) -> None:
         assert len(theirs) == len(records), f"a recall as {user} returned another member's or the agent's records"
 
 
-async def _measure(stack, key: str, suffix: str, user: str | None = None) -> None:
+async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id: str | None = None) -> None:
     headers = {"Authorization": f"Bearer {key}"} | ({"X-User": user} if user else {})
     lat, no_embed = [], []
+    layered = 0  # recalls that showed an episode or a procedure beside the facts
     run = uuid.uuid4().hex[:8]  # recall skips what a conversation already saw: fresh ones each run
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=30) as h:
         for q in range(QUERIES + WARMUP):
             # Every text distinct (the run id too): a repeated text would hit the API's
             # embedding cache, and the figure must include a real query embedding.
             text = f"what about the {WORDS[q % 12]} {WORDS[(q * 7) % 12]} of request {q} {run}?"
-            body = {"conversation": f"c{q}-{run}", "text": text}
+            body = {"conversation": f"c{q}-{run}", "text": text} | ({"run_id": run_id} if run_id else {})
             t = time.perf_counter()
             r = await h.post("/v1/recall", json=body)
             ms = (time.perf_counter() - t) * 1000
             r.raise_for_status()
-            _check_records(r.json()["records"], user)
+            out = r.json()
+            _check_records(out["workspaceEntries"], user)
+            if run_id:
+                assert out["sessionSummary"] and out["sessionEntries"], "the run's session memory was not recalled"
+                layered += bool(out["relevantEpisodes"] or out["procedures"] or out["antiPatterns"])
             embed_ms = float(r.headers["server-timing"].split("dur=")[1])
             if q >= WARMUP:
                 lat.append(ms)
                 no_embed.append(ms - embed_ms)
         extra = {"total_records": TOTAL}
+        if run_id:
+            assert layered, "no recall showed an episode or a procedure"
+            extra |= {"layer_records": 2 * LAYER_RECORDS, "recalls_with_episodes_or_procedures": layered}
         figure(f"recall_ms_p50_100k{suffix}", percentile(lat, 50), "ms", AGENT_RECORDS, **extra)
         figure(f"recall_ms_p95_100k{suffix}", percentile(lat, 95), "ms", AGENT_RECORDS, **extra)
         figure(f"recall_ms_p99_100k{suffix}", percentile(lat, 99), "ms", AGENT_RECORDS, **extra)
@@ -157,7 +230,7 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None) -> Non
                 body = {"conversation": f"w{w}-{q}-{run}", "text": f"{WORDS[(w + q) % 12]} note {w} {q} {run}"}
                 r = await h.post("/v1/recall", json=body)
                 r.raise_for_status()
-                _check_records(r.json()["records"], user)
+                _check_records(r.json()["workspaceEntries"], user)
 
         t = time.perf_counter()
         await asyncio.gather(*(worker(w, 25) for w in range(8)))
@@ -201,3 +274,6 @@ async def run() -> None:
                    note="rebuild --optimize: replay the log into a new shard, then build per-agent graphs")
         await _measure(stack, key, "")
         await _measure(stack, user_key, "_user_scope", MEMBER)
+        await _with_layers(stack, settings)
+        await _measure(stack, key, "_layers", run_id=RUN)
+        await _measure(stack, key, "_again")  # the same as the first figure, after: the machine's drift

@@ -79,7 +79,7 @@ async def _load(urls_of, key: str, seconds: float, on_kill=None) -> dict:
                     failed.append(repr(err))
                     continue
                 answered.append((i, first, time.monotonic()))
-                empty += not out["records"]
+                empty += not out["workspaceEntries"]
 
     async def kill_halfway() -> None:
         await asyncio.sleep(seconds / 2)

@@ -438,7 +438,7 @@ async def test_an_ended_session_becomes_an_episode_linked_to_the_last_with_its_p
     # A later session recalls them in sections of their own, and no agent writes those kinds.
     async with client(xstack, key, session="s3") as c:
         out = await c.recall("conv-s3", "restore the staging database from backup")
-        assert episode["id"] in [e["id"] for e in out["episodes"]]
+        assert episode["id"] in [e["id"] for e in out["relevantEpisodes"]]
         assert procedure["id"] in [p["id"] for p in out["procedures"]]
         assert out["rendered"].index("## Episodes") < out["rendered"].index("## Procedures")
         with pytest.raises(MemlaneError) as e:

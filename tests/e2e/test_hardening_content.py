@@ -205,5 +205,5 @@ async def test_no_stored_text_forges_the_recall_block_and_blocks_keep_to_the_cap
     assert len(re.findall(r"<\s*/?\s*memory", text, re.I)) == 2 and "&lt;" not in text
     headings = [ln for ln in text.splitlines() if ln.lstrip().startswith("#")]
     assert all(h.startswith("### ") or h in ("## Blocks", "## Records") for h in headings), headings
-    assert out["records"], "the blocks leave room for the turn's records"
+    assert out["workspaceEntries"], "the blocks leave room for the turn's records"
     assert json.dumps(out["blocks"]).count("Never promise refunds") > 0  # the API still lists every block

@@ -46,7 +46,7 @@ async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothin
         for call in (c.search_memory("anything"), c.add_memory("a fact")):
             await refused(call, 403, "MEMORY_DISABLED", "AGENT_MEMORY_KILL_SWITCH")
         recalled = await c.recall("conv-1", "when does the release train leave?")
-        assert recalled["pinned"] == recalled["records"] == recalled["blocks"] == []
+        assert recalled["pinned"] == recalled["workspaceEntries"] == recalled["blocks"] == []
         assert "Thursdays" not in recalled["rendered"] and "Tuesdays" not in recalled["rendered"]
     # A committed turn with an add_memory call, and a model that would propose a record:
     # the outcome is forwarded, and neither the call nor a review becomes a command.

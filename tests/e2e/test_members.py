@@ -385,7 +385,7 @@ async def test_consent_gates_writes_and_recall_and_withdrawal_deletes_nothing(me
         await refused(agent.add_memory("Dana's cat is named Miso", kind="profile"), 403, "CONSENT_REQUIRED", "user")
         await refused(agent.search_memory("Miso"), 403, "CONSENT_REQUIRED", "user")
         empty = await agent.recall("c1", "what is the cat called?")
-        assert empty["skipped"]["code"] == "CONSENT_REQUIRED" and empty["records"] == [] and "Miso" not in \
+        assert empty["skipped"]["code"] == "CONSENT_REQUIRED" and empty["workspaceEntries"] == [] and "Miso" not in \
             empty["rendered"]
         assert (await dana.list_memory())["records"] == []
 

@@ -293,7 +293,7 @@ async def test_a_member_grants_consent_sees_edits_deletes_and_reads_why_of_their
     # The agent recalls once in her session; the fact's page counts it.
     recalled = await w.ok(w.agent_key, "POST", "/v1/recall", user="alice", session="s2",
                           json={"conversation": "conv-1", "text": "What is my dog called? Biscuit?"})
-    assert "skipped" not in recalled and new["id"] in [r["id"] for r in recalled["records"]], recalled
+    assert "skipped" not in recalled and new["id"] in [r["id"] for r in recalled["workspaceEntries"]], recalled
     await page.goto(f"{w.base}/ui/member/facts/{quote(new['id'], safe='')}?agent={w.agent}")
 
     for _ in range(40):  # the API's activity view follows the usage topic: about a second

@@ -91,7 +91,7 @@ async def test_killing_a_replica_under_recall_load_loses_no_request(stack, repli
                 try:
                     # A new conversation each time: one recalls a record once (memory.recall.recalled).
                     out = await client.recall(f"c{i}-{len(answered)}", QUERIES[i % len(QUERIES)])
-                    answered.append((time.monotonic(), client.at, bool(out["records"]) and "<memory" in out["rendered"]))
+                    answered.append((time.monotonic(), client.at, bool(out["workspaceEntries"]) and "<memory" in out["rendered"]))
                 except Exception as err:  # counted: the test fails on any
                     failed.append(repr(err))
                 if killed_at and len([a for a in answered if a[0] > killed_at[0]]) >= 40:

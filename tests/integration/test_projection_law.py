@@ -12,6 +12,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, UnpinMemory
+from events.commands import MergeEvidence, RecordUsage
+from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, decide, evolve
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
@@ -25,6 +27,14 @@ op = st.one_of(
     st.tuples(st.just("delete"), st.integers(0, 5)),
     st.tuples(st.just("pin"), st.integers(0, 5)),
     st.tuples(st.just("unpin"), st.integers(0, 5)),
+    st.tuples(st.just("use"), st.integers(0, 5), st.integers(1, 3)),  # RecordUsage: a count, no version
+    # Writes of runs (executions): restatements confirm, decisions promote, an episode links.
+    st.tuples(st.just("said"), st.sampled_from(["ship on Tuesdays", "restore from the replica"]),
+              st.sampled_from(["fact", "decision"]), st.booleans()),
+    st.tuples(st.just("episode"), st.integers(0, 2)),
+    # A near-duplicate write naming a record the API found (docs/near-duplicate-merge.md): the
+    # ledger merges it when its own check agrees, else adds it.
+    st.tuples(st.just("near"), st.sampled_from(SUMMARIES), st.integers(0, 5)),
 )
 
 
@@ -32,7 +42,7 @@ def ledger_events(ops) -> list:
     """Decide each command against the state so far: deletes, pins and replaces name
     records that earlier commands made."""
     state, events, ids = LedgerState(), [], []
-    cfg = AgentConfig.model_validate({"memory": {"pinned": {"max_tokens": 40}}})
+    cfg = AgentConfig.model_validate({"memory": {"pinned": {"max_tokens": 40}, "kinds": ["fact", "decision"]}})
 
     def run(cmd) -> None:
         for e in decide(state, cmd):
@@ -47,6 +57,19 @@ def ledger_events(ops) -> list:
         if o[0] == "add":
             replaces = ids[o[2]] if o[2] is not None and o[2] < len(ids) else None
             run(AddMemory(**common, summary=o[1], session="s", replaces=replaces, pinned=o[3]))
+        elif o[0] in ("said", "episode"):
+            source, kind = (Source.CONSOLIDATION, "episode") if o[0] == "episode" else (
+                Source.EXTRACTION if o[3] else Source.TOOL, o[2])
+            prov = Provenance(source=source, session="s", execution_id=f"x{o[1] if o[0] == 'episode' else i % 3}")
+            run(AddMemory(**common, summary=f"run {i}" if o[0] == "episode" else o[1], session="s", kind=kind,
+                          confidence=0.9, provenance=prov))
+        elif o[0] == "near" and ids:
+            prov = Provenance(source=Source.TOOL, session="s", execution_id=f"x{i % 3}")
+            ev = MergeEvidence(record_id=ids[o[2] % len(ids)], similarity=0.95, overlap=1.0, age_s=0.0)
+            run(AddMemory(**common, summary=f"The {o[1]}!", session="s", provenance=prov, merge=ev))
+        elif o[0] == "use" and ids:
+            run(RecordUsage(**common, counts={ids[o[1] % len(ids)]: o[2]}, usage_partition=0, from_offset=i,
+                            through_offset=i))
         elif ids:
             cls = {"delete": DeleteMemory, "pin": PinMemory, "unpin": UnpinMemory}[o[0]]
             run(cls(**common, record_id=ids[o[1] % len(ids)], session="s"))
@@ -57,6 +80,7 @@ async def snapshot(view, rids) -> dict:
     out = {}
     for rid in rids:
         out[rid] = [r.model_dump() for r in await view.history("t", "a", rid)]
+        out[f"{rid}#current"] = (r := await view.get("t", "a", rid)) and r.model_dump()  # with its usage count
     listing, cursor = [], None
     while True:
         page = await view.page("t", "a", 3, cursor)

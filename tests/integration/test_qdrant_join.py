@@ -137,3 +137,18 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
         await producer.stop()
         if again:
             await stopped(again, task)
+
+
+async def test_a_caller_that_gives_up_leaves_no_waiter_behind(settings, tmp_path):
+    # A read-your-writes caller that times out cancels its future; the projection must drop
+    # the waiter (and the command, when it was the last), not raise in the callback.
+    projection = QdrantProjection(settings, EdgeIndex(tmp_path / "shard"))
+    errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    first, second = projection.wait_for("c1", "t", "a"), projection.wait_for("c1", "t", "a")
+    first.cancel()
+    await asyncio.sleep(0)
+    assert projection.waiters and len(next(iter(projection.waiters.values()))) == 1
+    second.cancel()
+    await asyncio.sleep(0)
+    assert projection.waiters == {} and errors == []

@@ -26,8 +26,10 @@ def test_lean_record_event_keeps_every_projected_field_and_the_raw_bytes(cls):
     raw = encode(full)
     lean = decode_lean(raw)
     assert (lean.type, lean.command_id, lean.last, lean.raw) == (full.type, "c", False, raw)
-    for name in set(lean.record.__struct_fields__) - {"sealed"}:
+    for name in set(lean.record.__struct_fields__) - {"sealed", "provenance"}:
         assert getattr(lean.record, name) == getattr(full.record, name), name
+    for name in lean.record.provenance.__struct_fields__:  # the run a record came from, for the ledger
+        assert getattr(lean.record.provenance, name) == getattr(full.record.provenance, name), name
     assert lean.record.text == full.record.text
     assert lean.full() == full
 

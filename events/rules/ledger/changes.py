@@ -15,6 +15,7 @@ from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.records import _add, _addressed, _check_pin_budget
 from events.rules.ledger.state import LedgerState, Rejected, _base, config_of, get_record, record_id_for
 from events.rules.ledger.subject_rules import count_key
+from events.rules.ledger.usage import check_expected
 
 
 def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
@@ -22,6 +23,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
     the same text changes nothing (a PENDING or CONFLICT record stays out of the prompt); new
     text makes a successor, in the same scope, and needs the member's consent."""
     old = _addressed(state, ak, cmd, cmd.record_id)
+    check_expected(old, cmd)
     if old.status not in LIVE:
         raise Rejected(ErrorCode.NOT_LIVE, "record_id",
                        f"record {old.id} is {old.status.value}; only a live record can be edited")
@@ -52,6 +54,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         replaces=old.id,
         key=old.key,
         confidence=old.confidence,
+        importance=old.importance,
         expires_at=old.expires_at,
     )
     _add(state, ak, successor, events, operator=True)
@@ -60,6 +63,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
 def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
     """Each procedure counts its validations, successes and failures."""
     r = _addressed(state, ak, cmd, cmd.record_id)
+    check_expected(r, cmd)
     if r.kind != "procedure":
         raise Rejected(ErrorCode.VALIDATION_FAILED, "record_id",
                        f"record {r.id} is a {r.kind}; only procedures take outcomes")
@@ -74,9 +78,16 @@ def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> No
     m["validations"] = int(m.get("validations", 0)) + 1
     m[counted] = int(m.get(counted, 0)) + 1
     revised = r.model_copy(
-        update={"version": r.version + 1, "metadata": m, "modified": cmd.issued_at, "provenance": cmd.provenance}
+        update={"version": r.version + 1, "metadata": m, "modified": cmd.issued_at, "provenance": cmd.provenance,
+                "utility": learned_utility(int(m.get("successes", 0)), int(m.get("failures", 0)))}
     )
     events.append(_base(RecordRevised, cmd, record=revised))
+
+
+def learned_utility(successes: int, failures: int) -> float:
+    """The mean of a Beta(1 + successes, 1 + failures): 0.5 with no outcome yet, moving toward
+    the observed success rate as outcomes come, never all the way to 0 or 1 on a few."""
+    return (successes + 1) / (successes + failures + 2)
 
 
 def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
@@ -90,6 +101,7 @@ def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None
 
 def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
     r = _addressed(state, ak, cmd, cmd.record_id)
+    check_expected(r, cmd)
     write = config_of(state, ak).memory.scope.write
     # A member deletes their own facts whatever the agent may write now.
     if cmd.provenance.source is not Source.MEMBER and r.scope.value.lower() not in write:
@@ -138,6 +150,7 @@ def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
 
 def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
     r = _addressed(state, ak, cmd, cmd.record_id)
+    check_expected(r, cmd)
     want = isinstance(cmd, PinMemory)
     if cmd.preview and not r.preview:
         # A turn in preview mode never changes a record a live turn wrote.

@@ -26,10 +26,12 @@ from events.commands import (
     GrantConsent,
     PinMemory,
     PurgeRecords,
+    RecordUsage,
     RemoveAgent,
     RemoveTenant,
     RemoveUser,
     ReportOutcome,
+    SummarizeRun,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
@@ -45,7 +47,8 @@ from events.rules.ledger.agent import _configure, _curate
 from events.rules.ledger.changes import _delete, _edit, _pin, _report, _sweep
 from events.rules.ledger.erasure import _remove_tenant
 from events.rules.ledger.fold import evolve
-from events.rules.ledger.records import _add, _members_stay_members, _new_record
+from events.rules.ledger.records import _members_stay_members, _new_record
+from events.rules.ledger.runs import add_in_run, summarize
 from events.rules.ledger.state import (
     NAMESPACE,
     TURN_TIMEOUT,
@@ -60,6 +63,7 @@ from events.rules.ledger.state import (
     outcome_of,
 )
 from events.rules.ledger.subject_commands import _consent, _erase, _remove_agent, _remove_user
+from events.rules.ledger.usage import _record_usage
 from events.sealing import KeyDestroyed
 
 
@@ -257,7 +261,7 @@ def _in_turn(write: Any, turn: Provenance) -> Any:
 
 def _validate_write(state: LedgerState, ak: str, cmd: Any) -> None:
     """The rules a write is held to before it is staged: only a new record's (raises `Rejected`)."""
-    if type(cmd) is AddMemory:
+    if type(cmd) is AddMemory and (cmd.run is None or cmd.scope is not None):  # a run entry only: no record
         _new_record(state, ak, _members_stay_members(state, ak, cmd))
 
 
@@ -279,11 +283,14 @@ _COMMANDS: dict[type, Handler] = {
     RemoveAgent: _remove_agent,
     RemoveUser: _remove_user,
     RemoveTenant: _remove_tenant,
+    SummarizeRun: summarize,
+    # Not a write: usage is the trust worker's count, with no turn and no new version.
+    RecordUsage: _record_usage,
 }
 
 
 _WRITES: dict[type, Handler] = {
-    AddMemory: _add,
+    AddMemory: add_in_run,
     DeleteMemory: _delete,
     PinMemory: _pin,
     UnpinMemory: _pin,

@@ -11,11 +11,12 @@ from typing import Any
 from events.config import AgentConfig
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.record import LIVE, MemoryRecord, Status
-from events.rules.ledger import retention
+from events.rules.ledger import episodes, retention, runs
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.erasure import subject_erased
 from events.rules.ledger.state import RESERVED_KINDS, TURN_MEMORY, LedgerState, agent_key, normalized_hash
 from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry
+from events.rules.ledger.usage import _usage_recorded
 from events.rules.tokens import pin_line_chars
 
 
@@ -80,6 +81,8 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     **subjects.FOLDS,
     "SubjectErased": subject_erased,
     "RecordsPurged": retention._purged,
+    **runs.FOLDS,
+    "UsageRecorded": _usage_recorded,
 }
 
 
@@ -110,6 +113,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     key_key = f"{ak}|key:{key_entry(dup_scope(r), r.kind, r.key)}" if r.key else None
     if r.kind == "episode" and r.version == 1:
         state.index[f"{ak}|episode:{dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest
+    episodes.track(state, ak, r)
     if r.status in LIVE:
         state.index.setdefault(text_key, r.id)
         if key_key and r.status is Status.ACTIVE:

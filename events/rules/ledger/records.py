@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.commands import AddMemory
+from events.commands import AddMemory, MergeEvidence
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.memory import RecordAdded, RecordSuperseded
 from events.record import LIVE, MemoryRecord, Scope, Source, Status
+from events.rules import near_duplicate
+from events.rules.ledger import episodes
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.state import (
     LIVE_FACT_CAP,
@@ -27,6 +29,7 @@ from events.rules.ledger.state import (
     record_id_for,
 )
 from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, key_slots_seen, slot
+from events.rules.ledger.usage import check_expected, check_new
 from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
 from events.rules.visibility import default_scope
 
@@ -101,6 +104,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         labels=cmd.labels,
         key=cmd.key,
         confidence=cmd.confidence,
+        **({"importance": cmd.importance} if cmd.importance is not None else {}),
         expires_at=expires,
         status=Status.ACTIVE,
         pinned=cmd.pinned,
@@ -159,6 +163,8 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
     if not operator:  # an operator's edit makes its successor in the old record's scope already
         cmd = _members_stay_members(state, ak, cmd)
     rec = _new_record(state, ak, cmd, operator)
+    if not cmd.replaces:
+        check_new(cmd, get_record(state, ak, rec.id))  # an id taken: a conflict for a "must create" write
     if get_record(state, ak, rec.id):
         raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(count_key(ak, rec)) or {"live": 0, "pinned_chars": 0}
@@ -167,11 +173,20 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
     if same and not cmd.replaces:
         existing = get_record(state, ak, same)
         if existing and existing.status in LIVE:
-            events.append(_base(RecordAdded, cmd, record=existing, merged=True))
+            check_new(cmd, existing)
+            episodes.confirmed(state, ak, cmd, existing, events)  # a restatement from another run confirms it
             return
+    if cmd.merge is not None and not operator and (near := _near_duplicate(state, ak, cmd, rec)) is not None:
+        survivor, evidence = near
+        check_new(cmd, survivor)
+        n = len(events)
+        episodes.confirmed(state, ak, cmd, survivor, events)  # counted as a confirmation, as a restatement is
+        events[n] = events[n].model_copy(update={"merge": evidence})
+        return
     old: MemoryRecord | None = None
     if cmd.replaces:
         old = _addressed(state, ak, cmd, cmd.replaces, "replaces")
+        check_expected(old, cmd)
         if old.status not in LIVE:
             raise Rejected(
                 ErrorCode.NOT_LIVE, "replaces",
@@ -218,6 +233,31 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         events.append(_base(RecordSuperseded, cmd, record=superseded))
     # A preview write that names a live record shadows it and leaves it untouched.
     events.append(_base(RecordAdded, cmd, record=rec))
+    if rec.kind == "episode" and not old:
+        episodes.link(state, ak, cmd, rec, events)  # the run's extraction-made facts name their episode
+
+
+def _near_duplicate(state: LedgerState, ak: str, cmd: AddMemory,
+                    rec: MemoryRecord) -> tuple[MemoryRecord, MergeEvidence] | None:
+    """The live record the API found `cmd` to restate (`cmd.merge`), and the evidence as checked
+    here, if the ledger agrees: the record is still ACTIVE, one the write may address, of its
+    scope, session or member, preview flag and kind, last changed within the window (by the
+    ledger's own times), and the rule holds on the overlap and vetoes recomputed from both texts
+    (the similarity is the API's, which has the embedder). Else None, and the write adds a record.
+    A write naming `replaces`, a `key`, or `pinned` asks for a record of its own, and never merges."""
+    ev = cmd.merge
+    if ev is None or cmd.replaces or cmd.key or cmd.pinned:
+        return None
+    target = get_record(state, ak, ev.record_id)
+    if (target is None or target.status is not Status.ACTIVE or not _visible(target, cmd)
+            or dup_scope(target) != dup_scope(rec) or target.kind != rec.kind):
+        return None
+    age = cmd.issued_at - target.modified
+    if not near_duplicate.decide(rec.text, target.text, ev.similarity, age):
+        return None
+    checked = ev.model_copy(update={"overlap": round(near_duplicate.word_overlap(rec.text, target.text), 6),
+                                    "age_s": age.total_seconds()})
+    return target, checked
 
 
 def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:

@@ -69,6 +69,11 @@ class LedgerState:
     # What was erased (`erasure.erasure_key`) -> when, the last time: the ledger worker destroys
     # the keys made before then, and again after a crash (`SubjectErased`).
     erasures: MutableMapping[str, datetime] = field(default_factory=dict)
+    # agent -> {run: (the run's last write, its entries not yet summarized as (entry id, chars))}:
+    # session memory (`runs`); replaced, never mutated. Expired runs leave as the agent writes.
+    runs: MutableMapping[str, Mapping[str, tuple[datetime, tuple[tuple[str, int], ...]]]] = field(default_factory=dict)
+    # agent|usage partition -> the last `memlane.usage` offset counted (`usage._record_usage`)
+    usage_marks: MutableMapping[str, int] = field(default_factory=dict)
 
 
 class Rejected(Exception):
@@ -150,6 +155,8 @@ def _scratch(state: LedgerState) -> LedgerState:
         removed_users=ChainMap({}, state.removed_users),
         subject_records=ChainMap({}, state.subject_records),
         erasures=ChainMap({}, state.erasures),
+        runs=ChainMap({}, state.runs),
+        usage_marks=ChainMap({}, state.usage_marks),
     )
 
 
@@ -164,6 +171,10 @@ class _Overlay(dict):
         if k in self._gone:
             return default
         return super().get(k, self._base.get(k, default))
+
+    def __setitem__(self, k, v):
+        self._gone.discard(k)  # set again after a delete: visible again
+        super().__setitem__(k, v)
 
     def setdefault(self, k, v):
         cur = self.get(k)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request
 
 # Metadata and labels use the command's own checked types, so a body too deep or too large
 # for a command is refused where it is parsed, with the limit.
+from events.base import RunId
 from events.commands import Labels, Metadata
 from events.record import Scope
 from services.http.deps import Ctx, Svc
@@ -32,31 +33,46 @@ class AddRequest(Body):
     replaces: str | None = None
     key: str | None = None
     confidence: float | None = None
+    importance: float | None = None  # 0..1, the writer's; left out: 0.5 (docs/trust.md)
+    # With replaces: the version of the replaced record read; without, only 0 (must create).
+    expected_version: int | None = None
     expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
     metadata: Metadata = {}
     command_id: str | None = None
+    # The run (session memory) this write belongs to: without a scope it is a run entry only
+    # (docs/session-memory.md). Checked here, so a bad id is refused naming `run_id`.
+    run_id: RunId | None = None
 
 
 class OutcomeRequest(Body):
     success: bool
+    expected_version: int | None = None  # the version read: refused (409) if the record moved on
 
 
 class EditRequest(Body):
     summary: str | None = None
     content: str | None = None
     metadata: Metadata | None = None
+    expected_version: int | None = None  # the version read: refused (409) if the record moved on
+
+
+# The version a write read of its record (docs/trust.md), for the calls that take no body.
+ExpectedVersion = Annotated[int | None, Query(ge=1, description="the version read; refused (409) if the record moved on")]
 
 
 @router.post("/v1/memory/{rid}/outcome")
 async def report_outcome(rid: str, body: OutcomeRequest, ctx: Ctx, s: Svc, wait: bool = True):
     """The outcome of applying a procedure; its validations and successes or failures
     count up. An agent needs `report_outcome` in memory.tools."""
-    return await s.commands.report(ctx, rid, body.success, wait=wait)
+    return await s.commands.report(ctx, rid, body.success, wait=wait, expected_version=body.expected_version)
 
 
 @router.post("/v1/memory", status_code=201)
 async def add_memory(body: AddRequest, ctx: Ctx, s: Svc, wait: bool = True):
-    return await s.commands.add(ctx, wait=wait, **body.model_dump(exclude_none=True))
+    fields = body.model_dump(exclude_none=True)
+    if "run_id" in fields:
+        fields["run"] = fields.pop("run_id")
+    return await s.commands.add(ctx, wait=wait, **fields)
 
 
 @router.get("/v1/memory")
@@ -91,8 +107,8 @@ async def memory_recalls(rid: str, ctx: Ctx, s: Svc, request: Request):
 
 
 @router.delete("/v1/memory/{rid}")
-async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True):
-    return await s.commands.delete(ctx, rid, wait=wait)
+async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True, expected_version: ExpectedVersion = None):
+    return await s.commands.delete(ctx, rid, wait=wait, expected_version=expected_version)
 
 
 @router.patch("/v1/memory/{rid}")
@@ -103,10 +119,10 @@ async def edit_memory(rid: str, body: EditRequest, ctx: Ctx, s: Svc, wait: bool 
 
 
 @router.post("/v1/memory/{rid}/pin")
-async def pin_memory(rid: str, ctx: Ctx, s: Svc):
-    return await s.commands.pin(ctx, rid, True)
+async def pin_memory(rid: str, ctx: Ctx, s: Svc, expected_version: ExpectedVersion = None):
+    return await s.commands.pin(ctx, rid, True, expected_version=expected_version)
 
 
 @router.delete("/v1/memory/{rid}/pin")
-async def unpin_memory(rid: str, ctx: Ctx, s: Svc):
-    return await s.commands.pin(ctx, rid, False)
+async def unpin_memory(rid: str, ctx: Ctx, s: Svc, expected_version: ExpectedVersion = None):
+    return await s.commands.pin(ctx, rid, False, expected_version=expected_version)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
+from events.base import RunId
 from events.rules.subjects import Refusal
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
@@ -26,18 +27,23 @@ router = APIRouter()
 class RecallRequest(Body):
     conversation: Annotated[str, Field(min_length=1, max_length=128)]
     text: Annotated[str, Field(max_length=16_000)]
+    run_id: RunId | None = None  # the run whose session memory (summary and entries) recall shows
 
 
 @router.post("/v1/recall")
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, "recall memory")
-    res = await s.reads.recall(ctx, body.conversation, body.text)
+    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id)
+    # Seed 002's layer names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out = {
-        "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
-        "records": [record_out(r, sc) for r, sc in res.records],
-        "episodes": [record_out(r) for r in res.episodes],
-        "procedures": [record_out(r) for r in res.procedures],
         "blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in res.blocks],
+        "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
+        "sessionSummary": res.session_summary,
+        "sessionEntries": [e.as_json() for e in res.session_entries],
+        "workspaceEntries": [record_out(r, sc) for r, sc in res.records],
+        "relevantEpisodes": [record_out(r) for r in res.episodes],
+        "procedures": [record_out(r) for r in res.procedures],
+        "antiPatterns": [record_out(r) for r in res.avoid],
         "rendered": res.rendered,
     }
     if res.skipped is not None:

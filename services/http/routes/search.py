@@ -11,7 +11,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header
 from pydantic import Field
 
+from events.base import utcnow
 from events.errors import ErrorCode
+from events.rules.trust import breakdown
 from services.auth import Principal
 from services.errors import ApiError
 from services.http.deps import Caller, Ctx, Svc, checked_channel, checked_user, resolve_context
@@ -64,7 +66,8 @@ async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, NO_SEARCH)
     res = await s.reads.search(ctx, **body.model_dump())
     await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
-    return FastJSONResponse({"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor})
+    now = utcnow()
+    return FastJSONResponse({"records": [hit_out(r, sc, now) for r, sc in res.records], "next_cursor": res.next_cursor})
 
 
 @router.post("/v1/memory/search/batch")
@@ -128,8 +131,15 @@ async def search_memory_batch(
             continue
         if body.retrieved:
             await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
-        answers[i] = {"records": [record_out(r, sc) for r, sc in res.records], "next_cursor": res.next_cursor}
+        now = utcnow()
+        answers[i] = {"records": [hit_out(r, sc, now) for r, sc in res.records], "next_cursor": res.next_cursor}
     return FastJSONResponse({"results": answers})
+
+
+def hit_out(r: Any, score: float | None, now: Any) -> dict[str, Any]:
+    """A search hit: the record, its score, and its trust breakdown (docs/trust.md), which
+    explains the record and ranks nothing."""
+    return {**record_out(r, score), "trust": breakdown(r, now)}
 
 
 def deployment_key(p: Principal) -> bool:
