@@ -33,6 +33,7 @@ class KeyTopic:
         self._flushing = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._roll: asyncio.Task | None = None
+        self._shared: tuple[tuple, _Shared] | None = None  # set when `open_keys` shares it
 
     async def start(self, follow: bool = True) -> None:
         await self._ensure_topic()
@@ -47,6 +48,16 @@ class KeyTopic:
             self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
+        """Stops following and publishing; for keys shared in this process (`open_keys`), only
+        once the last of their users stops."""
+        if self._shared is not None:
+            ident, shared = self._shared
+            shared.users -= 1
+            if shared.users > 0:
+                await self.flush()
+                return
+            if _OPEN.get(ident) is shared:
+                del _OPEN[ident]
         for task in (self._task, self._roll):
             if task is not None:
                 task.cancel()
@@ -173,13 +184,51 @@ class KeyTopic:
             raise KeyDestroyed(e.kid) from None
 
 
+# Followed keys open in this process, by event loop, key file and topic: shared by every runner
+# of the process, since the codec's cipher is one per process. Two keyrings would race: a
+# runner catching up on its own keyring would not teach the codec's the key it lacked, and
+# would take a command sealed under a new key for one whose key was destroyed.
+_OPEN: dict[tuple[int, str, str, str], _Shared] = {}
+
+
+class _Shared:
+    def __init__(self, started: asyncio.Future) -> None:
+        self.started = started
+        self.users = 0
+
+
+async def _started(settings: Settings) -> KeyTopic:
+    keyring = Keyring(LocalKeyFile.create(settings.key_file))
+    keys = KeyTopic(settings, keyring)
+    await keys.start(follow=True)
+    return keys
+
+
 async def open_keys(settings: Settings, follow: bool = True) -> KeyTopic | None:
-    """The process's keys: loaded, followed, and the codec's cipher. None with encryption off."""
+    """The process's keys: loaded, followed, and the codec's cipher. None with encryption off.
+    Followed keys are opened once per process (and event loop) and shared: each caller stops
+    its own handle, and the last stop closes them. `follow=False` gives a private snapshot."""
     if not settings.encryption:
         codec.use_cipher(None)
         return None
-    keyring = Keyring(LocalKeyFile.create(settings.key_file))
-    keys = KeyTopic(settings, keyring)
-    await keys.start(follow=follow)
-    codec.use_cipher(keyring)
+    if not follow:
+        keys = KeyTopic(settings, Keyring(LocalKeyFile.create(settings.key_file)))
+        await keys.start(follow=False)
+        codec.use_cipher(keys.keyring)
+        return keys
+    ident = (id(asyncio.get_running_loop()), str(settings.key_file), settings.topic(keys_topic(
+        settings.keys_segment_ms).name), settings.kafka_bootstrap)
+    shared = _OPEN.get(ident)
+    if shared is None:
+        shared = _OPEN[ident] = _Shared(asyncio.ensure_future(_started(settings)))
+    shared.users += 1
+    try:
+        keys = await asyncio.shield(shared.started)
+    except BaseException:
+        shared.users -= 1
+        if shared.users == 0 and _OPEN.get(ident) is shared:
+            del _OPEN[ident]
+        raise
+    keys._shared = (ident, shared)
+    codec.use_cipher(keys.keyring)
     return keys

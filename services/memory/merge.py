@@ -37,9 +37,9 @@ def eligible(cmd: AddMemory) -> bool:
     turn's (it must not touch live memory), an operator's or a member's (an edit says exactly
     what to keep) or a run entry that is no record yet never does. Writes the model's
     extraction makes go through its own review and are not checked here."""
-    if cmd.replaces or cmd.key or cmd.pinned or cmd.preview or getattr(cmd, "expected_version", None) is not None:
+    if cmd.replaces or cmd.key or cmd.pinned or cmd.preview or cmd.expected_version is not None:
         return False
-    if getattr(cmd, "run", None) and cmd.scope is None:
+    if cmd.run and cmd.scope is None:
         return False
     return cmd.provenance.source is Source.TOOL
 
