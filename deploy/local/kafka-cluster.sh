@@ -10,14 +10,15 @@
 #   bootstrap  the bootstrap servers (for MEMLANE_KAFKA_BOOTSTRAP)
 #   clean      stop, then delete the run directory (every topic and the cluster's metadata)
 # Node N listens on MEMLANE_KAFKA_CLUSTER_PORT + 2(N-1) (clients) and the port after it
-# (controllers): 39192/39193, 39194/39195, 39196/39197 by default. It runs beside the single
-# broker of kafka.sh (39092) and shares its jars.
+# (controllers): 29192/29193, 29194/29195, 29196/29197 by default, below the ephemeral range
+# (an outgoing connection once held 39194 there). It runs beside the single broker of kafka.sh
+# (39092) and shares its jars.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 TAG=kafka-cluster
 source "$HERE/kafka-lib.sh"
-BASE_PORT="${MEMLANE_KAFKA_CLUSTER_PORT:-39192}"
+BASE_PORT="${MEMLANE_KAFKA_CLUSTER_PORT:-29192}"
 RUN="${MEMLANE_KAFKA_CLUSTER_DIR:-${MEMLANE_RUN_DIR:-$ROOT/.run}/kafka-cluster}"
 # Three JVMs share two cores with the single broker and memlane's processes: small heaps, one
 # GC thread, and the client compiler only (the brokers here carry test loads, and C2's

@@ -292,9 +292,13 @@ class MemoryCommands:
         self._rejected(events)
         erased = {e.record.id: e.record.version for e in events if e.type == "RecordDeleted"}
         withdrawn = any(e.type == "ConsentWithdrawn" for e in events)
+        # The view purges the subject's consent when it applies `SubjectErased`, which a batch of
+        # the projection may reach after the withdrawal: the answer waits for the purge too.
+        purged = any(e.type == "SubjectErased" for e in events)
 
         async def shown() -> bool:
-            if withdrawn and (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent == "granted":
+            consent = (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent
+            if (withdrawn and consent == "granted") or (purged and consent is not None):
                 return False
             found = {r.id: r.version for r in await self.records.get_many(cmd.tenant, cmd.agent, list(erased))}
             return all(found.get(rid, v) >= v for rid, v in erased.items())

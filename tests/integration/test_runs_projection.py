@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from events import AddMemory, AgentConfig, ConfigureAgent
 from events.commands import SummarizeRun
 from events.rules.ledger import LedgerState, decide, evolve
+from events.rules.ledger.runs import run_of
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
 
@@ -44,7 +45,7 @@ def ledger_events(ops) -> tuple[list, LedgerState]:
         if o[0] == "write":
             run(AddMemory(**common, summary=f"{o[2]} {i}", session="s", run=o[1], scope="AGENT" if o[3] else None))
         else:
-            _, waiting = (state.runs.get("t/a") or {}).get(o[1], (None, ()))
+            _, waiting = (state.runs.get("t/a") or {}).get(run_of(o[1], None), (None, ()))
             if waiting:
                 run(SummarizeRun(**common, run=o[1], entry_ids=[eid for eid, _ in waiting][: o[2]], summary=f"S{i}"))
     return events, state
@@ -76,7 +77,7 @@ async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings,
         expected = await shown(RunView(rebuilt))
         assert await shown(RunView(inc)) == expected
         for run in RUNS:
-            _, waiting = (state.runs.get("t/a") or {}).get(run, (None, ()))
+            _, waiting = (state.runs.get("t/a") or {}).get(run_of(run, None), (None, ()))
             assert [e["id"] for e in expected[run]["sessionEntries"]] == [eid for eid, _ in waiting]
             summaries = [e.summary for e in events if e.type == "RunSummarized" and e.run == run]
             assert expected[run]["sessionSummary"] == (summaries[-1] if summaries else None)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from events.record import MemoryRecord, Scope
 from events.rules.recall_render import BLOCK_CHARS, LAYERS, SECTIONS, fit, render, render_fitted, within_block
+from events.rules.runs import SUMMARY_CHARS
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -48,7 +49,7 @@ def test_every_layer_keeps_its_budget_in_the_fixed_order_when_all_are_full():
     many = [rec(i, f"item {i} " + "x" * 200) for i in range(40)]
     f = fit([r.model_copy(update={"pinned": True}) for r in many], many, [(f"b{i}", "y" * 300) for i in range(20)],
             [_kind(r, "episode") for r in many], [_kind(r, "procedure") for r in many],
-            session_summary="The run so far: " + "z" * 300, session_entries=[_kind(r, "note") for r in many],
+            session_summary="z" * SUMMARY_CHARS, session_entries=[_kind(r, "note") for r in many],
             avoid=[_kind(rec(i, f"Avoid: migrating before a backup ({i})"), "procedure") for i in range(9)])
     text = render_fitted(f)
     assert len(text) <= BLOCK_CHARS
