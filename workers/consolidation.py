@@ -13,8 +13,6 @@ SessionEnded event). A model that keeps failing sends the SessionEnded to the DL
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -32,7 +30,7 @@ from projections.redis_history import RedisHistory
 from projections.redis_records import RedisRecords
 from workers.api_reader import ApiReader
 from workers.model_client import CallContext, ModelClient, ModelFailed
-from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
+from workers.runtime import DeadLetter, Out, Processor, until_folded
 from workers.topic_reader import checkpoint_key
 
 log = structlog.get_logger()
@@ -124,13 +122,7 @@ class ConsolidationProcessor(Processor):
     async def _history_folded(self, partition: int, offset: int) -> None:
         """Until the history worker has folded this partition up to the end event."""
         field = checkpoint_key(self.settings.topic(TURNS.name), partition)
-        deadline = time.monotonic() + HISTORY_WAIT_S
-        while (await self.history.checkpoints()).get(field, -1) < offset:
-            if self.stopping.is_set():
-                raise Stopping("stopping while the history worker catches up")
-            if time.monotonic() > deadline:
-                raise Transient(f"the history worker has not folded {field} up to offset {offset}; is it running?")
-            await asyncio.sleep(0.1)
+        await until_folded(self.history.checkpoints, field, offset, self.stopping, HISTORY_WAIT_S, "history")
 
     async def _refused(self, ended: SessionEnded, cfg: Any) -> MemorySkipped | None:
         """A session of a subject without consent, in a channel without memory, or of a removed

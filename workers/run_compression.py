@@ -12,8 +12,6 @@ input offset. A model that keeps failing sends the event to the DLQ. It runs ins
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from typing import Any
 
@@ -25,7 +23,7 @@ from events.topics import COMMANDS, EVENTS, USAGE
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
 from workers.model_client import CallContext, ModelClient, ModelFailed
-from workers.runtime import DeadLetter, Out, Processor, Stopping, Transient
+from workers.runtime import DeadLetter, Out, Processor, until_folded
 from workers.topic_reader import checkpoint_key
 
 log = structlog.get_logger()
@@ -97,14 +95,8 @@ class RunCompression(Processor):
         """The run as the view shows it once the redis-projection worker has folded this
         partition up to the entry (a run's events share its agent's partition, in order)."""
         field = checkpoint_key(self.settings.topic(EVENTS.name), partition)
-        deadline = time.monotonic() + VIEW_WAIT_S
-        while (await self.records.checkpoints()).get(field, -1) <= offset:
-            if self.stopping.is_set():
-                raise Stopping("stopping while the redis-projection worker catches up")
-            if time.monotonic() > deadline:
-                raise Transient(f"the redis-projection worker has not folded {field} up to offset {offset}; "
-                                "is it running?")
-            await asyncio.sleep(0.1)
+        await until_folded(self.records.checkpoints, field, offset, self.stopping, VIEW_WAIT_S, "redis-projection",
+                           inclusive=True)
         return await self.runs.session(e.tenant, e.agent, e.run, e.occurred_at, e.user)
 
     @staticmethod

@@ -80,6 +80,20 @@ class Stopping(Exception):
     the batch stays uncommitted, for the partition's next owner."""
 
 
+async def until_folded(checkpoints: Callable[[], Any], field: str, offset: int, stopping: asyncio.Event,
+                       timeout_s: float, worker: str, inclusive: bool = False) -> None:
+    """Until another worker's view (its `checkpoints()`, next offset by partition field) has
+    folded `field` up to `offset` (through it, when `inclusive`). `Stopping` when the worker
+    stops meanwhile; `Transient`, so the message is tried again, after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await checkpoints()).get(field, -1) < offset + inclusive:
+        if stopping.is_set():
+            raise Stopping(f"stopping while the {worker} worker catches up")
+        if asyncio.get_running_loop().time() > deadline:
+            raise Transient(f"the {worker} worker has not folded {field} up to offset {offset}; is it running?")
+        await asyncio.sleep(0.1)
+
+
 @dataclass(frozen=True)
 class Out:
     topic: str  # registry name, without the settings prefix

@@ -383,7 +383,15 @@ class MemoryReads:
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         # Episodes and procedures come from the same ranked search, in sections of their own
         # (why, and the figures: docs/recall-sections.md).
-        found = await self._search(ctx, cfg, query=text, limit=cfg.memory.search.max_results * 2)
+        # The run's session memory is read while the search runs: one Redis call, off the path.
+        # The search stays in this task: its embedding time is the request's (Server-Timing).
+        session = asyncio.ensure_future(self._session(ctx, run, now, cfg))
+        try:
+            found = await self._search(ctx, cfg, query=text, limit=cfg.memory.search.max_results * 2)
+        except BaseException:
+            session.cancel()
+            raise
+        summary, entries = await session
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
         # Versions this conversation's recalls showed before are never recorded again;
@@ -403,9 +411,9 @@ class MemoryReads:
             kept_ids = {r.id for r in kept}
             shown_pins = [r for r in pinned if r.id in kept_ids]
             records, episodes, procedures, avoid = [r for r in facts if r.id in kept_ids], [], [], []
-            summary, entries = None, []
         else:
-            summary, entries = await self._session(ctx, run, now, {r.id for r in facts})
+            shown = {r.id for r in facts}
+            entries = [e for e in entries if e.record_id not in shown]  # a fact the recall shows already
             shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text)
                             for scope, label, text in blocks]
             # Reported outcomes reorder procedures; anti-patterns get a layer of their own.
@@ -431,13 +439,13 @@ class MemoryReads:
         return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks,
                             session_summary=summary, session_entries=entries, avoid=avoid)
 
-    async def _session(self, ctx: Context, run: str | None, now: Any, facts: set[str]) -> tuple[str | None, list]:
-        """The run's summary and its entries, newest first (what fits of a long run is its
-        latest), without those also stored as a fact the recall shows."""
-        if run is None:
+    async def _session(self, ctx: Context, run: str | None, now: Any, cfg: AgentConfig) -> tuple[str | None, list]:
+        """The run's summary and its entries, newest first: what fits of a long run is its latest.
+        Seed 004's facts format has no session layers."""
+        if run is None or cfg.memory.recall.format == "facts":
             return None, []
         entries, summary = await RunView(self.records).session(ctx.tenant, ctx.agent, run, now, ctx.user)
-        return summary, [e for e in reversed(entries) if e.record_id not in facts]
+        return summary, entries[::-1]
 
     # ------------------------------------------------------------------ listing and reading
 

@@ -242,7 +242,10 @@ async def run() -> None:
     # A kept deployment needs no ledger: left running, it would fold 1M events while we measure.
     kept = await _logged(Settings(topic_prefix=f"bench{DEPLOYMENT}.")) >= TOTAL
     workers = ("redis-projection",) if kept else ("ledger", "redis-projection")
-    with bench_stack(DEPLOYMENT, workers=workers, keep=True) as (stack, settings):
+    # The bench builds the optimized generation itself: the API's own optimizer would build one
+    # at the same time from the same shard.
+    with bench_stack(DEPLOYMENT, workers=workers, keep=True,
+                     env={"MEMLANE_OPTIMIZE_UNINDEXED_POINTS": str(10**12)}) as (stack, settings):
         async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="big") as op:
             key = await op.issue_key("bench", "big")
             if not kept:
