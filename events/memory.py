@@ -177,6 +177,8 @@ class RunEntryAdded(_EventBase):
     kind: str = "fact"
     user: Ident | None = None
     run_last_write: datetime  # the run's newest write so far: it expires 48 h after this
+    # The run's first write, or the first after it expired: what a view kept of it goes.
+    starts_run: bool = False
     pending_entries: int = 0
     pending_chars: int = 0
 

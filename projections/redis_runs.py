@@ -42,6 +42,7 @@ class _RunFields(msgspec.Struct, kw_only=True):
     entry_id: str | None = None
     entry_ids: list[str] = []
     run_last_write: datetime | None = None
+    starts_run: bool = False
 
 
 _FIELDS = msgspec.json.Decoder(_RunFields, strict=False)
@@ -57,6 +58,8 @@ def fold(pipe: Any, ns: str, raw: bytes | str) -> None:
     f = _FIELDS.decode(raw)
     key = run_key(ns, f.tenant, f.agent, f.run, f.user)
     if f.type == "RunEntryAdded":
+        if f.starts_run:  # a run written again after it expired starts over, as in the ledger
+            pipe.delete(key)
         pipe.hset(key, mapping={f"e:{f.entry_id}": raw, "last": f.run_last_write.isoformat()})
     else:
         if f.entry_ids:

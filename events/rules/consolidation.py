@@ -101,12 +101,14 @@ class Procedure(BaseModel):
 
 
 class Fact(BaseModel):
+    """Unchecked here: a bad fact is refused alone (`facts`), never the episode with it."""
+
     model_config = ConfigDict(extra="ignore")
 
-    summary: str = Field(min_length=1)
+    summary: str = ""
     content: str = ""
-    kind: str = Field(min_length=1)
-    confidence: float | None = Field(None, ge=0, le=1)
+    kind: str = ""
+    confidence: float | None = None
 
 
 class ConsolidationAnswer(BaseModel):

@@ -441,9 +441,11 @@ class MemoryReads:
 
     async def _session(self, ctx: Context, run: str | None, now: Any, cfg: AgentConfig) -> tuple[str | None, list]:
         """The run's summary and its entries, newest first: what fits of a long run is its latest.
-        Seed 004's facts format has no session layers."""
+        Seed 004's facts format has no session layers, and an operator gets no member's."""
         if run is None or cfg.memory.recall.format == "facts":
             return None, []
+        if ctx.principal.role == "operator" and ctx.user is not None:
+            return None, []  # a member's session memory is never an operator's to read
         entries, summary = await RunView(self.records).session(ctx.tenant, ctx.agent, run, now, ctx.user)
         return summary, entries[::-1]
 

@@ -130,3 +130,8 @@ async def test_recall_shows_the_run_s_summary_and_entries_and_never_another_memb
         # No run named: no session layers.
         plain = await dana.recall("conv-plain", "what happened in this run?")
         assert plain["sessionEntries"] == [] and plain["sessionSummary"] is None
+        # An operator naming the member reads none of their session memory.
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent, user="dana") as op:
+            assert (await op.recall("conv-op", "what happened in this run?", run_id=run_id))["sessionEntries"] == []
+            r = await op.http.get(f"/v1/runs/{run_id}")
+            assert r.status_code == 403 and r.json()["error"]["field"] == "x-user", r.text

@@ -87,3 +87,28 @@ async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings,
             if keys:
                 await store.r.delete(*keys)
             await store.aclose()
+
+
+async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(settings):
+    state, events = LedgerState(), []
+    cfg = AgentConfig.model_validate({"memory": {"scope": {"write": ["session", "agent"]}}})
+    long_ago = datetime.now(UTC) - timedelta(hours=48, minutes=30)  # expired, but its key lives an hour on
+    cmds = [ConfigureAgent(command_id="cfg", tenant="t", agent="a", issued_at=long_ago, config=cfg),
+            AddMemory(command_id="c1", tenant="t", agent="a", issued_at=long_ago, summary="old note", run="r"),
+            AddMemory(command_id="c2", tenant="t", agent="a", issued_at=T0 + timedelta(minutes=59), summary="new note",
+                      run="r")]
+    for cmd in cmds:
+        for e in decide(state, cmd):
+            evolve(state, e)
+            events.append(e)
+    view = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    try:
+        await view.apply(events[:2])
+        await view.apply(events[2:])
+        shown = (await RunView(view).read("t", "a", "r", T0 + timedelta(hours=1)))
+        assert [e.summary for e in shown.entries] == ["new note"]
+    finally:
+        keys = [k async for k in view.r.scan_iter(f"ml:g{view.fixed_generation}:*", count=10_000)]
+        if keys:
+            await view.r.delete(*keys)
+        await view.aclose()

@@ -3,14 +3,11 @@
 import json
 from datetime import UTC, datetime
 
-import pytest
-
 from events import AgentConfig, ConfigureAgent, SessionEnded
 from events.record import Source
 from events.rules import consolidation as c
 from events.rules.history import KeptEvent
 from events.rules.ledger import LedgerState, decide, evolve, record_id_for
-from events.rules.model_answer import Malformed
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 ENDED = SessionEnded(event_id="end-1", tenant="t", agent="a", session="s1", execution_id="x", outcome="successful",
@@ -51,8 +48,12 @@ def test_facts_are_parsed_and_an_answer_without_them_still_is():
     assert [(f.summary, f.content, f.kind, f.confidence) for f in a.facts] == [
         ("Deploys go out on Tuesdays", "Agreed with ops", "decision", 0.85)]
     assert c.parse_answer(json.dumps(BASE)).facts == []
-    with pytest.raises(Malformed, match="facts.0.confidence"):
-        c.parse_answer(_dumps([fact("x", confidence=3)]))
+
+
+def test_a_bad_fact_is_refused_alone_and_the_episode_is_kept():
+    out = made([fact("x", confidence=85), fact(""), fact("CI runs on arm64", "fact")])
+    assert [x.kind for x in out.commands] == ["episode", "fact"]
+    assert [(what, reason) for what, reason, _ in out.refused] == [("fact/0", "invalid"), ("fact/1", "invalid")]
 
 
 def test_each_fact_names_the_episode_and_follows_the_session_end():

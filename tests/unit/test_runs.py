@@ -182,10 +182,13 @@ def test_a_summary_takes_the_waiting_entries_and_only_those():
 
 def test_an_expired_run_starts_over():
     led = Ledger()
-    led.write("old", at=T0)
-    (late,) = led.write("new", at=T0 + 49 * H)
-    assert (late.pending_entries, late.run_last_write) == (1, T0 + 49 * H)
-    (s,) = led.summarize([late.entry_id], at=T0 + 98 * H)
+    (first,) = led.write("old", at=T0)
+    (second,) = led.write("older still", at=T0 + H)
+    (late,) = led.write("new", at=T0 + 49 * H + H)
+    assert (late.pending_entries, late.run_last_write) == (1, T0 + 50 * H)
+    # The view drops what it kept of the run at a write that starts it (again).
+    assert (first.starts_run, second.starts_run, late.starts_run) == (True, False, True)
+    (s,) = led.summarize([late.entry_id], at=T0 + 99 * H)
     assert s.type == "CommandRejected" and s.field == "run"
 
 

@@ -54,7 +54,7 @@ def add_in_run(state: LedgerState, ak: str, cmd: AddMemory, events: list) -> Non
     events.append(_base(
         RunEntryAdded, cmd, run=cmd.run, entry_id=rules.entry_id_for(cmd.tenant, cmd.agent, cmd.command_id),
         record_id=rid, summary=cmd.summary, content=cmd.content, kind=cmd.kind, user=cmd.user,
-        run_last_write=max(last, cmd.issued_at) if last else cmd.issued_at,
+        run_last_write=max(last, cmd.issued_at) if last else cmd.issued_at, starts_run=last is None,
         pending_entries=len(pending) + 1, pending_chars=sum(n for _, n in pending) + chars,
     ))
 
