@@ -51,6 +51,15 @@ def ledger_events(ops) -> tuple[list, LedgerState]:
     return events, state
 
 
+async def _dropped(*stores: RedisRecords) -> None:
+    """The test generations' keys go, and the clients close."""
+    for store in stores:
+        keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*", count=10_000)]
+        if keys:
+            await store.r.delete(*keys)
+        await store.aclose()
+
+
 async def shown(view: RunView) -> dict:
     now = T0 + timedelta(hours=2)
     return {run: (await view.read("t", "a", run, now)).as_json() for run in RUNS}
@@ -82,11 +91,7 @@ async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings,
             summaries = [e.summary for e in events if e.type == "RunSummarized" and e.run == run]
             assert expected[run]["sessionSummary"] == (summaries[-1] if summaries else None)
     finally:
-        for store in (inc, rebuilt):
-            keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*", count=10_000)]
-            if keys:
-                await store.r.delete(*keys)
-            await store.aclose()
+        await _dropped(inc, rebuilt)
 
 
 async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(settings):
@@ -108,7 +113,4 @@ async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(s
         shown = (await RunView(view).read("t", "a", "r", T0 + timedelta(hours=1)))
         assert [e.summary for e in shown.entries] == ["new note"]
     finally:
-        keys = [k async for k in view.r.scan_iter(f"ml:g{view.fixed_generation}:*", count=10_000)]
-        if keys:
-            await view.r.delete(*keys)
-        await view.aclose()
+        await _dropped(view)
