@@ -101,3 +101,29 @@ async def refused(coro, status: int, code: str, field: str | None = None):
     if field is not None:
         assert e.value.field == field, e.value
     return e.value
+
+
+# ---------------------------------------------------------------------------------- failure reports
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran a stack gets its processes' warnings and batch summaries
+    written during the test: a failure in CI is read from the report alone."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    since = call.start
+    try:
+        base = item.config._tmp_path_factory.getbasetemp()
+    except Exception:
+        return
+    for log in sorted(base.glob("*/logs/*.log")):
+        if log.parent.parent.is_symlink() or log.stat().st_mtime < since:
+            continue  # pytest's `<name>current` links repeat a numbered directory
+        lines = log.read_text(errors="replace").splitlines()
+        notable = [ln for ln in lines if '"level": "warning"' in ln or '"level": "error"' in ln
+                   or "turns_forwarded" in ln or "Traceback" in ln]
+        tail = [ln[:400] for ln in (notable or lines)[-40:]]
+        report.sections.append((f"stack log {log.parent.parent.name}/{log.name}", "\n".join(tail)))

@@ -214,7 +214,7 @@ async def test_a_withdrawal_during_a_review_in_flight_lets_nothing_be_written_af
         Message(id="s1-2-1", role="assistant", content="Noted", tool_calls=[
             ToolCall(id="c9", name="add_memory", arguments={"summary": f"Tool write in flight {m}", "kind": "profile"})])])
     await pub.publish(t)
-    await eventually(lambda: route.hits >= 1, timeout=40)  # the review is waiting on the model
+    await eventually(lambda: route.hits >= 1, timeout=60)  # the review is waiting on the model
     await set_consent(settings, tenant, a, "alice", grant=False)
     assert route.hits == 1
 
