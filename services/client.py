@@ -180,8 +180,10 @@ class MemlaneClient:
                  for r in data["records"]]
         return found, data["next_cursor"]
 
-    async def recall(self, conversation: str, text: str, run_id: str | None = None) -> dict[str, Any]:
-        body = {"conversation": conversation, "text": text} | ({"run_id": run_id} if run_id else {})
+    async def recall(self, conversation: str, text: str, run_id: str | None = None,
+                     application: str | None = None) -> dict[str, Any]:
+        body = {"conversation": conversation, "text": text} | ({"run_id": run_id} if run_id else {}) | (
+            {"application": application} if application else {})
         return await self._call("POST", "/v1/recall", json=body)
 
     async def search_history(self, query: str | None = None, **filters: Any) -> dict[str, Any]:

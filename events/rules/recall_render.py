@@ -6,7 +6,7 @@ and anything shaped like a tag (angle brackets, their look-alikes and their HTML
 becomes ‹ ›, so no record can close the block or open another. Every line that carries record
 data starts with "- " or "  ", and a '#' that would lead it is escaped, so no record can start a
 section. The whole block, blocks and
-pins included, stays within `BLOCK_CHARS`.
+pins included, stays within `BLOCK_CHARS`; seed 004's facts block within `FACTS_CHARS`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Any
 
 from events.record import MemoryRecord
 from events.rules.tokens import pin_budget_chars, pin_line_chars
@@ -25,7 +26,8 @@ HEADER = (
 )
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
-BLOCK_CHARS = 8000  # the injected block's cap; items that do not fit are left out whole
+BLOCK_CHARS = 10_000  # the injected block's cap; items that do not fit are left out whole
+FACTS_CHARS = 8000  # seed 004's facts block's cap
 
 
 @dataclass(frozen=True)
@@ -45,19 +47,29 @@ class Layer:
 # `OVERFLOW` order.
 LAYERS = (
     Layer("Blocks", "blocks", 3000, overflows=False),
+    Layer("Policy", "platformPolicies", 400),
+    Layer("Tenant floors", "tenantFloors", 300),
+    Layer("User profile", "userProfile", 500),
     Layer("Pinned", "pinned", 600),
     Layer("Session summary", "sessionSummary", 500),
     Layer("Session entries", "sessionEntries", 900),
     Layer("Records", "workspaceEntries", 1600),
+    Layer("Notes", "notes", 450),
+    Layer("Tenant conventions", "tenantEntries", 250),
     Layer("Episodes", "relevantEpisodes", 500),
     Layer("Procedures", "procedures", 400),
     Layer("Avoid", "antiPatterns", 200),
+    Layer("Defaults", "platformDefaults", 200),
 )
 SECTIONS = tuple(layer.heading for layer in LAYERS)
 BLOCKS_CHARS = LAYERS[0].budget
-# Pins are what a member asked to keep in view, facts answer the turn: they take the room
-# left over first.
-OVERFLOW = ("Pinned", "Records", "Session entries", "Session summary", "Episodes", "Procedures", "Avoid")
+# The layers whose items are `Entry`s, filled by the recall's layer sources (policies,
+# floors, the profile, notes, conventions, defaults).
+SHARED = ("Policy", "Tenant floors", "User profile", "Notes", "Tenant conventions", "Defaults")
+# What may not be negotiated comes first, then pins (what a member asked to keep in view) and
+# facts (they answer the turn); overridable defaults last.
+OVERFLOW = ("Policy", "Tenant floors", "Pinned", "User profile", "Records", "Notes", "Session entries",
+            "Session summary", "Tenant conventions", "Episodes", "Procedures", "Avoid", "Defaults")
 # Every character Python's str.splitlines() breaks on: any of them would start a new line.
 _LINE_BREAK = re.compile(r"\r\n|[\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 # Angle brackets that NFKC leaves alone but a reader takes for < and >.
@@ -140,9 +152,36 @@ def _summary(text: str) -> str:
     return _indented(clean(text, multiline=True))
 
 
+@dataclass(frozen=True)
+class Entry:
+    """An item of a shared layer (`SHARED`): its id, an optional title, its text, and what
+    recall's JSON says about it besides (`extra`, name-value pairs)."""
+
+    id: str
+    text: str
+    title: str = ""
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, **({"title": self.title} if self.title else {}), "text": self.text, **dict(self.extra)}
+
+
+def _shared(e: Entry) -> str:
+    """`- {title}: {first line} (id: ...)`, then the text's other lines indented."""
+    body = clean(e.text[:ENTRY_CHARS * CUT_MARGIN], multiline=True)
+    if len(body) > ENTRY_CHARS:
+        body = body[:ENTRY_CHARS] + "…"
+    first, _, rest = body.partition("\n")
+    head = f"- {clean(e.title)}: " if e.title else "- "
+    return f"{head}{first} (id: {clean(e.id)})\n" + _indented(rest)
+
+
+ENTRY_CHARS = 1200  # a shared entry's shown text (a profile document is the longest)
+
+
 _SHOW = {"Blocks": lambda b: _block(*b), "Pinned": _pin, "Session summary": _summary,
          "Session entries": _entry, "Records": _record, "Episodes": _record, "Procedures": _record,
-         "Avoid": _record}
+         "Avoid": _record, **dict.fromkeys(SHARED, _shared)}
 
 
 @dataclass
@@ -181,18 +220,24 @@ class Fitted:
         return self.kept["Session entries"]
 
     @property
+    def shared(self) -> dict[str, list[Entry]]:
+        return {h: self.kept[h] for h in SHARED}
+
+    @property
     def session_summary(self) -> str | None:
         return self.kept["Session summary"][0] if self.kept["Session summary"] else None
 
 
 def fit(pinned: list[MemoryRecord], records: list[MemoryRecord], blocks: list[tuple[str, str]] = (),
         episodes: list[MemoryRecord] = (), procedures: list[MemoryRecord] = (), *,
-        session_summary: str | None = None, session_entries: list = (), avoid: list[MemoryRecord] = ()) -> Fitted:
+        session_summary: str | None = None, session_entries: list = (), avoid: list[MemoryRecord] = (),
+        shared: dict[str, list[Entry]] | None = None) -> Fitted:
     """What fits whole in a block of `BLOCK_CHARS`, layer by layer (`LAYERS`): each layer
     first takes items, best first, within its own budget; then the room left goes to the
     layers in `OVERFLOW` order. An item that does not fit is left out whole and a smaller one
-    after it may still fit; each layer keeps its items in their given order."""
-    given = {"Blocks": list(blocks), "Pinned": list(pinned), "Session summary": [session_summary] if session_summary
+    after it may still fit; each layer keeps its items in their given order. `shared` holds
+    the `SHARED` layers' entries, by heading."""
+    given = {**{h: list((shared or {}).get(h, ())) for h in SHARED},"Blocks": list(blocks), "Pinned": list(pinned), "Session summary": [session_summary] if session_summary
              else [], "Session entries": list(session_entries), "Records": list(records),
              "Episodes": list(episodes), "Procedures": list(procedures), "Avoid": list(avoid)}
     room = BLOCK_CHARS - len(HEADER) - len(FOOTER)
@@ -280,12 +325,12 @@ def fact_line(r: MemoryRecord) -> str:
 
 
 def fit_facts(records: list[MemoryRecord]) -> tuple[list[MemoryRecord], str]:
-    """The facts, in their given order, that fit whole in a block of `BLOCK_CHARS` under
+    """The facts, in their given order, that fit whole in a block of `FACTS_CHARS` under
     `FACTS_HEADER`, and the block ("" when none does: nothing to append). A fact that does
     not fit is skipped whole, and a shorter one after it may still fit."""
     kept: list[MemoryRecord] = []
     lines = [FACTS_HEADER]
-    room = BLOCK_CHARS - len(FACTS_HEADER)
+    room = FACTS_CHARS - len(FACTS_HEADER)
     for r in records:
         line = fact_line(r)
         if len(line) + 1 <= room:  # with the line break before it

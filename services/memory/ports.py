@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from events.commands import Command
 from events.usage import UsageEvent
+
+if TYPE_CHECKING:
+    from events.config import AgentConfig
+    from events.rules.recall_render import Entry
+    from services.memory.context import Context
 
 
 class CommandPublisher(Protocol):
@@ -19,3 +25,22 @@ class UsageRecorder(Protocol):
     async def record(self, usage: UsageEvent) -> None:
         """Enqueues one usage record; delivery happens in the background, so a read stays fast."""
 
+
+
+@dataclass(frozen=True)
+class RecallAsk:
+    """One recall, as a layer source sees it: who asks, the agent's configuration, the turn's
+    text and the run and application it names."""
+
+    ctx: Context
+    cfg: AgentConfig
+    text: str
+    conversation: str
+    run: str | None = None
+    application: str | None = None
+
+
+class LayerSource(Protocol):
+    async def __call__(self, ask: RecallAsk) -> dict[str, list[Entry]]:
+        """Entries for recall's shared layers (`events.rules.recall_render.SHARED`), by layer
+        heading, best first; only what `ask.ctx` may read. Read while the search runs."""

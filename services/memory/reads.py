@@ -23,7 +23,7 @@ from events.record import MemoryRecord, Scope
 from events.rules.ledger import RESERVED_KINDS
 from events.rules.procedures import is_anti_pattern
 from events.rules.procedures import rank as procedures_rank
-from events.rules.recall_render import fit, fit_facts, pinned_within_budget, render, render_fitted
+from events.rules.recall_render import Entry, fit, fit_facts, pinned_within_budget, render, render_fitted
 from events.rules.subjects import Refusal, SubjectState, refusal
 from events.rules.visibility import readable_scopes, visible
 from projections.qdrant_index import IndexUnavailable, SearchFilter
@@ -32,6 +32,7 @@ from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory import member_reads
 from services.memory.context import Context
+from services.memory.ports import LayerSource, RecallAsk
 from services.memory.recalled import RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
 from services.memory.usage import UsageLog
@@ -67,6 +68,9 @@ class RecallResult:
     session_summary: str | None = None
     session_entries: list[Any] = field(default_factory=list)
     avoid: list[MemoryRecord] = field(default_factory=list)
+    # The shared layers' entries the block shows (policies, floors, profile, notes,
+    # conventions, defaults), by layer heading.
+    shared: dict[str, list[Entry]] = field(default_factory=dict)
 
 
 log = structlog.get_logger()
@@ -114,6 +118,9 @@ class MemoryReads:
         self.embedder = embedder
         self.usage = usage
         self.recalled = recalled or RecalledVersions(records)
+        # Recall's shared layers (profiles, notes, tenant and platform memory): each source
+        # is read beside the search (`RecallAsk` in, entries by layer heading out).
+        self.layer_sources: list[LayerSource] = []
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()
@@ -171,7 +178,7 @@ class MemoryReads:
         await self._check_subject(ctx, cfg)
         return await self._blocks(ctx)
 
-    async def _blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
+    async def _blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str]]:
         workspace, own = await asyncio.gather(self.records.blocks(ctx.tenant, WORKSPACE),
                                               self.records.blocks(ctx.tenant, ctx.agent))
         return [("workspace", *b) for b in sorted(workspace.items())] + [("agent", *b) for b in sorted(own.items())]
@@ -342,7 +349,8 @@ class MemoryReads:
         rendered = "" if cfg is not None and cfg.memory.recall.format == "facts" else render([], [])
         return RecallResult([], [], rendered, [], [], [], skipped=skipped, memory_unavailable=unavailable)
 
-    async def recall(self, ctx: Context, conversation: str, text: str, run: str | None = None) -> RecallResult:
+    async def recall(self, ctx: Context, conversation: str, text: str, run: str | None = None,
+                     application: str | None = None) -> RecallResult:
         """What the agent should remember before its next model call.
 
         Never fails the platform's turn for memory's sake: a subject that gets no memory
@@ -351,9 +359,10 @@ class MemoryReads:
         logged without the caller's text or member."""
         check_role(ctx, NOT_MEMBER, "recall memory")
         with Timed(RECALL_SECONDS):
-            return await self._recall_or_empty(ctx, conversation, text, run)
+            return await self._recall_or_empty(ctx, conversation, text, run, application)
 
-    async def _recall_or_empty(self, ctx: Context, conversation: str, text: str, run: str | None) -> RecallResult:
+    async def _recall_or_empty(self, ctx: Context, conversation: str, text: str, run: str | None,
+                               application: str | None) -> RecallResult:
         cfg: AgentConfig | None = None
         try:
             got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),
@@ -367,13 +376,13 @@ class MemoryReads:
             skipped = self._refusal(ctx, cfg, state)
             if skipped is not None:
                 return self._empty(cfg, skipped=skipped)
-            return await self._recall(ctx, cfg, conversation, text, run)
+            return await self._recall(ctx, cfg, conversation, text, run, application)
         except READ_FAILURES as e:
             log.warning("recall_memory_unavailable", tenant=ctx.tenant, agent=ctx.agent, error=type(e).__name__)
             return self._empty(cfg, unavailable=True)
 
     async def _recall(self, ctx: Context, cfg: AgentConfig, conversation: str, text: str,
-                      run: str | None = None) -> RecallResult:
+                      run: str | None = None, application: str | None = None) -> RecallResult:
         scopes, now = self._scopes(ctx, cfg), utcnow()
         hidden = await self._shadowed(ctx)
         pinned_all = [
@@ -386,12 +395,16 @@ class MemoryReads:
         # The run's session memory is read while the search runs: one Redis call, off the path.
         # The search stays in this task: its embedding time is the request's (Server-Timing).
         session = asyncio.ensure_future(self._session(ctx, run, now, cfg))
+        ask = RecallAsk(ctx, cfg, text, conversation, run, application)
+        layers = asyncio.ensure_future(self._shared_layers(ask))
         try:
             found = await self._search(ctx, cfg, query=text, limit=cfg.memory.search.max_results * 2)
         except BaseException:
             session.cancel()
+            layers.cancel()
             raise
         summary, entries = await session
+        shared = await layers
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
         # Versions this conversation's recalls showed before are never recorded again;
@@ -403,7 +416,7 @@ class MemoryReads:
             again = {r.id for (r, _), was in zip(fresh, seen) if was}
             if cfg.memory.recall.recalled == "omit":
                 fresh = [x for x in fresh if x[0].id not in again]
-        blocks = await self._blocks(ctx)
+        blocks = await self._blocks(ctx, application)
         facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results]
         if cfg.memory.recall.format == "facts":
             # Seed 004's block: pins and facts, one line each; no blocks, episodes or procedures.
@@ -411,6 +424,7 @@ class MemoryReads:
             kept_ids = {r.id for r in kept}
             shown_pins = [r for r in pinned if r.id in kept_ids]
             records, episodes, procedures, avoid = [r for r in facts if r.id in kept_ids], [], [], []
+            shared = {}
         else:
             shown = {r.id for r in facts}
             entries = [e for e in entries if e.record_id not in shown]  # a fact the recall shows already
@@ -427,8 +441,9 @@ class MemoryReads:
                 avoid=[r for r in procs if is_anti_pattern(r)][:RECALLED_PER_SECTION],
                 session_summary=summary,
                 session_entries=entries,
+                shared=shared,
             )
-            summary, entries = fitted.session_summary, fitted.session_entries
+            summary, entries, shared = fitted.session_summary, fitted.session_entries, fitted.shared
             rendered, shown_pins = render_fitted(fitted), fitted.pinned
             records, episodes, procedures, avoid = fitted.records, fitted.episodes, fitted.procedures, fitted.avoid
         new = [r for r in records + episodes + procedures + avoid if r.id not in again]
@@ -437,7 +452,17 @@ class MemoryReads:
             await self.usage.retrieved(ctx, "recall", new, conversation)
         scores = dict((r.id, s) for r, s in fresh)
         return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks,
-                            session_summary=summary, session_entries=entries, avoid=avoid)
+                            session_summary=summary, session_entries=entries, avoid=avoid, shared=shared)
+
+    async def _shared_layers(self, ask: RecallAsk) -> dict[str, list[Entry]]:
+        """Every layer source's entries, by layer heading; seed 004's facts format has none."""
+        if not self.layer_sources or ask.cfg.memory.recall.format == "facts":
+            return {}
+        out: dict[str, list[Entry]] = {}
+        for got in await asyncio.gather(*(source(ask) for source in self.layer_sources)):
+            for heading, entries in got.items():
+                out.setdefault(heading, []).extend(entries)
+        return out
 
     async def _session(self, ctx: Context, run: str | None, now: Any, cfg: AgentConfig) -> tuple[str | None, list]:
         """The run's summary and its entries, newest first: what fits of a long run is its latest.

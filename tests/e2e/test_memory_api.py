@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer
 
 from events import AgentConfig, TurnCommitted, TurnRolledBack
 from events.codec import decode
+from events.rules.recall_render import BLOCK_CHARS
 from services.client import MemlaneClient
 from services.mcp_server import build_mcp
 from tests.conftest import eventually, refused
@@ -344,14 +345,14 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
         await usage.stop()
 
 
-async def test_recall_leaves_out_whole_records_past_8000_characters(stack, new_agent):
-    # The injected block is capped at 8,000 characters; facts that do not fit are skipped whole.
+async def test_recall_leaves_out_whole_records_past_the_block_cap(stack, new_agent):
+    # The injected block is capped at 10,000 characters; facts that do not fit are skipped whole.
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"search": {"max_results": 10}}}))
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         for i in range(10):
             await c.add_memory(f"Harbour note {i}: " + "tide " * 80, content="detail " * 200)
         out = await c.recall("conv-big", "harbour note tide")
-        assert len(out["rendered"]) <= 8000
+        assert len(out["rendered"]) <= BLOCK_CHARS == 10_000
         assert 0 < len(out["workspaceEntries"]) < 10
         assert all(f"(id: {r['id']}, v1)" in out["rendered"] for r in out["workspaceEntries"])
         # What was left out was not recalled, so the next recall offers it.

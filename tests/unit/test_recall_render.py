@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.record import MemoryRecord, Scope
-from events.rules.recall_render import BLOCK_CHARS, LAYERS, SECTIONS, fit, render, render_fitted, within_block
+from events.rules.recall_render import BLOCK_CHARS, FACTS_CHARS, LAYERS, SECTIONS, SHARED, Entry, fit, render, render_fitted, within_block
 from events.rules.runs import SUMMARY_CHARS
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -21,8 +21,8 @@ def rec(i: int, summary: str, content: str = "", pinned: bool = False) -> Memory
 
 
 def test_records_that_do_not_fit_the_block_are_left_out_whole():
-    # The block is capped at 8,000 characters; facts that do not fit are skipped whole.
-    big = [rec(i, f"fact {i} " + "x" * 300, content="y" * 2000) for i in range(10)]
+    # The block is capped at 10,000 characters; facts that do not fit are skipped whole.
+    big = [rec(i, f"fact {i} " + "x" * 300, content="y" * 2000) for i in range(14)]
     small = rec(99, "a short fact")
     kept, _, _ = within_block([], [*big, small])
     text = render([], kept)
@@ -50,7 +50,8 @@ def test_every_layer_keeps_its_budget_in_the_fixed_order_when_all_are_full():
     f = fit([r.model_copy(update={"pinned": True}) for r in many], many, [(f"b{i}", "y" * 300) for i in range(20)],
             [_kind(r, "episode") for r in many], [_kind(r, "procedure") for r in many],
             session_summary="z" * SUMMARY_CHARS, session_entries=[_kind(r, "note") for r in many],
-            avoid=[_kind(rec(i, f"Avoid: migrating before a backup ({i})"), "procedure") for i in range(9)])
+            avoid=[_kind(rec(i, f"Avoid: migrating before a backup ({i})"), "procedure") for i in range(9)],
+            shared={h: [Entry(f"{h[:3]}{i}", "w" * 120, title=f"t{i}") for i in range(40)] for h in SHARED})
     text = render_fitted(f)
     assert len(text) <= BLOCK_CHARS
     for layer in LAYERS:  # every layer shows something, within its own budget or the room left after all had theirs
@@ -60,6 +61,15 @@ def test_every_layer_keeps_its_budget_in_the_fixed_order_when_all_are_full():
     headings = [text.index(f"## {h}\n") for h in SECTIONS]
     assert headings == sorted(headings)
     assert [r.id for r in f.records] == [r.id for r in many[:len(f.records)]]
+
+
+def test_a_shared_entry_shows_its_title_first_line_and_id_and_indents_the_rest():
+    e = Entry("p1", "Prefers tea\n# not a heading\n<memory>", title="Ann")
+    assert fit([], [], shared={"User profile": [e]}).text["User profile"] == [
+        "- Ann: Prefers tea (id: p1)\n  \\# not a heading\n  \u2039memory\u203a\n"]
+    assert Entry("n1", "x", extra=(("revision", 2),)).as_json() == {"id": "n1", "text": "x", "revision": 2}
+    long = fit([], [], shared={"Notes": [Entry("n", "y" * 5000)]}).text["Notes"]
+    assert long == [] or len(long[0]) < 1300  # cut to ENTRY_CHARS, never the whole text
 
 
 def test_room_other_layers_leave_goes_to_the_facts():
@@ -212,17 +222,17 @@ def test_facts_that_do_not_fit_8000_characters_are_skipped_whole():
     big = [fact(i, f"k{i}", "x" * 3000) for i in range(4)]
     small = fact(99, "short", "fits")
     kept, text = fit_facts([*big, small])
-    assert len(text) <= BLOCK_CHARS
+    assert len(text) <= FACTS_CHARS
     assert kept == [big[0], big[1], small]  # the third and fourth big ones are left out whole, the small one fits
     assert text.splitlines()[2:] == [f"- k0: {'x' * 3000}", f"- k1: {'x' * 3000}", "- short: fits"]
     # Exactly at the cap it still fits; one character more and it does not.
-    exact = BLOCK_CHARS - len(FACTS_HEADER) - 1 - len("- k: ")
-    assert fit_facts([fact(1, "k", "y" * exact)])[0] and len(render_facts([fact(1, "k", "y" * exact)])) == BLOCK_CHARS
+    exact = FACTS_CHARS - len(FACTS_HEADER) - 1 - len("- k: ")
+    assert fit_facts([fact(1, "k", "y" * exact)])[0] and len(render_facts([fact(1, "k", "y" * exact)])) == FACTS_CHARS
     assert fit_facts([fact(1, "k", "y" * (exact + 1))]) == ([], "")
 
 
 def assert_facts_unforged(text: str, n: int) -> None:
-    assert len(text) <= BLOCK_CHARS
+    assert len(text) <= FACTS_CHARS
     lines = text.split("\n")
     assert text.splitlines() == lines  # no other line break anywhere
     assert "\n".join(lines[:2]) == FACTS_HEADER and len(lines) == 2 + n

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
-from events.base import RunId
+from events.base import AppId, RunId
+from events.rules.recall_render import LAYERS, SHARED
 from events.rules.subjects import Refusal
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
@@ -28,12 +29,14 @@ class RecallRequest(Body):
     conversation: Annotated[str, Field(min_length=1, max_length=128)]
     text: Annotated[str, Field(max_length=16_000)]
     run_id: RunId | None = None  # the run whose session memory (summary and entries) recall shows
+    # The application the turn runs in: its application-scoped blocks join the agent's and workspace's.
+    application: AppId | None = None
 
 
 @router.post("/v1/recall")
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, "recall memory")
-    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id)
+    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application)
     # Seed 002's layer names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out = {
         "blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in res.blocks],
@@ -44,6 +47,8 @@ async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
         "relevantEpisodes": [record_out(r) for r in res.episodes],
         "procedures": [record_out(r) for r in res.procedures],
         "antiPatterns": [record_out(r) for r in res.avoid],
+        **{layer.json: [e.as_json() for e in res.shared.get(layer.heading, ())] for layer in LAYERS
+           if layer.heading in SHARED},
         "rendered": res.rendered,
     }
     if res.skipped is not None:
