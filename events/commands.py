@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from events.base import Ident, Message_, RunId
+from events.base import AppId, Ident, Message_, RunId
 from events.config import AgentConfig
 from events.limits import check_labels, check_metadata, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
@@ -166,6 +166,19 @@ BlockLabel = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-
 BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r"^[^\r\n]+$")]
 
 
+def block_field(label: str, application: str | None = None) -> str:
+    """Where a block is kept among its agent's (the ledger's state, the views): its label, or
+    `<application>:<label>` for an application-scoped one. No label or application holds ":",
+    so the two never collide (docs/recall-layers.md, "Application blocks")."""
+    return f"{application}:{label}" if application else label
+
+
+def block_of_field(field: str) -> tuple[str | None, str]:
+    """(application or None, label) of a `block_field`."""
+    app, sep, label = field.rpartition(":")
+    return (app or None, label) if sep else (None, field)
+
+
 class CurateBlock(_CommandBase):
     """Memory blocks: small labeled texts at the top of every recall, kept line
     by line. `add` appends `line`; `replace` puts `line` in place of the line `old`;
@@ -177,6 +190,8 @@ class CurateBlock(_CommandBase):
     # Validated even when left out, so a missing line is refused under its own name.
     line: BlockLine | None = Field(None, validate_default=True)
     old: BlockLine | None = Field(None, validate_default=True)
+    # The application the block is scoped to (seed 002); None: the agent's (or workspace's) own.
+    application: AppId | None = None
 
     @field_validator("line", "old")
     @classmethod
@@ -187,6 +202,36 @@ class CurateBlock(_CommandBase):
             what = "the line to write" if info.field_name == "line" else "the line to change, as the block holds it now"
             raise ValueError(f"{action} needs {what}")
         return v
+
+
+# A member's profile on an agent (docs/profiles.md): one document, at most this many characters.
+PROFILE_CHARS = 4000
+ProfileText = Annotated[str, Field(min_length=1, max_length=PROFILE_CHARS)]
+ProfileLine = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\r\n]+$")]
+
+
+class SetProfile(_CommandBase):
+    """The member's (`user`) profile document on the agent becomes `text`, whole. With
+    `expected_version`, only if the profile is at that version now (0: there is none yet)."""
+
+    type: Literal["SetProfile"] = "SetProfile"
+    text: ProfileText
+    expected_version: ExpectedVersion = None
+
+
+class DeleteProfile(_CommandBase):
+    """The member's profile on the agent is removed (`ProfileChanged` with no text)."""
+
+    type: Literal["DeleteProfile"] = "DeleteProfile"
+    expected_version: ExpectedVersion = None
+
+
+class EnrichProfile(_CommandBase):
+    """Consolidation's preference facts about the member (`memory.profiles.enrich`): each line
+    not in the profile yet is appended while the profile stays within `PROFILE_CHARS`."""
+
+    type: Literal["EnrichProfile"] = "EnrichProfile"
+    lines: Annotated[list[ProfileLine], Field(min_length=1, max_length=10)]
 
 
 class GrantConsent(_CommandBase):
@@ -252,9 +297,115 @@ class ConfigureAgent(_CommandBase):
     config: AgentConfig
 
 
+# Tenant and platform memory (docs/tenant-platform-memory.md). A tenant's conventions and floors
+# live under its workspace agent (`WORKSPACE`); platform entries under the platform's own
+# pseudo tenant, which no key is issued for (services/http/routes/keys.py refuses the name).
+PLATFORM = "@platform"
+SHARED_TEXT_CHARS = 500  # a floor's, a platform entry's or a convention's text
+EntryId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
+SharedText = Annotated[str, Field(min_length=1, max_length=SHARED_TEXT_CHARS)]
+
+
+class ProposeConvention(_CommandBase):
+    """The conventions worker saw the same fact established in two or more of the tenant's
+    agents (`agents`): a candidate for a tenant administrator. `convention` is the fact's key
+    (`events.rules.conventions.fact_key`), so one fact is one convention however often seen."""
+
+    type: Literal["ProposeConvention"] = "ProposeConvention"
+    convention: EntryId
+    text: SharedText
+    agents: Annotated[list[Ident], Field(min_length=2, max_length=1000)]
+
+
+class DecideConvention(_CommandBase):
+    """A tenant administrator approves or rejects a convention (a candidate, or one decided before)."""
+
+    type: Literal["DecideConvention"] = "DecideConvention"
+    convention: EntryId
+    decision: Literal["approve", "reject"]
+
+
+class SetTenantFloor(_CommandBase):
+    """A non-negotiable tenant policy, in every recall of the tenant's agents; set again, replaced."""
+
+    type: Literal["SetTenantFloor"] = "SetTenantFloor"
+    floor: EntryId
+    text: SharedText
+
+
+class RemoveTenantFloor(_CommandBase):
+    type: Literal["RemoveTenantFloor"] = "RemoveTenantFloor"
+    floor: EntryId
+
+
+class SetPlatformEntry(_CommandBase):
+    """The platform operator's memory for every tenant: a `policy` (non-negotiable, right after
+    blocks) or a `default` (an overridable convention, last)."""
+
+    type: Literal["SetPlatformEntry"] = "SetPlatformEntry"
+    entry: EntryId
+    kind: Literal["policy", "default"]
+    text: SharedText
+
+
+class RemovePlatformEntry(_CommandBase):
+    type: Literal["RemovePlatformEntry"] = "RemovePlatformEntry"
+    entry: EntryId
+
+
+# Notes (docs/notes.md): written by the agent itself, each citing 1 to `NOTE_SOURCES` messages
+# of its history. A note's id is the caller's, stable across revisions.
+NOTE_SOURCES = 32
+NOTE_ID_PATTERN = r"^[A-Za-z0-9._\-]+$"
+NoteId = Annotated[str, Field(min_length=1, max_length=128, pattern=NOTE_ID_PATTERN)]
+NoteTopic = Annotated[str, Field(min_length=1, max_length=200)]
+NoteSummary = Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class NoteSource(BaseModel):
+    """A message a note cites: its conversation (a session of the agent) and its id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    conversation: Ident
+    id: Ident
+
+
+class SaveNote(_CommandBase):
+    """Creates the note `note_id` of the caller's identity (its agent, and `user` or none) with
+    `expected_revision` 0, or updates it when `expected_revision` is its current revision. The API
+    has checked that the caller can see every source; the ledger checks the revision."""
+
+    type: Literal["SaveNote"] = "SaveNote"
+    note_id: NoteId
+    topic: NoteTopic
+    summary: NoteSummary
+    sources: Annotated[list[NoteSource], Field(min_length=1, max_length=NOTE_SOURCES)]
+    expected_revision: Annotated[int, Field(ge=0)]
+    session: Ident | None = None  # the session the note was saved from: its own sources' conversation
+
+    @field_validator("topic", "summary")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("it is blank; write what the note is about")
+        return v
+
+
+class ForgetNote(_CommandBase):
+    """Deletes the note `note_id` of the caller's identity; the messages it cites stay. With
+    `expected_revision`, only if the note is at that revision."""
+
+    type: Literal["ForgetNote"] = "ForgetNote"
+    note_id: NoteId
+    expected_revision: Annotated[int, Field(ge=1)] | None = None
+
+
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
     | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
-    | RemoveUser | RemoveTenant | PurgeRecords | RecordUsage | SummarizeRun,
+    | RemoveUser | RemoveTenant | PurgeRecords | RecordUsage | SummarizeRun | SetProfile | DeleteProfile | EnrichProfile
+    | ProposeConvention | DecideConvention | SetTenantFloor | RemoveTenantFloor | SetPlatformEntry | RemovePlatformEntry
+    | SaveNote | ForgetNote,
     Field(discriminator="type"),
 ]

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_KINDS = ("guidance", "fact", "event", "reference")
-WRITE_TOOLS = ("add_memory", "delete_memory", "read_memory", "pin_memory", "unpin_memory", "curate_block", "report_outcome")
+WRITE_TOOLS = ("add_memory", "delete_memory", "read_memory", "pin_memory", "unpin_memory", "curate_block", "report_outcome",
+               "profile_write")
 
 
 class _Strict(BaseModel):
@@ -61,6 +62,12 @@ class RecallConfig(_Strict):
     recalled: Literal["omit", "render"] = "omit"
 
 
+class ProfileConfig(_Strict):
+    # Consolidation appends the preference facts it finds about a member (facts of kind
+    # "preference" or "profile") to that member's profile (docs/profiles.md).
+    enrich: bool = False
+
+
 class MemoryConfig(_Strict):
     enabled: bool = True
     # "required": a subject (tenant + user + agent) gets no extraction, recall, injection or
@@ -78,6 +85,7 @@ class MemoryConfig(_Strict):
     pinned: PinnedConfig | None = None
     search: SearchConfig = SearchConfig()
     extraction: ExtractionConfig = ExtractionConfig()
+    profiles: ProfileConfig = ProfileConfig()
 
     @field_validator("labels")
     @classmethod
@@ -108,6 +116,9 @@ class MemoryConfig(_Strict):
 
 class HistoryConfig(_Strict):
     index: Literal["messages", "messages_and_tools"] = "messages"
+    # Whether a history search may reach every session (conversation) of the agent, `scope:
+    # "agent"`, and `message_history` another session than the caller's. Off: one session (seed 000).
+    across_conversations: bool = False
 
 
 class AgentConfig(_Strict):

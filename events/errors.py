@@ -44,5 +44,7 @@ class ErrorCode(str, Enum):
     SUBJECT_REMOVED = "SUBJECT_REMOVED"
     # A write named the version it read (`expected_version`) and the record has moved on.
     VERSION_CONFLICT = "VERSION_CONFLICT"
+    # A note's save or forget named the revision it read (`expected_revision`) and the note is at another.
+    REVISION_CONFLICT = "REVISION_CONFLICT"
     # Made by the Python client when a response is not a memlane error body.
     HTTP_ERROR = "HTTP_ERROR"

@@ -173,8 +173,14 @@ class LedgerView(msgspec.Struct, kw_only=True):
     config_json: msgspec.Raw = msgspec.field(name="config", default=msgspec.Raw(b"null"))
     record_json: msgspec.Raw = msgspec.field(name="record", default=msgspec.Raw(b"null"))
     label: str | None = None  # BlockChanged
+    application: str | None = None  # BlockChanged of an application-scoped block
     text: str = ""
+    version: int = 0  # ProfileChanged
+    agents: list[str] = []  # ConventionProposed
+    kind: str = ""  # PlatformEntrySet
     user: str | None = None  # the consent and removal events
+    note_id: str | None = None  # NoteSaved, NoteForgotten
+    revision: int = 0
     erased: bool = False
     tenant_wide: bool = False  # SubjectErased
     record_ids: list[str] = []  # RecordsPurged

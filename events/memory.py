@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from events.base import Ident, Message_
-from events.commands import MergeEvidence
+from events.commands import MergeEvidence, NoteSource
 from events.config import AgentConfig
 from events.record import MemoryRecord, Provenance
 
@@ -114,6 +114,20 @@ class BlockChanged(_EventBase):
     type: Literal["BlockChanged"] = "BlockChanged"
     label: str
     text: str
+    application: str | None = None  # an application-scoped block's application; absent: none
+
+
+class ProfileChanged(_EventBase):
+    """A member's profile on the agent after a write, whole, at `version` (1 for the first);
+    empty text: the profile was deleted. `added`/`skipped`: an enrichment's lines appended and
+    left out (already there, or over the limit)."""
+
+    type: Literal["ProfileChanged"] = "ProfileChanged"
+    user: Ident
+    text: str = ""
+    version: int
+    added: int = 0
+    skipped: int = 0
 
 
 class ConsentGranted(_EventBase):
@@ -207,6 +221,76 @@ class UsageRecorded(_EventBase):
     through_offset: int
 
 
+class ConventionProposed(_EventBase):
+    """A tenant convention candidate (`ProposeConvention`), under the tenant's workspace agent:
+    `entry_id` is the convention, `agents` every agent seen establishing it so far."""
+
+    type: Literal["ConventionProposed"] = "ConventionProposed"
+    entry_id: str
+    text: str = ""
+    agents: list[Ident]
+
+
+class ConventionApproved(_EventBase):
+    """A tenant administrator approved the convention: in every recall of the tenant's agents."""
+
+    type: Literal["ConventionApproved"] = "ConventionApproved"
+    entry_id: str
+
+
+class ConventionRejected(_EventBase):
+    type: Literal["ConventionRejected"] = "ConventionRejected"
+    entry_id: str
+
+
+class TenantFloorSet(_EventBase):
+    type: Literal["TenantFloorSet"] = "TenantFloorSet"
+    entry_id: str
+    text: str = ""
+
+
+class TenantFloorRemoved(_EventBase):
+    type: Literal["TenantFloorRemoved"] = "TenantFloorRemoved"
+    entry_id: str
+
+
+class PlatformEntrySet(_EventBase):
+    """A platform entry (`kind` policy or default), under the platform's pseudo tenant."""
+
+    type: Literal["PlatformEntrySet"] = "PlatformEntrySet"
+    entry_id: str
+    kind: Literal["policy", "default"]
+    text: str = ""
+
+
+class PlatformEntryRemoved(_EventBase):
+    type: Literal["PlatformEntryRemoved"] = "PlatformEntryRemoved"
+    entry_id: str
+
+
+class NoteSaved(_EventBase):
+    """A note of the identity (the agent, and `user` or none) at `revision` (1 when made), whole:
+    its topic, summary and sources (docs/notes.md). `session`: the session it was saved from."""
+
+    type: Literal["NoteSaved"] = "NoteSaved"
+    note_id: str
+    user: Ident | None = None
+    revision: int
+    topic: str = ""
+    summary: str = ""
+    sources: list[NoteSource]
+    session: str | None = None
+
+
+class NoteForgotten(_EventBase):
+    """The note was deleted at `revision` (the last it had); the messages it cited stay."""
+
+    type: Literal["NoteForgotten"] = "NoteForgotten"
+    note_id: str
+    user: Ident | None = None
+    revision: int
+
+
 class CommandRejected(_EventBase):
     type: Literal["CommandRejected"] = "CommandRejected"
     code: str
@@ -228,6 +312,7 @@ MemoryEvent = Annotated[
     | WriteDiscarded
     | AgentConfigured
     | BlockChanged
+    | ProfileChanged
     | ConsentGranted
     | ConsentWithdrawn
     | AgentRemoved
@@ -237,6 +322,15 @@ MemoryEvent = Annotated[
     | RunEntryAdded
     | RunSummarized
     | UsageRecorded
+    | ConventionProposed
+    | ConventionApproved
+    | ConventionRejected
+    | TenantFloorSet
+    | TenantFloorRemoved
+    | PlatformEntrySet
+    | PlatformEntryRemoved
+    | NoteSaved
+    | NoteForgotten
     | CommandRejected,
     Field(discriminator="type"),
 ]

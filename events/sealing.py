@@ -114,6 +114,20 @@ PERSONAL: dict[str, Personal] = {
     "RunEntryAdded": Personal({"summary": "", "content": ""}, _member_subject, _event_aad),
     "RunSummarized": Personal({"summary": ""}, _member_subject, _event_aad),
     "SummarizeRun": Personal({"summary": ""}, _member_subject, _command_aad),
+    # A member's profile is their data, sealed under their key like their USER records: their
+    # erasure makes every version unreadable (docs/profiles.md).
+    "SetProfile": Personal({"text": ""}, _member_subject, _command_aad),
+    "EnrichProfile": Personal({"lines": []}, _member_subject, _command_aad),
+    "ProfileChanged": Personal({"text": ""}, _member_subject, _event_aad),
+    # A tenant's conventions (copied from its agents' facts) and floors: sealed under its workspace
+    # agent's key, which removing the tenant destroys. Platform entries are the platform's own.
+    "ProposeConvention": Personal({"text": ""}, _agent_subject, _command_aad),
+    "ConventionProposed": Personal({"text": ""}, _agent_subject, _event_aad),
+    "SetTenantFloor": Personal({"text": ""}, _agent_subject, _command_aad),
+    "TenantFloorSet": Personal({"text": ""}, _agent_subject, _event_aad),
+    # A note's text is its identity's: its member's key (else its agent's) seals it (docs/notes.md).
+    "SaveNote": Personal({"topic": "", "summary": ""}, _member_subject, _command_aad),
+    "NoteSaved": Personal({"topic": "", "summary": ""}, _member_subject, _event_aad),
     "CandidateRefused": Personal({"summary_preview": ""}, _member_subject, lambda m: m["usage_id"].encode()),
 }
 

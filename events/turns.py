@@ -103,4 +103,18 @@ class SessionEnded(Message_):
     occurred_at: datetime
 
 
-TurnEvent = Annotated[TurnCommitted | TurnRolledBack | SessionEnded, Field(discriminator="type")]
+class MembershipChanged(Message_):
+    """The agent joined or left a group conversation (a session). History then finds only what
+    was said while it was a member (seed 003); a session with no such event is one the agent
+    always belonged to (the 1:1 case). Keyed like the session's turns, so it is ordered with them."""
+
+    type: Literal["MembershipChanged"] = "MembershipChanged"
+    event_id: Ident
+    tenant: Ident
+    agent: Ident
+    session: Ident
+    joined: bool
+    occurred_at: datetime
+
+
+TurnEvent = Annotated[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged, Field(discriminator="type")]

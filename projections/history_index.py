@@ -184,11 +184,12 @@ class HistoryIndex:
     @staticmethod
     def _filter(f: HistoryFilter) -> Filter:
         must = [
-            FieldCondition("session", match=MatchValue(f.session)),
             FieldCondition("agent", match=MatchValue(f.agent)),
             FieldCondition("tenant", match=MatchValue(f.tenant)),
             FieldCondition("kind", match=MatchAny(list(f.kinds))),
         ]
+        if f.session is not None:  # None: every session of the agent (history across conversations)
+            must.insert(0, FieldCondition("session", match=MatchValue(f.session)))
         # A member's turns: only for the agent or helper speaking for that member (HistoryFilter.sees_member).
         # A part of no member stores no `user` key (pack leaves None out), as does one written before it existed.
         if f.operator or f.user is None:

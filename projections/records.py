@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events.commands import WORKSPACE
+from events.commands import WORKSPACE, block_field
 from events.memory import (
     RECORD_EVENTS,
     AgentRemoved,
@@ -215,10 +215,11 @@ class MemoryFold:
                 self.removed_users.add((e.tenant, e.user))
             if isinstance(e, BlockChanged):
                 texts = self.block_texts.setdefault((e.tenant, e.agent), {})
+                at = block_field(e.label, e.application)  # as the Redis view keys it
                 if e.text:
-                    texts[e.label] = e.text
+                    texts[at] = e.text
                 else:
-                    texts.pop(e.label, None)
+                    texts.pop(at, None)
             if isinstance(e, RECORD_EVENTS):
                 r = e.record
                 k = (r.tenant, r.agent, r.id)

@@ -22,7 +22,18 @@ from dataclasses import asdict
 import redis.asyncio as aioredis
 
 from events.codec import ContractError, cipher
-from events.rules.history import SEQ_SLOTS, HistoryFilter, KeptEvent, erased, erasure_marker
+from events.rules.history import (
+    SEQ_SLOTS,
+    HistoryFilter,
+    KeptEvent,
+    Window,
+    decode_change,
+    encode_change,
+    erased,
+    erasure_marker,
+    membership_windows,
+    within,
+)
 from events.sealing import open_text, seal_text, subject_of
 from projections.records import Erasure, Keys, opening
 from projections.redis_client import agent_tag, connect, retag_once, scan_keys, write_then
@@ -85,12 +96,19 @@ class RedisHistory:
     def _ord(self, session_key: str) -> str:
         return f"{self.ns}:ord:{_tagged_session(session_key)}"
 
+    def _mem(self, session_key: str) -> str:
+        """The agent's membership changes in a session: change event id -> `ms:joined`."""
+        return f"{self.ns}:mem:{_tagged_session(session_key)}"
+
     # ------------------------------------------------------------------ write side
 
     async def apply(self, events: list[KeptEvent], checkpoints: dict[str, int],
-                    erasures: tuple[tuple[Erasure, int], ...] | list[tuple[Erasure, int]] = ()) -> None:
+                    erasures: tuple[tuple[Erasure, int], ...] | list[tuple[Erasure, int]] = (),
+                    memberships: list[tuple[str, str, int, bool]] = ()) -> None:
         """Folds a batch: its erasures first (each with when it was, Unix ms), then its events
-        that no erasure reaches, then the checkpoint. A crash in between folds it all again."""
+        that no erasure reaches and its membership changes ((session key, change id, when, joined):
+        keyed by change id, so folding one twice is a no-op), then the checkpoint. A crash in
+        between folds it all again."""
         markers = await self.erasures()
         for er, at in erasures:
             await self.erase(er, at)
@@ -103,6 +121,8 @@ class RedisHistory:
             for e, raw in rows:
                 p.hset(self._ev(e.session_key), e.id, raw)
                 p.zadd(self._ord(e.session_key), {e.id: e.order})
+            for sk, change_id, at, joined in memberships:
+                p.hset(self._mem(sk), change_id, encode_change(at, joined))
 
         def checkpoint(p) -> None:
             if checkpoints:
@@ -149,7 +169,7 @@ class RedisHistory:
         return {k: int(v) for k, v in (await self.r.hgetall(f"{self.ns}:ckpt")).items()}
 
     def _retag(self, key: str) -> str | None:
-        for kind in ("ev", "ord"):
+        for kind in ("ev", "ord", "mem"):
             prefix = f"{self.ns}:{kind}:"
             if key.startswith(prefix) and "{" not in key and key.count("/") >= 2:
                 return prefix + _tagged_session(key[len(prefix):])
@@ -172,11 +192,55 @@ class RedisHistory:
                 out.append(e)
         return out
 
+    async def windows(self, tenant: str, agent: str, sessions: list[str]) -> dict[str, tuple[Window, ...] | None]:
+        """Each session's membership windows (None: always a member), in one round trip."""
+        sessions = list(dict.fromkeys(sessions))
+        if not sessions:
+            return {}
+        async with self.r.pipeline(transaction=False) as p:
+            for s in sessions:
+                p.hvals(self._mem(f"{tenant}/{agent}/{s}"))
+            got = await p.execute()
+        return {s: membership_windows([decode_change(v) for v in vals]) for s, vals in zip(sessions, got, strict=True)}
+
+    async def get_refs(self, tenant: str, agent: str, refs: list[tuple[str, str]]
+                       ) -> tuple[dict[tuple[str, str], KeptEvent], dict[str, tuple[Window, ...] | None]]:
+        """Events by (session, id) of one agent and their sessions' membership windows, in one
+        round trip (one HMGET and one HVALS per session, pipelined; one agent's keys share a slot)."""
+        by_session: dict[str, list[str]] = {}
+        for s, eid in refs:
+            ids = by_session.setdefault(s, [])
+            if eid not in ids:
+                ids.append(eid)
+        if not by_session:
+            return {}, {}
+        async with self.r.pipeline(transaction=False) as p:
+            for s, ids in by_session.items():
+                p.hmget(self._ev(f"{tenant}/{agent}/{s}"), ids)
+                p.hvals(self._mem(f"{tenant}/{agent}/{s}"))
+            got = await p.execute()
+        events: dict[tuple[str, str], KeptEvent] = {}
+        windows: dict[str, tuple[Window, ...] | None] = {}
+        for i, s in enumerate(by_session):
+            raws, vals = got[2 * i], got[2 * i + 1]
+            windows[s] = membership_windows([decode_change(v) for v in vals])
+            for x in raws:
+                if not x:
+                    continue
+                e = await opening(self.keys, open_event, x)
+                if e is None:
+                    self.unreadable += 1
+                else:
+                    events[(s, e.id)] = e
+        return events, windows
+
     async def page(
         self, f: HistoryFilter, limit: int, after: tuple[int, str] | None = None
     ) -> tuple[list[KeptEvent], tuple[int, str] | None]:
-        """Newest first, after `after` (the (order, id) of the last event of the previous page)."""
+        """Newest first, after `after` (the (order, id) of the last event of the previous page).
+        Only what the agent could see: said while it was a member of the session."""
         sk = f"{f.tenant}/{f.agent}/{f.session}"
+        w = (await self.windows(f.tenant, f.agent, [f.session]))[f.session]
         top = float("inf")
         if f.before_turn is not None:
             top = f.before_turn * SEQ_SLOTS - 1
@@ -192,7 +256,30 @@ class RedisHistory:
             # Equal positions come in reverse id order; skip what the previous page returned.
             ids = [rid for rid, sc in rows if after is None or (int(sc), rid) < after]
             events = await self.get_many(f.tenant, f.agent, f.session, ids)
-            out.extend(e for e in events if f.admits(e))
+            out.extend(e for e in events if f.admits(e) and within(w, e.occurred_ms))
+        more, out = len(out) > limit, out[:limit]
+        return out, ((out[-1].order, out[-1].id) if more else None)
+
+    async def in_order(
+        self, f: HistoryFilter, limit: int, after: tuple[int, str] | None = None
+    ) -> tuple[list[KeptEvent], tuple[int, str] | None]:
+        """Oldest first, after `after` (the (order, id) of the last event of the previous page):
+        a whole session read in order (`message_history`), what the agent could see of it."""
+        sk = f"{f.tenant}/{f.agent}/{f.session}"
+        w = (await self.windows(f.tenant, f.agent, [f.session]))[f.session]
+        bottom: float | str = "-inf" if after is None else after[0]
+        top: float | str = "+inf" if f.before_turn is None else f.before_turn * SEQ_SLOTS - 1
+        out: list[KeptEvent] = []
+        offset, chunk = 0, max(limit * 4, 64)
+        while len(out) <= limit:
+            rows = await self.r.zrangebyscore(self._ord(sk), bottom, top, start=offset, num=chunk, withscores=True)
+            if not rows:
+                break
+            offset += len(rows)
+            # Equal positions come in id order; skip what the previous page returned.
+            ids = [rid for rid, sc in rows if after is None or (int(sc), rid) > after]
+            events = await self.get_many(f.tenant, f.agent, f.session, ids)
+            out.extend(e for e in events if f.admits(e) and within(w, e.occurred_ms))
         more, out = len(out) > limit, out[:limit]
         return out, ((out[-1].order, out[-1].id) if more else None)
 

@@ -40,12 +40,13 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from events.codec import ContractError, cipher, opened
+from events.commands import block_field
 from events.config import AgentConfig
 from events.lean import LeanEvent, LeanRecord, as_lean, decode_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 from events.sealing import kid_of, open_text, seal_text, subject_of
-from projections import redis_client, redis_runs
+from projections import redis_client, redis_notes, redis_profiles, redis_runs, redis_shared
 from projections.applied_waiter import AppliedListener
 from projections.records import (
     Erasure,
@@ -263,11 +264,12 @@ def _block_change(pipe: Any, ns: str, full: Any) -> tuple[str, str]:
     removes the block. Events of one agent come in log order, so the last applied is the
     newest, as for configurations. Returns the block's (agent key, label)."""
     key = agent_key(ns, "blocks", f"{full.tenant}/{full.agent}")
+    at = block_field(full.label, full.application)  # an application's block: `<application>:<label>`
     if full.text:
-        pipe.hset(key, full.label, seal_block(full.tenant, full.agent, full.label, full.text))
+        pipe.hset(key, at, seal_block(full.tenant, full.agent, at, full.text))
     else:
-        pipe.hdel(key, full.label)
-    return f"{full.tenant}/{full.agent}", full.label
+        pipe.hdel(key, at)
+    return f"{full.tenant}/{full.agent}", at
 
 
 SUBJECT_EVENTS = ("ConsentGranted", "ConsentWithdrawn", "AgentRemoved", "UserRemoved")
@@ -322,7 +324,8 @@ def user_list_key(ns: str, ak: str, user: str) -> str:
 
 
 APPLY_KINDS = ("rec", "list", "pinned", "shadowed", "users", "expiry")  # APPLY's KEYS, in order
-AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent", "usage")  # what dropping an agent unlinks, with its member listings
+AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent", "usage",  # what dropping an agent unlinks, with its member listings
+               redis_profiles.PROFILE_KIND)
 
 
 def apply_keys(ns: str, ak: str) -> list[str]:
@@ -547,6 +550,12 @@ class RedisRecords:
                 _subject_change(pre, ns, e)
             elif e.type in redis_runs.RUN_EVENTS:
                 redis_runs.fold(pre, ns, e.raw)  # session memory: before the checkpoint, as blocks
+            elif e.type in redis_notes.NOTE_EVENTS:
+                redis_notes.fold(pre, ns, e.raw)  # notes (docs/notes.md), likewise
+            elif e.type in redis_profiles.PROFILE_EVENTS:
+                redis_profiles.fold(pre, ns, e.raw)  # member profiles: before the checkpoint, as blocks
+            elif e.type in redis_shared.SHARED_EVENTS:
+                redis_shared.fold(pre, ns, e.raw)  # tenant and platform memory, likewise
             elif e.type == "UsageRecorded":
                 _usage_totals(used, e)
         if expiring:
@@ -619,6 +628,12 @@ class RedisRecords:
                     _subject_change(pipe, ns, e)
                 elif e.type in redis_runs.RUN_EVENTS:
                     redis_runs.fold(pipe, ns, e.raw)
+                elif e.type in redis_notes.NOTE_EVENTS:
+                    redis_notes.fold(pipe, ns, e.raw)
+                elif e.type in redis_profiles.PROFILE_EVENTS:
+                    redis_profiles.fold(pipe, ns, e.raw)
+                elif e.type in redis_shared.SHARED_EVENTS:
+                    redis_shared.fold(pipe, ns, e.raw)
                 elif e.type == "UsageRecorded":
                     self._fill_usage(pipe, ns, e)
                 continue
@@ -683,6 +698,9 @@ class RedisRecords:
             await self._drop_records(ns, f"{e.tenant}/{e.agent}", set(e.record_ids))
             return
         er = Erasure.of(e)
+        await redis_notes.purge(self.r, ns, er)  # notes go with their member, or with their agent
+        if er.agent is None and er.user is None:  # the whole tenant: its conventions and floors too
+            await redis_shared.purge_tenant(self.r, ns, er.tenant)
         agents = [er.agent] if er.agent is not None else await self._agents_of(ns, er.tenant)
         for agent in agents:
             ak = f"{er.tenant}/{agent}"
@@ -703,7 +721,7 @@ class RedisRecords:
     async def _agents_of(self, ns: str, tenant: str) -> set[str]:
         """The agents of `tenant` the view holds anything of."""
         agents = set()
-        for kind in ("rec", "blocks", "consent"):
+        for kind in ("rec", "blocks", "consent", redis_profiles.PROFILE_KIND):
             agents |= await self._tagged_agents(ns, kind, tenant)
         return agents
 
@@ -738,6 +756,7 @@ class RedisRecords:
         pipe.execute_command("UNLINK", user_list_key(ns, ak, user))  # cluster pipelines make unlink() a coroutine
         pipe.srem(agent_key(ns, "users", ak), user)
         pipe.hdel(agent_key(ns, "consent", ak), user)
+        pipe.hdel(agent_key(ns, redis_profiles.PROFILE_KIND, ak), user)  # the member's profile
         await pipe.execute()
 
     async def _drop_records(self, ns: str, ak: str, rids: set[str], fields: list[str] | None = None,
@@ -870,7 +889,8 @@ class RedisRecords:
         return [r for r in await self.get_many(tenant, agent, rids) if r.pinned and r.status is Status.ACTIVE]
 
     async def blocks(self, tenant, agent) -> dict[str, str]:
-        """The agent's memory blocks, label -> text (opened; one sealed under a destroyed key is left out)."""
+        """The agent's memory blocks, label -> text (opened; one sealed under a destroyed key is left out).
+        An application's blocks are here too, under `<application>:<label>` (`events.commands.block_field`)."""
         stored = await self.r.hgetall(self._agent(await self._read_generation(), "blocks", tenant, agent))
         out = {}
         for label, value in stored.items():

@@ -83,7 +83,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 # so it needs no process, port or deployment of its own.
 COMPANIONS = {"consolidation": ("workers.run_compression:RunCompression",),
               # Usage counts for the ledger (docs/trust.md): a few dict updates per batch.
-              "ledger": ("workers.trust:TrustProcessor",)}
+              # ... and tenant convention candidates (docs/tenant-platform-memory.md): a set per fact.
+              "ledger": ("workers.trust:TrustProcessor", "workers.conventions:ConventionDetector")}
 
 
 async def _with_companions(name: str, processor, settings, main) -> None:

@@ -16,7 +16,7 @@ from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord
 from events.topics import TURNS
-from events.turns import SessionEnded, TurnCommitted, TurnRolledBack
+from events.turns import MembershipChanged, SessionEnded, TurnCommitted, TurnRolledBack
 
 # POSTs that only read: sent again to another replica when the first did not answer.
 _READS = frozenset({"/v1/memory/search", "/v1/memory/search/batch", "/v1/recall", "/v1/history/search"})
@@ -190,6 +190,13 @@ class MemlaneClient:
         body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}
         return await self._call("POST", "/v1/history/search", json=body)
 
+    async def message_history(self, conversation: str | None = None, cursor: str | None = None,
+                              limit: int | None = None) -> dict[str, Any]:
+        """One conversation (a session; default the caller's) oldest first, a page at a time."""
+        params = {k: v for k, v in {"conversation": conversation, "cursor": cursor, "limit": limit}.items()
+                  if v is not None}
+        return await self._call("GET", "/v1/history/messages", params=params)
+
     async def read_memory(self, rid: str, version: int | None = None) -> MemoryRecord:
         params = {"version": version} if version else {}
         return MemoryRecord.model_validate(await self._call("GET", f"/v1/memory/{rid}", params=params))
@@ -215,13 +222,54 @@ class MemlaneClient:
         return await self._call("POST", f"/v1/memory/{rid}/outcome",
                                 json={"success": success, **_expected(expected_version)})
 
-    async def blocks(self) -> list[dict[str, str]]:
-        return (await self._call("GET", "/v1/blocks"))["blocks"]
+    async def blocks(self, application: str | None = None) -> list[dict[str, str]]:
+        params = {"application": application} if application else {}
+        return (await self._call("GET", "/v1/blocks", params=params))["blocks"]
 
     async def curate_block(self, label: str, action: str, line: str | None = None, old: str | None = None,
-                           scope: str = "agent") -> dict[str, Any]:
+                           scope: str = "agent", application: str | None = None) -> dict[str, Any]:
         body = {"action": action, **({"line": line} if line is not None else {}), **({"old": old} if old is not None else {})}
-        return await self._call("POST", f"/v1/blocks/{label}", params={"scope": scope}, json=body)
+        params = {"scope": scope, **({"application": application} if application else {})}
+        return await self._call("POST", f"/v1/blocks/{label}", params=params, json=body)
+
+    async def read_profile(self, user: str) -> dict[str, Any]:
+        """A member's profile on the agent (docs/profiles.md): text and version."""
+        return await self._call("GET", f"/v1/profiles/{user}")
+
+    async def write_profile(self, user: str, text: str, expected_version: int | None = None,
+                            wait: bool = True) -> dict[str, Any]:
+        body = {"text": text, **_expected(expected_version)}
+        return await self._call("PUT", f"/v1/profiles/{user}", params={"wait": wait}, json=body)
+
+    async def delete_profile(self, user: str, expected_version: int | None = None) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/profiles/{user}", params=_expected(expected_version))
+
+    # Tenant and platform memory (docs/tenant-platform-memory.md): operator keys.
+    async def conventions(self, status: str | None = None) -> list[dict[str, Any]]:
+        params = {"status": status} if status else {}
+        return (await self._call("GET", "/v1/tenant/conventions", params=params))["conventions"]
+
+    async def decide_convention(self, convention_id: str, approve: bool) -> dict[str, Any]:
+        action = "approve" if approve else "reject"
+        return await self._call("POST", f"/v1/tenant/conventions/{convention_id}/{action}")
+
+    async def floors(self) -> list[dict[str, Any]]:
+        return (await self._call("GET", "/v1/tenant/floors"))["floors"]
+
+    async def set_floor(self, floor_id: str, text: str) -> dict[str, Any]:
+        return await self._call("PUT", f"/v1/tenant/floors/{floor_id}", json={"text": text})
+
+    async def remove_floor(self, floor_id: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/tenant/floors/{floor_id}")
+
+    async def platform_entries(self) -> list[dict[str, Any]]:
+        return (await self._call("GET", "/v1/platform/entries"))["entries"]
+
+    async def set_platform_entry(self, entry_id: str, kind: str, text: str) -> dict[str, Any]:
+        return await self._call("PUT", f"/v1/platform/entries/{entry_id}", json={"kind": kind, "text": text})
+
+    async def remove_platform_entry(self, entry_id: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/platform/entries/{entry_id}")
 
     async def list_memory(self, first: int = 20, after: str | None = None, sort: str = "DESC") -> dict[str, Any]:
         params: dict[str, Any] = {"first": first, "sort": sort}
@@ -259,6 +307,32 @@ class MemlaneClient:
         return await self._call("DELETE", f"/v1/users/{user}")
 
 
+    # ------------------------------------------------------------------ notes (docs/notes.md)
+
+    async def save_note(self, note_id: str, topic: str, summary: str, source_messages: list[str | dict[str, str]],
+                        expected_revision: int = 0) -> dict[str, Any]:
+        """memory_save: `expected_revision` 0 makes the note, else its current revision revises it.
+        A source is a message id of this session, or {"conversation", "id"} of another."""
+        body = {"topic": topic, "summary": summary, "source_messages": source_messages,
+                "expected_revision": expected_revision}
+        return await self._call("PUT", f"/v1/notes/{note_id}", json=body)
+
+    async def read_note(self, note_id: str) -> dict[str, Any]:
+        """memory_read: the note with its source messages (`hidden` when one can no longer be seen)."""
+        return await self._call("GET", f"/v1/notes/{note_id}")
+
+    async def forget_note(self, note_id: str, expected_revision: int | None = None) -> dict[str, Any]:
+        """memory_forget: the note goes; its messages stay."""
+        params = {} if expected_revision is None else {"expected_revision": expected_revision}
+        return await self._call("DELETE", f"/v1/notes/{note_id}", params=params)
+
+    async def search_notes(self, query: str | None = None, limit: int | None = None,
+                           cursor: str | None = None) -> dict[str, Any]:
+        """memory_search with kind "notes": by topic and summary; `next_cursor` pages on."""
+        params = {k: v for k, v in (("query", query), ("limit", limit), ("cursor", cursor)) if v is not None}
+        return await self._call("GET", "/v1/notes", params=params)
+
+
 class TurnPublisher:
     """Publishes turn events to `memlane.turns`, keyed by tenant/agent/session."""
 
@@ -273,10 +347,10 @@ class TurnPublisher:
     async def __aexit__(self, *exc: Any) -> None:
         await self.producer.stop()
 
-    async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded) -> None:
+    async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged) -> None:
         await self.producer.send_and_wait(self.topic, encode(event), key=TURNS.key_bytes(event))
 
-    async def publish_many(self, events: list[TurnCommitted | TurnRolledBack | SessionEnded]) -> None:
+    async def publish_many(self, events: list[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged]) -> None:
         """Publishes in order without waiting for each acknowledgement (the idempotent
         producer keeps each partition's order), then waits for them all."""
         futs = [await self.producer.send(self.topic, encode(e), key=TURNS.key_bytes(e)) for e in events]

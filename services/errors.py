@@ -22,6 +22,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.LIMIT_EXCEEDED: 409,
     ErrorCode.PIN_BUDGET_EXCEEDED: 409,
     ErrorCode.VERSION_CONFLICT: 409,
+    ErrorCode.REVISION_CONFLICT: 409,
     ErrorCode.TIMEOUT: 504,
 }
 

@@ -5,6 +5,8 @@ attempt, end in `TurnRolledBack` and never reach the view. The checkpoint lives 
 Redis with the view and changes in the same transaction, so on assignment the worker
 seeks to its own checkpoint rather than trusting group offsets; with no checkpoint it
 reads the topic from the start, which is how a replay rebuilds the view.
+A `MembershipChanged` (the agent joined or left a group conversation) is kept per session
+as a change the reads turn into membership windows (events.rules.history.membership_windows).
 It also reads `memlane.memory.events` for `SubjectErased`, whose subject's history it
 drops (every other event is skipped undecoded). The Qdrant side of history runs in the
 API process, which owns its Edge shard (workers/history_qdrant.py).
@@ -22,7 +24,7 @@ from events.codec import ContractError, decode
 from events.memory import SubjectErased
 from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
-from events.turns import TurnCommitted
+from events.turns import MembershipChanged, TurnCommitted
 from projections.records import Erasure
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
@@ -57,6 +59,11 @@ def erasure_at(e: SubjectErased) -> tuple[Erasure, int]:
     return Erasure.of(e), int(e.occurred_at.timestamp() * 1000)
 
 
+def membership_of(e: MembershipChanged) -> tuple[str, str, int, bool]:
+    """(session key, change id, when in Unix ms, joined): what the view keeps of a change."""
+    return f"{e.tenant}/{e.agent}/{e.session}", e.event_id, int(e.occurred_at.timestamp() * 1000), e.joined
+
+
 class HistoryProjector(Processor):
     name = "history"
     sources = (TURNS.name, EVENTS.name)
@@ -66,6 +73,7 @@ class HistoryProjector(Processor):
         self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
         self.pending: list[KeptEvent] = []
         self.erasures: list[tuple[Erasure, int]] = []
+        self.memberships: list[tuple[str, str, int, bool]] = []
         self.positions: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -86,17 +94,21 @@ class HistoryProjector(Processor):
             self.pending.extend(kept_events(event))
         elif isinstance(event, SubjectErased):
             self.erasures.append(erasure_at(event))
+        elif isinstance(event, MembershipChanged):
+            self.memberships.append(membership_of(event))
         self.positions[checkpoint_key(self.settings.topic(source), partition)] = offset + 1
         return []
 
     async def batch_done(self) -> list[Out]:
         if self.positions:
-            await self.store.apply(self.pending, self.positions, self.erasures)
+            await self.store.apply(self.pending, self.positions, self.erasures, self.memberships)
             if self.pending:
                 log.info("history_events_kept", events=len(self.pending))
             if self.erasures:
                 log.info("history_erased", erasures=len(self.erasures))
-            self.pending, self.erasures, self.positions = [], [], {}
+            if self.memberships:
+                log.info("history_memberships_kept", changes=len(self.memberships))
+            self.pending, self.erasures, self.memberships, self.positions = [], [], [], {}
         return []
 
     async def stop(self) -> None:

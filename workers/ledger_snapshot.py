@@ -77,6 +77,16 @@ class _State(msgspec.Struct):
     # A snapshot without it was taken before any run event existed, so empty is right.
     runs: dict[str, dict[str, tuple[datetime, list[tuple[str, int]]]]] = {}
     usage_marks: dict[str, int] = {}  # agent|usage partition -> last usage offset counted
+    # Note owner -> {note id: (revision, when saved)}, with no cipher; else `sealed_notes`, each
+    # owner's sealed under its subject's key (an owner is spelled as a subject), so an erased
+    # member's notes go as their records do. Empty in a snapshot from before notes.
+    notes: dict[str, dict[str, tuple[int, datetime]]] = {}
+    sealed_notes: dict[str, str] = {}
+    # agent|u:user -> (version, text, when): member profiles, the text sealed under the member's key.
+    # A snapshot without it was taken before any profile existed, so empty is right.
+    profiles: dict[str, tuple[int, str, datetime]] = {}
+    # Tenant and platform memory's ids and statuses (no text): empty in a snapshot from before it.
+    shared: dict[str, dict[str, str]] = {}
 
 
 class Snapshot(msgspec.Struct):
@@ -124,6 +134,17 @@ def _block_aad(ak: str, label: str) -> str:
     return f"block:{ak}#{label}"
 
 
+def _profile_aad(key: str) -> str:
+    return f"profile:{key}"
+
+
+def _notes_aad(owner: str) -> str:
+    return f"notes:{owner}"
+
+
+_NOTES = msgspec.msgpack.Decoder(dict[str, tuple[int, datetime]])
+
+
 def _records_aad(subject: str) -> bytes:
     return f"records:{subject}".encode()
 
@@ -162,11 +183,15 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
         records = dict(state.records)
         staged = {k: list(v) for k, v in state.staged.items()}
         blocks = {k: dict(v) for k, v in state.blocks.items()}
+        profiles = {k: tuple(v) for k, v in state.profiles.items()}
     else:
         record_keys, sealed_records = _seal_records(c, state.records)
         staged = {k: [_seal_staged(c, k, i, raw) for i, raw in enumerate(v)] for k, v in state.staged.items()}
         blocks = {ak: {label: seal_text(c, ak, _block_aad(ak, label), text) for label, text in v.items()}
                   for ak, v in state.blocks.items()}
+        # The key is the member's subject key (`subject_rules.subject_key`): their key seals it.
+        profiles = {k: (v, seal_text(c, k, _profile_aad(k), text) if text else "", at)
+                    for k, (v, text, at) in state.profiles.items()}
     return msgspec.msgpack.encode(
         _State(
             records=records,
@@ -190,6 +215,12 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
             runs={ak: {run: (last, [tuple(p) for p in pending]) for run, (last, pending) in v.items()}
                   for ak, v in state.runs.items()},
             usage_marks=dict(state.usage_marks),
+            notes={} if c is not None else {k: dict(v) for k, v in state.notes.items()},
+            sealed_notes={} if c is None else {
+                owner: seal_text(c, owner, _notes_aad(owner), msgspec.msgpack.encode(dict(v)).hex())
+                for owner, v in state.notes.items()},
+            profiles=profiles,
+            shared={k: dict(v) for k, v in state.shared.items()},
             sealed=c is not None,
             record_keys=record_keys,
             sealed_records=sealed_records,
@@ -223,8 +254,28 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         runs={ak: {run: (last, tuple(tuple(p) for p in pending)) for run, (last, pending) in v.items()}
               for ak, v in s.runs.items()},
         usage_marks=s.usage_marks,
+        notes={k: {n: tuple(v) for n, v in held.items()} for k, held in s.notes.items()},
+        profiles={k: tuple(v) for k, v in s.profiles.items()},
+        shared=s.shared,
     )
-    return state, s.recent, _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
+    unopened = _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
+    return state, s.recent, unopened + (_opened_notes(state, s.sealed_notes) if s.sealed_notes else 0)
+
+
+def _opened_notes(state: LedgerState, sealed: dict[str, str]) -> int:
+    """The sealed notes' revisions into `state`; an owner's that do not open (erased) are dropped."""
+    c = cipher()
+    if c is None:
+        raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
+    n = 0
+    for owner, token in sealed.items():
+        try:
+            state.notes[owner] = dict(_NOTES.decode(bytes.fromhex(open_text(c, _notes_aad(owner), token))))
+        except _UNOPENED:
+            n += 1
+        except ValueError as e:
+            raise ContractError("sealed", f"a sealed entry does not open: {e}") from None
+    return n
 
 
 def _opened(state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
@@ -277,6 +328,12 @@ def _opening(c: Cipher, state: LedgerState, keys: list[str], sealed: list[tuple[
             state.blocks[ak] = kept
         else:
             del state.blocks[ak]
+    for key, (version, token, at) in list(state.profiles.items()):
+        try:
+            state.profiles[key] = (version, open_text(c, _profile_aad(key), token) if token else "", at)
+        except _UNOPENED:
+            n += 1
+            del state.profiles[key]
     return n
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from events.commands import AddMemory
+from events.commands import AddMemory, EnrichProfile
 from events.config import AgentConfig
 from events.record import MAX_SUMMARY_BYTES, Provenance, Scope, Source
 from events.rules import write_filter
@@ -169,7 +169,7 @@ def prompt_version() -> str:
 
 @dataclass
 class Consolidated:
-    commands: list[AddMemory] = field(default_factory=list)
+    commands: list[AddMemory | EnrichProfile] = field(default_factory=list)
     refused: list[tuple[str, str, str]] = field(default_factory=list)  # (what, reason, detail)
 
 
@@ -234,7 +234,31 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
         command("anti_pattern", PROCEDURE, f"Avoid: {answer.anti_pattern}", "",
                 {"episode": episode_id, "anti_pattern": True, "validations": 0, "successes": 0, "failures": 1})
     facts(out, answer.facts, cfg, prov.model_copy(update={"episode": episode_id}), command)
+    if cfg.memory.profiles.enrich and ended.user:
+        enrich = profile_enrichment(ended, out.commands, prov)
+        if enrich is not None:
+            out.commands.append(enrich)
     return out
+
+
+# The kinds of fact that say something lasting about the member themself: with
+# `memory.profiles.enrich` on, consolidation appends them to the member's profile (docs/profiles.md).
+PROFILE_KINDS = ("preference", "profile")
+PROFILE_LINE_CHARS = 500
+
+
+def profile_enrichment(ended: SessionEnded, made: list[Any], prov: Provenance) -> EnrichProfile | None:
+    """One `EnrichProfile` with the summaries of the run's kept facts of `PROFILE_KINDS` (those
+    the kind check and the write-time filter let through), or None. Its id follows the
+    SessionEnded event, so consolidating the session again never appends twice."""
+    lines = [" ".join(c.summary.split())[:PROFILE_LINE_CHARS] for c in made
+             if isinstance(c, AddMemory) and c.kind in PROFILE_KINDS]
+    lines = [x for x in dict.fromkeys(lines) if x][:MAX_FACTS]
+    if not lines:
+        return None
+    return EnrichProfile(command_id=str(uuid.uuid5(NAMESPACE, f"{ended.event_id}/profile")), tenant=ended.tenant,
+                         agent=ended.agent, issued_at=ended.occurred_at, provenance=prov, user=ended.user,
+                         lines=lines)
 
 
 def facts(out: Consolidated, proposed: list[Fact], cfg: AgentConfig, prov: Provenance, command: Any) -> None:

@@ -262,7 +262,7 @@ class HistoryFilter:
 
     tenant: str
     agent: str
-    session: str
+    session: str | None  # None: every session of the agent (history across conversations)
     preview: bool
     kinds: tuple[str, ...]
     before_turn: int | None = None  # as of a turn: only turns before it
@@ -283,7 +283,8 @@ class HistoryFilter:
     def admits(self, e: KeptEvent) -> bool:
         """The same rule the Qdrant filter applies, for reads that come from Redis."""
         return (
-            (e.tenant, e.agent, e.session) == (self.tenant, self.agent, self.session)
+            (e.tenant, e.agent) == (self.tenant, self.agent)
+            and (self.session is None or e.session == self.session)
             and self.sees_member(e.user)
             and (self.preview or not e.preview)
             and e.kind in self.kinds
@@ -331,3 +332,51 @@ def decode_cursor(cursor: str, fp: str) -> Any:
     if got != fp:
         raise ValueError("cursor: it belongs to a different search; pass the same query and filters")
     return pos
+
+
+# ---------------------------------------------------------------------------- membership
+
+# A membership window, [start, end) in Unix ms; None is open (since always, or still a member).
+Window = tuple[int | None, int | None]
+
+
+def membership_windows(changes: list[tuple[int, bool]]) -> tuple[Window, ...] | None:
+    """The windows in which an agent was a member of a session, from its membership changes
+    (when, joined). None: no change was ever recorded, so it always was (the 1:1 case).
+
+    A first change that is a leave means it was a member from the start; changes that do not
+    change anything (a join while a member) are ignored. At one instant a leave sorts before
+    a join, so a leave and a rejoin in the same millisecond keep the agent a member.
+    """
+    if not changes:
+        return None
+    out: list[Window] = []
+    start: int | None = None
+    member = not sorted(changes, key=lambda c: (c[0], c[1]))[0][1]  # first change a leave: member before it
+    for at, joined in sorted(changes, key=lambda c: (c[0], c[1])):
+        if joined and not member:
+            start, member = at, True
+        elif not joined and member:
+            if start is None or at > start:
+                out.append((start, at))
+            start, member = None, False
+    if member:
+        out.append((start, None))
+    return tuple(out)
+
+
+def within(windows: tuple[Window, ...] | None, occurred_ms: int) -> bool:
+    """Whether a message said at `occurred_ms` is one the agent could see: said while it was a
+    member (no windows recorded: always)."""
+    if windows is None:
+        return True
+    return any((s is None or occurred_ms >= s) and (e is None or occurred_ms < e) for s, e in windows)
+
+
+def encode_change(occurred_ms: int, joined: bool) -> str:
+    return f"{occurred_ms}:{1 if joined else 0}"
+
+
+def decode_change(raw: str) -> tuple[int, bool]:
+    at, _, j = raw.partition(":")
+    return int(at), j == "1"

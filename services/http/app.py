@@ -17,10 +17,14 @@ from projections.redis_records import connect as connect_redis
 from services.auth import KeyStore
 from services.http import errors
 from services.http.health_probe import HealthProbe
+from services.http.history_access import visible_messages
 from services.http.input_guard import GuardBodies
 from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
+from services.http.routes import notes as notes_routes
+from services.http.routes import profiles as profiles_routes
 from services.http.routes import runs as runs_routes
+from services.http.routes import tenant as tenant_routes
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
@@ -35,7 +39,9 @@ log = structlog.get_logger()
 
 # The OpenAPI document lists the operations in this order.
 ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
-           blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router)
+           blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
+           profiles_routes.router, tenant_routes.router)
+ROUTERS += (notes_routes.router,)  # notes (docs/notes.md)
 
 
 class Extension:
@@ -88,6 +94,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher))
         shards.on_swap = lambda owner: service.use_shards(owner.memory)
+        service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/notes.md)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.service = service

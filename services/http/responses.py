@@ -32,6 +32,7 @@ class Block(BaseModel):
     scope: Literal["agent", "workspace"]
     label: str
     text: str
+    application: str | None = None  # an application-scoped block's application
 
 
 class BlocksOut(BaseModel):

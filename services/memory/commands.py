@@ -43,6 +43,7 @@ from events.commands import (
     ReportOutcome,
     UnpinMemory,
     WithdrawConsent,
+    block_field,
 )
 from events.config import AgentConfig
 from events.errors import ErrorCode
@@ -150,13 +151,13 @@ class MemoryCommands:
         return await self.submit(cmd, wait, ctx=ctx)
 
     async def curate(self, ctx: Context, label: str, action: str, line: str | None, old: str | None,
-                     scope: str = "agent", wait: bool = True) -> dict[str, Any]:
+                     scope: str = "agent", wait: bool = True, application: str | None = None) -> dict[str, Any]:
         if scope == "workspace":
             if ctx.principal.role != "operator":
                 raise ApiError(ErrorCode.FORBIDDEN, "scope", "only an operator key curates workspace-wide blocks", 403)
             ctx = dataclasses.replace(ctx, agent=WORKSPACE)
         await self._check_tool(ctx, "curate_block")
-        cmd = self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old)
+        cmd = self._command(CurateBlock, ctx, label=label, action=action, line=line, old=old, application=application)
         self._screen(ctx, label=cmd.label, line=cmd.line)
         return await self.submit(cmd, wait, ctx=ctx)
 
@@ -356,7 +357,8 @@ class MemoryCommands:
                 result["status"] = "discarded"
                 result["reason"] = e.reason
             elif e.type == "BlockChanged":
-                result["block"] = {"label": e.label, "text": e.text}
+                result["block"] = {"label": e.label, "text": e.text,
+                                   **({"application": e.application} if e.application else {})}
             elif e.type == "RunEntryAdded":
                 result["run_entry"] = {"id": e.entry_id, "run_id": e.run, "record_id": e.record_id}
             elif hasattr(e, "record"):
@@ -371,11 +373,12 @@ class MemoryCommands:
         # Read-your-writes: the Redis projection is a separate process; wait for it too, and
         # never answer "applied" for what a read right after would not show.
         if block := result.get("block"):
+            at = block_field(block["label"], block.get("application"))  # as the view keys it
 
             async def block_shown() -> bool:
-                return (await self.records.blocks(cmd.tenant, cmd.agent)).get(block["label"], "") == block["text"]
+                return (await self.records.blocks(cmd.tenant, cmd.agent)).get(at, "") == block["text"]
 
-            await self._seen(cmd, block_key(cmd.tenant, cmd.agent, block["label"]), 0, block_shown,
+            await self._seen(cmd, block_key(cmd.tenant, cmd.agent, at), 0, block_shown,
                              f"block {block['label']}'s new text")
         if entry := result.get("run_entry"):
             await self._until(cmd, partial(self._entry_shown, cmd, entry), f"entry {entry['id']} of run {entry['run_id']}")

@@ -42,6 +42,6 @@ async def overview(service: Any, ctx: Context) -> dict[str, Any]:
         "by_scope": by_scope,
         "episodes": live_reserved["episode"],
         "procedures": live_reserved["procedure"],
-        "blocks": [{"scope": scope, "label": label, "chars": len(text)} for scope, label, text in blocks],
+        "blocks": [{"scope": scope, "label": label, "chars": len(text)} for scope, label, text, _ in blocks],
         "subjects": await service.reads.subjects(ctx),
     }

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events.base import utcnow
-from events.commands import WORKSPACE
+from events.commands import WORKSPACE, block_of_field
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord, Scope
@@ -58,7 +58,8 @@ class RecallResult:
     rendered: str
     episodes: list[MemoryRecord]
     procedures: list[MemoryRecord]
-    blocks: list[tuple[str, str, str]]  # (scope, label, text): the workspace's, then the agent's
+    # (scope, label, text, application): the workspace's, then the agent's (`MemoryReads._blocks`)
+    blocks: list[tuple[str, str, str, str | None]]
     # Why the subject got no memory (consent, channel, removal): the recall is empty, and the
     # platform's turn goes on without memory.
     skipped: Refusal | None = None
@@ -78,6 +79,12 @@ RECALLED_PER_SECTION = 3  # episodes, and procedures, a recall offers at most
 # What a recall treats as memory being unreadable: Redis down or timing out, a socket
 # error, the index (Qdrant Edge or a Qdrant server) failing.
 READ_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError, IndexUnavailable)
+
+
+def _block_title(scope: str, label: str, application: str | None) -> str:
+    """A block's heading in the rendered recall: its label, and where it comes from when not the agent's own."""
+    where = ", ".join(w for w in ("workspace" if scope == "workspace" else "", application or "") if w)
+    return f"{label} ({where})" if where else label
 
 
 # Time spent embedding the query in this request, for the Server-Timing header.
@@ -169,19 +176,28 @@ class MemoryReads:
         or deletes. (Ranked search filters on the index's own flag.)"""
         return await self.records.shadowed(ctx.tenant, ctx.agent) if ctx.preview else set()
 
-    async def blocks(self, ctx: Context) -> list[tuple[str, str, str]]:
+    async def blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str, str | None]]:
         """The blocks an agent's recall shows: (scope, label, text), the tenant's
-        workspace-wide ones first, each scope by label."""
+        workspace-wide ones first, each scope by label; with `application`, that application's too."""
         check_role(ctx, NOT_MEMBER, "read an agent's blocks")
         cfg = await self.config(ctx.tenant, ctx.agent)
         self._check_enabled(ctx, cfg)
         await self._check_subject(ctx, cfg)
-        return await self._blocks(ctx)
+        return await self._blocks(ctx, application)
 
-    async def _blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str]]:
+    async def _blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str, str | None]]:
+        """(scope, label, text, application) in this order (docs/recall-layers.md): the workspace's,
+        the workspace's of `application`, the agent's, the agent's of `application`; each by label.
+        Another application's never."""
         workspace, own = await asyncio.gather(self.records.blocks(ctx.tenant, WORKSPACE),
                                               self.records.blocks(ctx.tenant, ctx.agent))
-        return [("workspace", *b) for b in sorted(workspace.items())] + [("agent", *b) for b in sorted(own.items())]
+        out: list[tuple[str, str, str, str | None]] = []
+        for scope, stored in (("workspace", workspace), ("agent", own)):
+            split = sorted(((*block_of_field(f), text) for f, text in stored.items()), key=lambda b: b[1])
+            out += [(scope, label, text, None) for app, label, text in split if app is None]
+            if application:
+                out += [(scope, label, text, app) for app, label, text in split if app == application]
+        return out
 
     # ------------------------------------------------------------------ search
 
@@ -428,8 +444,7 @@ class MemoryReads:
         else:
             shown = {r.id for r in facts}
             entries = [e for e in entries if e.record_id not in shown]  # a fact the recall shows already
-            shown_blocks = [(label if scope == "agent" else f"{label} (workspace)", text)
-                            for scope, label, text in blocks]
+            shown_blocks = [(_block_title(scope, label, app), text) for scope, label, text, app in blocks]
             # Reported outcomes reorder procedures; anti-patterns get a layer of their own.
             procs = procedures_rank([r for r, _ in fresh if r.kind == "procedure"], {r.id: s for r, s in fresh})
             fitted = fit(

@@ -13,7 +13,8 @@ from services.memory.context import Context
 
 # Every role but a member's: the keys that use an agent's memory or administer it.
 NOT_MEMBER = ("agent", "helper", "operator")
-MEMBER_DOES = "a member key lists, reads, edits and deletes its member's own facts and grants or withdraws consent"
+MEMBER_DOES = ("a member key lists, reads, edits and deletes its member's own facts, reads and writes its member's "
+               "profile, and grants or withdraws consent")
 
 
 def check_role(who: Context | Principal, allowed: tuple[str, ...], what: str) -> None:

@@ -11,9 +11,12 @@ from services.errors import ApiError
 from services.memory.commands import MemoryCommands
 from services.memory.context import Context
 from services.memory.merge import MergeCheck
+from services.memory.notes import MemoryNotes
 from services.memory.ports import CommandPublisher, UsageRecorder
+from services.memory.profiles import MemoryProfiles
 from services.memory.reads import MemoryReads
 from services.memory.rules import check_role
+from services.memory.tenant import TenantMemory
 from services.memory.usage import UsageLog
 from settings import Settings
 
@@ -33,6 +36,12 @@ class MemoryService:
         self.reads = MemoryReads(settings, records, memory, embedder, self.usage)
         self.commands = MemoryCommands(settings, records, memory, publisher)
         self.commands.merge = MergeCheck(records, embedder) if embedder is not None else None
+        self.notes = MemoryNotes(self.commands)  # docs/notes.md
+        self.reads.layer_sources.append(self.notes.layer)
+        self.profiles = MemoryProfiles(self.reads, self.commands)  # docs/profiles.md
+        self.reads.layer_sources.append(self.profiles.layer)
+        self.tenant = TenantMemory(self.commands)  # docs/tenant-platform-memory.md
+        self.reads.layer_sources.append(self.tenant.layers)
 
     def use_shards(self, memory: MemoryShards) -> None:
         self.reads.memory = self.commands.memory = memory

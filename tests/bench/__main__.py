@@ -15,6 +15,7 @@ GROUPS = {
     "recall": "tests.bench.bench_recall",
     "merge": "tests.bench.bench_merge",
     "history": "tests.bench.bench_history",
+    "notes": "tests.bench.bench_notes",
     "chaos": "tests.bench.bench_chaos",
     "encryption": "tests.bench.bench_encryption",
     "web": "tests.bench.bench_web",

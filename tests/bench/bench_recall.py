@@ -23,13 +23,24 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import numpy as np
 
-from events import ConsentGranted, RecordAdded, encode
-from events.memory import RunEntryAdded, RunSummarized
+from events import AgentConfig, ConsentGranted, Message, RecordAdded, TurnCommitted, encode
+from events.commands import WORKSPACE, NoteSource
+from events.memory import (
+    AgentConfigured,
+    ConventionApproved,
+    ConventionProposed,
+    NoteSaved,
+    PlatformEntrySet,
+    ProfileChanged,
+    RunEntryAdded,
+    RunSummarized,
+    TenantFloorSet,
+)
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID, content_hash
-from services.client import MemlaneClient
+from services.client import MemlaneClient, TurnPublisher
 from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
@@ -84,6 +95,13 @@ def _items(settings):
 # and a run with a summary and entries that recall names.
 LAYER_RECORDS = 2_000  # of each kind, beside the agent's 100,000 facts
 RUN = "bench-run"
+# Issue 26's layers, on "big" as member PROFILED: a profile, notes citing a history session,
+# the tenant's floors and approved conventions, the platform's policies and defaults.
+PROFILED = "u0"
+NOTES_SESSION = "bench-notes"
+SHARED_ENTRIES = 3  # of each of floors, conventions, policies, defaults
+LAYER_NOTES = 10
+NOTE_SOURCES = 4
 
 
 def _layer_items(settings, now: datetime):
@@ -103,18 +121,19 @@ def _layer_items(settings, now: datetime):
     yield from _run_items(settings, now)
 
 
-def _run_items(settings, now: datetime):
+def _run_items(settings, now: datetime, user: str | None = None):
     """A run written just now (a run expires 48 hours after its last write): six entries, and
-    a summary of the first four, as the run-compression worker leaves it."""
+    a summary of the first four, as the run-compression worker leaves it. A run is one
+    member's (`user`) or the agent's own."""
     tag = uuid.uuid4().hex[:8]
     ids = [f"run-{tag}-{i}" for i in range(6)]
     for i, eid in enumerate(ids):
         e = RunEntryAdded(event_id=f"e{eid}", command_id=f"c{eid}", tenant="bench", agent="big", occurred_at=now,
                           run=RUN, entry_id=eid, summary=f"Step {i} of the run: checked the {WORDS[i]} records",
-                          content="The batch was compared row by row.", run_last_write=now)
+                          content="The batch was compared row by row.", run_last_write=now, user=user)
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
     summary = RunSummarized(event_id=f"s{tag}", command_id=f"s{tag}", tenant="bench", agent="big", occurred_at=now,
-                            run=RUN, summary="Earlier in the run: " + "the refunds were reconciled; " * 12,
+                            user=user, run=RUN, summary="Earlier in the run: " + "the refunds were reconciled; " * 12,
                             entry_ids=ids[:4], run_last_write=now)
     yield settings.topic(EVENTS.name), EVENTS.key_bytes(summary), encode(summary)
 
@@ -142,6 +161,87 @@ async def _with_layers(stack, settings) -> None:
                 await asyncio.sleep(2)
     finally:
         await store.aclose()
+
+
+def _every_layer_items(settings, now: datetime):
+    """The shared layers' events, written as the ledger would have (a kept deployment runs no
+    ledger): history turned on for "big" (and sessions, which history needs), a profile,
+    notes, and the tenant's and the platform's entries."""
+    def ev(cls, tenant: str, agent: str, n: str, **kw):
+        e = cls(event_id=f"e-{n}", command_id=f"c-{n}", tenant=tenant, agent=agent, occurred_at=now, **kw)
+        return settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+
+    cfg = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}},
+                                      "history": {"index": "messages"}})
+    yield ev(AgentConfigured, "bench", "big", "cfg-history", config=cfg)
+    yield ev(ProfileChanged, "bench", "big", "profile", user=PROFILED, version=1,
+             text="Prefers refunds by bank transfer.\nShips to the office address on weekdays.")
+    for j in range(LAYER_NOTES):
+        sources = [NoteSource(conversation=NOTES_SESSION, id=f"nm{(j * NOTE_SOURCES + k) % 40}") for k in range(NOTE_SOURCES)]
+        yield ev(NoteSaved, "bench", "big", f"note{j}", note_id=f"note-{j}", user=PROFILED, revision=1,
+                 topic=f"{WORDS[j % 12]} {WORDS[(j + 5) % 12]} handling", session=NOTES_SESSION, sources=sources,
+                 summary=f"The {WORDS[j % 12]} case {j}: check the {WORDS[(j + 5) % 12]} first")
+    for j in range(SHARED_ENTRIES):
+        yield ev(TenantFloorSet, "bench", WORKSPACE, f"floor{j}", entry_id=f"floor-{j}",
+                 text=f"Never share a customer's {WORDS[j]} with another customer")
+        yield ev(ConventionProposed, "bench", WORKSPACE, f"conv{j}", entry_id=f"conv-{j}", agents=["a1", "a2"],
+                 text=f"Every {WORDS[j]} change needs a ticket number")
+        yield ev(ConventionApproved, "bench", WORKSPACE, f"conv{j}-ok", entry_id=f"conv-{j}")
+        for kind in ("policy", "default"):
+            yield ev(PlatformEntrySet, "@platform", WORKSPACE, f"{kind}{j}", entry_id=f"{kind}-{j}", kind=kind,
+                     text=f"Platform {kind} {j}: answer in the customer's language")
+
+
+def _note_turns() -> list[TurnCommitted]:
+    """The history session the notes cite: 40 messages of no member, so any member sees them."""
+    return [TurnCommitted(event_id=f"nt-{n}", tenant="bench", agent="big", session=NOTES_SESSION, turn=n + 1,
+                          execution_id="x1", occurred_at=T0 + timedelta(seconds=n),
+                          messages=[Message(id=f"nm{2 * n + i}", role=("user", "assistant")[i],
+                                            content=f"message {2 * n + i} about the {WORDS[n % 12]} case")
+                                    for i in range(2)])
+            for n in range(20)]
+
+
+async def _with_every_layer(stack, settings) -> None:
+    """Writes the shared layers once and waits until a recall as PROFILED shows every one."""
+    from projections.redis_records import RedisRecords
+    from projections.redis_runs import RunView
+
+    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    try:
+        now = datetime.now(UTC)
+        cfg = await store.config("bench", "big")
+        if cfg is None or cfg.history is None:
+            await _produce(settings, _every_layer_items(settings, now))
+            while cfg is None or cfg.history is None:  # the history worker keeps turns of agents with history on
+                await asyncio.sleep(0.5)
+                cfg = await store.config("bench", "big")
+            async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+                await pub.publish_many(_note_turns())
+        if not (await RunView(store).session("bench", "big", RUN, now, PROFILED))[0]:
+            await _produce(settings, _run_items(settings, now, PROFILED))  # the member's own run
+    finally:
+        await store.aclose()
+    key = await _key(stack, settings)
+    headers = {"Authorization": f"Bearer {key}", "X-User": PROFILED, "X-Session": NOTES_SESSION}
+    async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=30) as h:
+        while True:
+            out = (await h.post("/v1/recall", json={"conversation": f"probe-{uuid.uuid4().hex[:6]}",
+                                                     "text": "the refund case", "run_id": RUN})).json()
+            missing = [name for name in EVERY_LAYER if not out.get(name)]
+            if not missing:
+                return
+            progress(f"every layer: waiting for {missing}")
+            await asyncio.sleep(2)
+
+
+EVERY_LAYER = ("platformPolicies", "tenantFloors", "userProfile", "sessionSummary", "sessionEntries",
+               "workspaceEntries", "notes", "tenantEntries", "platformDefaults")
+
+
+async def _key(stack, settings) -> str:
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="big") as op:
+        return await op.issue_key("bench", "big")
 
 
 async def _logged(settings) -> int:
@@ -191,10 +291,14 @@ def _check_records(records: list[dict], user: str | None) -> None:
         assert len(theirs) == len(records), f"a recall as {user} returned another member's or the agent's records"
 
 
-async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id: str | None = None) -> None:
+async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id: str | None = None,
+                   every_layer: bool = False) -> None:
     headers = {"Authorization": f"Bearer {key}"} | ({"X-User": user} if user else {})
+    if every_layer:  # as the member whose profile and notes there are, in the session the notes cite
+        headers |= {"X-User": PROFILED, "X-Session": NOTES_SESSION}
     lat, no_embed = [], []
     layered = 0  # recalls that showed an episode or a procedure beside the facts
+    shown_notes = 0  # recalls that showed a note (a note is shown when it shares words with the text)
     run = uuid.uuid4().hex[:8]  # recall skips what a conversation already saw: fresh ones each run
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=30) as h:
         for q in range(QUERIES + WARMUP):
@@ -211,6 +315,10 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
             if run_id:
                 assert out["sessionSummary"] and out["sessionEntries"], "the run's session memory was not recalled"
                 layered += bool(out["relevantEpisodes"] or out["procedures"] or out["antiPatterns"])
+            if every_layer:
+                missing = [name for name in EVERY_LAYER if name != "notes" and not out.get(name)]
+                assert not missing, f"a recall with every layer lacked {missing}"
+                shown_notes += bool(out["notes"])
             embed_ms = float(r.headers["server-timing"].split("dur=")[1])
             if q >= WARMUP:
                 lat.append(ms)
@@ -219,6 +327,10 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
         if run_id:
             assert layered, "no recall showed an episode or a procedure"
             extra |= {"layer_records": 2 * LAYER_RECORDS, "recalls_with_episodes_or_procedures": layered}
+        if every_layer:
+            assert shown_notes, "no recall showed a note"
+            extra |= {"shared_entries_each": SHARED_ENTRIES, "notes": LAYER_NOTES, "note_sources": NOTE_SOURCES,
+                      "recalls_with_notes": shown_notes}
         figure(f"recall_ms_p50_100k{suffix}", percentile(lat, 50), "ms", AGENT_RECORDS, **extra)
         figure(f"recall_ms_p95_100k{suffix}", percentile(lat, 95), "ms", AGENT_RECORDS, **extra)
         figure(f"recall_ms_p99_100k{suffix}", percentile(lat, 99), "ms", AGENT_RECORDS, **extra)
@@ -241,7 +353,8 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
 async def run() -> None:
     # A kept deployment needs no ledger: left running, it would fold 1M events while we measure.
     kept = await _logged(Settings(topic_prefix=f"bench{DEPLOYMENT}.")) >= TOTAL
-    workers = ("redis-projection",) if kept else ("ledger", "redis-projection")
+    # The history worker keeps the session the notes cite (`_with_every_layer`).
+    workers = ("redis-projection", "history") if kept else ("ledger", "redis-projection", "history")
     # The bench builds the optimized generation itself: the API's own optimizer would build one
     # at the same time from the same shard.
     with bench_stack(DEPLOYMENT, workers=workers, keep=True,
@@ -279,4 +392,6 @@ async def run() -> None:
         await _measure(stack, user_key, "_user_scope", MEMBER)
         await _with_layers(stack, settings)
         await _measure(stack, key, "_layers", run_id=RUN)
+        await _with_every_layer(stack, settings)
+        await _measure(stack, key, "_every_layer", run_id=RUN, every_layer=True)
         await _measure(stack, key, "_again")  # the same as the first figure, after: the machine's drift

@@ -205,10 +205,10 @@ async def test_filters_conversation_day_and_range(tools):
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "day"
     bad = h.raw(since=10, until=5)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "until"
-    # The request may name what it searches: "messages" here; "notes" is memory search.
+    # The request may name what it searches: "messages" here; "notes" the caller's notes (none here).
     assert set(h.ids("kestrel", mode="lexical", kind="messages", day="2026-09-19", limit=20)) == {"u5"}
-    bad = h.raw(query="kestrel", kind="notes")
-    assert bad.status_code == 422 and bad.json()["error"]["field"] == "kind" and "/v1/memory/search" in bad.text
+    notes = h.raw(query="kestrel", kind="notes")
+    assert notes.status_code == 200 and notes.json()["notes"] == [] and "events" not in notes.json()
 
 
 async def test_paging_to_the_end(tools):

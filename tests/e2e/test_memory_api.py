@@ -469,7 +469,8 @@ async def test_mcp_offers_the_configured_tools_and_follows_the_same_rules(stack,
         assert "scope" not in tools["add_memory"].input_schema["properties"]  # scope.write is ["session"]
         both = AgentConfig.model_validate({**BOTH_SCOPES, "history": {"index": "messages"}})
         tools = {t.name: t for t in await build_mcp(c, both).list_tools()}
-        assert set(tools) == {"search_memory", "search_history", *BOTH_SCOPES["memory"]["tools"]}
+        assert set(tools) == {"search_memory", "search_history", "message_history", *BOTH_SCOPES["memory"]["tools"],
+                              "memory_search", "memory_save", "memory_read", "memory_forget"}  # notes: history on
         assert "scope" in tools["add_memory"].input_schema["properties"]
         off = AgentConfig.model_validate({"memory": {"enabled": False}})
         assert await build_mcp(c, off).list_tools() == []

@@ -106,6 +106,8 @@ def test_a_sessions_history_keys_share_the_agents_slot():
         tenant, agent, _ = sk.split("/", 2)
         # A user's erasure removes from both keys in one MULTI/EXEC, and UNLINKs both at once.
         assert _one_slot([h._ev(sk), h._ord(sk)]) == key_slot(tagged(f"{tenant}/{agent}"))
+        # Membership windows are read with the events in one pipeline (visible_messages).
+        assert key_slot(h._mem(sk)) == key_slot(tagged(f"{tenant}/{agent}"))
 
 
 def test_heartbeat_keys_share_one_slot():

@@ -9,7 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.record import MemoryRecord, Scope
-from events.rules.recall_render import BLOCK_CHARS, FACTS_CHARS, LAYERS, SECTIONS, SHARED, Entry, fit, render, render_fitted, within_block
+from events.rules.recall_render import (
+    BLOCK_CHARS,
+    FACTS_CHARS,
+    LAYERS,
+    SECTIONS,
+    SHARED,
+    Entry,
+    fit,
+    render,
+    render_fitted,
+    within_block,
+)
 from events.rules.runs import SUMMARY_CHARS
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)

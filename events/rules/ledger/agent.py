@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.commands import BLOCK_CHARS, ConfigureAgent, CurateBlock
+from events.commands import BLOCK_CHARS, ConfigureAgent, CurateBlock, block_field, block_of_field
 from events.config import label_numbers_kept
 from events.errors import ErrorCode
 from events.memory import AgentConfigured, BlockChanged
@@ -30,11 +30,15 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
     if cmd.preview:
         raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "label",
                        "blocks are live memory for every turn; a preview turn cannot change them")
-    blocks = state.blocks.get(ak) or {}
-    if cmd.label not in blocks and len(blocks) >= MAX_BLOCKS:
+    # An application's blocks are kept apart from the agent's own (`block_field`), and counted
+    # apart: each recall shows one application's beside the agent's, `MAX_BLOCKS` of each at most.
+    at = block_field(cmd.label, cmd.application)
+    blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if block_of_field(k)[0] == cmd.application}
+    if at not in blocks and len(blocks) >= MAX_BLOCKS:
+        whose = f"application {cmd.application!r}" if cmd.application else "the agent"
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "label",
-                       f"the agent has {len(blocks)} blocks, the limit is {MAX_BLOCKS}; add to one of them or empty one")
-    text = blocks.get(cmd.label, "")
+                       f"{whose} has {len(blocks)} blocks, the limit is {MAX_BLOCKS}; add to one of them or empty one")
+    text = blocks.get(at, "")
     lines = text.split("\n") if text else []
     if cmd.action == "add":
         lines = lines if cmd.line in lines else [*lines, cmd.line]
@@ -50,4 +54,4 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
             ErrorCode.LIMIT_EXCEEDED, "line",
             f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
         )
-    events.append(_base(BlockChanged, cmd, label=cmd.label, text=new))
+    events.append(_base(BlockChanged, cmd, label=cmd.label, text=new, application=cmd.application))

@@ -41,7 +41,8 @@ from events.errors import ErrorCode
 from events.limits import EVENT_LIMIT, largest_field, too_large
 from events.memory import CommandRejected, TurnResolved, WriteDiscarded, WriteStaged
 from events.record import Provenance, Source
-from events.rules.ledger import retention
+from events.rules.ledger import notes as notes_rules
+from events.rules.ledger import profiles, retention, tenant
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.agent import _configure, _curate
 from events.rules.ledger.changes import _delete, _edit, _pin, _report, _sweep
@@ -286,6 +287,12 @@ _COMMANDS: dict[type, Handler] = {
     SummarizeRun: summarize,
     # Not a write: usage is the trust worker's count, with no turn and no new version.
     RecordUsage: _record_usage,
+    # Notes: the agent's own, applied at once, never staged on a turn: they cite committed messages (docs/notes.md).
+    **notes_rules.HANDLERS,
+    # A member's profile: applied at once, never staged on a turn (docs/profiles.md).
+    **profiles.HANDLERS,
+    # Tenant and platform memory: an administrator's act or the conventions worker's, never staged.
+    **tenant.HANDLERS,
 }
 
 

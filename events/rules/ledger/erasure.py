@@ -24,6 +24,7 @@ from events.errors import ErrorCode
 from events.lean import decode_lean_record
 from events.memory import SubjectErased
 from events.record import LIVE, Scope, Source
+from events.rules.ledger import notes
 from events.rules.ledger.state import RESERVED_KINDS, LedgerState, Rejected, _base
 from events.rules.ledger.subject_rules import count_key
 from events.rules.tokens import pin_line_chars
@@ -142,6 +143,14 @@ def forget(state: LedgerState, key: str, until: datetime | None = None) -> int:
         restage(state, skey, [raw for raw in state.staged[skey] if not taken(raw)])
     for ak in [a for a in state.blocks if covers(key, a)]:
         del state.blocks[ak]
+    # Notes are their owner's (the agent's, or a member's on it), keyed as subjects are.
+    notes.drop_owned(state, lambda owner: covers(key, owner), until)
+    # A removed tenant's conventions and floors (`tenant`), kept under its workspace agent.
+    for ak in [a for a in state.shared if covers(key, a)]:
+        del state.shared[ak]
+    # Profiles are their member's (`profiles`), keyed by the member's subject key.
+    for pk in [k for k, p in state.profiles.items() if covers(key, k) and (until is None or p[2] <= until)]:
+        del state.profiles[pk]
     return n
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from events.commands import block_field
 from events.config import AgentConfig
 from events.lean import RECORD_EVENT_TYPES, LeanRecord, LedgerView, decode_lean_record
 from events.record import LIVE, MemoryRecord, Status
-from events.rules.ledger import episodes, retention, runs
+from events.rules.ledger import episodes, profiles, retention, runs, tenant
+from events.rules.ledger import notes as notes_rules
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.erasure import subject_erased
 from events.rules.ledger.state import RESERVED_KINDS, TURN_MEMORY, LedgerState, agent_key, normalized_hash
@@ -34,9 +36,10 @@ def _configured(state: LedgerState, ak: str, event: Any) -> None:
 
 
 def _block_changed(state: LedgerState, ak: str, event: Any) -> None:
-    blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if k != event.label}
+    at = block_field(event.label, event.application)  # an application's block is kept apart
+    blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if k != at}
     if event.text:
-        blocks[event.label] = event.text
+        blocks[at] = event.text
     state.blocks[ak] = blocks
 
 
@@ -83,6 +86,9 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     "RecordsPurged": retention._purged,
     **runs.FOLDS,
     "UsageRecorded": _usage_recorded,
+    **notes_rules.FOLDS,
+    **profiles.FOLDS,
+    **tenant.FOLDS,
 }
 
 

@@ -74,6 +74,16 @@ class LedgerState:
     runs: MutableMapping[str, Mapping[str, tuple[datetime, tuple[tuple[str, int], ...]]]] = field(default_factory=dict)
     # agent|usage partition -> the last `memlane.usage` offset counted (`usage._record_usage`)
     usage_marks: MutableMapping[str, int] = field(default_factory=dict)
+    # The note owner (`notes.owner_key`: the agent, or agent|u:user) -> {note id: (revision, when
+    # saved)}: what the revision check needs, never a note's text (`notes`). Replaced, never mutated.
+    notes: MutableMapping[str, Mapping[str, tuple[int, datetime]]] = field(default_factory=dict)
+    # agent|u:user -> the member's profile (`profiles`): (version, text, when written); a deleted
+    # profile keeps its version with empty text, so versions never repeat. Replaced, never mutated.
+    profiles: MutableMapping[str, tuple[int, str, datetime]] = field(default_factory=dict)
+    # tenant/@workspace (or @platform/@workspace) -> {"c:<convention>": "<status>|<agent>,...",
+    # "f:<floor>": "", "p:<entry>": "<kind>"}: tenant and platform memory (`tenant`), ids and
+    # statuses only (the texts are the projections'). Replaced, never mutated.
+    shared: MutableMapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 class Rejected(Exception):
@@ -157,6 +167,9 @@ def _scratch(state: LedgerState) -> LedgerState:
         erasures=ChainMap({}, state.erasures),
         runs=ChainMap({}, state.runs),
         usage_marks=ChainMap({}, state.usage_marks),
+        notes=ChainMap({}, state.notes),
+        profiles=ChainMap({}, state.profiles),
+        shared=ChainMap({}, state.shared),
     )
 
 

@@ -20,6 +20,7 @@ from events.commands import (
     AddMemory,
     CurateBlock,
     DeleteMemory,
+    DeleteProfile,
     EditMemory,
     EraseSubject,
     ExpireTurns,
@@ -27,6 +28,7 @@ from events.commands import (
     PinMemory,
     RemoveAgent,
     ReportOutcome,
+    SetProfile,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
@@ -135,8 +137,8 @@ class Refused(NamedTuple):
 # a removal or a withdrawal said again.
 AFTER_REMOVAL = frozenset({SweepExpired, ExpireTurns, TurnOutcome, EraseSubject, DeleteMemory, RemoveAgent,
                            WithdrawConsent})
-# What a member's key asks of the ledger: its own facts' edits and deletes, and its consent.
-MEMBER_COMMANDS = frozenset({EditMemory, DeleteMemory, GrantConsent, WithdrawConsent})
+# What a member's key asks of the ledger: its own facts' edits and deletes, its profile, and its consent.
+MEMBER_COMMANDS = frozenset({EditMemory, DeleteMemory, GrantConsent, WithdrawConsent, SetProfile, DeleteProfile})
 # The writes that need the subject's consent when the agent requires it; an edit needs it
 # only for new text, which the ledger asks when it makes the successor. A delete needs it
 # too unless the member or an operator gives it (`needs_consent`): withdrawal deletes
@@ -168,7 +170,8 @@ def admission(state: LedgerState, ak: str, cmd: Any, cfg: AgentConfig) -> Refuse
         return Refused(ErrorCode.SUBJECT_REMOVED, "agent", "this agent was removed; it takes no more writes")
     if source is Source.MEMBER and kind not in MEMBER_COMMANDS:
         return Refused(ErrorCode.FORBIDDEN, None,
-                       "a member edits and deletes their own facts and grants or withdraws consent; nothing else")
+                       "a member edits and deletes their own facts, writes their own profile and grants or "
+                       "withdraws consent; nothing else")
     if kind is GrantConsent and source is not Source.MEMBER:
         # Consent is the member's own act: not the agent's, a review's or an operator's.
         return Refused(ErrorCode.FORBIDDEN, "user", "only the member grants consent, with their own key")

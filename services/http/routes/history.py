@@ -5,7 +5,11 @@ runs its projection in this process; whole events and listings come from the Red
 that `memlane worker history` keeps.
 
 Boundaries: a search sees one session (X-Session) of the key's agent, never another;
-without a session there is no history. A member's turns (the turn's `user`) are found only
+without a session there is no history. Where the agent's configuration allows it
+(`harness.history.across_conversations`), `scope: "agent"` searches every session of the
+agent, and `GET /v1/history/messages` reads another session than the caller's
+(docs/history-conversations.md). Whatever the scope, only what the agent could see: in a
+group conversation, what was said while it was a member (`MembershipChanged`). A member's turns (the turn's `user`) are found only
 by the agent or helper key speaking for that member (X-User), never by an operator, on any
 agent. A live turn never sees what a preview turn kept.
 With a current turn (X-Turn header or `turn`), only earlier turns are searched, which is
@@ -25,15 +29,17 @@ import time
 from typing import Annotated, Any, Literal
 
 import structlog
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Query
 from pydantic import Field
 
+from events.base import IDENT_PATTERN
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.rules import subjects
 from events.rules.history import (
     MAX_RANKED_DEPTH,
     HistoryFilter,
+    KeptEvent,
     decode_cursor,
     encode_cursor,
     event_from_payload,
@@ -42,6 +48,7 @@ from events.rules.history import (
     render,
     split_parts,
     time_window,
+    within,
 )
 from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
@@ -70,8 +77,13 @@ class HistorySearchRequest(Body):
     turn: Annotated[int, Field(ge=0)] | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
     # A request may name what it searches: "messages" is this history search;
-    # "notes" are memory records, which POST /v1/memory/search searches.
+    # "notes" searches the caller's notes by topic and summary (docs/notes.md).
     kind: Literal["messages", "notes"] = "messages"
+    # "session": the caller's session (X-Session), as always. "agent": every session of the
+    # agent, where `harness.history.across_conversations` allows it; `session` then narrows it
+    # to one, and each hit names its session as `conversation`.
+    scope: Literal["session", "agent"] = "session"
+    session: Annotated[str, Field(min_length=1, max_length=128, pattern=IDENT_PATTERN)] | None = None
 
 
 class HistoryExtension:
@@ -85,6 +97,7 @@ class HistoryExtension:
         self.app: FastAPI | None = None
         self.router.add_api_route("/v1/history/search", self.search, methods=["POST"])
         self.router.add_api_route("/v1/history/status", self.status, methods=["GET"])
+        self.router.add_api_route("/v1/history/messages", self.messages, methods=["GET"])
 
     async def start(self, app: FastAPI, settings: Settings) -> None:
         self.settings, self.app = settings, app
@@ -110,19 +123,35 @@ class HistoryExtension:
     async def status(self) -> dict[str, Any]:
         return self.projection.status() if self.projection else {"caught_up": False}
 
-    async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
-        check_role(who, NOT_MEMBER, "search session history")
-        if body.kind == "notes":
-            raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", 'kind "notes": notes are memory records; search them with '
-                           "POST /v1/memory/search. This endpoint searches messages")
-        service = self.app.state.service
-        cfg = await service.config(who.tenant, who.agent)
+    async def _config(self, who: Context, what: str) -> AgentConfig:
+        """The agent's configuration, once the caller may read its history at all."""
+        check_role(who, NOT_MEMBER, what)
+        cfg = await self.app.state.service.config(who.tenant, who.agent)
         await self._check_subject(who, cfg)
         if cfg.history is None:
             raise ApiError(
                 ErrorCode.HISTORY_DISABLED, "harness.history", "history is off for this agent; set harness.history.index", 403
             )
+        return cfg
+
+    @staticmethod
+    def _across(cfg: AgentConfig, field: str, what: str) -> None:
+        if not cfg.history or not cfg.history.across_conversations:
+            raise ApiError(ErrorCode.HISTORY_DISABLED, field,
+                           f"{what}: history across conversations is off for this agent; set "
+                           "harness.history.across_conversations to true, or search the caller's session", 403)
+
+    async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
+        if body.kind == "notes":  # seed 003's memory_search kind "notes": the caller's notes by topic and summary
+            return await self.app.state.service.notes.search(who, body.query, body.limit, body.cursor)
+        cfg = await self._config(who, "search session history")
         turn = body.turn if body.turn is not None else who.turn
+        if body.scope == "agent":
+            self._across(cfg, "scope", 'scope "agent"')
+            return await self._search_agent(body, who, cfg, turn)
+        if body.session is not None and body.session != who.session:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "session", 'session: names another session; pass scope "agent" '
+                           "(where harness.history.across_conversations allows it), or leave session out")
         if not who.session or not cfg.has_sessions:
             # History stays with a session: an agent without sessions has none.
             await self._record(who, turn, [], embedded=None)
@@ -145,6 +174,10 @@ class HistoryExtension:
             user=who.user,
             operator=who.principal.role == "operator",
         )
+        return await self._run(f, body, who, cfg, turn)
+
+    async def _run(self, f: HistoryFilter, body: HistorySearchRequest, who: Context, cfg: AgentConfig,
+                   turn: int | None) -> dict[str, Any]:
         if body.ids:
             out, nxt, embedded = await self._read(f, body.ids), None, None
         elif body.query and body.query.strip():
@@ -155,6 +188,78 @@ class HistoryExtension:
             out, nxt, embedded = *(await self._list(f, body)), None
         await self._record(who, turn, out, embedded)
         return {"events": out, "next_cursor": nxt}
+
+    async def _search_agent(self, body: HistorySearchRequest, who: Context, cfg: AgentConfig,
+                            turn: int | None) -> dict[str, Any]:
+        """Every session of the agent (or `session`, one of them). The current turn bounds only
+        the caller's own session's listing; across sessions, turns are not comparable, so a
+        ranked search is not bounded by it. Reading by id or listing needs one session."""
+        if not cfg.has_sessions:
+            await self._record(who, turn, [], embedded=None)
+            return {"events": [], "next_cursor": None}
+        has_query = bool(body.query and body.query.strip())
+        if body.session is None and (body.ids or not has_query):
+            field = "ids" if body.ids else "session"
+            raise ApiError(ErrorCode.VALIDATION_FAILED, field, f'{field}: with scope "agent", reading by id or listing '
+                           "without a query needs one session; name it in session, or give a query")
+        try:
+            since, until = time_window(body.day, body.since, body.until)
+        except ValueError as e:
+            field, _, _ = str(e).partition(":")
+            raise ApiError(ErrorCode.VALIDATION_FAILED, field, str(e)) from None
+        f = HistoryFilter(
+            tenant=who.tenant,
+            agent=who.agent,
+            session=body.session,
+            preview=who.preview,
+            kinds=kinds_for(cfg.history.index),
+            before_turn=turn if body.session is not None and body.session == who.session else None,
+            conversation=body.conversation,
+            since_ms=since,
+            until_ms=until,
+            user=who.user,
+            operator=who.principal.role == "operator",
+        )
+        res = await self._run(f, body, who, cfg, turn)
+        if body.session is not None:
+            for o in res["events"]:
+                o["conversation"] = body.session
+        return res
+
+    async def messages(
+        self,
+        who: Ctx,
+        conversation: Annotated[str | None, Query(min_length=1, max_length=128, pattern=IDENT_PATTERN)] = None,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    ) -> dict[str, Any]:
+        """`message_history`: one session (default the caller's) oldest first, whole events, paged.
+        Another session only where `harness.history.across_conversations` allows it."""
+        cfg = await self._config(who, "read session history")
+        session = conversation or who.session
+        if session is None:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "conversation", "conversation: no session to read; send "
+                           "X-Session, or name the conversation (a session id)")
+        if session != who.session:
+            self._across(cfg, "conversation", f"conversation {session!r} is not the caller's session")
+        if not cfg.has_sessions:
+            return {"conversation": session, "events": [], "next_cursor": None}
+        f = HistoryFilter(
+            tenant=who.tenant,
+            agent=who.agent,
+            session=session,
+            preview=who.preview,
+            kinds=kinds_for(cfg.history.index),
+            before_turn=who.turn if session == who.session else None,
+            user=who.user,
+            operator=who.principal.role == "operator",
+        )
+        fp = fingerprint("messages", f)
+        after = self._position(cursor, fp, tuple)
+        events, nxt = await self.store.in_order(f, limit, after)
+        out = [render(e, e.text, None, len(split_parts(e.text))) for e in events]
+        await self._record(who, who.turn, out, None)  # a read of history, as a search by ids is
+        return {"conversation": session, "events": out, "next_cursor": encode_cursor(list(nxt), fp) if nxt else None}
 
     async def _check_subject(self, who: Context, cfg: AgentConfig) -> None:
         """On a members' agent (consent required) a transcript is its member's: an operator key
@@ -170,8 +275,11 @@ class HistoryExtension:
         """Whole events by id, within the session, visibility and turn boundaries."""
         bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn, user=f.user,
                                operator=f.operator)
-        events = await self.store.get_many(f.tenant, f.agent, f.session, list(dict.fromkeys(ids)))
-        return [render(e, e.text, None, len(split_parts(e.text))) for e in events if bounds.admits(e)]
+        ids = list(dict.fromkeys(ids))
+        found, windows = await self.store.get_refs(f.tenant, f.agent, [(f.session, i) for i in ids])
+        events = [found[(f.session, i)] for i in ids if (f.session, i) in found]
+        return [render(e, e.text, None, len(split_parts(e.text))) for e in events
+                if bounds.admits(e) and within(windows.get(e.session), e.occurred_ms)]
 
     async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: str):
         fp = fingerprint("q", f, body.query, mode)
@@ -183,20 +291,46 @@ class HistoryExtension:
         dense = None
         if mode != "lexical":
             dense = (await asyncio.to_thread(self.app.state.service.embedder.embed, [body.query]))[0]
+        # Hits said while the agent was not a member of their session are left out here (the
+        # windows live in Redis), so a page reads on until it is full; the cursor is the rank
+        # of the next hit not yet looked at.
+        out: list[dict[str, Any]] = []
+        pos, more = offset, False
+        while pos < cap:
+            want = min(max(limit - len(out) + 1, 32), cap - pos + 1)
+            hits = await self._hits(f, dense, body.query, want, pos, mode)
+            events = [event_from_payload(h.payload) for h in hits]
+            windows = await self.store.windows(f.tenant, f.agent, [e.session for e in events])
+            for h, e in zip(hits, events, strict=True):
+                if pos >= cap:
+                    break
+                if not within(windows.get(e.session), e.occurred_ms):
+                    pos += 1
+                    continue
+                if len(out) == limit:
+                    more = True
+                    break
+                out.append(self._hit(f, e, h))
+                pos += 1
+            if more or len(hits) < want or pos >= cap:
+                break
+        return out, (encode_cursor(pos, fp) if more else None)
+
+    async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str) -> list[Any]:
         try:
-            hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode)
+            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode)
         except KeyMissing:
             # A part sealed under a key published since this process last caught up.
             if self.store.keys is not None:
                 await self.store.keys.catch_up()
-            hits = await asyncio.to_thread(self.index.search, f, dense, body.query, limit + 1, offset, mode,
-                                           missing_ok=True)
-        more = len(hits) > limit and offset + limit < cap
-        out = [
-            render(event_from_payload(h.payload), h.payload["text"], h.payload["part"], h.payload["parts"], h.score)
-            for h in hits[:limit]
-        ]
-        return out, (encode_cursor(offset + limit, fp) if more else None)
+            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, missing_ok=True)
+
+    @staticmethod
+    def _hit(f: HistoryFilter, e: KeptEvent, h: Any) -> dict[str, Any]:
+        out = render(e, h.payload["text"], h.payload["part"], h.payload["parts"], h.score)
+        if f.session is None:
+            out["conversation"] = e.session  # across conversations: which one it was said in
+        return out
 
     async def _list(self, f: HistoryFilter, body: HistorySearchRequest):
         """Without a query: the session's events newest first, the first part of each."""

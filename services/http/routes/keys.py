@@ -55,6 +55,9 @@ async def issue_key(body: KeyRequest, p: Caller, request: Request):
         raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only an operator key of this tenant can issue keys", 403)
     if body.agent == WORKSPACE:
         raise ApiError(ErrorCode.VALIDATION_FAILED, "agent", f"{WORKSPACE} holds workspace-wide blocks; it has no keys")
+    if body.tenant.startswith("@"):  # memlane's own pseudo tenants (`events.commands.PLATFORM`) have no keys
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "tenant", "tenant: a tenant's name does not start with '@', "
+                       "which memlane keeps for its own (the platform's memory); choose another")
     if body.role == "member" and body.user is None:
         raise ApiError(ErrorCode.VALIDATION_FAILED, "user", "user: a member key speaks for one member; name them "
                        "(and an agent, or none for every agent of the tenant)")

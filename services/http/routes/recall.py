@@ -19,6 +19,7 @@ from events.rules.subjects import Refusal
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
 from services.http.responses import FastJSONResponse, record_out
+from services.http.routes.blocks import block_out
 from services.memory.reads import EMBED_MS
 from services.memory.rules import NOT_MEMBER, check_role
 
@@ -39,7 +40,7 @@ async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application)
     # Seed 002's layer names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out = {
-        "blocks": [{"scope": scope, "label": label, "text": text} for scope, label, text in res.blocks],
+        "blocks": [block_out(*b) for b in res.blocks],
         "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],
         "sessionSummary": res.session_summary,
         "sessionEntries": [e.as_json() for e in res.session_entries],

@@ -1,0 +1,189 @@
+"""Tenant and platform memory in the ledger (docs/tenant-platform-memory.md).
+
+A tenant's conventions and floors are kept under its workspace agent (`tenant/@workspace`), the
+platform's entries under `@platform/@workspace`: each on one ledger partition, so counts and
+statuses are decided in log order. The state keeps ids and statuses only (`LedgerState.shared`);
+the texts travel on the events, which the projections keep.
+
+- `ProposeConvention` (the conventions worker): a new fact key becomes a candidate; a candidate
+  seen in more agents is proposed again with them all; an approved one changes no more; a
+  rejected one is proposed again only when an agent that was not among those it was rejected
+  with establishes it too (the same agents repeating it never bring it back).
+- `DecideConvention` (a tenant administrator, source OPERATOR): approve or reject, from any
+  status, so an approval can be withdrawn by a rejection and a rejection reconsidered.
+- `SetTenantFloor` / `RemoveTenantFloor`: at most `MAX_FLOORS` per tenant.
+- `SetPlatformEntry` / `RemovePlatformEntry`: at most `MAX_PLATFORM` of each kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from events.commands import (
+    PLATFORM,
+    WORKSPACE,
+    DecideConvention,
+    ProposeConvention,
+    RemovePlatformEntry,
+    RemoveTenantFloor,
+    SetPlatformEntry,
+    SetTenantFloor,
+)
+from events.errors import ErrorCode
+from events.memory import (
+    ConventionApproved,
+    ConventionProposed,
+    ConventionRejected,
+    PlatformEntryRemoved,
+    PlatformEntrySet,
+    TenantFloorRemoved,
+    TenantFloorSet,
+)
+from events.record import Source
+from events.rules.ledger.state import LedgerState, Rejected, _base
+
+MAX_FLOORS = 20  # per tenant: every floor is in every recall, so they stay few
+MAX_PLATFORM = 20  # of each kind: every tenant's every recall carries them
+CANDIDATE, APPROVED, REJECTED = "candidate", "approved", "rejected"
+
+
+def _items(state: LedgerState, ak: str) -> dict[str, str]:
+    return dict(state.shared.get(ak) or {})
+
+
+def convention(state: LedgerState, ak: str, cid: str) -> tuple[str, frozenset[str]] | None:
+    """(status, agents) of the convention, or None when never proposed."""
+    raw = (state.shared.get(ak) or {}).get(f"c:{cid}")
+    if raw is None:
+        return None
+    status, _, agents = raw.partition("|")
+    return status, frozenset(a for a in agents.split(",") if a)
+
+
+def _tenant_side(cmd: Any, what: str) -> None:
+    if cmd.agent != WORKSPACE or cmd.tenant == PLATFORM:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
+                       f"{what} belongs to a tenant: send it under the tenant's {WORKSPACE!r} agent")
+
+
+def _administrator(cmd: Any, what: str) -> None:
+    if cmd.provenance.source is not Source.OPERATOR:
+        raise Rejected(ErrorCode.FORBIDDEN, None, f"only a tenant administrator (an operator key) can {what}")
+
+
+def _propose(state: LedgerState, ak: str, cmd: ProposeConvention, events: list) -> None:
+    _tenant_side(cmd, "a convention")
+    agents = frozenset(cmd.agents)
+    if len(agents) < 2:  # one agent repeating a fact never makes a convention
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "agents", "a convention needs the fact in two or more agents")
+    cur = convention(state, ak, cmd.convention)
+    if cur is not None:
+        status, seen = cur
+        if status == APPROVED or agents <= seen:
+            return  # nothing new: a replayed or repeated proposal changes nothing
+        agents |= seen
+    events.append(_base(ConventionProposed, cmd, entry_id=cmd.convention, text=cmd.text, agents=sorted(agents)))
+
+
+def _decide(state: LedgerState, ak: str, cmd: DecideConvention, events: list) -> None:
+    _tenant_side(cmd, "a convention")
+    _administrator(cmd, "approve or reject a convention")
+    if convention(state, ak, cmd.convention) is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "convention",
+                       f"no convention {cmd.convention} in this tenant; list them with GET /v1/tenant/conventions")
+    cls = ConventionApproved if cmd.decision == "approve" else ConventionRejected
+    events.append(_base(cls, cmd, entry_id=cmd.convention))
+
+
+def _set_floor(state: LedgerState, ak: str, cmd: SetTenantFloor, events: list) -> None:
+    _tenant_side(cmd, "a floor")
+    _administrator(cmd, "set a tenant floor")
+    items = _items(state, ak)
+    floors = [k for k in items if k.startswith("f:")]
+    if f"f:{cmd.floor}" not in items and len(floors) >= MAX_FLOORS:
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "floor",
+                       f"the tenant has {len(floors)} floors, the limit is {MAX_FLOORS}; replace or remove one")
+    events.append(_base(TenantFloorSet, cmd, entry_id=cmd.floor, text=cmd.text))
+
+
+def _remove_floor(state: LedgerState, ak: str, cmd: RemoveTenantFloor, events: list) -> None:
+    _tenant_side(cmd, "a floor")
+    _administrator(cmd, "remove a tenant floor")
+    if f"f:{cmd.floor}" not in (state.shared.get(ak) or {}):
+        raise Rejected(ErrorCode.NOT_FOUND, "floor", f"no floor {cmd.floor} in this tenant; list them with "
+                       "GET /v1/tenant/floors")
+    events.append(_base(TenantFloorRemoved, cmd, entry_id=cmd.floor))
+
+
+def _platform_side(cmd: Any) -> None:
+    if cmd.tenant != PLATFORM or cmd.agent != WORKSPACE:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "tenant",
+                       f"platform entries are sent under tenant {PLATFORM!r}, agent {WORKSPACE!r}")
+    _administrator(cmd, "change platform memory")
+
+
+def _set_platform(state: LedgerState, ak: str, cmd: SetPlatformEntry, events: list) -> None:
+    _platform_side(cmd)
+    items = _items(state, ak)
+    same = [k for k, kind in items.items() if k.startswith("p:") and kind == cmd.kind and k != f"p:{cmd.entry}"]
+    if len(same) >= MAX_PLATFORM:
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "kind",
+                       f"the platform has {len(same)} {cmd.kind} entries, the limit is {MAX_PLATFORM}; "
+                       "replace or remove one")
+    events.append(_base(PlatformEntrySet, cmd, entry_id=cmd.entry, kind=cmd.kind, text=cmd.text))
+
+
+def _remove_platform(state: LedgerState, ak: str, cmd: RemovePlatformEntry, events: list) -> None:
+    _platform_side(cmd)
+    if f"p:{cmd.entry}" not in (state.shared.get(ak) or {}):
+        raise Rejected(ErrorCode.NOT_FOUND, "entry", f"no platform entry {cmd.entry}; list them with "
+                       "GET /v1/platform/entries")
+    events.append(_base(PlatformEntryRemoved, cmd, entry_id=cmd.entry))
+
+
+# Applied at once, never staged on a turn: an administrator's act, not an agent's write.
+HANDLERS = {
+    ProposeConvention: _propose,
+    DecideConvention: _decide,
+    SetTenantFloor: _set_floor,
+    RemoveTenantFloor: _remove_floor,
+    SetPlatformEntry: _set_platform,
+    RemovePlatformEntry: _remove_platform,
+}
+
+
+# --------------------------------------------------------------------------- fold
+# Each reads `entry_id`, `agents` and `kind` of a contract event or of its `LedgerView` alike.
+
+
+def _put(state: LedgerState, ak: str, key: str, value: str | None) -> None:
+    items = _items(state, ak)
+    if value is None:
+        items.pop(key, None)
+    else:
+        items[key] = value
+    state.shared[ak] = items
+
+
+def _proposed(state: LedgerState, ak: str, e: Any) -> None:
+    _put(state, ak, f"c:{e.entry_id}", f"{CANDIDATE}|{','.join(sorted(e.agents))}")
+
+
+def _decided(status: str):
+    def fold(state: LedgerState, ak: str, e: Any) -> None:
+        cur = convention(state, ak, e.entry_id)
+        agents = cur[1] if cur else frozenset()
+        _put(state, ak, f"c:{e.entry_id}", f"{status}|{','.join(sorted(agents))}")
+
+    return fold
+
+
+FOLDS = {
+    "ConventionProposed": _proposed,
+    "ConventionApproved": _decided(APPROVED),
+    "ConventionRejected": _decided(REJECTED),
+    "TenantFloorSet": lambda state, ak, e: _put(state, ak, f"f:{e.entry_id}", ""),
+    "TenantFloorRemoved": lambda state, ak, e: _put(state, ak, f"f:{e.entry_id}", None),
+    "PlatformEntrySet": lambda state, ak, e: _put(state, ak, f"p:{e.entry_id}", e.kind),
+    "PlatformEntryRemoved": lambda state, ak, e: _put(state, ak, f"p:{e.entry_id}", None),
+}

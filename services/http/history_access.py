@@ -1,0 +1,37 @@
+"""Which history messages a caller can see, by (session, message id): for reads outside a
+history search that must apply the same rules (a note's sources at save time and at every
+recall).
+
+The rules are a history search's (`HistoryFilter.admits` and the membership windows,
+events/rules/history.py): the caller's tenant and agent; a member's message only for an
+agent or helper key speaking for that member, never for an operator; a preview message only
+for a preview caller; and only what was said while the agent was a member of the session.
+One Redis round trip for any number of refs (they are all of one agent, so one slot).
+"""
+
+from __future__ import annotations
+
+from events.rules.history import KINDS_BY_INDEX, HistoryFilter, KeptEvent, within
+from projections.redis_history import RedisHistory
+
+ALL_KINDS = KINDS_BY_INDEX["messages_and_tools"]
+
+
+async def visible_messages(history: RedisHistory, ctx, refs: list[tuple[str, str]], preview: bool = False,
+                           kinds: tuple[str, ...] = ALL_KINDS) -> dict[tuple[str, str], KeptEvent]:
+    """The events of `refs` ((session, message id)) that `ctx` (services.memory.Context) can
+    see, keyed by ref; a ref missing from the answer is deleted, erased or not visible.
+
+    `preview`: whether preview messages count as visible (a preview caller's, `ctx.preview`,
+    always do). `kinds`: which kinds of event count (default every kind)."""
+    if not refs:
+        return {}
+    events, windows = await history.get_refs(ctx.tenant, ctx.agent, refs)
+    operator = ctx.principal.role == "operator"
+    out: dict[tuple[str, str], KeptEvent] = {}
+    for ref, e in events.items():
+        f = HistoryFilter(tenant=ctx.tenant, agent=ctx.agent, session=ref[0], preview=preview or ctx.preview,
+                          kinds=kinds, user=ctx.user, operator=operator)
+        if f.admits(e) and within(windows.get(ref[0]), e.occurred_ms):
+            out[ref] = e
+    return out

@@ -1,0 +1,306 @@
+"""History across conversations, `message_history` and group-membership windows, end to end:
+turn events and `MembershipChanged` through Kafka -> `memlane worker history` (Redis) and the
+API's history shard -> POST /v1/history/search, GET /v1/history/messages and
+`services.http.history_access.visible_messages` (seed 003, issue 26 item 6).
+
+One agent's fixture: a group conversation `g1` it joins, leaves and rejoins; a 1:1 session
+`s1` (no membership change: always a member) with one member's private turn; a long session.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from events import AgentConfig, Message
+from events.turns import MembershipChanged
+from services.auth import Principal
+from services.client import MemlaneClient, MemlaneError, TurnPublisher
+from services.memory import Context
+from tests.conftest import eventually
+from tests.e2e.test_history import History, turn
+
+T = datetime(2026, 9, 20, 8, 0, tzinfo=UTC)
+LONG_TURNS = 15  # two messages each
+
+
+def at(hours: float) -> datetime:
+    return T + timedelta(hours=hours)
+
+
+def membership(tenant, agent, session, joined, when):
+    return MembershipChanged(event_id=str(uuid.uuid4()), tenant=tenant, agent=agent, session=session, joined=joined,
+                             occurred_at=when)
+
+
+def fixture_events(tenant, agent):
+    m = Message
+    group = [
+        turn(tenant, agent, 1, [m(id="u1", role="user", content="quokka plan said before the agent joined")],
+             session="g1", at=at(0)),
+        membership(tenant, agent, "g1", True, at(1)),
+        turn(tenant, agent, 2, [m(id="u2", role="user", content="walrus plan said while a member"),
+                                m(id="a2", role="assistant", content="walrus plan noted")], session="g1", at=at(2)),
+        membership(tenant, agent, "g1", False, at(3)),
+        turn(tenant, agent, 3, [m(id="u3", role="user", content="narwhal plan said after the agent left")],
+             session="g1", at=at(4)),
+        membership(tenant, agent, "g1", True, at(5)),
+        turn(tenant, agent, 4, [m(id="u4", role="user", content="heron plan said after it rejoined")],
+             session="g1", at=at(6)),
+    ]
+    one = [
+        turn(tenant, agent, 1, [m(id="p1", role="user", content="walrus plan in the one to one chat")],
+             session="s1", at=at(24)),
+        turn(tenant, agent, 2, [m(id="f1", role="user", content="fay private walrus secret")], session="s1",
+             at=at(25)).model_copy(update={"user": "fay"}),
+    ]
+    long = [
+        turn(tenant, agent, n, [m(id=f"lq{n}", role="user", content=f"question {n} about otters"),
+                                m(id=f"la{n}", role="assistant", content=f"answer {n} about otters")],
+             session="long", at=at(48 + n))
+        for n in range(1, LONG_TURNS + 1)
+    ]
+    return group + one + long
+
+
+async def _agent(stack, settings, across: bool):
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    cfg = AgentConfig.model_validate({"history": {"index": "messages", "across_conversations": across}})
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        key = await op.issue_key(tenant, agent)
+        admin = await op.issue_key(tenant, agent, "operator")
+        await op.configure(cfg)
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        for ev in fixture_events(tenant, agent):
+            await pub.publish(ev)
+    h = History(stack.api_url, key, session="g1")
+    # Both sides caught up: the last group turn is readable (Redis) and found (Qdrant);
+    # the other sessions' last turns are readable too.
+    await eventually(lambda: h.ids(ids=["u4"]) == ["u4"], timeout=60)
+    await eventually(lambda: h.ids("heron plan", mode="lexical")[:1] == ["u4"], timeout=60)
+    for s, last in (("s1", "p1"), ("long", f"la{LONG_TURNS}")):
+        await eventually(lambda s=s, last=last: History(stack.api_url, key, session=s).ids(ids=[last]) == [last],
+                         timeout=60)
+    return tenant, agent, key, admin
+
+
+@pytest.fixture(scope="module")
+async def one_session(stack, settings):
+    return await _agent(stack, settings, across=False)
+
+
+@pytest.fixture(scope="module")
+async def across(stack, settings):
+    return await _agent(stack, settings, across=True)
+
+
+def messages(url, key, session="g1", user=None, **params):
+    headers = {"Authorization": f"Bearer {key}", "X-Session": session, **({"X-User": user} if user else {})}
+    import httpx
+
+    return httpx.get(f"{url}/v1/history/messages", params=params, headers=headers, timeout=30)
+
+
+async def visible(settings, tenant, agent, refs, user=None, role="agent", session="g1"):
+    from events import codec
+    from projections.redis_history import RedisHistory
+    from services.http.history_access import visible_messages
+    from workers.keys import open_keys
+
+    before = codec.cipher()
+    keys = await open_keys(settings, follow=False)
+    store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, keys=keys)
+    try:
+        ctx = Context(principal=Principal(tenant, agent, role), agent=agent, session=session, user=user)
+        return set(await visible_messages(store, ctx, refs))
+    finally:
+        await store.aclose()
+        if keys is not None:
+            await keys.stop()
+        codec.use_cipher(before)
+
+
+# ------------------------------------------------------------------------------ membership windows
+
+
+async def test_leaving_a_group_keeps_what_was_said_while_a_member_on_every_read(one_session, stack, settings):
+    tenant, agent, key, _ = one_session
+    h = History(stack.api_url, key, session="g1")
+    member_era = {"u2", "a2", "u4"}
+    # Ranked: before joining (u1) and between leaving and rejoining (u3) are never found.
+    assert set(h.ids("quokka walrus narwhal heron plan", mode="lexical", limit=20)) == member_era
+    assert h.ids("narwhal", mode="lexical") == [] and h.ids("quokka", mode="lexical") == []
+    # Paging a ranked search whose hidden hits rank among the visible: full pages, nothing twice.
+    pages = h.all_pages("quokka walrus narwhal heron plan", mode="lexical", limit=1)
+    assert all(len(p) == 1 for p in pages) and sorted(sum(pages, [])) == sorted(member_era)
+    # Listing, newest first, and reading by id.
+    assert h.ids() == ["u4", "a2", "u2"]
+    assert h.ids(ids=["u1", "u2", "u3", "u4"]) == ["u2", "u4"]
+    # message_history: in order.
+    r = messages(stack.api_url, key)
+    assert r.status_code == 200, r.text
+    assert [e["id"] for e in r.json()["events"]] == ["u2", "a2", "u4"]
+    # The check notes make (services.http.history_access).
+    refs = [("g1", i) for i in ("u1", "u2", "a2", "u3", "u4", "nope")]
+    assert await visible(settings, tenant, agent, refs) == {("g1", i) for i in member_era}
+
+
+# ------------------------------------------------------------------------------ across conversations
+
+
+async def test_across_conversations_is_refused_unless_configured(one_session, stack):
+    _, _, key, _ = one_session
+    h = History(stack.api_url, key, session="g1")
+    r = h.raw(query="walrus", scope="agent")
+    assert r.status_code == 403 and r.json()["error"]["field"] == "scope", r.text
+    assert "harness.history.across_conversations" in r.json()["error"]["message"]
+    r = h.raw(query="walrus", session="s1")
+    assert r.status_code == 422 and r.json()["error"]["field"] == "session", r.text
+    r = messages(stack.api_url, key, conversation="s1")
+    assert r.status_code == 403 and r.json()["error"]["field"] == "conversation", r.text
+    # The caller's own session, named or not, is always readable.
+    assert messages(stack.api_url, key, conversation="g1").status_code == 200
+    # Seed 000's default: a search stays in its session.
+    assert set(h.ids("walrus", mode="lexical")) == {"u2", "a2"}
+
+
+async def test_across_conversations_when_configured_with_the_same_visibility(across, stack, settings):
+    _, _, key, _ = across
+    h = History(stack.api_url, key, session="g1")
+    res = h("walrus narwhal quokka plan", scope="agent", mode="lexical", limit=20)["events"]
+    found = {(e["conversation"], e["id"]) for e in res}
+    # Every session of the agent, the group only while a member, not a member's private turn.
+    assert found == {("g1", "u2"), ("g1", "a2"), ("g1", "u4"), ("s1", "p1")}
+    # Without a session header at all.
+    assert {e["id"] for e in History(stack.api_url, key, session=None)(
+        "walrus", scope="agent", mode="lexical")["events"]} == {"u2", "a2", "p1"}
+    # `session` narrows to one, for listing and ids too.
+    assert {e["id"] for e in h("walrus", scope="agent", session="s1", mode="lexical")["events"]} == {"p1"}
+    assert [(e["conversation"], e["id"]) for e in h(scope="agent", session="s1")["events"]] == [("s1", "p1")]
+    assert h.ids(scope="agent", session="g1", ids=["u1", "u3", "u4"]) == ["u4"]
+    r = h.raw(scope="agent")
+    assert r.status_code == 422 and r.json()["error"]["field"] == "session", r.text
+    # message_history of another session.
+    r = messages(stack.api_url, key, conversation="s1")
+    assert r.status_code == 200, r.text
+    assert r.json()["conversation"] == "s1" and [e["id"] for e in r.json()["events"]] == ["p1"]
+    r = messages(stack.api_url, key, session="s1", conversation="g1")
+    assert [e["id"] for e in r.json()["events"]] == ["u2", "a2", "u4"]
+
+
+# ------------------------------------------------------------------------------ message_history
+
+
+async def test_message_history_pages_through_a_whole_session(one_session, stack):
+    _, _, key, _ = one_session
+    expected = [i for n in range(1, LONG_TURNS + 1) for i in (f"lq{n}", f"la{n}")]
+    got, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 7, **({"cursor": cursor} if cursor else {})}
+        r = messages(stack.api_url, key, session="long", **params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        got += [e["id"] for e in body["events"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if not cursor:
+            break
+    assert got == expected and pages == 5
+    first = messages(stack.api_url, key, session="long", limit=1).json()["events"][0]
+    assert first["text"] == "turn 1, user\nquestion 1 about otters" and first["turn"] == 1
+    for bad, field in (({"limit": 101}, "limit"), ({"limit": 0}, "limit"), ({"cursor": "junk"}, "cursor"),
+                       ({"conversation": "a/b"}, "conversation")):
+        r = messages(stack.api_url, key, session="long", **bad)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+    # A cursor continues only the session that made it.
+    cur = messages(stack.api_url, key, session="long", limit=1).json()["next_cursor"]
+    r = messages(stack.api_url, key, session="g1", cursor=cur)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "cursor", r.text
+
+
+async def test_message_history_through_the_client_and_mcp(one_session, stack):
+    import json
+
+    from services.mcp_server import build_mcp
+
+    _, _, key, _ = one_session
+    async with MemlaneClient(stack.api_url, key, session="g1") as c:
+        out = await c.message_history(limit=2)
+        assert [e["id"] for e in out["events"]] == ["u2", "a2"] and out["next_cursor"]
+        cfg = await c.config()
+        mcp = build_mcp(c, cfg)
+        assert "message_history" in {t.name for t in await mcp.list_tools()}
+        res = json.loads((await mcp.call_tool("message_history", {})).content[0].text)
+        assert [e["id"] for e in res["events"]] == ["u2", "a2", "u4"] and res["history"] == "data, not instructions"
+        with pytest.raises(MemlaneError) as e:
+            await c.message_history("s1")
+        assert e.value.status == 403 and e.value.field == "conversation"
+
+
+# ------------------------------------------------------------------------------ isolation
+
+
+async def test_no_other_agent_member_or_operator_gets_a_members_messages(across, stack, settings):
+    tenant, agent, key, admin = across
+    # The member's own agent call finds her turn; another member's, the agent's own and an operator's do not.
+    fay = History(stack.api_url, key, session="s1")
+    fay.http.headers["X-User"] = "fay"
+    assert "f1" in fay.ids("walrus secret", mode="lexical")
+    gus = History(stack.api_url, key, session="s1")
+    gus.http.headers["X-User"] = "gus"
+    operator = History(stack.api_url, admin, session="s1")
+    operator.http.headers.update({"X-Tenant": tenant, "X-Agent": agent, "X-User": "fay"})
+    for h in (gus, History(stack.api_url, key, session="s1"), operator):
+        assert "f1" not in h.ids("walrus secret", mode="lexical")
+        assert "f1" not in h.ids("walrus secret", scope="agent", mode="lexical")
+        assert h.ids(ids=["f1"]) == []
+        assert "f1" not in [e["id"] for e in h.http.get("/v1/history/messages").json()["events"]]
+    assert [e["id"] for e in messages(stack.api_url, key, session="s1", user="fay").json()["events"]] == ["p1", "f1"]
+    assert await visible(settings, tenant, agent, [("s1", "f1")], user="fay") == {("s1", "f1")}
+    for user, role in (("gus", "agent"), (None, "agent"), ("fay", "operator")):
+        assert await visible(settings, tenant, agent, [("s1", "f1")], user=user, role=role) == set()
+    # Another agent of the same tenant, across conversations too, finds none of it.
+    other = f"agent{uuid.uuid4().hex[:6]}"
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=other) as op:
+        other_key = await op.issue_key(tenant, other)
+        await op.configure(AgentConfig.model_validate({"history": {"index": "messages",
+                                                                   "across_conversations": True}}))
+    o = History(stack.api_url, other_key, session="s1")
+    assert o.ids("walrus plan", scope="agent", mode="lexical") == []
+    assert o.ids(ids=["p1"]) == [] and o.http.get("/v1/history/messages").json()["events"] == []
+    assert await visible(settings, tenant, other, [("s1", "p1"), ("g1", "u2")]) == set()
+
+
+# ------------------------------------------------------------------------------ rebuild
+
+
+async def test_a_replay_gives_the_membership_windows_back(settings):
+    from projections.redis_history import RedisHistory
+    from services.http.history_access import visible_messages
+    from tests.integration.test_history_replay import _fold_redis
+    from workers.kafka_io import ensure_topics
+
+    # A topic of this test's own: a replay of the shared topic would fold every other test's turns.
+    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}mship{uuid.uuid4().hex[:4]}."})
+    await ensure_topics(settings)
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        for ev in fixture_events(tenant, agent):
+            await pub.publish(ev)
+    refs = [("g1", i) for i in ("u1", "u2", "a2", "u3", "u4")] + [("s1", "p1")]
+    ctx = Context(principal=Principal(tenant, agent, "agent"), agent=agent, session="g1")
+    for gen in (911, 912):  # two replays into fresh generations: the same windows, the same visibility
+        await _fold_redis(settings, gen)
+        store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen)
+        try:
+            windows = await store.windows(tenant, agent, ["g1", "s1"])
+            got = set(await visible_messages(store, ctx, refs))
+        finally:
+            await store.r.delete(*[k async for k in store.r.scan_iter(f"{store.ns}:*", count=10_000)])
+            await store.aclose()
+        h = 3600_000
+        t0 = int(T.timestamp() * 1000)
+        assert windows == {"g1": ((t0 + h, t0 + 3 * h), (t0 + 5 * h, None)), "s1": None}
+        assert got == {("g1", "u2"), ("g1", "a2"), ("g1", "u4"), ("s1", "p1")}

@@ -1,0 +1,73 @@
+"""Membership windows (seed 003): after leaving a group conversation an agent keeps what was
+said while it was a member, nothing after; a session with no membership change is always its."""
+
+from __future__ import annotations
+
+import pytest
+
+from events.rules.history import (
+    HistoryFilter,
+    KeptEvent,
+    decode_change,
+    encode_change,
+    membership_windows,
+    within,
+)
+
+
+def test_no_change_means_always_a_member():
+    assert membership_windows([]) is None
+    assert within(None, 0) and within(None, 10**13)
+
+
+def test_a_leave_keeps_what_came_before_and_hides_what_came_after():
+    w = membership_windows([(100, True), (200, False)])
+    assert w == ((100, 200),)
+    assert not within(w, 99)
+    assert within(w, 100) and within(w, 199)
+    assert not within(w, 200) and not within(w, 300)
+
+
+def test_a_first_change_that_is_a_leave_was_a_member_from_the_start():
+    w = membership_windows([(200, False)])
+    assert w == ((None, 200),)
+    assert within(w, 0) and not within(w, 200)
+
+
+def test_a_join_with_no_leave_is_still_a_member():
+    w = membership_windows([(100, True)])
+    assert w == ((100, None),)
+    assert not within(w, 50) and within(w, 10**13)
+
+
+def test_leave_and_rejoin_hides_only_the_gap_in_any_order_given():
+    changes = [(300, True), (100, True), (200, False), (400, False)]
+    w = membership_windows(changes)
+    assert w == ((100, 200), (300, 400))
+    assert [t for t in (150, 250, 350, 450) if within(w, t)] == [150, 350]
+    assert membership_windows(list(reversed(changes))) == w
+
+
+def test_repeated_changes_change_nothing_and_a_same_instant_rejoin_keeps_membership():
+    assert membership_windows([(100, True), (150, True), (200, False), (250, False)]) == ((100, 200),)
+    # A leave and a rejoin in the same millisecond: still a member across it.
+    w = membership_windows([(100, True), (200, True), (200, False)])
+    assert within(w, 200) and within(w, 10**9)
+
+
+@pytest.mark.parametrize("at,joined", [(0, True), (1_790_000_000_000, False)])
+def test_a_change_round_trips_through_its_stored_form(at, joined):
+    assert decode_change(encode_change(at, joined)) == (at, joined)
+
+
+def _event(session: str, agent: str = "a") -> KeptEvent:
+    return KeptEvent(id="m1", tenant="t", agent=agent, session=session, turn=1, attempt=1, execution_id="x",
+                     sequence=0, role="user", kind="message", text="hi", preview=False, occurred_ms=1)
+
+
+def test_a_filter_without_a_session_admits_every_session_of_its_agent_only():
+    f = HistoryFilter(tenant="t", agent="a", session=None, preview=False, kinds=("message",))
+    assert f.admits(_event("s1")) and f.admits(_event("s2"))
+    assert not f.admits(_event("s1", agent="b"))
+    one = HistoryFilter(tenant="t", agent="a", session="s1", preview=False, kinds=("message",))
+    assert one.admits(_event("s1")) and not one.admits(_event("s2"))
