@@ -178,6 +178,7 @@ class LedgerView(msgspec.Struct, kw_only=True):
     version: int = 0  # ProfileChanged
     agents: list[str] = []  # ConventionProposed
     kind: str = ""  # PlatformEntrySet
+    chars: int = 0  # TenantFloorSet, PlatformEntrySet
     user: str | None = None  # the consent and removal events
     note_id: str | None = None  # NoteSaved, NoteForgotten
     revision: int = 0

@@ -244,9 +244,12 @@ class ConventionRejected(_EventBase):
 
 
 class TenantFloorSet(_EventBase):
+    """`chars`: what the floor takes of every recall (the ledger keeps the layer within its budget)."""
+
     type: Literal["TenantFloorSet"] = "TenantFloorSet"
     entry_id: str
     text: str = ""
+    chars: int = 0
 
 
 class TenantFloorRemoved(_EventBase):
@@ -261,6 +264,7 @@ class PlatformEntrySet(_EventBase):
     entry_id: str
     kind: Literal["policy", "default"]
     text: str = ""
+    chars: int = 0  # what the entry takes of every recall (policies are kept within their budget)
 
 
 class PlatformEntryRemoved(_EventBase):

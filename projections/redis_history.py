@@ -31,6 +31,7 @@ from events.rules.history import (
     encode_change,
     erased,
     erasure_marker,
+    membership_erased,
     membership_windows,
     within,
 )
@@ -97,22 +98,23 @@ class RedisHistory:
         return f"{self.ns}:ord:{_tagged_session(session_key)}"
 
     def _mem(self, session_key: str) -> str:
-        """The agent's membership changes in a session: change event id -> `ms:joined`."""
+        """The agent's membership changes in a session: change event id -> `ms:joined:order`."""
         return f"{self.ns}:mem:{_tagged_session(session_key)}"
 
     # ------------------------------------------------------------------ write side
 
     async def apply(self, events: list[KeptEvent], checkpoints: dict[str, int],
                     erasures: tuple[tuple[Erasure, int], ...] | list[tuple[Erasure, int]] = (),
-                    memberships: list[tuple[str, str, int, bool]] = ()) -> None:
+                    memberships: list[tuple[str, str, int, bool, int]] = ()) -> None:
         """Folds a batch: its erasures first (each with when it was, Unix ms), then its events
-        that no erasure reaches and its membership changes ((session key, change id, when, joined):
-        keyed by change id, so folding one twice is a no-op), then the checkpoint. A crash in
-        between folds it all again."""
+        and membership changes that no erasure reaches ((session key, change id, when, joined,
+        order: its offset in the turns topic): keyed by change id, so folding one twice is a
+        no-op), then the checkpoint. A crash in between folds it all again."""
         markers = await self.erasures()
         for er, at in erasures:
             await self.erase(er, at)
         kept = [e for e in events if not erased(markers, e)] if markers else events
+        changes = memberships  # MUTANT
         rows = [(e, seal_event(e)) for e in kept]
         if rows and self.keys is not None:
             await self.keys.flush()
@@ -121,8 +123,8 @@ class RedisHistory:
             for e, raw in rows:
                 p.hset(self._ev(e.session_key), e.id, raw)
                 p.zadd(self._ord(e.session_key), {e.id: e.order})
-            for sk, change_id, at, joined in memberships:
-                p.hset(self._mem(sk), change_id, encode_change(at, joined))
+            for sk, change_id, at, joined, order in changes:
+                p.hset(self._mem(sk), change_id, encode_change(at, joined, order))
 
         def checkpoint(p) -> None:
             if checkpoints:
@@ -137,20 +139,31 @@ class RedisHistory:
         return self._erased
 
     async def erase(self, er: Erasure, at_ms: int) -> None:
-        """Drops the events an erasure reaches and remembers it. Idempotent. Walks the
+        """Drops the events an erasure reaches and remembers it; an erasure of an agent or a
+        tenant (no member) also drops its sessions' membership changes. Idempotent. Walks the
         keyspace for the sessions it reaches: an erasure is rare."""
         marker = erasure_marker(er.tenant, er.agent, er.user)
         markers = await self.erasures()
         if at_ms > markers.get(marker, -1):
             await self.r.hset(f"{self.ns}:erased", marker, at_ms)
             markers[marker] = at_ms
-        prefix = f"{self.ns}:ev:"
-        match = f"{prefix}{agent_tag(f'{er.tenant}/{er.agent}')}/*" if er.agent is not None else f"{prefix}{{{er.tenant}/*"
-        sessions = [k[len(prefix):].replace("{", "", 1).replace("}", "", 1)
-                    async for k in scan_keys(self.r, match, count=PAGE)]
-        for sk in sessions:
+        # A session may hold membership changes and no event yet: look for both.
+        sessions: list[str] = []
+        for kind in ("ev",) if er.user is not None else ("ev", "mem"):
+            prefix = f"{self.ns}:{kind}:"
+            match = (f"{prefix}{agent_tag(f'{er.tenant}/{er.agent}')}/*" if er.agent is not None
+                     else f"{prefix}{{{er.tenant}/*")
+            sessions += [k[len(prefix):].replace("{", "", 1).replace("}", "", 1)
+                         async for k in scan_keys(self.r, match, count=PAGE)]
+        for sk in dict.fromkeys(sessions):
             if er.user is None:
                 await self.r.unlink(self._ev(sk), self._ord(sk))
+                # Only the changes from before it: one from after it (an agent given the name
+                # again) may be folded first, the turns topic being ahead of the events'.
+                doomed = [cid async for cid, raw in self.r.hscan_iter(self._mem(sk), count=PAGE)
+                          if decode_change(raw)[0] <= at_ms]
+                for i in range(0, len(doomed), PAGE):
+                    await self.r.hdel(self._mem(sk), *doomed[i:i + PAGE])
                 continue
             doomed = [eid async for eid, raw in self.r.hscan_iter(self._ev(sk), count=PAGE)
                       if json.loads(raw).get("user") == er.user]

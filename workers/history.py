@@ -59,9 +59,12 @@ def erasure_at(e: SubjectErased) -> tuple[Erasure, int]:
     return Erasure.of(e), int(e.occurred_at.timestamp() * 1000)
 
 
-def membership_of(e: MembershipChanged) -> tuple[str, str, int, bool]:
-    """(session key, change id, when in Unix ms, joined): what the view keeps of a change."""
-    return f"{e.tenant}/{e.agent}/{e.session}", e.event_id, int(e.occurred_at.timestamp() * 1000), e.joined
+def membership_of(e: MembershipChanged, offset: int) -> tuple[str, str, int, bool, int]:
+    """(session key, change id, when in Unix ms, joined, order): what the view keeps of a change.
+    The order is its offset in the turns topic: a session's changes share a partition (keyed
+    by session), so it is their log order, which decides between changes of one millisecond."""
+    return (f"{e.tenant}/{e.agent}/{e.session}", e.event_id, int(e.occurred_at.timestamp() * 1000), e.joined,
+            offset)
 
 
 class HistoryProjector(Processor):
@@ -73,7 +76,7 @@ class HistoryProjector(Processor):
         self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
         self.pending: list[KeptEvent] = []
         self.erasures: list[tuple[Erasure, int]] = []
-        self.memberships: list[tuple[str, str, int, bool]] = []
+        self.memberships: list[tuple[str, str, int, bool, int]] = []
         self.positions: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -95,7 +98,7 @@ class HistoryProjector(Processor):
         elif isinstance(event, SubjectErased):
             self.erasures.append(erasure_at(event))
         elif isinstance(event, MembershipChanged):
-            self.memberships.append(membership_of(event))
+            self.memberships.append(membership_of(event, offset))
         self.positions[checkpoint_key(self.settings.topic(source), partition)] = offset + 1
         return []
 

@@ -275,6 +275,15 @@ class HistoryFilter:
     # turns, whatever `memory.consent` says.
     user: str | None = None
     operator: bool = False
+    # Across sessions (`session` None): the caller's own session and current turn, (session,
+    # turn). That session is bounded by the turn as a session search is; other sessions' turn
+    # numbers are not comparable, so they are not. The Qdrant filter does not apply it: the
+    # API drops such hits (`bounds_own`).
+    own_turn: tuple[str, int] | None = None
+
+    def bounds_own(self, e: KeptEvent) -> bool:
+        """False for an event of the caller's own session at or after its current turn."""
+        return self.own_turn is None or e.session != self.own_turn[0] or e.turn < self.own_turn[1]
 
     def sees_member(self, user: str | None) -> bool:
         """Whether this search may find an event of member `user` (None: of no member)."""
@@ -292,6 +301,7 @@ class HistoryFilter:
             and (self.conversation is None or e.execution_id == self.conversation)
             and (self.since_ms is None or e.occurred_ms >= self.since_ms)
             and (self.until_ms is None or e.occurred_ms < self.until_ms)
+            and self.bounds_own(e)
         )
 
 
@@ -334,26 +344,48 @@ def decode_cursor(cursor: str, fp: str) -> Any:
     return pos
 
 
+def decode_offset(cursor: str, fp: str) -> int:
+    """A cursor's position when it is an offset into a list: a whole number from 0. Anything
+    else (negative, fractional, infinite, not a number) is refused: a cursor is the caller's."""
+    pos = decode_cursor(cursor, fp)
+    if type(pos) is not int or pos < 0:
+        raise ValueError("cursor: not a cursor this search returned")
+    return pos
+
+
 # ---------------------------------------------------------------------------- membership
 
 # A membership window, [start, end) in Unix ms; None is open (since always, or still a member).
 Window = tuple[int | None, int | None]
 
 
-def membership_windows(changes: list[tuple[int, bool]]) -> tuple[Window, ...] | None:
+def _change_key(c: tuple) -> tuple:
+    """Changes in log order: by when, then by their place in the turns topic (`order`). At one
+    instant the log decides: a join then a leave in the same millisecond is no membership.
+    A change stored without its place (before it was kept) sorts first at its instant, a leave
+    before a join, as it did then."""
+    at, joined = c[0], c[1]
+    order = c[2] if len(c) > 2 else None
+    return (at, 0, 0, joined) if order is None else (at, 1, order, joined)
+
+
+def membership_windows(changes: list[tuple]) -> tuple[Window, ...] | None:
     """The windows in which an agent was a member of a session, from its membership changes
-    (when, joined). None: no change was ever recorded, so it always was (the 1:1 case).
+    (when, joined, order): `order` is the change's place in the turns topic (None or absent:
+    unknown, see `_change_key`). None: no change was ever recorded, so it always was (the
+    1:1 case).
 
     A first change that is a leave means it was a member from the start; changes that do not
-    change anything (a join while a member) are ignored. At one instant a leave sorts before
-    a join, so a leave and a rejoin in the same millisecond keep the agent a member.
+    change anything (a join while a member) are ignored.
     """
     if not changes:
         return None
+    ordered = sorted(changes, key=_change_key)
     out: list[Window] = []
     start: int | None = None
-    member = not sorted(changes, key=lambda c: (c[0], c[1]))[0][1]  # first change a leave: member before it
-    for at, joined in sorted(changes, key=lambda c: (c[0], c[1])):
+    member = not ordered[0][1]  # first change a leave: member before it
+    for c in ordered:
+        at, joined = c[0], c[1]
         if joined and not member:
             start, member = at, True
         elif not joined and member:
@@ -373,10 +405,22 @@ def within(windows: tuple[Window, ...] | None, occurred_ms: int) -> bool:
     return any((s is None or occurred_ms >= s) and (e is None or occurred_ms < e) for s, e in windows)
 
 
-def encode_change(occurred_ms: int, joined: bool) -> str:
-    return f"{occurred_ms}:{1 if joined else 0}"
+def encode_change(occurred_ms: int, joined: bool, order: int | None = None) -> str:
+    """`ms:joined:order` (`order`: the change's offset in the turns topic)."""
+    base = f"{occurred_ms}:{1 if joined else 0}"
+    return base if order is None else f"{base}:{order}"
 
 
-def decode_change(raw: str) -> tuple[int, bool]:
-    at, _, j = raw.partition(":")
-    return int(at), j == "1"
+def decode_change(raw: str) -> tuple[int, bool, int | None]:
+    """(when, joined, order); a value stored before the order was kept (`ms:joined`) has None."""
+    at, _, rest = raw.partition(":")
+    j, _, order = rest.partition(":")
+    return int(at), j == "1", (int(order) if order else None)
+
+
+def membership_erased(markers: dict[str, int], tenant: str, agent: str, occurred_ms: int) -> bool:
+    """Whether an erasure of the agent or of its whole tenant (no member: everything) that came
+    after a membership change reaches it, as `erased` does for events: a replay does not write a
+    removed agent's memberships again, and an agent later given the same name starts with none."""
+    return any(at is not None and occurred_ms <= at
+               for at in (markers.get(erasure_marker(tenant, a, None)) for a in (agent, None)))

@@ -26,7 +26,7 @@ HEADER = (
 )
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
-BLOCK_CHARS = 10_000  # the injected block's cap; items that do not fit are left out whole
+BLOCK_CHARS = 11_000  # the injected block's cap; items that do not fit are left out whole
 FACTS_CHARS = 8000  # seed 004's facts block's cap
 
 
@@ -47,8 +47,8 @@ class Layer:
 # `OVERFLOW` order.
 LAYERS = (
     Layer("Blocks", "blocks", 3000, overflows=False),
-    Layer("Policy", "platformPolicies", 400),
-    Layer("Tenant floors", "tenantFloors", 300),
+    Layer("Policy", "platformPolicies", 800),
+    Layer("Tenant floors", "tenantFloors", 800),
     Layer("User profile", "userProfile", 500),
     Layer("Pinned", "pinned", 600),
     Layer("Session summary", "sessionSummary", 500),
@@ -66,7 +66,9 @@ BLOCKS_CHARS = LAYERS[0].budget
 # The layers whose items are `Entry`s, filled by the recall's layer sources (policies,
 # floors, the profile, notes, conventions, defaults).
 SHARED = ("Policy", "Tenant floors", "User profile", "Notes", "Tenant conventions", "Defaults")
-# What may not be negotiated comes first, then pins (what a member asked to keep in view) and
+# Policies and floors are always in context: the ledger refuses one that would take its layer
+# past its budget (`layer_cost`), so they always fit. What may not be negotiated comes first
+# in the second pass too, then pins (what a member asked to keep in view) and
 # facts (they answer the turn); overridable defaults last.
 OVERFLOW = ("Policy", "Tenant floors", "Pinned", "User profile", "Records", "Notes", "Session entries",
             "Session summary", "Tenant conventions", "Episodes", "Procedures", "Avoid", "Defaults")
@@ -177,6 +179,17 @@ def _shared(e: Entry) -> str:
 
 
 ENTRY_CHARS = 1200  # a shared entry's shown text (a profile document is the longest)
+RESERVED = {layer.heading: layer.budget for layer in LAYERS if layer.heading in ("Policy", "Tenant floors")}
+
+
+def entry_cost(e: Entry) -> int:
+    """The characters `e` takes in the block."""
+    return len(_shared(e))
+
+
+def layer_cost(heading: str, costs: list[int]) -> int:
+    """The characters a layer of entries costing `costs` takes, its heading included."""
+    return len(f"## {heading}\n") + sum(costs) if costs else 0
 
 
 _SHOW = {"Blocks": lambda b: _block(*b), "Pinned": _pin, "Session summary": _summary,

@@ -11,6 +11,8 @@ One Redis round trip for any number of refs (they are all of one agent, so one s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from events.rules.history import KINDS_BY_INDEX, HistoryFilter, KeptEvent, within
 from projections.redis_history import RedisHistory
 
@@ -24,14 +26,18 @@ async def visible_messages(history: RedisHistory, ctx, refs: list[tuple[str, str
 
     `preview`: whether preview messages count as visible (a preview caller's, `ctx.preview`,
     always do). `kinds`: which kinds of event count (default every kind)."""
+    f = HistoryFilter(tenant=ctx.tenant, agent=ctx.agent, session=None, preview=preview or ctx.preview,
+                      kinds=kinds, user=ctx.user, operator=ctx.principal.role == "operator")
+    return await admitted(history, f, refs)
+
+
+async def admitted(history: RedisHistory, f: HistoryFilter, refs: list[tuple[str, str]]
+                   ) -> dict[tuple[str, str], KeptEvent]:
+    """The events of `refs` ((session, message id), all of `f`'s agent) that `f` admits, each
+    in its own session, and said while the agent was a member of it: the one place the rule
+    of a read by id lives (a history search's `ids` and `visible_messages` both come here)."""
     if not refs:
         return {}
-    events, windows = await history.get_refs(ctx.tenant, ctx.agent, refs)
-    operator = ctx.principal.role == "operator"
-    out: dict[tuple[str, str], KeptEvent] = {}
-    for ref, e in events.items():
-        f = HistoryFilter(tenant=ctx.tenant, agent=ctx.agent, session=ref[0], preview=preview or ctx.preview,
-                          kinds=kinds, user=ctx.user, operator=operator)
-        if f.admits(e) and within(windows.get(ref[0]), e.occurred_ms):
-            out[ref] = e
-    return out
+    events, windows = await history.get_refs(f.tenant, f.agent, refs)
+    return {ref: e for ref, e in events.items()
+            if replace(f, session=ref[0]).admits(e) and within(windows.get(ref[0]), e.occurred_ms)}

@@ -22,7 +22,7 @@ from events.commands import ForgetNote, SaveNote
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.rules import notes as rules
-from events.rules.history import KeptEvent, decode_cursor, encode_cursor, fingerprint, kinds_for, render, split_parts
+from events.rules.history import KeptEvent, decode_offset, encode_cursor, fingerprint, kinds_for, render, split_parts
 from events.rules.recall_render import Entry
 from projections.redis_history import RedisHistory
 from projections.redis_notes import Note, NoteView
@@ -208,14 +208,14 @@ class MemoryNotes:
         start = 0
         if cursor:
             try:
-                start = int(decode_cursor(cursor, fp))
-            except (ValueError, TypeError) as e:
+                start = decode_offset(cursor, fp)
+            except ValueError as e:
                 msg = str(e) if str(e).startswith("cursor:") else "cursor: not a cursor this search returned"
                 raise ApiError(ErrorCode.VALIDATION_FAILED, "cursor", msg) from None
         # Hidden notes are skipped, not counted: a page reads on until it is full or the notes end.
         page: list[Note] = []
         at = start
-        while len(page) < limit and at < len(ordered):
+        while len(page) < limit and at < len(ordered):  # `at` grows each pass: it starts at 0 or more
             batch = ordered[at:at + limit - len(page)]
             at += len(batch)
             visible = await self._visible(ctx, cfg, [ref for n in batch for ref in n.sources])

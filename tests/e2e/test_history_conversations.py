@@ -190,6 +190,24 @@ async def test_across_conversations_when_configured_with_the_same_visibility(acr
     assert [e["id"] for e in r.json()["events"]] == ["u2", "a2", "u4"]
 
 
+async def test_across_sessions_the_callers_own_session_is_bounded_by_its_turn(across, stack):
+    """A turn replayed (or previewed) as turn 3 of g1 finds, across sessions, only g1's turns
+    before 3, as a search of g1 would; other sessions are not bounded by it. Pages stay full."""
+    _, _, key, _ = across
+    query = "walrus narwhal quokka heron plan"
+    for h in (History(stack.api_url, key, session="g1", turn=3), History(stack.api_url, key, session="g1")):
+        body = {} if "X-Turn" in h.http.headers else {"turn": 3}
+        res = h(query, scope="agent", mode="lexical", limit=20, **body)["events"]
+        assert {(e["conversation"], e["id"]) for e in res} == {("g1", "u2"), ("g1", "a2"), ("s1", "p1")}
+        pages = h.all_pages(query, scope="agent", mode="lexical", limit=1, **body)
+        assert all(len(p) == 1 for p in pages) and sorted(sum(pages, [])) == ["a2", "p1", "u2"]
+        # The same as naming the session: a search of g1 as of turn 3.
+        assert set(h.ids(query, scope="agent", session="g1", mode="lexical", **body)) == {"u2", "a2"}
+    # Without a turn, nothing of the caller's session is bounded.
+    h = History(stack.api_url, key, session="g1")
+    assert "u4" in h.ids(query, scope="agent", mode="lexical", limit=20)
+
+
 # ------------------------------------------------------------------------------ message_history
 
 
@@ -304,3 +322,112 @@ async def test_a_replay_gives_the_membership_windows_back(settings):
         t0 = int(T.timestamp() * 1000)
         assert windows == {"g1": ((t0 + h, t0 + 3 * h), (t0 + 5 * h, None)), "s1": None}
         assert got == {("g1", "u2"), ("g1", "a2"), ("g1", "u4"), ("s1", "p1")}
+
+
+# ------------------------------------------------------------------------------ erasure
+
+
+async def _fold_all(settings, generation: int) -> None:
+    """`memlane worker history` into `generation` until it has read the turns and the memory
+    events topics to their ends (a fresh generation: from offset 0, a replay)."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+
+    from events.topics import EVENTS, TURNS
+    from projections.redis_history import RedisHistory
+    from tests.integration.test_history_replay import runner_end_offsets
+    from workers.history import HistoryProjector
+    from workers.runtime import Runner
+
+    proc = HistoryProjector(settings, generation=generation)
+    runner = Runner(proc, settings, group=f"{settings.group_prefix}.mship.{uuid.uuid4().hex[:6]}")
+    task = asyncio.create_task(runner.run())
+    store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
+    tps = [TopicPartition(settings.topic(t.name), p) for t in (TURNS, EVENTS) for p in range(t.partitions)]
+    end = await runner_end_offsets(settings, tps)
+    try:
+        async def caught_up():
+            ck = await store.checkpoints()
+            return all(ck.get(f"{tp.topic}:{tp.partition}", 0) >= end[tp] for tp in tps if end[tp])
+
+        await eventually(caught_up, timeout=60)
+    finally:
+        runner.stopping.set()
+        await task
+        await store.aclose()
+
+
+async def test_removing_an_agent_or_tenant_drops_its_membership_windows_for_good(settings):
+    """An erasure of the agent (no member) drops its sessions' membership changes with their
+    events; a change from before it, folded after it (a replay), is not written again; an agent
+    later given the same name starts with only its own changes. The same for a whole tenant."""
+    from events import SubjectErased
+    from events.topics import EVENTS
+    from projections.records import Erasure
+    from projections.redis_history import RedisHistory
+    from tests.e2e.extraction_support import send_to
+    from workers.kafka_io import ensure_topics
+
+    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}mserase{uuid.uuid4().hex[:4]}."})
+    await ensure_topics(settings)
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        for ev in fixture_events(tenant, agent):
+            await pub.publish(ev)
+    h, t0 = 3600_000, int(T.timestamp() * 1000)
+    old = {"g1": ((t0 + h, t0 + 3 * h), (t0 + 5 * h, None))}
+    stores: list[RedisHistory] = []
+
+    def store(gen: int) -> RedisHistory:
+        stores.append(RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen))
+        return stores[-1]
+
+    try:
+        live = store(921)
+        await _fold_all(settings, 921)
+        assert await live.windows(tenant, agent, ["g1"]) == old
+
+        # The agent is removed; later an agent of the same name joins g1 again. A change of the
+        # removed agent's from before the removal arrives late.
+        removed = datetime.now(UTC)
+        erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}",
+                                tenant=tenant, agent=agent, occurred_at=removed)
+        await send_to(settings, EVENTS, erasure)
+        rejoined = removed + timedelta(seconds=5)
+        async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+            await pub.publish(membership(tenant, agent, "g1", False, at(7)))  # late: before the removal
+            await pub.publish(membership(tenant, agent, "g1", True, rejoined))
+        new = {"g1": ((int(rejoined.timestamp() * 1000), None),)}
+        await _fold_all(settings, 921)  # on from its checkpoints: the erasure reaches what it kept
+        assert await live.windows(tenant, agent, ["g1"]) == new
+        assert await live.r.hlen(live._mem(f"{tenant}/{agent}/g1")) == 1
+
+        # A replay into a fresh generation gives the same, whichever topic it reads first.
+        await _fold_all(settings, 922)
+        assert await store(922).windows(tenant, agent, ["g1"]) == new
+
+        # The erasure folded before the changes it reaches (the replay's other order), then an
+        # agent's and a tenant's erasure over changes already kept.
+        at_ms = int(removed.timestamp() * 1000)
+        direct = store(923)
+        await direct.apply([], {}, [(Erasure(tenant, agent, None), at_ms)])
+        await direct.apply([], {}, (), [(f"{tenant}/{agent}/g1", "c1", t0 + h, True, 1),
+                                       (f"{tenant}/{agent}/g1", "c2", at_ms + 1, False, 2)])
+        assert await direct.windows(tenant, agent, ["g1"]) == {"g1": ((None, at_ms + 1),)}
+        for gen, er in ((924, Erasure(tenant, agent, None)), (925, Erasure(tenant, None, None))):
+            s = store(gen)
+            await s.apply([], {}, (), [(f"{tenant}/{agent}/g9", "c1", t0 + h, True, 1)])
+            assert await s.windows(tenant, agent, ["g9"]) == {"g9": ((t0 + h, None),)}
+            await s.apply([], {}, [(er, at_ms)])
+            assert await s.windows(tenant, agent, ["g9"]) == {"g9": None}
+            assert [k async for k in s.r.scan_iter(f"{s.ns}:mem:*", count=10_000)] == []
+        # A member's erasure leaves the agent's memberships alone (they are the agent's).
+        s = store(926)
+        await s.apply([], {}, (), [(f"{tenant}/{agent}/g9", "c1", t0 + h, True, 1)])
+        await s.apply([], {}, [(Erasure(tenant, agent, "fay"), at_ms)])
+        assert await s.windows(tenant, agent, ["g9"]) == {"g9": ((t0 + h, None),)}
+    finally:
+        for s in stores:
+            await s.r.delete(*[k async for k in s.r.scan_iter(f"{s.ns}:*", count=10_000)] or [f"{s.ns}:none"])
+            await s.aclose()

@@ -346,13 +346,13 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
 
 
 async def test_recall_leaves_out_whole_records_past_the_block_cap(stack, new_agent):
-    # The injected block is capped at 10,000 characters; facts that do not fit are skipped whole.
+    # The injected block is capped at 11,000 characters; facts that do not fit are skipped whole.
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"search": {"max_results": 10}}}))
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         for i in range(10):
-            await c.add_memory(f"Harbour note {i}: " + "tide " * 80, content="detail " * 200)
+            await c.add_memory(f"Harbour note {i}: " + "tide " * 98, content="detail " * 200)
         out = await c.recall("conv-big", "harbour note tide")
-        assert len(out["rendered"]) <= BLOCK_CHARS == 10_000
+        assert len(out["rendered"]) <= BLOCK_CHARS == 11_000
         assert 0 < len(out["workspaceEntries"]) < 10
         assert all(f"(id: {r['id']}, v1)" in out["rendered"] for r in out["workspaceEntries"])
         # What was left out was not recalled, so the next recall offers it.

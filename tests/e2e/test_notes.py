@@ -16,6 +16,7 @@ import pytest
 
 from events import AgentConfig, Message
 from events.config import HistoryConfig
+from events.rules.history import encode_cursor, fingerprint
 from events.turns import MembershipChanged
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually
@@ -86,7 +87,7 @@ def note_ids(recalled) -> list[str]:
 
 
 async def test_a_note_is_made_revised_and_a_stale_revision_changes_nothing(stack, agent):
-    _, _, key = agent
+    tenant, agent_id, key = agent
     async with client(stack, key) as c:
         made = await c.save_note("release-rules", "Release rules", "Releases go out on Tuesdays", ["u1"])
         assert made["status"] == "applied" and made["note"]["revision"] == 1
@@ -111,6 +112,9 @@ async def test_a_note_is_made_revised_and_a_stale_revision_changes_nothing(stack
         assert [n["id"] for n in found["notes"]] == ["release-rules"] and found["notes"][0]["sources"] == 2
         # Seed 003's memory_search with kind "notes", on the history search: the same notes.
         assert (await c.search_history("when do releases go out?", kind="notes"))["notes"] == found["notes"]
+        # A cursor re-made with a negative offset is refused (it once spun the server forever).
+        forged = encode_cursor(-1, fingerprint("notes", tenant, agent_id, None, "releases"))
+        await refused(c.search_notes("releases", cursor=forged), 422, "VALIDATION_FAILED", "cursor")
 
 
 async def test_a_note_citing_a_message_the_caller_cannot_see_is_refused_naming_the_source(stack, settings, agent):

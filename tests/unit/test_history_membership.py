@@ -55,9 +55,40 @@ def test_repeated_changes_change_nothing_and_a_same_instant_rejoin_keeps_members
     assert within(w, 200) and within(w, 10**9)
 
 
-@pytest.mark.parametrize("at,joined", [(0, True), (1_790_000_000_000, False)])
-def test_a_change_round_trips_through_its_stored_form(at, joined):
-    assert decode_change(encode_change(at, joined)) == (at, joined)
+@pytest.mark.parametrize("at,joined,order", [(0, True, 0), (1_790_000_000_000, False, 12_345), (5, True, None)])
+def test_a_change_round_trips_through_its_stored_form(at, joined, order):
+    assert decode_change(encode_change(at, joined, order)) == (at, joined, order)
+
+
+def test_a_value_stored_before_the_order_was_kept_still_reads():
+    assert decode_change("100:1") == (100, True, None)
+    assert membership_windows([decode_change("100:1"), decode_change("200:0")]) == ((100, 200),)
+
+
+def test_a_join_then_a_leave_in_the_same_millisecond_is_no_membership():
+    """Log order (the turns-topic offset) decides at one instant, in whatever order the hash
+    gives the changes back: join then leave hides everything, not the opposite."""
+    changes = [(100, True, 7), (100, False, 8)]
+    for given in (changes, list(reversed(changes))):
+        w = membership_windows(given)
+        assert w == ()
+        assert not any(within(w, t) for t in (0, 99, 100, 101, 10**13))
+    # After a rejoin it is a member again from then on.
+    w = membership_windows([(100, True, 7), (100, False, 8), (300, True, 9)])
+    assert w == ((300, None),) and not within(w, 100) and within(w, 300)
+
+
+def test_a_leave_then_a_join_in_the_same_millisecond_keeps_membership():
+    changes = [(50, True, 1), (100, False, 2), (100, True, 3), (200, False, 4)]
+    for given in (changes, list(reversed(changes))):
+        w = membership_windows(given)
+        assert all(within(w, t) for t in (50, 99, 100, 150, 199))
+        assert not within(w, 49) and not within(w, 200)
+
+
+def test_stored_orders_of_one_instant_sort_by_offset_not_by_text():
+    # Offsets compare as numbers: 9 comes before 10.
+    assert membership_windows([decode_change("100:0:10"), decode_change("100:1:9")]) == ()
 
 
 def _event(session: str, agent: str = "a") -> KeptEvent:

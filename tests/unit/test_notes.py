@@ -329,3 +329,13 @@ def test_mcp_offers_the_note_tools_with_memory_and_history_and_a_helper_only_the
     assert _tools(with_history, "helper") & NOTE_TOOLS == {"memory_read", "memory_search"}
     assert not _tools(AgentConfig()) & NOTE_TOOLS  # no history: nothing to cite
     assert not _tools(AgentConfig.model_validate({"history": {}, "memory": {"enabled": False}})) & NOTE_TOOLS
+
+
+@pytest.mark.parametrize("pos", [-1, -10**6, 1.5, float("inf"), "3", True, None, [1]])
+def test_an_offset_cursor_is_a_whole_number_from_zero(pos):
+    from events.rules.history import decode_offset, encode_cursor
+
+    assert decode_offset(encode_cursor(7, "fp"), "fp") == 7
+    # A caller can decode and re-encode a cursor: a negative offset would never move a page on.
+    with pytest.raises(ValueError, match="cursor"):
+        decode_offset(encode_cursor(pos, "fp"), "fp")

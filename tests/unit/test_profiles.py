@@ -13,6 +13,7 @@ import pytest
 from events import AgentConfig, SessionEnded, codec
 from events.commands import (
     PROFILE_CHARS,
+    ConfigureAgent,
     DeleteProfile,
     EnrichProfile,
     EraseSubject,
@@ -111,7 +112,7 @@ def test_enrichment_appends_new_lines_and_never_cuts_the_members_words():
     full = "x" * (PROFILE_CHARS - 6)
     assert enriched(full, ["Too long", "Short"]) == (full + "\nShort", 1, 1)  # 6 characters: "\nShort" fits
     assert enriched("", ["First"]) == ("First", 1, 0)
-    led = Ledger()
+    led = Ledger(profiles={"enrich": True})
     e = only(enrich(led, ["Prefers email", "Prefers email"]), "ProfileChanged")
     assert (e.text, e.version, e.added, e.skipped) == ("Prefers email", 1, 1, 1)
     e = only(enrich(led, ["prefers EMAIL"]), "ProfileChanged")
@@ -122,13 +123,35 @@ def test_enrichment_appends_new_lines_and_never_cuts_the_members_words():
 
 
 def test_a_redelivered_enrichment_appends_once():
-    led = Ledger()
+    led = Ledger(profiles={"enrich": True})
     first = enrich(led, ["Prefers email"], command_id="enrich-s1")
     assert [e.type for e in first] == ["ProfileChanged"]
     # The worker answers a command id it has seen with its first events; decided again, the
     # same lines are in the profile already and add nothing.
     again = only(enrich(led, ["Prefers email"], command_id="enrich-s1"), "ProfileChanged")
     assert (again.added, again.version) == (0, 1)
+
+
+def test_enrichment_is_checked_where_it_applies_and_never_brings_back_a_deleted_profile():
+    led = Ledger()  # enrichment off: a consolidation that started when it was on writes nothing
+    e = only(enrich(led, ["Prefers email"]), "CommandRejected")
+    assert (e.code, e.field) == ("FORBIDDEN", "memory.profiles.enrich")
+    led = Ledger(profiles={"enrich": True})
+    set_profile(led, "Likes jazz")
+    delete_profile(led, provenance=MEMBER.model_copy(update={"user": "u1"}))
+    assert only(enrich(led, ["Prefers email"]), "CommandRejected").code == "NOT_FOUND"
+    assert profile_of(led.state, "t/a", "u1") == (2, "")
+
+
+def test_with_memory_off_the_member_and_the_operator_still_delete_a_profile():
+    led = Ledger()
+    set_profile(led, "Likes jazz")
+    led.run(ConfigureAgent(command_id=nid(), tenant="t", agent="a", issued_at=NOW,
+                           config=AgentConfig.model_validate({"memory": {"enabled": False}})))
+    assert only(set_profile(led, "Likes blues"), "CommandRejected").code == "MEMORY_DISABLED"
+    assert only(delete_profile(led), "CommandRejected").code == "MEMORY_DISABLED"  # the agent's own
+    e = only(delete_profile(led, provenance=MEMBER.model_copy(update={"user": "u1"})), "ProfileChanged")
+    assert (e.text, e.version) == ("", 2)
 
 
 def test_erasure_and_removal_forget_the_profile_and_the_fold_reads_the_ledgers_view():

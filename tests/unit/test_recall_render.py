@@ -45,7 +45,7 @@ def test_records_that_do_not_fit_the_block_are_left_out_whole():
 
 
 def test_pins_past_their_budget_take_only_the_room_the_other_layers_leave():
-    pins = [rec(i, "p" * 500, pinned=True) for i in range(20)]  # ~10,000 characters of pins
+    pins = [rec(i, "p" * 500, pinned=True) for i in range(24)]  # ~12,000 characters of pins
     fact = rec(99, "a fact " + "x" * 300)
     f = fit(pins, [fact])
     assert f.records == [fact] and 2 < len(f.pinned) < len(pins) and f.pinned == pins[:len(f.pinned)]

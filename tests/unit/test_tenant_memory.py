@@ -28,7 +28,7 @@ from events.record import MemoryRecord, Provenance, Scope, Source, Status
 from events.rules import conventions
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.tenant import MAX_FLOORS, MAX_PLATFORM, convention
-from events.rules.recall_render import Entry
+from events.rules.recall_render import SHARED, Entry, fit
 from workers.ledger_snapshot import decode_state, encode_state
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -223,6 +223,25 @@ def test_floors_at_most_twenty_per_tenant_and_set_again_replaces():
     [e] = run(state, RemoveTenantFloor(command_id=cid(), tenant="t", agent=WORKSPACE, issued_at=T0, provenance=OP,
                                        floor="f3"))
     assert e.code == "NOT_FOUND"
+
+
+def test_floors_and_policies_are_refused_past_their_recall_budget_so_every_one_is_always_shown():
+    state = LedgerState()
+    assert run(state, floor("f0", "a" * 480))[0].type == "TenantFloorSet"
+    [e] = run(state, floor("f1", "b" * 480))
+    assert (e.type, e.code, e.field) == ("CommandRejected", "LIMIT_EXCEEDED", "text") and "800" in e.reason
+    assert run(state, floor("f0", "a" * 300))[0].type == "TenantFloorSet"  # the floor replaced is not counted twice
+    assert run(state, floor("f1", "b" * 300))[0].type == "TenantFloorSet"
+    assert run(state, entry("p0", text="c" * 480))[0].type == "PlatformEntrySet"
+    assert run(state, entry("p1", text="d" * 480))[0].code == "LIMIT_EXCEEDED"
+    assert run(state, entry("d1", "default", "d" * 480))[0].type == "PlatformEntrySet"  # defaults may be cut
+    assert run(state, entry("d2", "default", "d" * 480))[0].type == "PlatformEntrySet"
+    # Whatever the ledger took, a recall with every other layer full shows every floor and policy.
+    floors = [Entry("f0", "a" * 300), Entry("f1", "b" * 300)]
+    full = {h: [Entry(f"{h[:3]}{i}", "w" * 400) for i in range(30)] for h in SHARED}
+    f = fit([], [], [(f"b{i}", "y" * 300) for i in range(20)],
+            shared=full | {"Tenant floors": floors, "Policy": [Entry("p0", "c" * 480)]})
+    assert f.shared["Tenant floors"] == floors and [e.id for e in f.shared["Policy"]] == ["p0"]
 
 
 @pytest.mark.parametrize("bad, field", [

@@ -42,12 +42,14 @@ def _checks(state: LedgerState, ak: str, cmd: Any, write: bool) -> tuple[str, in
     """The member, and their profile's (version, text), once `cmd` may change it."""
     user = _member(cmd)
     cfg = config_of(state, ak)
-    if not cfg.memory.enabled:
+    source = cmd.provenance.source
+    # With memory off the member and the operator may still delete: memory off never keeps a
+    # member's words against their will (`services.memory.rules.check_enabled`).
+    if not cfg.memory.enabled and (write or source not in (Source.MEMBER, Source.OPERATOR)):
         raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
     if cmd.preview:
         raise Rejected(ErrorCode.PREVIEW_READ_ONLY, "user",
                        "a profile is live memory for every turn; a preview turn cannot change it")
-    source = cmd.provenance.source
     if write and source is Source.OPERATOR:
         raise Rejected(ErrorCode.FORBIDDEN, "user", "an operator never writes a member's profile; it may delete it")
     if source is Source.MEMBER and cmd.provenance.user not in (None, user):
@@ -105,6 +107,12 @@ def _enrich(state: LedgerState, ak: str, cmd: EnrichProfile, events: list) -> No
         raise Rejected(ErrorCode.FORBIDDEN, "lines", "profiles are enriched by consolidation only; write the "
                        "whole profile instead (PUT /v1/profiles/{user})")
     user, version, text = _checks(state, ak, cmd, write=True)
+    # Checked again here, where it is in force when the command applies: a setting turned off,
+    # or a profile the member deleted, is never filled in by a consolidation that started before.
+    if not config_of(state, ak).memory.profiles.enrich:
+        raise Rejected(ErrorCode.FORBIDDEN, "memory.profiles.enrich", "profile enrichment is off for this agent")
+    if not text and version:
+        raise Rejected(ErrorCode.NOT_FOUND, "user", "the member deleted their profile: enrichment never makes it again")
     new, added, skipped = enriched(text, list(cmd.lines))
     events.append(_base(ProfileChanged, cmd, user=user, text=new, version=version + 1 if added else version,
                         added=added, skipped=skipped))

@@ -81,7 +81,7 @@ class LedgerState:
     # profile keeps its version with empty text, so versions never repeat. Replaced, never mutated.
     profiles: MutableMapping[str, tuple[int, str, datetime]] = field(default_factory=dict)
     # tenant/@workspace (or @platform/@workspace) -> {"c:<convention>": "<status>|<agent>,...",
-    # "f:<floor>": "", "p:<entry>": "<kind>"}: tenant and platform memory (`tenant`), ids and
+    # "f:<floor>": "<chars>", "p:<entry>": "<kind>|<chars>"}: tenant and platform memory (`tenant`), ids and
     # statuses only (the texts are the projections'). Replaced, never mutated.
     shared: MutableMapping[str, Mapping[str, str]] = field(default_factory=dict)
 

@@ -11,8 +11,14 @@ the texts travel on the events, which the projections keep.
   with establishes it too (the same agents repeating it never bring it back).
 - `DecideConvention` (a tenant administrator, source OPERATOR): approve or reject, from any
   status, so an approval can be withdrawn by a rejection and a rejection reconsidered.
-- `SetTenantFloor` / `RemoveTenantFloor`: at most `MAX_FLOORS` per tenant.
-- `SetPlatformEntry` / `RemovePlatformEntry`: at most `MAX_PLATFORM` of each kind.
+- `SetTenantFloor` / `RemoveTenantFloor`: at most `MAX_FLOORS` per tenant, and no more than
+  the floors' recall budget holds: floors are always in context, so one that would not fit is
+  refused rather than left out of some recall.
+- `SetPlatformEntry` / `RemovePlatformEntry`: at most `MAX_PLATFORM` of each kind; policies,
+  always in context too, within their budget as floors are.
+
+The state keeps, per floor and policy, the characters it takes in the block (`chars` on the
+event), so the budget is checked with no text in the state.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from events.memory import (
 )
 from events.record import Source
 from events.rules.ledger.state import LedgerState, Rejected, _base
+from events.rules.recall_render import RESERVED, Entry, entry_cost, layer_cost
 
 MAX_FLOORS = 20  # per tenant: every floor is in every recall, so they stay few
 MAX_PLATFORM = 20  # of each kind: every tenant's every recall carries them
@@ -58,6 +65,25 @@ def convention(state: LedgerState, ak: str, cid: str) -> tuple[str, frozenset[st
         return None
     status, _, agents = raw.partition("|")
     return status, frozenset(a for a in agents.split(",") if a)
+
+
+def _within_budget(heading: str, others: list[int], cost: int, field: str, what: str) -> None:
+    """Refuses an entry that would take its always-shown layer past the layer's budget."""
+    total, budget = layer_cost(heading, [*others, cost]), RESERVED[heading]
+    if total > budget:
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, field,
+                       f"{what} would take {total} characters of every recall, over the {budget} they always "
+                       f"have; shorten it, or shorten or remove another")
+
+
+def _kind(value: str) -> str:
+    return value.partition("|")[0]
+
+
+def _chars(value: str) -> int:
+    """The characters an entry takes, from its state value (`kind|chars` or `chars`)."""
+    tail = value.rpartition("|")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _tenant_side(cmd: Any, what: str) -> None:
@@ -103,7 +129,10 @@ def _set_floor(state: LedgerState, ak: str, cmd: SetTenantFloor, events: list) -
     if f"f:{cmd.floor}" not in items and len(floors) >= MAX_FLOORS:
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "floor",
                        f"the tenant has {len(floors)} floors, the limit is {MAX_FLOORS}; replace or remove one")
-    events.append(_base(TenantFloorSet, cmd, entry_id=cmd.floor, text=cmd.text))
+    cost = entry_cost(Entry(cmd.floor, cmd.text))
+    _within_budget("Tenant floors", [_chars(items[k]) for k in floors if k != f"f:{cmd.floor}"], cost, "text",
+                   "the tenant's floors")
+    events.append(_base(TenantFloorSet, cmd, entry_id=cmd.floor, text=cmd.text, chars=cost))
 
 
 def _remove_floor(state: LedgerState, ak: str, cmd: RemoveTenantFloor, events: list) -> None:
@@ -125,12 +154,15 @@ def _platform_side(cmd: Any) -> None:
 def _set_platform(state: LedgerState, ak: str, cmd: SetPlatformEntry, events: list) -> None:
     _platform_side(cmd)
     items = _items(state, ak)
-    same = [k for k, kind in items.items() if k.startswith("p:") and kind == cmd.kind and k != f"p:{cmd.entry}"]
+    same = [k for k, v in items.items() if k.startswith("p:") and _kind(v) == cmd.kind and k != f"p:{cmd.entry}"]
     if len(same) >= MAX_PLATFORM:
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "kind",
                        f"the platform has {len(same)} {cmd.kind} entries, the limit is {MAX_PLATFORM}; "
                        "replace or remove one")
-    events.append(_base(PlatformEntrySet, cmd, entry_id=cmd.entry, kind=cmd.kind, text=cmd.text))
+    cost = entry_cost(Entry(cmd.entry, cmd.text))
+    if cmd.kind == "policy":  # defaults may be overridden, and left out when there is no room
+        _within_budget("Policy", [_chars(items[k]) for k in same], cost, "text", "the platform's policies")
+    events.append(_base(PlatformEntrySet, cmd, entry_id=cmd.entry, kind=cmd.kind, text=cmd.text, chars=cost))
 
 
 def _remove_platform(state: LedgerState, ak: str, cmd: RemovePlatformEntry, events: list) -> None:
@@ -182,8 +214,8 @@ FOLDS = {
     "ConventionProposed": _proposed,
     "ConventionApproved": _decided(APPROVED),
     "ConventionRejected": _decided(REJECTED),
-    "TenantFloorSet": lambda state, ak, e: _put(state, ak, f"f:{e.entry_id}", ""),
+    "TenantFloorSet": lambda state, ak, e: _put(state, ak, f"f:{e.entry_id}", str(e.chars)),
     "TenantFloorRemoved": lambda state, ak, e: _put(state, ak, f"f:{e.entry_id}", None),
-    "PlatformEntrySet": lambda state, ak, e: _put(state, ak, f"p:{e.entry_id}", e.kind),
+    "PlatformEntrySet": lambda state, ak, e: _put(state, ak, f"p:{e.entry_id}", f"{e.kind}|{e.chars}"),
     "PlatformEntryRemoved": lambda state, ak, e: _put(state, ak, f"p:{e.entry_id}", None),
 }

@@ -56,6 +56,7 @@ from projections.history_index import HYBRID_DEPTH, HistoryIndex
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
 from services.http.deps import Ctx
+from services.http.history_access import admitted
 from services.http.models import Body
 from services.memory import Context
 from services.memory.rules import NOT_MEMBER, check_role, refused
@@ -192,8 +193,8 @@ class HistoryExtension:
     async def _search_agent(self, body: HistorySearchRequest, who: Context, cfg: AgentConfig,
                             turn: int | None) -> dict[str, Any]:
         """Every session of the agent (or `session`, one of them). The current turn bounds only
-        the caller's own session's listing; across sessions, turns are not comparable, so a
-        ranked search is not bounded by it. Reading by id or listing needs one session."""
+        the caller's own session (`own_turn` across sessions); other sessions' turn numbers are
+        not comparable, so they are not bounded by it. Reading by id or listing needs one session."""
         if not cfg.has_sessions:
             await self._record(who, turn, [], embedded=None)
             return {"events": [], "next_cursor": None}
@@ -214,6 +215,7 @@ class HistoryExtension:
             preview=who.preview,
             kinds=kinds_for(cfg.history.index),
             before_turn=turn if body.session is not None and body.session == who.session else None,
+            own_turn=(who.session, turn) if body.session is None and who.session and turn is not None else None,
             conversation=body.conversation,
             since_ms=since,
             until_ms=until,
@@ -276,10 +278,9 @@ class HistoryExtension:
         bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn, user=f.user,
                                operator=f.operator)
         ids = list(dict.fromkeys(ids))
-        found, windows = await self.store.get_refs(f.tenant, f.agent, [(f.session, i) for i in ids])
+        found = await admitted(self.store, bounds, [(f.session, i) for i in ids])
         events = [found[(f.session, i)] for i in ids if (f.session, i) in found]
-        return [render(e, e.text, None, len(split_parts(e.text))) for e in events
-                if bounds.admits(e) and within(windows.get(e.session), e.occurred_ms)]
+        return [render(e, e.text, None, len(split_parts(e.text))) for e in events]
 
     async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: str):
         fp = fingerprint("q", f, body.query, mode)
@@ -304,7 +305,9 @@ class HistoryExtension:
             for h, e in zip(hits, events, strict=True):
                 if pos >= cap:
                     break
-                if not within(windows.get(e.session), e.occurred_ms):
+                # Not visible, or of the caller's own session at or after its turn (a search
+                # across sessions; the Qdrant filter bounds no single session by the turn).
+                if not within(windows.get(e.session), e.occurred_ms) or not f.bounds_own(e):
                     pos += 1
                     continue
                 if len(out) == limit:
