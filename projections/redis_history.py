@@ -114,7 +114,7 @@ class RedisHistory:
         for er, at in erasures:
             await self.erase(er, at)
         kept = [e for e in events if not erased(markers, e)] if markers else events
-        changes = memberships  # MUTANT
+        changes = [m for m in memberships if not membership_erased(markers, *m[0].split("/")[:2], m[2])]
         rows = [(e, seal_event(e)) for e in kept]
         if rows and self.keys is not None:
             await self.keys.flush()

@@ -12,7 +12,9 @@ Idempotent on replay: SADD adds an agent once, and the proposal is sent again wh
 holds two or more (a crash between the set and the commit loses nothing); its id names the
 tenant, the key and the number of agents, and the ledger ignores a proposal it holds already.
 The sets hold ids and a hash of the fact's words, never its text; a removed tenant's sets go
-(`SubjectErased`, tenant-wide). It runs inside the ledger's process (`services.cli.COMPANIONS`):
+(`SubjectErased`, tenant-wide), and a removed agent leaves every set of its tenant, so it no
+longer counts toward a candidate (a candidate made before keeps its text: it is the tenant's,
+and an administrator rejects it to withdraw it). It runs inside the ledger's process (`services.cli.COMPANIONS`):
 a Redis round trip per fact written, not worth a process of its own.
 """
 
@@ -51,8 +53,8 @@ class ConventionDetector(Processor):
             await self.r.aclose()
 
     def decode(self, source: str, data: bytes) -> Any:
-        # Only new records and a tenant's removal matter: the rest is skipped undecoded.
-        if b'"RecordAdded"' in data or (b'"SubjectErased"' in data and b'"tenant_wide":true' in data):
+        # Only new records and removals matter: the rest is skipped undecoded.
+        if b'"RecordAdded"' in data or b'"SubjectErased"' in data:
             return super().decode(source, data)
         return None
 
@@ -64,7 +66,10 @@ class ConventionDetector(Processor):
         if e is None:
             return []
         if e.type == "SubjectErased":
-            await self._forget(e.tenant)
+            if e.tenant_wide:
+                await self._forget(e.tenant)
+            elif e.user is None:  # an agent's removal (a member's erasure leaves agents counted)
+                await self._forget_agent(e.tenant, e.agent)
             return []
         if e.merged or not rules.qualifies(e.record, e.agent):
             return []
@@ -91,6 +96,15 @@ class ConventionDetector(Processor):
         for i in range(0, len(names), 500):
             await self.r.delete(*names[i:i + 500])
         await self.r.delete(index)
+
+    async def _forget_agent(self, tenant: str, agent: str) -> None:
+        _, index = self._keys(tenant, "")
+        names = [self._keys(tenant, k)[0] for k in await self.r.smembers(index)]
+        for i in range(0, len(names), 500):
+            pipe = self.r.pipeline(transaction=False)
+            for name in names[i:i + 500]:
+                pipe.srem(name, agent)
+            await pipe.execute()
 
     async def batch_done(self) -> list[Out]:
         if self.tally:

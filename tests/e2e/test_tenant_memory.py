@@ -18,6 +18,7 @@ import redis
 
 from events.config import AgentConfig
 from events.rules.conventions import fact_key
+from projections.redis_client import tagged
 from services.client import MemlaneClient, MemlaneError
 from services.stack import PIPELINE, Stack, free_port, stack_env
 from settings import Settings
@@ -136,6 +137,32 @@ async def test_a_fact_in_two_agents_becomes_a_candidate_and_approved_reaches_eve
 
 async def _has(stack, key: str, layer: str, text: str, present: bool = True) -> bool:
     return (text in _texts(await _recall(stack, key), layer)) is present
+
+
+async def test_a_removed_agent_no_longer_counts_toward_a_candidate(tstack):
+    stack, settings = tstack
+    tenant, [(a1, k1), (a2, k2), (a3, k3)], admin = await _tenant(stack, settings, 3)
+    fact, later = "Hotfixes skip the release train", "Release notes are written by the author"
+    r = redis.Redis.from_url(settings.redis_url)
+    seen = f"{settings.redis_root}conv:{tagged(tenant)}:{fact_key(fact)}"  # the detector's agents of the fact
+    try:
+        async with MemlaneClient(stack.api_url, k1) as c1:
+            await c1.add_memory(fact, scope="AGENT")
+        await eventually(lambda: r.sismember(seen, a1), timeout=60)
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=a1) as op:
+            await op.remove_agent()
+        await eventually(lambda: not r.sismember(seen, a1), timeout=60)
+    finally:
+        r.close()
+    async with MemlaneClient(stack.api_url, k2) as c2, MemlaneClient(stack.api_url, k3) as c3:
+        await c2.add_memory(fact, scope="AGENT")
+        await c2.add_memory(later, scope="AGENT")
+        await c3.add_memory(later, scope="AGENT")
+    async with MemlaneClient(stack.api_url, admin) as adm:
+        # a2's later fact follows its first in its partition: once the later one is a candidate,
+        # the first was seen, with a2 alone now that a1 is gone.
+        await eventually(poll(_convention, adm, later, "candidate"), timeout=60)
+        assert await _convention(adm, fact) is None
 
 
 async def test_a_rejected_convention_is_nowhere_and_the_same_agents_never_bring_it_back(tstack):

@@ -102,3 +102,24 @@ def test_a_filter_without_a_session_admits_every_session_of_its_agent_only():
     assert not f.admits(_event("s1", agent="b"))
     one = HistoryFilter(tenant="t", agent="a", session="s1", preview=False, kinds=("message",))
     assert one.admits(_event("s1")) and not one.admits(_event("s2"))
+
+
+def test_across_sessions_the_callers_own_session_is_bounded_by_its_turn():
+    f = HistoryFilter(tenant="t", agent="a", session=None, preview=False, kinds=("message",), own_turn=("s1", 2))
+    at = {n: KeptEvent(**{**_event("s1").__dict__, "turn": n}) for n in (1, 2, 3)}
+    assert f.admits(at[1]) and not f.admits(at[2]) and not f.admits(at[3])
+    assert f.bounds_own(at[1]) and not f.bounds_own(at[3])
+    other = KeptEvent(**{**_event("s2").__dict__, "turn": 9})
+    assert f.admits(other) and f.bounds_own(other)
+
+
+def test_an_agents_or_tenants_erasure_reaches_its_membership_changes_from_before_it():
+    from events.rules.history import erasure_marker, membership_erased
+
+    for marker in (erasure_marker("t", "a", None), erasure_marker("t", None, None)):
+        m = {marker: 500}
+        assert membership_erased(m, "t", "a", 500) and membership_erased(m, "t", "a", 1)
+        assert not membership_erased(m, "t", "a", 501)  # after it: an agent given the name again
+        assert not membership_erased(m, "u", "a", 1)
+    assert not membership_erased({erasure_marker("t", "b", None): 500}, "t", "a", 1)
+    assert not membership_erased({erasure_marker("t", "a", "fay"): 500}, "t", "a", 1)  # a member's: not the agent's
