@@ -64,20 +64,27 @@ def convention_text(summary: str) -> str:
     return summary if len(summary) <= SHARED_TEXT_CHARS else summary[: SHARED_TEXT_CHARS - 1] + "…"
 
 
+MAX_NAMED = 1000  # agents a proposal names (`ProposeConvention.agents` takes no more)
+
+
 def propose(tenant: str, key: str, text: str, agents: set[str] | frozenset[str], at: datetime) -> ProposeConvention:
     """The command for a fact seen in `agents` (two or more). Its id names the tenant, the key
     and how many agents were seen, so a replay sends the same command (the ledger's recent
     commands answer it) and the ledger's rule ignores a proposal it holds already."""
-    cid = str(uuid.uuid5(NAMESPACE, f"{tenant}|{key}|{len(agents)}"))
+    # The command names at most MAX_NAMED agents (the first by id): past that many the fact is
+    # the tenant's beyond doubt, and the proposal stays the same command however many more come.
+    named = sorted(agents)[:MAX_NAMED]
+    cid = str(uuid.uuid5(NAMESPACE, f"{tenant}|{key}|{len(named)}"))
     return ProposeConvention(
         command_id=f"convention:{cid}", tenant=tenant, agent=WORKSPACE, issued_at=at,
         provenance=Provenance(source=Source.CONSOLIDATION, modified_by="conventions"),
-        convention=key, text=convention_text(text), agents=sorted(agents),
+        convention=key, text=convention_text(text), agents=named,
     )
 
 
 def rank(entries: list[Any], text: str, limit: int = MAX_CONVENTIONS) -> list[Any]:
-    """The approved conventions a recall shows: those sharing most content words with its
-    text (`word_overlap`), at most `limit`, ties by id so the order is stable."""
+    """The approved conventions a recall shows, at most `limit`: those sharing most content
+    words with its text first (`word_overlap`), then the others, ties by id so the order is
+    stable."""
     scored = sorted(entries, key=lambda e: (-word_overlap(e.text, text), e.id))
     return scored[:limit]

@@ -46,6 +46,18 @@ def test_each_application_and_the_agent_count_their_blocks_apart():
     only(led.curate("b10", "add", line="x", application="app2"), "BlockChanged")
 
 
+def test_an_agent_keeps_blocks_for_ten_applications_at_most():
+    led = Ledger()
+    for i in range(10):
+        only(led.curate("style", "add", line="x", application=f"app{i}"), "BlockChanged")
+    e = only(led.curate("style", "add", line="x", application="app10"), "CommandRejected")
+    assert (e.code, e.field) == ("LIMIT_EXCEEDED", "application") and "10 applications" in e.reason
+    only(led.curate("tone", "add", line="y", application="app3"), "BlockChanged")  # one it has already
+    only(led.curate("style", "remove", old="x", application="app3"), "BlockChanged")
+    only(led.curate("tone", "remove", old="y", application="app3"), "BlockChanged")  # app3 emptied
+    only(led.curate("style", "add", line="x", application="app10"), "BlockChanged")
+
+
 def test_an_application_is_named_as_a_run_is():
     with pytest.raises(ValidationError, match="application"):
         CurateBlock(command_id="c", tenant="t", agent="a", issued_at=NOW, label="x", action="add", line="y",

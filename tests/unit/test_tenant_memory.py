@@ -334,3 +334,12 @@ def test_a_tenants_texts_are_sealed_under_its_workspace_key_and_the_platforms_ar
         assert {bytes(rec.topic_key).decode().split("#")[0] for rec in ring.pending} == {subject_of("t", WORKSPACE)}
     finally:
         codec.use_cipher(None)
+
+
+def test_a_fact_in_more_agents_than_a_proposal_names_still_makes_one_valid_proposal():
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    many = {f"agent{i:05d}" for i in range(conventions.MAX_NAMED + 50)}
+    cmd = conventions.propose("t", "k", "Deploys go out on Tuesdays", many, at)
+    assert len(cmd.agents) == conventions.MAX_NAMED and cmd.agents == sorted(many)[:conventions.MAX_NAMED]
+    # However many more agents come, it is the same command: the ledger answers it as seen.
+    assert conventions.propose("t", "k", "x", many | {"zzz"}, at).command_id == cmd.command_id

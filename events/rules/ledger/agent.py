@@ -6,7 +6,7 @@ from events.commands import BLOCK_CHARS, ConfigureAgent, CurateBlock, block_fiel
 from events.config import label_numbers_kept
 from events.errors import ErrorCode
 from events.memory import AgentConfigured, BlockChanged
-from events.rules.ledger.state import MAX_BLOCKS, LedgerState, Rejected, _base, config_of
+from events.rules.ledger.state import MAX_APPLICATIONS, MAX_BLOCKS, LedgerState, Rejected, _base, config_of
 
 
 def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
@@ -33,7 +33,13 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
     # An application's blocks are kept apart from the agent's own (`block_field`), and counted
     # apart: each recall shows one application's beside the agent's, `MAX_BLOCKS` of each at most.
     at = block_field(cmd.label, cmd.application)
-    blocks = {k: v for k, v in (state.blocks.get(ak) or {}).items() if block_of_field(k)[0] == cmd.application}
+    held = state.blocks.get(ak) or {}
+    apps = {block_of_field(k)[0] for k in held} - {None}
+    if cmd.application and cmd.application not in apps and len(apps) >= MAX_APPLICATIONS:
+        raise Rejected(ErrorCode.LIMIT_EXCEEDED, "application",
+                       f"the agent has blocks for {len(apps)} applications, the limit is {MAX_APPLICATIONS}; "
+                       "empty one application's blocks first")
+    blocks = {k: v for k, v in held.items() if block_of_field(k)[0] == cmd.application}
     if at not in blocks and len(blocks) >= MAX_BLOCKS:
         whose = f"application {cmd.application!r}" if cmd.application else "the agent"
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "label",

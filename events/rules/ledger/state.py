@@ -25,6 +25,7 @@ MAX_EXPIRY = timedelta(days=180)
 LIVE_FACT_CAP = 200
 RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (events.rules.consolidation)
 MAX_BLOCKS = 10  # labels per agent: blocks come with every recall, so they stay few
+MAX_APPLICATIONS = 10  # applications with blocks of their own, per agent: each adds up to MAX_BLOCKS
 # How long a turn's staged writes wait for its outcome; the default of `decide` and `overdue`,
 # whose caller (the ledger worker) passes the configured one.
 TURN_TIMEOUT = timedelta(minutes=10)
