@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from events.base import AppId, Ident, Message_, RunId
+from events.base import RUN_ID_PATTERN, AppId, Ident, Message_, RunId
 from events.config import AgentConfig
 from events.limits import check_labels, check_metadata, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
@@ -302,7 +302,8 @@ class ConfigureAgent(_CommandBase):
 # pseudo tenant, which no key is issued for (services/http/routes/keys.py refuses the name).
 PLATFORM = "@platform"
 SHARED_TEXT_CHARS = 500  # a floor's, a platform entry's or a convention's text
-EntryId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
+ENTRY_ID_CHARS = 64  # a convention's, a floor's or a platform entry's id
+EntryId = Annotated[str, Field(min_length=1, max_length=ENTRY_ID_CHARS, pattern=RUN_ID_PATTERN)]
 SharedText = Annotated[str, Field(min_length=1, max_length=SHARED_TEXT_CHARS)]
 
 
@@ -356,8 +357,7 @@ class RemovePlatformEntry(_CommandBase):
 # Notes (docs/notes.md): written by the agent itself, each citing 1 to `NOTE_SOURCES` messages
 # of its history. A note's id is the caller's, stable across revisions.
 NOTE_SOURCES = 32
-NOTE_ID_PATTERN = r"^[A-Za-z0-9._\-]+$"
-NoteId = Annotated[str, Field(min_length=1, max_length=128, pattern=NOTE_ID_PATTERN)]
+NoteId = Annotated[str, Field(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
 NoteTopic = Annotated[str, Field(min_length=1, max_length=200)]
 NoteSummary = Annotated[str, Field(min_length=1, max_length=2000)]
 

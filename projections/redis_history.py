@@ -193,9 +193,12 @@ class RedisHistory:
     async def get_many(self, tenant: str, agent: str, session: str, ids: list[str]) -> list[KeptEvent]:
         if not ids:
             return []
-        raw = await self.r.hmget(self._ev(f"{tenant}/{agent}/{session}"), ids)
+        return await self._open_all(await self.r.hmget(self._ev(f"{tenant}/{agent}/{session}"), ids))
+
+    async def _open_all(self, raws: list[bytes | None]) -> list[KeptEvent]:
+        """The events of an HMGET's answer: missing ones left out, unreadable ones counted."""
         out = []
-        for x in raw:
+        for x in raws:
             if not x:
                 continue
             e = await opening(self.keys, open_event, x)
@@ -237,14 +240,8 @@ class RedisHistory:
         for i, s in enumerate(by_session):
             raws, vals = got[2 * i], got[2 * i + 1]
             windows[s] = membership_windows([decode_change(v) for v in vals])
-            for x in raws:
-                if not x:
-                    continue
-                e = await opening(self.keys, open_event, x)
-                if e is None:
-                    self.unreadable += 1
-                else:
-                    events[(s, e.id)] = e
+            for e in await self._open_all(raws):
+                events[(s, e.id)] = e
         return events, windows
 
     async def page(

@@ -165,6 +165,18 @@ def kinds_for(index: str) -> tuple[str, ...]:
     return KINDS_BY_INDEX[index]
 
 
+def across_conversations(cfg: Any) -> bool:
+    """Whether the agent (an `AgentConfig`) reads history of its other sessions, not only the
+    caller's: history on and `harness.history.across_conversations` set."""
+    return bool(cfg.history and cfg.history.across_conversations)
+
+
+def reachable(session: str, home: str | None, across: bool) -> bool:
+    """Whether a message of `session` is reachable from the caller's session `home`: its own
+    always, another only across conversations."""
+    return across or session == home
+
+
 def split_parts(text: str, size: int = PART_CHARS) -> list[str]:
     """Split a long text into parts of at most `size` characters, at whitespace when it can.
 

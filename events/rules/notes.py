@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from events.rules.history import reachable
+
 Ref = tuple[str, str]  # (conversation, message id)
 
 RECALLED = 10  # notes a recall shows at most
@@ -36,12 +38,13 @@ class SourceError(ValueError):
         return f"source_messages.{self.index}"
 
 
-def resolve_sources(sources: Sequence[str | Mapping[str, Any]], session: str | None, across: bool) -> list[Ref]:
-    """The (conversation, message id) each source names, in order, once each: a message id is a
-    message of the caller's session (`session`, X-Session); `{"conversation", "id"}` one of another
-    session of the agent, which only `across` (history across conversations) allows. Raises
-    `SourceError` for the first source it cannot take."""
-    out: list[Ref] = []
+def resolve_sources(sources: Sequence[str | Mapping[str, Any]], session: str | None, across: bool) -> dict[Ref, int]:
+    """The (conversation, message id) each source names, in order, once each, with the index of
+    its first citation in `sources` (what an error names): a message id is a message of the
+    caller's session (`session`, X-Session); `{"conversation", "id"}` one of another session of
+    the agent, which only `across` (history across conversations) allows. Raises `SourceError`
+    for the first source it cannot take."""
+    out: dict[Ref, int] = {}
     for i, s in enumerate(sources):
         if isinstance(s, str):
             if session is None:
@@ -50,12 +53,11 @@ def resolve_sources(sources: Sequence[str | Mapping[str, Any]], session: str | N
             ref = (session, s)
         else:
             ref = (s["conversation"], s["id"])
-            if ref[0] != session and not across:
+            if not reachable(ref[0], session, across):
                 raise SourceError(i, f"conversation {ref[0]} is not this session, and history across "
                                   "conversations is off for this agent (history.across_conversations); cite "
                                   "messages of this session")
-        if ref not in out:
-            out.append(ref)
+        out.setdefault(ref, i)
     return out
 
 
@@ -63,7 +65,7 @@ def shown(sources: Iterable[Ref], home: str | None, visible: Mapping[Ref, Any] |
     """Whether a note may be shown: the caller can see every one of its sources now (none was
     deleted, erased or hidden from it since), and its sources outside the session it was saved
     from (`home`) are still reachable (history across conversations still on)."""
-    return all(ref in visible and (across or ref[0] == home) for ref in sources)
+    return all(ref in visible and reachable(ref[0], home, across) for ref in sources)
 
 
 def words(text: str) -> frozenset[str]:

@@ -22,7 +22,16 @@ from events.commands import ForgetNote, SaveNote
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.rules import notes as rules
-from events.rules.history import KeptEvent, decode_offset, encode_cursor, fingerprint, kinds_for, render, split_parts
+from events.rules.history import (
+    KeptEvent,
+    across_conversations,
+    decode_offset,
+    encode_cursor,
+    fingerprint,
+    kinds_for,
+    render,
+    split_parts,
+)
 from events.rules.recall_render import Entry
 from projections.redis_history import RedisHistory
 from projections.redis_notes import Note, NoteView
@@ -82,10 +91,6 @@ class MemoryNotes:
         await self.commands.check_subject(ctx, cfg)
         return cfg
 
-    @staticmethod
-    def _across(cfg: AgentConfig) -> bool:
-        return bool(cfg.history and cfg.history.across_conversations)
-
     async def _visible(self, ctx: Context, cfg: AgentConfig, refs: Sequence[rules.Ref]
                        ) -> dict[rules.Ref, KeptEvent]:
         """Those of `refs` the caller can see in history now: one round trip for all of them."""
@@ -97,7 +102,7 @@ class MemoryNotes:
         return await self.visible(self.history, ctx, list(dict.fromkeys(refs)), kinds=kinds_for(cfg.history.index))
 
     def _shown(self, note: Note, visible: Mapping[rules.Ref, Any], cfg: AgentConfig) -> bool:
-        return rules.shown(note.sources, note.session, visible, self._across(cfg))
+        return rules.shown(note.sources, note.session, visible, across_conversations(cfg))
 
     async def _shown_notes(self, ctx: Context, cfg: AgentConfig, notes: Sequence[Note], want: int) -> list[Note]:
         """The first `want` of `notes` (in their order) whose sources all check out now. The sources
@@ -121,12 +126,11 @@ class MemoryNotes:
         caller can see now (422 naming `source_messages.<index>` otherwise)."""
         cfg = await self._check(ctx, "save a note", write=True)
         try:
-            refs = rules.resolve_sources(source_messages, ctx.session, self._across(cfg))
+            refs = rules.resolve_sources(source_messages, ctx.session, across_conversations(cfg))
         except rules.SourceError as e:
             raise ApiError(ErrorCode.VALIDATION_FAILED, e.field, str(e), 422) from None
-        visible = await self._visible(ctx, cfg, refs)
-        for i, src in enumerate(source_messages):
-            ref = (ctx.session, src) if isinstance(src, str) else (src["conversation"], src["id"])
+        visible = await self._visible(ctx, cfg, list(refs))
+        for ref, i in refs.items():
             if ref not in visible:
                 raise ApiError(ErrorCode.VALIDATION_FAILED, f"source_messages.{i}",
                                f"source_messages.{i}: message {ref[1]} of conversation {ref[0]} is not one this caller "
@@ -188,8 +192,8 @@ class MemoryNotes:
             return {"id": note.id, "revision": note.revision, "hidden": True,
                     "reason": "a source message was deleted or is no longer visible to this caller; revise the note "
                               "with sources it can see, or forget it",
-                    "source_messages": [{"conversation": c, "id": m, "visible": (c, m) in visible
-                                         and (self._across(cfg) or c == note.session)} for c, m in note.sources]}
+                    "source_messages": [{"conversation": c, "id": m, "visible": rules.shown(
+                        [(c, m)], note.session, visible, across_conversations(cfg))} for c, m in note.sources]}
         sources = []
         for c, m in note.sources:
             e = visible[(c, m)]

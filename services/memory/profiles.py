@@ -22,7 +22,7 @@ from projections.redis_profiles import Profile, ProfileView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import RecallAsk
-from services.memory.rules import check_enabled, refused
+from services.memory.rules import check_enabled, check_offered, refused
 
 if TYPE_CHECKING:
     from services.memory.commands import MemoryCommands
@@ -74,9 +74,8 @@ class MemoryProfiles:
         check_access(ctx, user, action)
         cfg = await self.reads.config(ctx.tenant, ctx.agent)
         check_enabled(ctx, cfg, self.reads.settings.memory_kill_switch)
-        if action != "read" and ctx.principal.role in ("agent", "helper") and WRITE_TOOL not in cfg.memory.tools:
-            raise ApiError(ErrorCode.TOOL_NOT_ALLOWED, "tool", f"{WRITE_TOOL} is not in memory.tools "
-                           f"{cfg.memory.tools}; nothing was changed")
+        if action != "read":
+            check_offered(ctx, cfg, WRITE_TOOL)
         state = await self.reads.records.subject(ctx.tenant, ctx.agent, user)
         if ctx.principal.role in ("agent", "helper"):
             refused(refusal(cfg, user, ctx.channel, state))  # consent, channel, removal

@@ -5,6 +5,7 @@ from __future__ import annotations
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord, Scope
+from events.rules.history import across_conversations
 from events.rules.subjects import Refusal
 from events.rules.visibility import visible
 from services.auth import Principal
@@ -70,10 +71,24 @@ def check_tool(ctx: Context, cfg: AgentConfig, tool: str, kill_switch: bool) -> 
     if not ctx.principal.can_write:
         raise ApiError(ErrorCode.READ_ONLY_KEY, "authorization", "this key can search memory but never write it")
     check_enabled(ctx, cfg, kill_switch)
-    if ctx.principal.role != "operator" and tool not in cfg.memory.tools:
+    check_offered(ctx, cfg, tool)
+
+
+def check_offered(ctx: Context, cfg: AgentConfig, tool: str) -> None:
+    """An agent's key writes with `tool` only where the agent's configuration offers it
+    (memory.tools); an operator's or a member's write is not the agent's tool call."""
+    if ctx.principal.role in ("agent", "helper") and tool not in cfg.memory.tools:
         raise ApiError(
             ErrorCode.TOOL_NOT_ALLOWED, "tool", f"{tool} is not in memory.tools {cfg.memory.tools}; nothing was changed"
         )
+
+
+def check_across(cfg: AgentConfig, field: str, what: str) -> None:
+    """`what` reaches another session of the agent: 403 unless history across conversations is on."""
+    if not across_conversations(cfg):
+        raise ApiError(ErrorCode.HISTORY_DISABLED, field,
+                       f"{what}: history across conversations is off for this agent; set "
+                       "harness.history.across_conversations to true, or search the caller's session", 403)
 
 
 def check_operator_write(ctx: Context, scope: Scope | None = None) -> None:

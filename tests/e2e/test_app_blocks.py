@@ -5,13 +5,12 @@ application, in a fixed order, and given back by a rebuild."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from events import AgentConfig
 from projections.redis_records import RedisRecords
 from services.client import MemlaneClient
 from services.mcp_server import build_mcp
+from tests.e2e.rebuild_support import rebuilt_redis
 
 CFG = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
 
@@ -63,12 +62,7 @@ async def test_application_blocks_are_recalled_only_for_their_application_and_su
     # A rebuild fills a new generation from the log alone: the same blocks, kept apart.
     store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     try:
-        old = await store.generation()
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "redis"],
-                              env=stack.env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert await store.generation() > old
-        fields = await store.r.hkeys(f"{store._ns(await store.generation())}:blocks:{{{tenant}/{agent}}}")
+        fields = await store.r.hkeys(f"{store._ns(await rebuilt_redis(stack, store))}:blocks:{{{tenant}/{agent}}}")
         assert sorted(f.decode() if isinstance(f, bytes) else f for f in fields) == [
             "billing:refunds", "billing:stack", "stack"]
     finally:

@@ -294,19 +294,26 @@ async def test_no_other_agent_member_or_operator_gets_a_members_messages(across,
 # ------------------------------------------------------------------------------ rebuild
 
 
-async def test_a_replay_gives_the_membership_windows_back(settings):
-    from projections.redis_history import RedisHistory
-    from services.http.history_access import visible_messages
-    from tests.integration.test_history_replay import _fold_redis
+async def _published(settings, tag: str):
+    """Topics of the test's own (a replay of the shared ones would fold every other test's
+    turns) holding the fixture's turns of a new agent: (settings, tenant, agent)."""
     from workers.kafka_io import ensure_topics
 
-    # A topic of this test's own: a replay of the shared topic would fold every other test's turns.
-    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}mship{uuid.uuid4().hex[:4]}."})
+    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}{tag}{uuid.uuid4().hex[:4]}."})
     await ensure_topics(settings)
     tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
     async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
         for ev in fixture_events(tenant, agent):
             await pub.publish(ev)
+    return settings, tenant, agent
+
+
+async def test_a_replay_gives_the_membership_windows_back(settings):
+    from projections.redis_history import RedisHistory
+    from services.http.history_access import visible_messages
+    from tests.integration.test_history_replay import _fold_redis
+
+    settings, tenant, agent = await _published(settings, "mship")
     refs = [("g1", i) for i in ("u1", "u2", "a2", "u3", "u4")] + [("s1", "p1")]
     ctx = Context(principal=Principal(tenant, agent, "agent"), agent=agent, session="g1")
     for gen in (911, 912):  # two replays into fresh generations: the same windows, the same visibility
@@ -367,14 +374,8 @@ async def test_removing_an_agent_or_tenant_drops_its_membership_windows_for_good
     from projections.records import Erasure
     from projections.redis_history import RedisHistory
     from tests.e2e.extraction_support import send_to
-    from workers.kafka_io import ensure_topics
 
-    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}mserase{uuid.uuid4().hex[:4]}."})
-    await ensure_topics(settings)
-    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
-    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
-        for ev in fixture_events(tenant, agent):
-            await pub.publish(ev)
+    settings, tenant, agent = await _published(settings, "mserase")
     h, t0 = 3600_000, int(T.timestamp() * 1000)
     old = {"g1": ((t0 + h, t0 + 3 * h), (t0 + 5 * h, None))}
     stores: list[RedisHistory] = []

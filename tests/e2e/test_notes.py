@@ -7,8 +7,6 @@ another session `s2`, and a group session `g1` with no membership change recorde
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +17,8 @@ from events.config import HistoryConfig
 from events.rules.history import encode_cursor, fingerprint
 from events.turns import MembershipChanged
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
-from tests.conftest import eventually
+from tests.conftest import eventually, refused
+from tests.e2e.rebuild_support import rebuilt_redis
 from tests.e2e.test_history import turn
 
 T = datetime(2026, 9, 21, 9, 0, tzinfo=UTC)
@@ -68,15 +67,6 @@ async def agent(stack, settings):
 
 def client(stack, key, session="s1", **kw) -> MemlaneClient:
     return MemlaneClient(stack.api_url, key, session=session, **kw)
-
-
-async def refused(coro, status, code, field=None) -> MemlaneError:
-    with pytest.raises(MemlaneError) as e:
-        await coro
-    assert (e.value.status, e.value.code) == (status, code), e.value
-    if field is not None:
-        assert e.value.field == field, e.value
-    return e.value
 
 
 def note_ids(recalled) -> list[str]:
@@ -300,12 +290,7 @@ async def test_a_rebuild_gives_the_notes_back(stack, settings):
 
     live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     try:
-        before = await live.generation()
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "redis"], env=stack.env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        rebuilt = await live.generation()
-        assert rebuilt > before
+        rebuilt = await rebuilt_redis(stack, live)
         # The new generation holds the notes at their revisions, filled from the log alone.
         view = NoteView(RedisRecords.from_url(settings.redis_url, generation=rebuilt, namespace=settings.topic_prefix))
         try:

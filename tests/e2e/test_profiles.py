@@ -6,8 +6,6 @@ by consolidation (the scripted model), and a rebuild that gives profiles back.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime
 
@@ -15,24 +13,16 @@ import pytest
 
 from events import AgentConfig, SessionEnded
 from projections.redis_profiles import profiles_key
-from services.client import MemlaneClient, MemlaneError, TurnPublisher
+from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
-from tests.conftest import eventually
+from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import answer, extraction_stack, turn
 from tests.e2e.extraction_support import new_agent as stack_agent
+from tests.e2e.rebuild_support import rebuilt_redis
 from tests.fakes.model_server import Reply
 
 CFG = AgentConfig.model_validate({"memory": {"consent": "required", "tools": ["add_memory", "profile_write"],
                                              "scope": {"read": ["user"], "write": ["user"]}}})
-
-
-async def refused(coro, status: int, code: str, field: str | None = None) -> MemlaneError:
-    with pytest.raises(MemlaneError) as err:
-        await coro
-    assert (err.value.status, err.value.code) == (status, code), err.value
-    if field is not None:
-        assert err.value.field == field, err.value
-    return err.value
 
 
 async def members(stack, settings, tenant, agent, *users) -> dict[str, str]:
@@ -173,13 +163,7 @@ async def rebuild_redis(stack, settings, tenant: str, agent: str) -> dict[str, b
 
     store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
     try:
-        old = await store.generation()
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "redis"],
-                              env=stack.env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        new = await store.generation()
-        assert new > old
-        stored = await store.r.hgetall(profiles_key(store._ns(new), tenant, agent))
+        stored = await store.r.hgetall(profiles_key(store._ns(await rebuilt_redis(stack, store)), tenant, agent))
         return {(k.decode() if isinstance(k, bytes) else k): (v.encode() if isinstance(v, str) else v)
                 for k, v in stored.items()}
     finally:

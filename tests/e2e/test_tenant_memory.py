@@ -85,6 +85,15 @@ async def _convention(admin_client, text: str, status: str | None = None):
     return next((c for c in await admin_client.conventions(status) if c["id"] == fact_key(text)), None)
 
 
+async def _proposed(stack, keys: tuple[str, str], admin: str, fact: str) -> dict:
+    """Two agents (their `keys`) keep `fact` for the agent: the candidate the conventions worker proposes."""
+    async with MemlaneClient(stack.api_url, keys[0]) as c1, MemlaneClient(stack.api_url, keys[1]) as c2:
+        await c1.add_memory(fact, scope="AGENT")
+        await c2.add_memory(fact, scope="AGENT")
+    async with MemlaneClient(stack.api_url, admin) as adm:
+        return await eventually(poll(_convention, adm, fact, "candidate"), timeout=60)
+
+
 async def test_a_fact_in_two_agents_becomes_a_candidate_and_approved_reaches_every_agent_of_the_tenant(tstack):
     stack, settings = tstack
     tenant, [(a1, k1), (a2, k2), (a3, k3)], admin = await _tenant(stack, settings, 3)
@@ -244,11 +253,8 @@ async def test_a_rebuild_gives_conventions_floors_and_platform_entries_back(tsta
     stack, settings = tstack
     tenant, [(a1, k1), (a2, k2)], admin = await _tenant(stack, settings, 2)
     fact = "Releases are tagged with the date"
-    async with MemlaneClient(stack.api_url, k1) as c1, MemlaneClient(stack.api_url, k2) as c2:
-        await c1.add_memory(fact, scope="AGENT")
-        await c2.add_memory(fact, scope="AGENT")
+    cand = await _proposed(stack, (k1, k2), admin, fact)
     async with MemlaneClient(stack.api_url, admin) as adm, _op(stack, settings) as platform:
-        cand = await eventually(poll(_convention, adm, fact, "candidate"), timeout=60)
         await adm.decide_convention(cand["id"], True)
         await adm.set_floor("tags", "Every release has a changelog")
         await platform.set_platform_entry("tone", "default", "Be concise")
@@ -293,11 +299,8 @@ async def test_a_tenant_administrator_reviews_candidates_over_mcp_and_an_agent_k
     stack, settings = tstack
     tenant, [(a1, k1), (a2, k2)], admin = await _tenant(stack, settings, 2)
     fact = "Invoices are sent on the first of the month"
-    async with MemlaneClient(stack.api_url, k1) as c1, MemlaneClient(stack.api_url, k2) as c2:
-        await c1.add_memory(fact, scope="AGENT")
-        await c2.add_memory(fact, scope="AGENT")
+    await _proposed(stack, (k1, k2), admin, fact)
     async with MemlaneClient(stack.api_url, admin) as adm:
-        await eventually(poll(_convention, adm, fact, "candidate"), timeout=60)
         mcp = build_admin_mcp(adm)
         assert {t.name for t in await mcp.list_tools()} == {"list_conventions", "review_convention"}
         listed = json.loads((await mcp.call_tool("list_conventions", {})).content[0].text)["conventions"]
@@ -324,11 +327,7 @@ async def test_memlane_mcp_with_a_tenant_operator_key_serves_the_review_tools(ts
     stack, settings = tstack
     tenant, [(a1, k1), (a2, k2)], admin = await _tenant(stack, settings, 2)
     fact = "Support replies within four hours"
-    async with MemlaneClient(stack.api_url, k1) as c1, MemlaneClient(stack.api_url, k2) as c2:
-        await c1.add_memory(fact, scope="AGENT")
-        await c2.add_memory(fact, scope="AGENT")
-    async with MemlaneClient(stack.api_url, admin) as adm:
-        await eventually(poll(_convention, adm, fact, "candidate"), timeout=60)
+    await _proposed(stack, (k1, k2), admin, fact)
     env = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_API_KEY": admin}
     proc = subprocess.Popen([str(Path(sys.executable).with_name("memlane")), "mcp"], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

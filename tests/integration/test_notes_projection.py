@@ -19,6 +19,7 @@ from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.notes import owner_key, revision_of
 from projections.redis_notes import NoteView
 from projections.redis_records import RedisRecords
+from tests.integration.views import applied_and_filled, dropped
 
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
 NOTES = ["n1", "n2", "n.3"]
@@ -62,14 +63,6 @@ def ledger_events(ops) -> tuple[list, LedgerState]:
     return events, state
 
 
-async def _dropped(*stores: RedisRecords) -> None:
-    for store in stores:
-        keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*", count=10_000)]
-        if keys:
-            await store.r.delete(*keys)
-        await store.aclose()
-
-
 async def shown(store: RedisRecords) -> dict:
     view = NoteView(store)
     return {user: sorted((n.id, n.revision, n.topic, n.sources) for n in await view.all("t", "a", user))
@@ -80,27 +73,17 @@ async def shown(store: RedisRecords) -> dict:
 @given(ops=st.lists(op, min_size=1, max_size=25), data=st.data())
 async def test_incremental_and_rebuilt_note_views_agree_with_the_ledger(settings, ops, data):
     events, state = ledger_events(ops)
-    deliveries, i = [], 0
-    while i < len(events):
-        n = data.draw(st.integers(1, 4))
-        deliveries.append(events[i : i + n])
-        if data.draw(st.booleans()):
-            deliveries.append(events[data.draw(st.integers(0, i)) : i + n])  # a replay after a crash
-        i += n
     inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
     rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
     try:
-        for batch in deliveries:
-            await inc.apply(batch)
-        for i in range(0, len(events), 3):
-            await rebuilt.fill(events[i : i + 3])
+        await applied_and_filled(inc, rebuilt, events, data)
         expected = await shown(rebuilt)
         assert await shown(inc) == expected
         for user in USERS:
             held = state.notes.get(owner_key("t/a", user)) or {}
             assert [(nid, rev) for nid, rev, _, _ in expected[user]] == sorted((k, v[0]) for k, v in held.items())
     finally:
-        await _dropped(inc, rebuilt)
+        await dropped(inc, rebuilt)
 
 
 async def test_an_agents_removal_drops_every_note_of_the_agent_and_only_its(settings):
@@ -125,4 +108,4 @@ async def test_an_agents_removal_drops_every_note_of_the_agent_and_only_its(sett
         assert [await notes.all("t", "a", u) for u in USERS] == [[], [], []]
         assert [len(await notes.all("t", "b", u)) for u in USERS] == [1, 1, 1]
     finally:
-        await _dropped(view)
+        await dropped(view)

@@ -18,6 +18,7 @@ from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.runs import run_of
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
+from tests.integration.views import applied_and_filled, dropped
 
 # Near now: the view's keys expire (collected by Redis) 49 hours after a run's last write.
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
@@ -51,15 +52,6 @@ def ledger_events(ops) -> tuple[list, LedgerState]:
     return events, state
 
 
-async def _dropped(*stores: RedisRecords) -> None:
-    """The test generations' keys go, and the clients close."""
-    for store in stores:
-        keys = [k async for k in store.r.scan_iter(f"ml:g{store.fixed_generation}:*", count=10_000)]
-        if keys:
-            await store.r.delete(*keys)
-        await store.aclose()
-
-
 async def shown(view: RunView) -> dict:
     now = T0 + timedelta(hours=2)
     return {run: (await view.read("t", "a", run, now)).as_json() for run in RUNS}
@@ -69,20 +61,10 @@ async def shown(view: RunView) -> dict:
 @given(ops=st.lists(op, min_size=1, max_size=20), data=st.data())
 async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings, ops, data):
     events, state = ledger_events(ops)
-    deliveries, i = [], 0
-    while i < len(events):
-        n = data.draw(st.integers(1, 4))
-        deliveries.append(events[i : i + n])
-        if data.draw(st.booleans()):
-            deliveries.append(events[data.draw(st.integers(0, i)) : i + n])  # a replay after a crash
-        i += n
     inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
     rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
     try:
-        for batch in deliveries:
-            await inc.apply(batch)
-        for i in range(0, len(events), 3):
-            await rebuilt.fill(events[i : i + 3])
+        await applied_and_filled(inc, rebuilt, events, data)
         expected = await shown(RunView(rebuilt))
         assert await shown(RunView(inc)) == expected
         for run in RUNS:
@@ -91,7 +73,7 @@ async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings,
             summaries = [e.summary for e in events if e.type == "RunSummarized" and e.run == run]
             assert expected[run]["sessionSummary"] == (summaries[-1] if summaries else None)
     finally:
-        await _dropped(inc, rebuilt)
+        await dropped(inc, rebuilt)
 
 
 async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(settings):
@@ -113,4 +95,4 @@ async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(s
         shown = (await RunView(view).read("t", "a", "r", T0 + timedelta(hours=1)))
         assert [e.summary for e in shown.entries] == ["new note"]
     finally:
-        await _dropped(view)
+        await dropped(view)

@@ -10,15 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events import Message, ToolCall, TurnCommitted
+from events.config import AgentConfig, HistoryConfig
 from events.rules.history import (
     HistoryFilter,
     KeptEvent,
+    across_conversations,
     decode_cursor,
     encode_cursor,
     event_from_payload,
     header,
     kept_events,
     kinds_for,
+    reachable,
     render,
     split_parts,
     time_window,
@@ -198,3 +201,11 @@ def test_the_redis_rule_and_the_qdrant_filter_agree_on_whose_turns_are_found(tmp
                 assert all(event_from_payload(h.payload).user in SEES[reader] for h in hits)
     finally:
         index.close()
+
+
+def test_history_reaches_other_sessions_only_when_on_and_across_conversations():
+    assert not across_conversations(AgentConfig())
+    assert not across_conversations(AgentConfig(history=HistoryConfig()))
+    assert across_conversations(AgentConfig(history=HistoryConfig(across_conversations=True)))
+    assert reachable("s1", "s1", across=False) and reachable("s2", "s1", across=True)
+    assert not reachable("s2", "s1", across=False) and not reachable("s2", None, across=False)

@@ -20,7 +20,6 @@ from events.record import Provenance, Source
 from events.rules import notes as rules
 from events.rules.ledger import LedgerState, decide, evolve, forget
 from events.rules.ledger.notes import MAX_NOTES, owner_key, revision_of
-from projections.keys import Keyring, LocalKeyFile
 from workers.ledger_snapshot import decode_state, encode_state
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
@@ -70,8 +69,8 @@ def only(events, type_):
 
 def test_a_message_id_names_a_message_of_the_callers_session_and_an_object_another_session():
     refs = rules.resolve_sources(["m1", {"conversation": "s1", "id": "m2"}, "m1"], "s1", across=False)
-    assert refs == [("s1", "m1"), ("s1", "m2")]  # once each, in order
-    assert rules.resolve_sources(["m1", {"conversation": "s9", "id": "m2"}], "s1", across=True) == [
+    assert list(refs.items()) == [(("s1", "m1"), 0), (("s1", "m2"), 1)]  # once each, in order, first index
+    assert list(rules.resolve_sources(["m1", {"conversation": "s9", "id": "m2"}], "s1", across=True)) == [
         ("s1", "m1"), ("s9", "m2")]
 
 
@@ -266,14 +265,6 @@ def test_a_recovery_from_the_log_folds_the_same_notes():
         evolve(recovered, decode_ledger_view(codec.encode(e)))
     assert dict(recovered.notes) == dict(led.state.notes)
     assert dict(recovered.notes)["t/a"]["release-rules"] == (2, NOW)
-
-
-@pytest.fixture
-def keyring(tmp_path):
-    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    yield ring
-    codec.use_cipher(None)
 
 
 def test_a_notes_text_is_sealed_under_its_owners_key(keyring):

@@ -28,7 +28,6 @@ from events.rules import consolidation
 from events.rules.ledger import LedgerState, evolve, forget
 from events.rules.ledger.profiles import enriched, profile_of
 from events.sealing import subject_of
-from projections.keys import Keyring, LocalKeyFile
 from projections.redis_profiles import Profile
 from services.auth import Principal
 from services.errors import ApiError
@@ -176,14 +175,6 @@ def test_forgetting_until_a_time_keeps_a_profile_written_later():
     forget(led.state, "t/*|u:u1", until=NOW)
     forget(led.state, "t/*|u:u2", until=NOW)
     assert profile_of(led.state, "t/a", "u1") == (0, "") and profile_of(led.state, "t/a", "u2") == (1, "After")
-
-
-@pytest.fixture
-def keyring(tmp_path):
-    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    yield ring
-    codec.use_cipher(None)
 
 
 def test_profile_text_is_sealed_under_the_members_key_in_events_commands_and_snapshots(keyring):

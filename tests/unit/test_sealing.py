@@ -20,14 +20,6 @@ CANARY = "canary-7f3a zebra umbrella"
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-@pytest.fixture
-def keyring(tmp_path):
-    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    yield ring
-    codec.use_cipher(None)
-
-
 def _record(user: str | None = "u1", version: int = 1) -> MemoryRecord:
     return MemoryRecord(id="r1", version=version, created=NOW, modified=NOW, tenant="t", agent="a",
                         scope=Scope.USER if user else Scope.AGENT, user=user, kind="fact", summary=CANARY,

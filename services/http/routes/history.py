@@ -59,7 +59,7 @@ from services.http.deps import Ctx
 from services.http.history_access import admitted
 from services.http.models import Body
 from services.memory import Context
-from services.memory.rules import NOT_MEMBER, check_role, refused
+from services.memory.rules import NOT_MEMBER, check_across, check_role, refused
 from settings import Settings
 from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
@@ -135,20 +135,13 @@ class HistoryExtension:
             )
         return cfg
 
-    @staticmethod
-    def _across(cfg: AgentConfig, field: str, what: str) -> None:
-        if not cfg.history or not cfg.history.across_conversations:
-            raise ApiError(ErrorCode.HISTORY_DISABLED, field,
-                           f"{what}: history across conversations is off for this agent; set "
-                           "harness.history.across_conversations to true, or search the caller's session", 403)
-
     async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
         if body.kind == "notes":  # seed 003's memory_search kind "notes": the caller's notes by topic and summary
             return await self.app.state.service.notes.search(who, body.query, body.limit, body.cursor)
         cfg = await self._config(who, "search session history")
         turn = body.turn if body.turn is not None else who.turn
         if body.scope == "agent":
-            self._across(cfg, "scope", 'scope "agent"')
+            check_across(cfg, "scope", 'scope "agent"')
             return await self._search_agent(body, who, cfg, turn)
         if body.session is not None and body.session != who.session:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "session", 'session: names another session; pass scope "agent" '
@@ -157,25 +150,31 @@ class HistoryExtension:
             # History stays with a session: an agent without sessions has none.
             await self._record(who, turn, [], embedded=None)
             return {"events": [], "next_cursor": None}
+        f = self._filter(body, who, cfg, session=who.session, before_turn=turn)
+        return await self._run(f, body, who, cfg, turn)
+
+    @staticmethod
+    def _filter(body: HistorySearchRequest, who: Context, cfg: AgentConfig, **where: Any) -> HistoryFilter:
+        """A search's filter: the caller's agent, preview, member and role, the kinds history
+        keeps, the body's conversation and time window (422 naming the field), and `where` (the
+        session and the turn bounds)."""
         try:
             since, until = time_window(body.day, body.since, body.until)
         except ValueError as e:
             field, _, _ = str(e).partition(":")
             raise ApiError(ErrorCode.VALIDATION_FAILED, field, str(e)) from None
-        f = HistoryFilter(
+        return HistoryFilter(
             tenant=who.tenant,
             agent=who.agent,
-            session=who.session,
             preview=who.preview,
             kinds=kinds_for(cfg.history.index),
-            before_turn=turn,
             conversation=body.conversation,
             since_ms=since,
             until_ms=until,
             user=who.user,
             operator=who.principal.role == "operator",
+            **where,
         )
-        return await self._run(f, body, who, cfg, turn)
 
     async def _run(self, f: HistoryFilter, body: HistorySearchRequest, who: Context, cfg: AgentConfig,
                    turn: int | None) -> dict[str, Any]:
@@ -203,24 +202,11 @@ class HistoryExtension:
             field = "ids" if body.ids else "session"
             raise ApiError(ErrorCode.VALIDATION_FAILED, field, f'{field}: with scope "agent", reading by id or listing '
                            "without a query needs one session; name it in session, or give a query")
-        try:
-            since, until = time_window(body.day, body.since, body.until)
-        except ValueError as e:
-            field, _, _ = str(e).partition(":")
-            raise ApiError(ErrorCode.VALIDATION_FAILED, field, str(e)) from None
-        f = HistoryFilter(
-            tenant=who.tenant,
-            agent=who.agent,
+        f = self._filter(
+            body, who, cfg,
             session=body.session,
-            preview=who.preview,
-            kinds=kinds_for(cfg.history.index),
             before_turn=turn if body.session is not None and body.session == who.session else None,
             own_turn=(who.session, turn) if body.session is None and who.session and turn is not None else None,
-            conversation=body.conversation,
-            since_ms=since,
-            until_ms=until,
-            user=who.user,
-            operator=who.principal.role == "operator",
         )
         res = await self._run(f, body, who, cfg, turn)
         if body.session is not None:
@@ -243,7 +229,7 @@ class HistoryExtension:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "conversation", "conversation: no session to read; send "
                            "X-Session, or name the conversation (a session id)")
         if session != who.session:
-            self._across(cfg, "conversation", f"conversation {session!r} is not the caller's session")
+            check_across(cfg, "conversation", f"conversation {session!r} is not the caller's session")
         if not cfg.has_sessions:
             return {"conversation": session, "events": [], "next_cursor": None}
         f = HistoryFilter(

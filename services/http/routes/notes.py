@@ -11,14 +11,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from pydantic import Field
 
-from events.base import Ident
-from events.commands import NOTE_ID_PATTERN, NOTE_SOURCES, NoteSummary, NoteTopic
+from events.base import RUN_ID_PATTERN, Ident
+from events.commands import NOTE_SOURCES, NoteSummary, NoteTopic
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
 
 router = APIRouter(tags=["notes"])
 
-NoteIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=NOTE_ID_PATTERN,
+NoteIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=RUN_ID_PATTERN,
                                  description="the note's id, the caller's choice: 1-128 letters, digits, '.', '_' or '-'")]
 
 

@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path
 from pydantic import Field
 
-from events.commands import SHARED_TEXT_CHARS
+from events.base import RUN_ID_PATTERN
+from events.commands import ENTRY_ID_CHARS, SHARED_TEXT_CHARS
 from events.errors import ErrorCode
 from services.errors import ApiError
 from services.http.deps import Caller, Svc, tenant_of
@@ -23,8 +24,8 @@ from services.memory.rules import check_role
 
 router = APIRouter()
 
-IdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$",
-                             description="the entry's id: 1-64 letters, digits, '.', '_' or '-'")]
+IdPath = Annotated[str, Path(min_length=1, max_length=ENTRY_ID_CHARS, pattern=RUN_ID_PATTERN,
+                             description=f"the entry's id: 1-{ENTRY_ID_CHARS} letters, digits, '.', '_' or '-'")]
 Text = Annotated[str, Field(min_length=1, max_length=SHARED_TEXT_CHARS,
                             description=f"the text, 1 to {SHARED_TEXT_CHARS} characters")]
 
