@@ -91,15 +91,17 @@ class MemoryNotes:
         await self.commands.check_subject(ctx, cfg)
         return cfg
 
-    async def _visible(self, ctx: Context, cfg: AgentConfig, refs: Sequence[rules.Ref]
+    async def _visible(self, ctx: Context, cfg: AgentConfig, refs: Sequence[rules.Ref], text: bool = False
                        ) -> dict[rules.Ref, KeptEvent]:
-        """Those of `refs` the caller can see in history now: one round trip for all of them."""
+        """Those of `refs` the caller can see in history now: one round trip for all of them.
+        Their texts only with `text` (memory_read shows them; a check needs none)."""
         if not refs or cfg.history is None:
             return {}
         if self.visible is None:
             raise ApiError(ErrorCode.UNAVAILABLE, None, "this process cannot check notes' sources (no history "
                            "access was given to the memory service)", 503)
-        return await self.visible(self.history, ctx, list(dict.fromkeys(refs)), kinds=kinds_for(cfg.history.index))
+        return await self.visible(self.history, ctx, list(dict.fromkeys(refs)), kinds=kinds_for(cfg.history.index),
+                                  text=text)
 
     def _shown(self, note: Note, visible: Mapping[rules.Ref, Any], cfg: AgentConfig) -> bool:
         return rules.shown(note.sources, note.session, visible, across_conversations(cfg))
@@ -187,7 +189,7 @@ class MemoryNotes:
         note = await self.view.get(ctx.tenant, ctx.agent, ctx.user, note_id)
         if note is None:
             raise ApiError(ErrorCode.NOT_FOUND, "note_id", f"note {note_id} does not exist for this identity", 404)
-        visible = await self._visible(ctx, cfg, note.sources)
+        visible = await self._visible(ctx, cfg, note.sources, text=True)
         if not self._shown(note, visible, cfg):
             return {"id": note.id, "revision": note.revision, "hidden": True,
                     "reason": "a source message was deleted or is no longer visible to this caller; revise the note "
