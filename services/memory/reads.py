@@ -177,7 +177,7 @@ class MemoryReads:
         return await self.records.shadowed(ctx.tenant, ctx.agent) if ctx.preview else set()
 
     async def blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str, str | None]]:
-        """The blocks an agent's recall shows: (scope, label, text), the tenant's
+        """The blocks an agent's recall shows: (scope, label, text, application), the tenant's
         workspace-wide ones first, each scope by label; with `application`, that application's too."""
         check_role(ctx, NOT_MEMBER, "read an agent's blocks")
         cfg = await self.config(ctx.tenant, ctx.agent)
