@@ -335,34 +335,11 @@ async def test_a_replay_gives_the_membership_windows_back(settings):
 
 
 async def _fold_all(settings, generation: int) -> None:
-    """`memlane worker history` into `generation` until it has read the turns and the memory
-    events topics to their ends (a fresh generation: from offset 0, a replay)."""
-    import asyncio
-
-    from aiokafka import TopicPartition
-
+    """The history worker into `generation` until it has read the turns and memory events topics."""
     from events.topics import EVENTS, TURNS
-    from projections.redis_history import RedisHistory
-    from tests.integration.test_history_replay import runner_end_offsets
-    from workers.history import HistoryProjector
-    from workers.runtime import Runner
+    from tests.integration.test_history_replay import _fold_redis
 
-    proc = HistoryProjector(settings, generation=generation)
-    runner = Runner(proc, settings, group=f"{settings.group_prefix}.mship.{uuid.uuid4().hex[:6]}")
-    task = asyncio.create_task(runner.run())
-    store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
-    tps = [TopicPartition(settings.topic(t.name), p) for t in (TURNS, EVENTS) for p in range(t.partitions)]
-    end = await runner_end_offsets(settings, tps)
-    try:
-        async def caught_up():
-            ck = await store.checkpoints()
-            return all(ck.get(f"{tp.topic}:{tp.partition}", 0) >= end[tp] for tp in tps if end[tp])
-
-        await eventually(caught_up, timeout=60)
-    finally:
-        runner.stopping.set()
-        await task
-        await store.aclose()
+    await _fold_redis(settings, generation, (TURNS, EVENTS))
 
 
 async def test_removing_an_agent_or_tenant_drops_its_membership_windows_for_good(settings):

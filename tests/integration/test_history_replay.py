@@ -29,12 +29,14 @@ from workers.kafka_io import ensure_topics
 from workers.runtime import Runner
 
 
-async def _fold_redis(settings: Settings, generation: int) -> None:
+async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> None:
+    """`memlane worker history` into `generation` until it has read `topics` to their ends
+    (a fresh generation: from offset 0, a replay)."""
     proc = HistoryProjector(settings, generation=generation)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.replay.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
-    tps = [TopicPartition(settings.topic(TURNS.name), p) for p in range(TURNS.partitions)]
+    tps = [TopicPartition(settings.topic(t.name), p) for t in topics for p in range(t.partitions)]
     end = await runner_end_offsets(settings, tps)
     try:
         async def caught_up():
