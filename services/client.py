@@ -183,8 +183,8 @@ class MemlaneClient:
     async def recall(self, conversation: str, text: str, run_id: str | None = None,
                      application: str | None = None) -> dict[str, Any]:
         body = {"conversation": conversation, "text": text} | ({"run_id": run_id} if run_id else {}) | (
-            {"application": application} if application else {})
-        return await self._call("POST", "/v1/recall", json=body)
+            {"application": application} if application else {}) | {"request_id": uuid.uuid4().hex}
+        return await self._call("POST", "/v1/recall", json=body)  # a retry sends the same request_id
 
     async def search_history(self, query: str | None = None, **filters: Any) -> dict[str, Any]:
         body = {"query": query, **{k: v for k, v in filters.items() if v is not None}}

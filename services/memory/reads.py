@@ -366,19 +366,20 @@ class MemoryReads:
         return RecallResult([], [], rendered, [], [], [], skipped=skipped, memory_unavailable=unavailable)
 
     async def recall(self, ctx: Context, conversation: str, text: str, run: str | None = None,
-                     application: str | None = None) -> RecallResult:
+                     application: str | None = None, request: str | None = None) -> RecallResult:
         """What the agent should remember before its next model call.
 
         Never fails the platform's turn for memory's sake: a subject that gets no memory
         (consent, channel, removal) gets an empty recall naming why (`skipped`), and memory
         that cannot be read (Redis or the index down) an empty one with `memory_unavailable`,
-        logged without the caller's text or member."""
+        logged without the caller's text or member. `request` names the attempt: sent again, it
+        is shown what its first attempt showed."""
         check_role(ctx, NOT_MEMBER, "recall memory")
         with Timed(RECALL_SECONDS):
-            return await self._recall_or_empty(ctx, conversation, text, run, application)
+            return await self._recall_or_empty(ctx, conversation, text, run, application, request)
 
     async def _recall_or_empty(self, ctx: Context, conversation: str, text: str, run: str | None,
-                               application: str | None) -> RecallResult:
+                               application: str | None, request: str | None) -> RecallResult:
         cfg: AgentConfig | None = None
         try:
             got_cfg, state = await asyncio.gather(self.config(ctx.tenant, ctx.agent), self._state(ctx),
@@ -392,13 +393,14 @@ class MemoryReads:
             skipped = self._refusal(ctx, cfg, state)
             if skipped is not None:
                 return self._empty(cfg, skipped=skipped)
-            return await self._recall(ctx, cfg, conversation, text, run, application)
+            return await self._recall(ctx, cfg, conversation, text, run, application, request)
         except READ_FAILURES as e:
             log.warning("recall_memory_unavailable", tenant=ctx.tenant, agent=ctx.agent, error=type(e).__name__)
             return self._empty(cfg, unavailable=True)
 
     async def _recall(self, ctx: Context, cfg: AgentConfig, conversation: str, text: str,
-                      run: str | None = None, application: str | None = None) -> RecallResult:
+                      run: str | None = None, application: str | None = None,
+                      request: str | None = None) -> RecallResult:
         scopes, now = self._scopes(ctx, cfg), utcnow()
         hidden = await self._shadowed(ctx)
         pinned_all = [
@@ -428,7 +430,7 @@ class MemoryReads:
         # or left out ("omit").
         again: set[str] = set()
         if fresh:
-            seen = await self.recalled.shown(ctx.tenant, ctx.agent, conversation, [r for r, _ in fresh])
+            seen = await self.recalled.shown(ctx.tenant, ctx.agent, conversation, [r for r, _ in fresh], request)
             again = {r.id for (r, _), was in zip(fresh, seen) if was}
             if cfg.memory.recall.recalled == "omit":
                 fresh = [x for x in fresh if x[0].id not in again]
@@ -463,7 +465,7 @@ class MemoryReads:
             records, episodes, procedures, avoid = fitted.records, fitted.episodes, fitted.procedures, fitted.avoid
         new = [r for r in records + episodes + procedures + avoid if r.id not in again]
         if new:
-            await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new)
+            await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new, request)
             await self.usage.retrieved(ctx, "recall", new, conversation)
         scores = dict((r.id, s) for r, s in fresh)
         return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks,

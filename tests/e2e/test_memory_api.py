@@ -333,6 +333,16 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
             assert [p["id"] for p in again["pinned"]] == [pin["id"]]
             other = await c.recall("conv-2", "what colour does Dana like?")
             assert fact["id"] in [r["id"] for r in other["workspaceEntries"]]
+            # A retry (the same request_id, say on another replica after the first died
+            # mid-answer) is shown what its first attempt showed; another request is not.
+            body = {"conversation": "conv-3", "text": "what colour does Dana like?", "request_id": "r-1"}
+            for _ in range(2):
+                retried = await c._call("POST", "/v1/recall", json=body)
+                assert fact["id"] in [r["id"] for r in retried["workspaceEntries"]]
+            later = await c._call("POST", "/v1/recall", json=body | {"request_id": "r-2"})
+            assert fact["id"] not in [r["id"] for r in later["workspaceEntries"]]
+            bad = await c.http.post("/v1/recall", json=body | {"request_id": "x" * 65})
+            assert bad.status_code == 422 and "request_id" in bad.text
 
         async def retrieved():
             batch = await usage.getmany(timeout_ms=500)

@@ -109,6 +109,7 @@ async def test_killing_a_replica_under_recall_load_loses_no_request(stack, repli
     assert not failed, failed[:3]
     after_kill = [a for a in answered if a[0] > killed_at[0]]
     assert len(after_kill) >= 40 and all(at == 1 for _, at, _ in after_kill[-8:]), "the survivor answered"
-    assert all(ok for _, _, ok in answered), "every recall carried its memory block"
+    empty = [(round(t - killed_at[0], 2), at) for t, at, ok in answered if not ok]
+    assert not empty, f"every recall carried its memory block; empty ones (s after the kill, replica): {empty}"
     async with MemlaneClient(urls, key, session="s1") as c:
         assert await searches(c) == before

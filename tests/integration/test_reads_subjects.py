@@ -222,8 +222,8 @@ async def test_seed_004s_recall_renders_again_and_records_once(settings, tmp_pat
         assert "\n".join(lines[:2]) == FACTS_HEADER
         assert sorted(lines[2:]) == ["- colour: teal", "- diet: vegetarian, no fish"]
         # Recorded once, in the conversation's Redis set and on the usage topic.
-        key = f"{s.view.root}recalled:{s.tenant}/a:conv"
-        assert await s.view.r.smembers(key) == {"ann-colour:1", "ann-diet:1"}
+        key = f"{s.view.root}shown:{s.tenant}/a:conv"
+        assert set(await s.view.r.hkeys(key)) == {"ann-colour:1", "ann-diet:1"}
         await s.producer.flush()
         retrieved = [u for u in await s.usage() if u.type == "Retrieved"]
         assert [sorted(i.id for i in u.items) for u in retrieved] == [["ann-colour", "ann-diet"]]

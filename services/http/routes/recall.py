@@ -32,12 +32,15 @@ class RecallRequest(Body):
     run_id: RunId | None = None  # the run whose session memory (summary and entries) recall shows
     # The application the turn runs in: its application-scoped blocks join the agent's and workspace's.
     application: AppId | None = None
+    # Names this attempt: the same request sent again (a retry on another replica) is shown
+    # what the first attempt showed, though that attempt marked its records recalled.
+    request_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
 
 
 @router.post("/v1/recall")
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, "recall memory")
-    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application)
+    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application, body.request_id)
     # Seed 002's layer names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out = {
         "blocks": [block_out(*b) for b in res.blocks],
