@@ -1,8 +1,8 @@
 """Qdrant Edge shard of session history: one point per part of a kept event.
 
 Its own shard directory (`<data_dir>/qdrant/history-g<N>`), owned by the API process
-like the memory shard. Dense (all-MiniLM) and BM25 sparse vectors, fused by RRF, as
-memory search does. Flags are keyword strings: the Edge bindings do not match a
+like the memory shard. Dense (all-MiniLM) and BM25 sparse vectors; a hybrid search ranks
+both lists by `events.rules.ranking`. Flags are keyword strings: the Edge bindings do not match a
 Python bool in MatchValue.
 
 A part's text is sealed in its payload (`sealed`) under its subject's data key (the turn's
@@ -24,12 +24,10 @@ from qdrant_edge import (
     Bm25Config,
     FieldCondition,
     Filter,
-    Fusion,
     IsEmptyCondition,
     MatchAny,
     MatchValue,
     Point,
-    Prefetch,
     Query,
     QueryRequest,
     RangeFloat,
@@ -37,6 +35,7 @@ from qdrant_edge import (
 )
 
 from events.codec import ContractError, cipher
+from events.rules import ranking
 from events.rules.history import HistoryFilter, KeptEvent, parts_of
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
 from projections.edge_shard import DENSE, SPARSE, open_shard
@@ -44,10 +43,6 @@ from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
-# A small k lets the top of each list dominate. On LoCoMo (bench `history`) k=2 gave
-# recall@5/10/25 58.6/67.2/77.0 against 47.3/57.3/71.6 with memory search's k=60:
-# utterances are short, so a strong BM25 hit should not be outvoted by many weak cosines.
-RRF_K = 2
 
 
 @dataclass(frozen=True)
@@ -216,35 +211,56 @@ class HistoryIndex:
         destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
         `missing_ok` (the caller caught up already: the key was destroyed)."""
         flt = self._filter(f)
+        if mode == "hybrid":
+            return self._hybrid(flt, dense, text, limit, offset, missing_ok)
         # One extra beyond the page, so ties at the page edge are ordered the same on every page.
         depth = offset + limit + 1
-        sparse = self.bm25.embed_query(text)
         if mode == "lexical":
-            req = QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt, with_payload=True)
-        elif mode == "vector":
-            req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
+            req = QueryRequest(limit=depth, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
+                               filter=flt, with_payload=True)
         else:
-            # A fixed prefetch depth keeps the fused order the same on every page.
-            pre = HYBRID_DEPTH
-            req = QueryRequest(
-                limit=depth,
-                prefetches=[
-                    Prefetch(limit=pre, query=Query.Nearest(dense, using=DENSE), filter=flt),
-                    Prefetch(limit=pre, query=Query.Nearest(sparse, using=SPARSE), filter=flt),
-                ],
-                query=Fusion.Rrf(k=RRF_K),
-                with_payload=True,
-            )
+            req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
         with self._lock:
             points = self.shard.query(req)
-        hits = []
-        for p in points:
-            try:
-                hits.append(HistoryHit(p.score, unpack(p.payload)))
-            except KeyDestroyed:
-                continue
-            except KeyMissing:
-                if not missing_ok:
-                    raise
-        hits.sort(key=lambda h: (-round(h.score, 9), -h.payload["turn"], -h.payload["sequence"], h.payload["part"]))
-        return hits[offset : offset + limit]
+        return _page([(p.score, place(p.payload), p.payload) for p in points], offset, limit, missing_ok)
+
+    def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
+                missing_ok: bool) -> list[HistoryHit]:
+        """Both lists to a fixed depth (so the order is the same on every page), ranked by
+        `events.rules.ranking`; only the page's texts are opened."""
+        lexical = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
+                               filter=flt, with_payload=True)
+        nearest = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(dense, using=DENSE), filter=flt,
+                               with_payload=True)
+        with self._lock:
+            lex, den = self.shard.query(lexical), self.shard.query(nearest)
+        stored = {str(p.id): p.payload for p in (*lex, *den)}
+        places = {pid: place(s) for pid, s in stored.items()}
+        scores = ranking.ranked({str(p.id): p.score for p in lex}, {str(p.id): p.score for p in den}, places)
+        return _page([(score, places[pid], stored[pid]) for pid, score in scores.items()], offset, limit, missing_ok)
+
+
+def place(stored: dict[str, Any]) -> ranking.Place:
+    """Where a stored part sits in its conversation, read without opening its text."""
+    doc = from_json(stored["doc"]) if "doc" in stored else stored
+    return ranking.Place(f"{stored['session']}/{stored.get('execution_id') or ''}", int(stored["turn"]),
+                         int(doc.get("sequence") or 0), int(doc.get("part") or 0))
+
+
+def _page(scored: list[tuple[float, ranking.Place, dict[str, Any]]], offset: int, limit: int,
+          missing_ok: bool) -> list[HistoryHit]:
+    """Hits `offset .. offset+limit` by score, newer events first on ties. A part sealed under
+    a destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
+    `missing_ok`. Texts are opened down the order only as far as the page reaches."""
+    hits: list[HistoryHit] = []
+    for score, _, stored in sorted(scored, key=lambda x: (-round(x[0], 9), -x[1].turn, -x[1].sequence, x[1].part)):
+        if len(hits) >= offset + limit:
+            break
+        try:
+            hits.append(HistoryHit(score, unpack(stored)))
+        except KeyDestroyed:
+            continue
+        except KeyMissing:
+            if not missing_ok:
+                raise
+    return hits[offset : offset + limit]

@@ -1,0 +1,119 @@
+"""Issue 27's tuning protocol, in process: `python -m tests.bench.tune_history [--validation]`.
+
+Ranks LoCoMo's utterances for every question without a stack, as the history shard would:
+MiniLM vectors (computed once, cached under the system's temp directory), Edge's own BM25
+tokenizer with IDF over every conversation (as one shard holds them), each list cut at
+`HYBRID_DEPTH`, then `events.rules.ranking`. It prints evidence recall@5/10/25 for a grid of
+weights on the tuning conversations only; `--validation` prints the chosen weights on the
+validation ones, which nothing here tunes on. The figures that count are `make bench
+ONLY=history`'s, through Kafka and HTTP (docs/history-ranking.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from events.rules import ranking
+from events.rules.ranking import Place
+from projections.history_index import HYBRID_DEPTH
+from tests.bench.bench_history import DATA, KS, SPLITS, conversation_turns, evidence
+from tests.bench.common import progress
+
+CACHE = Path(tempfile.gettempdir()) / "memlane-tune-history"
+GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
+
+
+def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[str]]]]]:
+    """Per conversation: (id, text, place) of each utterance as the bench publishes them, and
+    (question, evidence ids) of each QA item with evidence."""
+    out = {}
+    for conv in json.loads(DATA.read_text()):
+        utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0))
+                for t in conversation_turns(conv, "t", "a") for seq, m in enumerate(t.messages)]
+        out[conv["sample_id"]] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
+    return out
+
+
+def embedded(texts: list[str]) -> np.ndarray:
+    CACHE.mkdir(exist_ok=True)
+    path = CACHE / (hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16] + ".npy")
+    if not path.exists():
+        from projections.embedder import OnnxMiniLM
+
+        progress(f"embedding {len(texts)} texts (cached in {CACHE})")
+        np.save(path, np.array(OnnxMiniLM().embed(texts), dtype=np.float32))
+    return np.load(path)
+
+
+def lexical_lists(data) -> dict[str, list[dict[str, float]]]:
+    """Each question's BM25 list: Edge's tokens and weights, IDF over every utterance."""
+    from qdrant_edge import Bm25, Bm25Config
+
+    bm25 = Bm25(Bm25Config())
+    docs = {cid: [bm25.embed_document(text) for _, text, _ in utts] for cid, (utts, _) in data.items()}
+    df = Counter(t for ds in docs.values() for d in ds for t in set(d.indices))
+    n = sum(len(ds) for ds in docs.values())
+    idf = {t: math.log(1 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+    out = {}
+    for cid, (utts, qs) in data.items():
+        postings = defaultdict(list)
+        for j, d in enumerate(docs[cid]):
+            for t, v in zip(d.indices, d.values, strict=True):
+                postings[t].append((j, v))
+        lists = []
+        for q, _ in qs:
+            scores: dict[str, float] = defaultdict(float)
+            sq = bm25.embed_query(q)
+            for t, qv in zip(sq.indices, sq.values, strict=True):
+                for j, v in postings.get(t, ()):
+                    scores[utts[j][0]] += idf[t] * v * qv
+            lists.append(dict(sorted(scores.items(), key=lambda kv: -kv[1])[:HYBRID_DEPTH]))
+        out[cid] = lists
+    return out
+
+
+def dense_lists(data) -> dict[str, list[dict[str, float]]]:
+    out = {}
+    for cid, (utts, qs) in data.items():
+        sims = embedded([q for q, _ in qs]) @ embedded([text for _, text, _ in utts]).T
+        out[cid] = [{utts[j][0]: float(row[j]) for j in np.argsort(-row, kind="stable")[:HYBRID_DEPTH]} for row in sims]
+    return out
+
+
+def recall_at(data, lex, den, convs, weight: float, neighbour: float) -> list[float]:
+    shares: dict[int, list[float]] = defaultdict(list)
+    for cid in convs:
+        utts, qs = data[cid]
+        places = {i: p for i, _, p in utts}
+        for (_, ev), lx, dn in zip(qs, lex[cid], den[cid], strict=True):
+            scores = ranking.ranked(lx, dn, {k: places[k] for k in lx.keys() | dn.keys()}, weight, neighbour)
+            top = sorted(scores, key=lambda k: (-round(scores[k], 9), -places[k].turn, -places[k].sequence))
+            for k in KS:
+                shares[k].append(len(ev & set(top[:k])) / len(ev))
+    return [round(100 * float(np.mean(shares[k])), 1) for k in KS]
+
+
+def main(argv: list[str]) -> int:
+    data = load()
+    lex, den = lexical_lists(data), dense_lists(data)
+    if "--validation" in argv:
+        w, n = ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT
+        print(json.dumps({"split": "validation", "weight": w, "neighbour": n,
+                          "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["validation"], w, n)}))
+        return 0
+    for w, n in GRID:
+        print(json.dumps({"split": "tuning", "weight": w, "neighbour": n,
+                          "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["tuning"], w, n)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,112 @@
+"""The hybrid ranking rules of session history (events.rules.ranking), and the Edge shard
+ranking by them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from events.rules import ranking
+from events.rules.ranking import Place, fused, lifted, neighbours, ranked, scaled
+
+
+def test_each_list_is_scaled_to_its_own_range():
+    assert scaled({"a": 12.0, "b": 7.0, "c": 2.0}) == {"a": 1.0, "b": 0.5, "c": 0.0}
+    # A cosine range and the same order at another scale give the same scaled scores.
+    assert scaled({"a": 0.31, "b": 0.30, "c": 0.29}) == pytest.approx(scaled({"a": 0.9, "b": 0.6, "c": 0.3}))
+    assert scaled({"a": 0.5, "b": 0.5}) == {"a": 1.0, "b": 1.0} and scaled({}) == {}
+
+
+def test_fusion_weighs_the_lists_and_a_list_that_missed_a_candidate_gives_it_nothing():
+    lex = {"both": 10.0, "lex": 8.0, "low": 0.0}
+    den = {"both": 0.8, "den": 0.9, "far": 0.1}
+    got = fused(lex, den, weight=0.7)
+    assert got["lex"] == pytest.approx(0.7 * 0.8) and got["den"] == pytest.approx(0.3 * 1.0)
+    assert got["both"] == pytest.approx(0.7 + 0.3 * 0.875) and got["low"] == got["far"] == 0.0
+    # Score-aware: a candidate far ahead in one list beats one just ahead in both (RRF would not).
+    close = fused({"x": 10.0, "y": 9.9, "z": 0.0}, {"y": 0.50, "x": 0.49, "z": 0.1}, weight=0.5)
+    assert close["x"] < close["y"]
+    lead = fused({"x": 10.0, "y": 1.0, "z": 0.0}, {"y": 0.50, "x": 0.49, "z": 0.1}, weight=0.5)
+    assert lead["x"] > lead["y"]
+
+
+def test_neighbours_are_the_nearest_candidates_of_the_same_conversation_at_most_a_turn_apart():
+    places = {
+        "q": Place("s/c1", 4, 1, 0),  # a question at the end of turn 4
+        "a": Place("s/c1", 5, 0, 0),  # its answer opens turn 5
+        "b": Place("s/c1", 5, 1, 0),
+        "far": Place("s/c1", 9, 0, 0),  # four turns on: no neighbour of b
+        "other": Place("s/c2", 5, 0, 0),  # another conversation
+    }
+    near = neighbours(places)
+    assert near["q"] == ("a",) and set(near["a"]) == {"q", "b"} and near["b"] == ("a",)
+    assert near["far"] == () and near["other"] == ()
+    # Parts of one long message are neighbours, in order.
+    parts = neighbours({"p0": Place("s/c", 1, 0, 0), "p1": Place("s/c", 1, 0, 1), "p2": Place("s/c", 1, 0, 2)})
+    assert parts == {"p0": ("p1",), "p1": ("p0", "p2"), "p2": ("p1",)}
+
+
+def test_a_candidate_is_lifted_by_a_share_of_its_neighbours_scores_before_lifting():
+    got = lifted({"q": 1.0, "a": 0.2, "x": 0.5}, {"q": ("a",), "a": ("q",), "x": ()}, weight=0.4)
+    assert got == pytest.approx({"q": 1.08, "a": 0.6, "x": 0.5})
+
+
+def test_an_answer_that_shares_no_word_with_the_question_rises_above_a_lone_weak_match():
+    # "When is standup?" matches the question in the chat word for word; the answer after it
+    # ("9:30 on weekdays") shares no word and is found only as the question's neighbour.
+    lex = {"question": 9.0, "weak": 3.0, "noise": 0.5}
+    den = {"question": 0.7, "weak": 0.5, "answer": 0.45, "noise": 0.4}
+    places = {"question": Place("s/c", 3, 0, 0), "answer": Place("s/c", 3, 1, 0),
+              "weak": Place("s/c", 12, 0, 0), "noise": Place("s/c", 20, 1, 0)}
+    order = sorted(ranked(lex, den, places).items(), key=lambda kv: -kv[1])
+    assert [k for k, _ in order][:2] == ["question", "answer"]
+    without = sorted(ranked(lex, den, places, neighbour=0.0).items(), key=lambda kv: -kv[1])
+    assert [k for k, _ in without][:2] == ["question", "weak"]
+
+
+def test_the_edge_shard_ranks_hybrid_search_by_these_rules(tmp_path):
+    from events.rules.history import HistoryFilter, KeptEvent
+    from projections.history_index import HistoryIndex, event_parts
+
+    index = HistoryIndex(tmp_path / "history", dim=4)
+    # (text, turn, sequence, dense axis): e1 answers e0 without a word of the query, e4 is far off.
+    events = [("when is the team standup meeting", 1, 0, 0), ("every weekday at half past nine", 1, 1, 1),
+              ("the deploy freeze is friday", 2, 0, 2), ("lunch is at noon", 2, 1, 3),
+              ("standup notes are in the wiki somewhere", 9, 0, 3)]
+    rows = []
+    for i, (text, turn, seq, axis) in enumerate(events):
+        e = KeptEvent(id=f"e{i}", tenant="t", agent="a", session="s", turn=turn, attempt=1, execution_id="x",
+                      sequence=seq, role="user", kind="message", text=text, preview=False,
+                      occurred_ms=1_700_000_000_000 + i)
+        [(pid, payload)] = event_parts(e)
+        rows.append((pid, payload, np.eye(4)[axis].tolist()))
+    index.upsert(rows)
+    f = HistoryFilter("t", "a", "s", False, ("message",))
+    query = [0.0, 0.0, 1.0, 0.0]  # the deploy freeze's axis
+    hits = index.search(f, query, "standup", 5)
+    got = [h.payload["event_id"] for h in hits]
+    expected = _expected(index, f, query, "standup")
+    assert {h.payload["event_id"]: h.score for h in hits} == pytest.approx(expected)
+    assert got == sorted(expected, key=lambda k: -expected[k])
+    # The answer, found by neither list, comes second: lifted by its question and the dense hit.
+    assert got[:3] == ["e0", "e1", "e2"], got
+    # Pages of the same search continue one order.
+    assert [h.payload["event_id"] for h in index.search(f, query, "standup", 2, 2)] == got[2:4]
+    index.close()
+
+
+def _expected(index, f, dense, text):
+    """The rules applied by hand to the engine's two lists."""
+    from qdrant_edge import Query, QueryRequest
+
+    from projections.history_index import place
+
+    flt = index._filter(f)
+    lex = index.shard.query(QueryRequest(limit=200, query=Query.Nearest(index.bm25.embed_query(text), using="bm25"),
+                                         filter=flt, with_payload=True))
+    den = index.shard.query(QueryRequest(limit=200, query=Query.Nearest(dense, using="dense"), filter=flt,
+                                         with_payload=True))
+    stored = {str(p.id): p.payload for p in (*lex, *den)}
+    got = ranking.ranked({str(p.id): p.score for p in lex}, {str(p.id): p.score for p in den},
+                         {k: place(v) for k, v in stored.items()})
+    return {stored[k]["event_id"]: v for k, v in got.items()}
