@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -131,11 +133,24 @@ def pytest_runtest_makereport(item, call):
         base = item.config._tmp_path_factory.getbasetemp()
     except Exception:
         return
-    for log in sorted(base.glob("*/logs/*.log")):
-        if log.parent.parent.is_symlink() or log.stat().st_mtime < since:
+    # A test's own stack logs under `<test>/logs`, the session's stack under `logs<N>`.
+    for log in sorted([*base.glob("*/logs/*.log"), *base.glob("logs*/*.log")]):
+        if log.parent.is_symlink() or log.parent.parent.is_symlink() or log.stat().st_mtime < since:
             continue  # pytest's `<name>current` links repeat a numbered directory
-        lines = log.read_text(errors="replace").splitlines()
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if _written_since(ln, since)]
         notable = [ln for ln in lines if '"level": "warning"' in ln or '"level": "error"' in ln
-                   or "turns_forwarded" in ln or "Traceback" in ln]
-        tail = [ln[:400] for ln in (notable or lines)[-40:]]
-        report.sections.append((f"stack log {log.parent.parent.name}/{log.name}", "\n".join(tail)))
+                   or "turns_forwarded" in ln or "Traceback" in ln or "Error" in ln]
+        tail = [ln[:600] for ln in (notable or lines)[-40:]]
+        if tail:
+            report.sections.append((f"stack log {log.parent.parent.name}/{log.parent.name}/{log.name}", "\n".join(tail)))
+
+
+def _written_since(line: str, since: float) -> bool:
+    """A structured line stamped before `since` is left out; any other line (a traceback's) is kept."""
+    m = re.search(r'"timestamp": "([^"]+)"', line)
+    if m is None:
+        return True
+    try:
+        return datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() >= since
+    except ValueError:
+        return True

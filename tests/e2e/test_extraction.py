@@ -100,7 +100,8 @@ async def test_add_decision_becomes_a_record_with_extraction_provenance(xstack, 
     # The outcome reaches the ledger before the proposal, so the proposal applies at once
     # instead of being staged on the turn.
     made = [type(e).__name__ for e, _ in await read_topic(xstack[1], EVENTS.name, EVENTS.name) if e.agent == a]
-    assert [n for n in made if n != "AgentConfigured"] == ["TurnResolved", "RecordAdded"]
+    # The listing above is a search, whose use the trust worker may have counted by now.
+    assert [n for n in made if n not in ("AgentConfigured", "UsageRecorded")] == ["TurnResolved", "RecordAdded"]
 
 
 async def test_facts_that_disagree_on_a_key_are_kept_pending_or_in_conflict(xstack, fake, pub, agent):

@@ -34,19 +34,22 @@ USERS = AgentConfig.model_validate({"memory": {"scope": {"read": ["user", "agent
 
 
 class Recalled:
-    """Which versions a conversation's recalls showed, in memory, and every `mark` call."""
+    """Which versions a conversation's recalls showed (and by which request), in memory, and
+    every `mark` call."""
 
     def __init__(self) -> None:
-        self.sets: dict[tuple[str, str, str], set[str]] = {}
+        self.sets: dict[tuple[str, str, str], dict[str, object]] = {}
         self.marks: list[list[str]] = []
 
-    async def shown(self, tenant, agent, conversation, records):
-        seen = self.sets.get((tenant, agent, conversation), set())
-        return [f"{r.id}:{r.version}" in seen for r in records]
+    async def shown(self, tenant, agent, conversation, records, request=None):
+        seen = self.sets.get((tenant, agent, conversation), {})
+        return [f"{r.id}:{r.version}" in seen and seen[f"{r.id}:{r.version}"] != request for r in records]
 
-    async def mark(self, tenant, agent, conversation, records):
+    async def mark(self, tenant, agent, conversation, records, request=None):
         self.marks.append([r.id for r in records])
-        self.sets.setdefault((tenant, agent, conversation), set()).update(f"{r.id}:{r.version}" for r in records)
+        shown = self.sets.setdefault((tenant, agent, conversation), {})
+        for r in records:
+            shown.setdefault(f"{r.id}:{r.version}", request or object())  # no request: never the same again
 
 
 class Reads:
