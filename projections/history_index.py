@@ -13,7 +13,9 @@ erasure reaches.
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +31,7 @@ from qdrant_edge import (
     MatchValue,
     Point,
     Query,
+    QueryBatchRequest,
     QueryRequest,
     RangeFloat,
     UpdateOperation,
@@ -43,6 +46,7 @@ from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
+PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
 # under `doc`, which Edge writes far faster than separate keys (docs/qdrant-edge.md). A
 # point written before `doc` existed reads as it was.
 FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id",
-            "user")
+            "user", "sequence", "part")
 
 
 def part_aad(p: dict[str, Any]) -> str:
@@ -126,6 +130,7 @@ class HistoryIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
+        self._place: dict[str, ranking.Place] = {}  # point id -> its place, kept across searches
         # The session is the tenant key: every history search stays inside one.
         self.shard = open_shard(
             self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id", "user"),
@@ -221,46 +226,76 @@ class HistoryIndex:
         else:
             req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
         with self._lock:
-            points = self.shard.query(req)
-        return _page([(p.score, place(p.payload), p.payload) for p in points], offset, limit, missing_ok)
+            points = {str(p.id): p for p in self.shard.query(req)}
+        return _page([(p.score, place(p.payload), pid) for pid, p in points.items()],
+                     lambda ids: {i: points[i].payload for i in ids}, offset, limit, missing_ok)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool) -> list[HistoryHit]:
         """Both lists to a fixed depth (so the order is the same on every page), ranked by
-        `events.rules.ranking`; only the page's texts are opened."""
+        `events.rules.ranking`; only the page's payloads are read and its texts opened."""
+        # The lists carry no payload: a query that returns payloads costs several times one
+        # that does not (docs/history-ranking.md).
         lexical = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
-                               filter=flt, with_payload=True)
+                               filter=flt, with_payload=False)
         nearest = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(dense, using=DENSE), filter=flt,
-                               with_payload=True)
+                               with_payload=False)
         with self._lock:
-            lex, den = self.shard.query(lexical), self.shard.query(nearest)
-        stored = {str(p.id): p.payload for p in (*lex, *den)}
-        places = {pid: place(s) for pid, s in stored.items()}
-        scores = ranking.ranked({str(p.id): p.score for p in lex}, {str(p.id): p.score for p in den}, places)
-        return _page([(score, places[pid], stored[pid]) for pid, score in scores.items()], offset, limit, missing_ok)
+            # Each point's id read once: Edge makes a new UUID at every read of `id`.
+            found_lex, found_den = self.shard.query_batch(QueryBatchRequest([lexical, nearest]))
+            lex = {str(p.id): p.score for p in found_lex}
+            den = {str(p.id): p.score for p in found_den}
+            places = self._places(list(lex.keys() | den.keys()))
+        scores = ranking.ranked(lex, den, places)
+        return _page([(score, places[pid], pid) for pid, score in scores.items() if pid in places],
+                     self._payloads, offset, limit, missing_ok)
+
+    def _places(self, ids: list[str]) -> dict[str, ranking.Place]:
+        """Where each point sits; a part's place never changes, so it is kept across searches
+        (the oldest dropped first past `PLACES_KEPT`). Under the lock."""
+        missing = [i for i in ids if i not in self._place]
+        if missing:
+            for r in self.shard.retrieve(missing, True, False):
+                self._place[str(r.id)] = place(r.payload)
+            if len(self._place) > PLACES_KEPT:
+                for k in list(itertools.islice(self._place, len(self._place) - PLACES_KEPT // 2)):
+                    del self._place[k]
+        return {i: self._place[i] for i in ids if i in self._place}
+
+    def _payloads(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {str(r.id): r.payload for r in self.shard.retrieve(ids, True, False)}
 
 
 def place(stored: dict[str, Any]) -> ranking.Place:
-    """Where a stored part sits in its conversation, read without opening its text."""
-    doc = from_json(stored["doc"]) if "doc" in stored else stored
+    """Where a stored part sits in its conversation, read without opening its text (a point
+    written before `sequence` was kept beside `doc` has it inside)."""
+    doc = from_json(stored["doc"]) if "sequence" not in stored and "doc" in stored else stored
     return ranking.Place(f"{stored['session']}/{stored.get('execution_id') or ''}", int(stored["turn"]),
                          int(doc.get("sequence") or 0), int(doc.get("part") or 0))
 
 
-def _page(scored: list[tuple[float, ranking.Place, dict[str, Any]]], offset: int, limit: int,
-          missing_ok: bool) -> list[HistoryHit]:
+def _page(scored: list[tuple[float, ranking.Place, str]], payloads: Callable[[list[str]], dict[str, dict[str, Any]]],
+          offset: int, limit: int, missing_ok: bool) -> list[HistoryHit]:
     """Hits `offset .. offset+limit` by score, newer events first on ties. A part sealed under
-    a destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
-    `missing_ok`. Texts are opened down the order only as far as the page reaches."""
+    a destroyed key is left out, as is one gone since the query; one under a key not known yet
+    raises `KeyMissing`, unless `missing_ok`. Payloads are read down the order only as far as
+    the page reaches."""
+    order = sorted(scored, key=lambda x: (-round(x[0], 9), -x[1].turn, -x[1].sequence, x[1].part))
     hits: list[HistoryHit] = []
-    for score, _, stored in sorted(scored, key=lambda x: (-round(x[0], 9), -x[1].turn, -x[1].sequence, x[1].part)):
-        if len(hits) >= offset + limit:
-            break
-        try:
-            hits.append(HistoryHit(score, unpack(stored)))
-        except KeyDestroyed:
-            continue
-        except KeyMissing:
-            if not missing_ok:
-                raise
+    start = 0
+    while len(hits) < offset + limit and start < len(order):
+        chunk = order[start : start + offset + limit - len(hits)]
+        start += len(chunk)
+        got = payloads([pid for _, _, pid in chunk])
+        for score, _, pid in chunk:
+            if pid not in got:
+                continue
+            try:
+                hits.append(HistoryHit(score, unpack(got[pid])))
+            except KeyDestroyed:
+                continue
+            except KeyMissing:
+                if not missing_ok:
+                    raise
     return hits[offset : offset + limit]

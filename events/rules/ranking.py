@@ -14,6 +14,7 @@ The weights were chosen on LoCoMo's tuning conversations alone (docs/history-ran
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import NamedTuple
 
 LEXICAL_WEIGHT = 0.7  # the dense list gets the rest
@@ -34,33 +35,40 @@ def scaled(scores: Mapping[str, float]) -> dict[str, float]:
     if not scores:
         return {}
     lo, hi = min(scores.values()), max(scores.values())
+    if hi <= lo:
+        return dict.fromkeys(scores, 1.0)
     span = hi - lo
-    return {k: (v - lo) / span if span > 0 else 1.0 for k, v in scores.items()}
+    return {k: (v - lo) / span for k, v in scores.items()}
 
 
 def fused(lexical: Mapping[str, float], dense: Mapping[str, float], weight: float = LEXICAL_WEIGHT) -> dict[str, float]:
     """Each candidate's weighted sum of its scaled scores; a list that missed it gives 0."""
-    lex, den = scaled(lexical), scaled(dense)
-    return {k: weight * lex.get(k, 0.0) + (1 - weight) * den.get(k, 0.0) for k in lex.keys() | den.keys()}
-
-
-def neighbours(places: Mapping[str, Place]) -> dict[str, tuple[str, ...]]:
-    """Each candidate's nearest candidates before and after it in its conversation, at most
-    one turn away: the parts next to it, or, when those were not found, the closest that were."""
-    out: dict[str, tuple[str, ...]] = {k: () for k in places}
-    ordered = sorted(places, key=lambda k: places[k])
-    for a, b in zip(ordered, ordered[1:]):
-        pa, pb = places[a], places[b]
-        if pa.conversation == pb.conversation and pb.turn - pa.turn <= 1:
-            out[a] += (b,)
-            out[b] += (a,)
+    out = {k: (1 - weight) * v for k, v in scaled(dense).items()}
+    for k, v in scaled(lexical).items():
+        out[k] = out.get(k, 0.0) + weight * v
     return out
 
 
-def lifted(scores: Mapping[str, float], near: Mapping[str, tuple[str, ...]],
+def neighbours(places: Mapping[str, Place]) -> dict[str, list[str]]:
+    """Each candidate's nearest candidates before and after it in its conversation, at most
+    one turn away: the parts next to it, or, when those were not found, the closest that were."""
+    out: dict[str, list[str]] = {k: [] for k in places}
+    ordered = sorted(places.items(), key=itemgetter(1))
+    for (a, pa), (b, pb) in zip(ordered, ordered[1:]):
+        if pa[0] == pb[0] and pb[1] - pa[1] <= 1:
+            out[a].append(b)
+            out[b].append(a)
+    return out
+
+
+def lifted(scores: Mapping[str, float], near: Mapping[str, list[str]],
            weight: float = NEIGHBOUR_WEIGHT) -> dict[str, float]:
     """Each score plus `weight` of each neighbour's (computed from the scores before lifting)."""
-    return {k: s + weight * sum(scores.get(n, 0.0) for n in near.get(k, ())) for k, s in scores.items()}
+    out = dict(scores)
+    for k, ns in near.items():
+        for n in ns:
+            out[k] = out.get(k, 0.0) + weight * scores.get(n, 0.0)
+    return out
 
 
 def ranked(lexical: Mapping[str, float], dense: Mapping[str, float], places: Mapping[str, Place],

@@ -39,15 +39,15 @@ def test_neighbours_are_the_nearest_candidates_of_the_same_conversation_at_most_
         "other": Place("s/c2", 5, 0, 0),  # another conversation
     }
     near = neighbours(places)
-    assert near["q"] == ("a",) and set(near["a"]) == {"q", "b"} and near["b"] == ("a",)
-    assert near["far"] == () and near["other"] == ()
+    assert near["q"] == ["a"] and set(near["a"]) == {"q", "b"} and near["b"] == ["a"]
+    assert near["far"] == [] and near["other"] == []
     # Parts of one long message are neighbours, in order.
     parts = neighbours({"p0": Place("s/c", 1, 0, 0), "p1": Place("s/c", 1, 0, 1), "p2": Place("s/c", 1, 0, 2)})
-    assert parts == {"p0": ("p1",), "p1": ("p0", "p2"), "p2": ("p1",)}
+    assert parts == {"p0": ["p1"], "p1": ["p0", "p2"], "p2": ["p1"]}
 
 
 def test_a_candidate_is_lifted_by_a_share_of_its_neighbours_scores_before_lifting():
-    got = lifted({"q": 1.0, "a": 0.2, "x": 0.5}, {"q": ("a",), "a": ("q",), "x": ()}, weight=0.4)
+    got = lifted({"q": 1.0, "a": 0.2, "x": 0.5}, {"q": ["a"], "a": ["q"], "x": []}, weight=0.4)
     assert got == pytest.approx({"q": 1.08, "a": 0.6, "x": 0.5})
 
 
