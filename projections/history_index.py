@@ -13,9 +13,9 @@ erasure reaches.
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -130,7 +130,7 @@ class HistoryIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
-        self._place: dict[str, ranking.Place] = {}  # point id -> its place, kept across searches
+        self._place: dict[int, ranking.Place] = {}  # point id (as an int) -> its place, kept across searches
         # The session is the tenant key: every history search stays inside one.
         self.shard = open_shard(
             self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id", "user"),
@@ -226,9 +226,9 @@ class HistoryIndex:
         else:
             req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
         with self._lock:
-            points = {str(p.id): p for p in self.shard.query(req)}
-        return _page([(p.score, place(p.payload), pid) for pid, p in points.items()],
-                     lambda ids: {i: points[i].payload for i in ids}, offset, limit, missing_ok)
+            points = {p.id.int: p for p in self.shard.query(req)}
+        return _page([(p.score, place(p.payload), key) for key, p in points.items()],
+                     lambda keys: {k: points[k].payload for k in keys}, offset, limit, missing_ok)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool) -> list[HistoryHit]:
@@ -241,30 +241,35 @@ class HistoryIndex:
         nearest = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(dense, using=DENSE), filter=flt,
                                with_payload=False)
         with self._lock:
-            # Each point's id read once: Edge makes a new UUID at every read of `id`.
             found_lex, found_den = self.shard.query_batch(QueryBatchRequest([lexical, nearest]))
-            lex = {str(p.id): p.score for p in found_lex}
-            den = {str(p.id): p.score for p in found_den}
-            places = self._places(list(lex.keys() | den.keys()))
+        # Points are keyed by their id as an int: Edge makes a UUID at every read of `id`, and
+        # a string of each would cost as much again (docs/history-ranking.md).
+        lex = {p.id.int: p.score for p in found_lex}
+        den = {p.id.int: p.score for p in found_den}
+        places = self._places(lex.keys() | den.keys())
         scores = ranking.ranked(lex, den, places)
-        return _page([(score, places[pid], pid) for pid, score in scores.items() if pid in places],
+        return _page([(score, places[key], key) for key, score in scores.items() if key in places],
                      self._payloads, offset, limit, missing_ok)
 
-    def _places(self, ids: list[str]) -> dict[str, ranking.Place]:
-        """Where each point sits; a part's place never changes, so it is kept across searches
-        (the oldest dropped first past `PLACES_KEPT`). Under the lock."""
-        missing = [i for i in ids if i not in self._place]
+    def _places(self, keys: Iterable[int]) -> dict[int, ranking.Place]:
+        """Where each point sits. A part's place never changes, so it is kept across searches;
+        past `PLACES_KEPT` the store starts again, read back as searches need it."""
+        known = self._place
+        missing = [k for k in keys if k not in known]
+        found: dict[int, ranking.Place] = {}
         if missing:
-            for r in self.shard.retrieve(missing, True, False):
-                self._place[str(r.id)] = place(r.payload)
-            if len(self._place) > PLACES_KEPT:
-                for k in list(itertools.islice(self._place, len(self._place) - PLACES_KEPT // 2)):
-                    del self._place[k]
-        return {i: self._place[i] for i in ids if i in self._place}
+            with self._lock:
+                got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in missing], True, False)
+            found = {r.id.int: place(r.payload) for r in got}
+            if len(self._place) + len(found) > PLACES_KEPT:
+                self._place = {}
+            self._place.update(found)
+        return {k: p for k in keys if (p := known.get(k) or found.get(k)) is not None}
 
-    def _payloads(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def _payloads(self, keys: list[int]) -> dict[int, dict[str, Any]]:
         with self._lock:
-            return {str(r.id): r.payload for r in self.shard.retrieve(ids, True, False)}
+            got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in keys], True, False)
+        return {r.id.int: r.payload for r in got}
 
 
 def place(stored: dict[str, Any]) -> ranking.Place:
@@ -275,24 +280,25 @@ def place(stored: dict[str, Any]) -> ranking.Place:
                          int(doc.get("sequence") or 0), int(doc.get("part") or 0))
 
 
-def _page(scored: list[tuple[float, ranking.Place, str]], payloads: Callable[[list[str]], dict[str, dict[str, Any]]],
+def _page(scored: list[tuple[float, ranking.Place, int]], payloads: Callable[[list[int]], dict[int, dict[str, Any]]],
           offset: int, limit: int, missing_ok: bool) -> list[HistoryHit]:
     """Hits `offset .. offset+limit` by score, newer events first on ties. A part sealed under
     a destroyed key is left out, as is one gone since the query; one under a key not known yet
     raises `KeyMissing`, unless `missing_ok`. Payloads are read down the order only as far as
     the page reaches."""
-    order = sorted(scored, key=lambda x: (-round(x[0], 9), -x[1].turn, -x[1].sequence, x[1].part))
+    order = sorted((-round(score, 9), -p.turn, -p.sequence, p.part, key) for score, p, key in scored)
+    score_of = {key: score for score, _, key in scored}
     hits: list[HistoryHit] = []
     start = 0
     while len(hits) < offset + limit and start < len(order):
-        chunk = order[start : start + offset + limit - len(hits)]
+        chunk = [row[-1] for row in order[start : start + offset + limit - len(hits)]]
         start += len(chunk)
-        got = payloads([pid for _, _, pid in chunk])
-        for score, _, pid in chunk:
-            if pid not in got:
+        got = payloads(chunk)
+        for key in chunk:
+            if key not in got:
                 continue
             try:
-                hits.append(HistoryHit(score, unpack(got[pid])))
+                hits.append(HistoryHit(score_of[key], unpack(got[key])))
             except KeyDestroyed:
                 continue
             except KeyMissing:
