@@ -233,7 +233,7 @@ class HistoryIndex:
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool) -> list[HistoryHit]:
         """Both lists to a fixed depth (so the order is the same on every page), ranked by
-        `events.rules.ranking`; only the page's payloads are read and its texts opened."""
+        `events.rules.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
         # that does not (docs/history-ranking.md).
         lexical = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),

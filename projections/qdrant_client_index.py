@@ -31,7 +31,6 @@ from events.record import MemoryRecord
 from projections.qdrant_index import (
     DENSE,
     KEYWORD_FIELDS,
-    RECORD_ID,
     SCROLL_PAGE,
     SPARSE,
     Hit,
@@ -41,7 +40,6 @@ from projections.qdrant_index import (
     SearchFilter,
     erasure_terms,
     filter_terms,
-    fused_hits,
     payload_of,
     point_id,
     rank,
@@ -216,13 +214,17 @@ class ClientIndex:
         elif mode == "vector":
             res = self.client.query_points(self.collection, query=dense, using=DENSE, query_filter=flt, limit=depth,
                                            with_payload=True, score_threshold=min_score)
-        else:  # both lists in one call, fused here as on Edge
-            lexical, nearest = self.client.query_batch_points(self.collection, [
-                models.QueryRequest(query=sparse, using=SPARSE, filter=flt, limit=depth, with_payload=RECORD_ID),
-                models.QueryRequest(query=dense, using=DENSE, filter=flt, limit=depth, with_payload=RECORD_ID,
-                                    score_threshold=min_score),
-            ])
-            return fused_hits(lexical.points, nearest.points, limit)
+        else:
+            res = self.client.query_points(
+                self.collection,
+                prefetch=[
+                    models.Prefetch(query=dense, using=DENSE, filter=flt, limit=depth, score_threshold=min_score),
+                    models.Prefetch(query=sparse, using=SPARSE, filter=flt, limit=depth),
+                ],
+                query=models.RrfQuery(rrf=models.Rrf(k=60)),
+                limit=depth,
+                with_payload=True,
+            )
         return rank([Hit(p.payload["record_id"], p.score) for p in res.points], limit)
 
 

@@ -24,11 +24,13 @@ from qdrant_edge import (
     Bm25Config,
     FieldCondition,
     Filter,
+    Fusion,
     MatchAny,
     MatchPrefix,
     MatchValue,
     PayloadSelector,
     Point,
+    Prefetch,
     Query,
     QueryRequest,
     ScrollRequest,
@@ -36,7 +38,6 @@ from qdrant_edge import (
 )
 
 from events.record import MemoryRecord, Status
-from events.rules import ranking
 from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
 
@@ -146,17 +147,6 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
     # A preview turn sees previews but not the live records they shadow; a live turn no previews.
     must_not: list[Term] = [("shadowed", "yes") if f.preview else ("preview", "yes")]
     return must, must_not
-
-
-RECORD_ID = ["record_id"]  # what a hybrid search's two lists read of each point
-
-
-def fused_hits(lexical: Sequence[Any], dense: Sequence[Any], limit: int) -> list[Hit]:
-    """A hybrid search's hits: the engine's lexical and dense points (each with a
-    `record_id`) fused by score (`events.rules.ranking.fused`; figures: docs/history-ranking.md)."""
-    scores = ranking.fused({p.payload["record_id"]: p.score for p in lexical},
-                           {p.payload["record_id"]: p.score for p in dense})
-    return rank([Hit(rid, score) for rid, score in scores.items()], limit)
 
 
 def rank(hits: list[Hit], limit: int) -> list[Hit]:
@@ -271,33 +261,34 @@ class EdgeIndex:
         depth = max(limit * 4, 20)
         sparse = self.bm25.embed_query(text)
         if mode == "lexical":
-            req = QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt,
-                               with_payload=RECORD_ID)
+            req = QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt, with_payload=True)
         elif mode == "vector":
             req = QueryRequest(
                 limit=depth,
                 query=Query.Nearest(dense, using=DENSE),
                 filter=flt,
-                with_payload=RECORD_ID,
+                with_payload=True,
                 score_threshold=min_score,
             )
         else:
-            lexical = QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt,
-                                   with_payload=RECORD_ID)
-            req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt,
-                               with_payload=RECORD_ID, score_threshold=min_score)
-            return fused_hits(self._query(lexical), self._query(req), limit)
-        return rank([Hit(p.payload["record_id"], p.score) for p in self._query(req)], limit)
-
-    def _query(self, req: QueryRequest) -> list[Any]:
+            req = QueryRequest(
+                limit=depth,
+                prefetches=[
+                    Prefetch(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, score_threshold=min_score),
+                    Prefetch(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt),
+                ],
+                query=Fusion.Rrf(k=60),
+                with_payload=True,
+            )
         with self._lock:
             try:
-                return self.shard.query(req)
+                points = self.shard.query(req)
             except Exception as e:
                 if type(e) is not Exception:
                     raise
                 # The Edge bindings raise a bare Exception for a storage or service error.
                 raise IndexUnavailable(f"the Qdrant Edge shard at {self.path} could not search") from e
+        return rank([Hit(p.payload["record_id"], p.score) for p in points], limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

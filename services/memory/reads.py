@@ -33,7 +33,7 @@ from services.errors import ApiError
 from services.memory import member_reads
 from services.memory.context import Context
 from services.memory.ports import LayerSource, RecallAsk
-from services.memory.recalled import RecalledVersions
+from services.memory.recalled import OTHER, SAME, RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
 from services.memory.usage import UsageLog
 from settings import Settings
@@ -429,9 +429,11 @@ class MemoryReads:
         # `memory.recall.recalled` says whether they are shown again ("render", seed 004)
         # or left out ("omit").
         again: set[str] = set()
+        retried: set[str] = set()  # shown by this same request's earlier attempt: shown, not counted again
         if fresh:
             seen = await self.recalled.shown(ctx.tenant, ctx.agent, conversation, [r for r, _ in fresh], request)
-            again = {r.id for (r, _), was in zip(fresh, seen) if was}
+            again = {r.id for (r, _), by in zip(fresh, seen) if by == OTHER}
+            retried = {r.id for (r, _), by in zip(fresh, seen) if by == SAME}
             if cfg.memory.recall.recalled == "omit":
                 fresh = [x for x in fresh if x[0].id not in again]
         blocks = await self._blocks(ctx, application)
@@ -463,7 +465,7 @@ class MemoryReads:
             summary, entries, shared = fitted.session_summary, fitted.session_entries, fitted.shared
             rendered, shown_pins = render_fitted(fitted), fitted.pinned
             records, episodes, procedures, avoid = fitted.records, fitted.episodes, fitted.procedures, fitted.avoid
-        new = [r for r in records + episodes + procedures + avoid if r.id not in again]
+        new = [r for r in records + episodes + procedures + avoid if r.id not in again and r.id not in retried]
         if new:
             await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new, request)
             await self.usage.retrieved(ctx, "recall", new, conversation)

@@ -2,16 +2,15 @@
 
 Each shown version remembers the request that showed it first: the same request sent again
 (a client retrying on another replica after the first one died mid-answer) is shown what the
-first attempt showed, not an empty block."""
+first attempt showed, not an empty block, and its records' use is not counted again."""
 
 from __future__ import annotations
-
-import uuid
 
 from events.record import MemoryRecord
 from projections.redis_records import RedisRecords
 
 RECALLED_TTL_S = 7 * 24 * 3600
+SAME, OTHER = "same", "other"  # who showed a version before: this request, or another
 
 
 class RecalledVersions:
@@ -22,18 +21,18 @@ class RecalledVersions:
         return f"{self.view.root}shown:{tenant}/{agent}:{conversation}"
 
     async def shown(self, tenant: str, agent: str, conversation: str, records: list[MemoryRecord],
-                    request: str | None = None) -> list[bool]:
-        """For each record, whether this version was recalled in the conversation before, by
-        another request than `request`."""
+                    request: str | None = None) -> list[str | None]:
+        """For each record, how this version was recalled in the conversation before: `None`
+        never, `SAME` by this request (a retry), `OTHER` by another."""
         got = await self.view.r.hmget(self._key(tenant, agent, conversation), [f"{r.id}:{r.version}" for r in records])
-        return [by is not None and by != request for by in got]
+        return [None if by is None else SAME if request is not None and by == request else OTHER for by in got]
 
     async def mark(self, tenant: str, agent: str, conversation: str, records: list[MemoryRecord],
                    request: str | None = None) -> None:
-        key, by = self._key(tenant, agent, conversation), request or uuid.uuid4().hex
+        key = self._key(tenant, agent, conversation)
         pipe = self.view.r.pipeline(transaction=False)
         for r in records:
-            pipe.hsetnx(key, f"{r.id}:{r.version}", by)  # the first request to show a version keeps it
+            # The first request to show a version keeps it; "" (no request) matches none.
+            pipe.hsetnx(key, f"{r.id}:{r.version}", request or "")
         pipe.expire(key, RECALLED_TTL_S)
         await pipe.execute()
-

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from events.record import MemoryRecord
-from events.rules import ranking
 from projections.embedder import OnnxMiniLM
 from projections.qdrant_client_index import ClientIndex
 from projections.qdrant_index import EdgeIndex, SearchFilter
@@ -64,19 +63,6 @@ def test_modes_find_identifiers_and_paraphrases(index):
     assert search(index, "INC-40417")[0] == "id"
     assert search(index, "client angry delivery delayed")[0] == "para"
     assert search(index, "client angry delivery delayed", "vector", min_score=0.95) == []
-
-
-def test_hybrid_ranks_the_two_lists_fused_by_score(index):
-    put(index, rec("code", "Deploy code word is kestrel"), rec("near", "The release needs a code freeze first"),
-        rec("para", "Shipping to production waits for the freeze"), rec("off", "Lunch is at noon"))
-    text = "which code word do deploys use"
-    dense = EMBEDDER.embed([text])[0]
-    lists = [{h.record_id: h.score for h in index.search(flt(), dense, text, 5, mode)} for mode in ("lexical", "vector")]
-    expected = ranking.fused(*lists)
-    got = index.search(flt(), dense, text, 5)
-    assert {h.record_id: h.score for h in got} == pytest.approx(expected)
-    assert [h.record_id for h in got] == sorted(expected, key=lambda k: -expected[k])
-    assert got[0].record_id == "code"
 
 
 def test_filters_isolate_agent_session_preview_kind_and_labels(index):

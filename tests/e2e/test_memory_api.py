@@ -343,14 +343,25 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
             assert fact["id"] not in [r["id"] for r in later["workspaceEntries"]]
             bad = await c.http.post("/v1/recall", json=body | {"request_id": "x" * 65})
             assert bad.status_code == 422 and "request_id" in bad.text
+            last = await c.recall("conv-4", "what colour does Dana like?")  # its use is recorded after conv-3's
+            assert fact["id"] in [r["id"] for r in last["workspaceEntries"]]
 
         async def retrieved():
             batch = await usage.getmany(timeout_ms=500)
             out = [decode("memlane.usage", m.value) for ms in batch.values() for m in ms]
             return [u for u in out if u.agent == agent and u.type == "Retrieved" and u.recall]
 
-        found = await eventually(retrieved)
-        assert found[0].tool == "recall" and fact["id"] in [i.id for i in found[0].items]
+        seen: list = []
+
+        async def through_conv_4():
+            seen.extend(await retrieved())
+            return any(u.conversation == "conv-4" for u in seen) or None
+
+        await eventually(through_conv_4)
+        assert seen[0].tool == "recall" and fact["id"] in [i.id for i in seen[0].items]
+        # The retry of r-1 showed the fact again but did not count its use again.
+        assert [u.conversation for u in seen if fact["id"] in [i.id for i in u.items]] == [
+            "conv-1", "conv-2", "conv-3", "conv-4"]
     finally:
         await usage.stop()
 

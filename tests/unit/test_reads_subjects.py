@@ -24,6 +24,7 @@ from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context
 from services.memory.reads import MemoryReads, RecallResult
+from services.memory.recalled import OTHER, SAME
 from services.memory.usage import UsageLog
 from settings import Settings
 from tests.fakes.memory_ports import ConfiguredFold, InMemoryUsageRecorder
@@ -38,18 +39,19 @@ class Recalled:
     every `mark` call."""
 
     def __init__(self) -> None:
-        self.sets: dict[tuple[str, str, str], dict[str, object]] = {}
+        self.sets: dict[tuple[str, str, str], dict[str, str]] = {}
         self.marks: list[list[str]] = []
 
     async def shown(self, tenant, agent, conversation, records, request=None):
         seen = self.sets.get((tenant, agent, conversation), {})
-        return [f"{r.id}:{r.version}" in seen and seen[f"{r.id}:{r.version}"] != request for r in records]
+        by = [seen.get(f"{r.id}:{r.version}") for r in records]
+        return [None if b is None else SAME if request is not None and b == request else OTHER for b in by]
 
     async def mark(self, tenant, agent, conversation, records, request=None):
         self.marks.append([r.id for r in records])
         shown = self.sets.setdefault((tenant, agent, conversation), {})
         for r in records:
-            shown.setdefault(f"{r.id}:{r.version}", request or object())  # no request: never the same again
+            shown.setdefault(f"{r.id}:{r.version}", request or "")
 
 
 class Reads:
