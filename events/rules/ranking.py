@@ -13,12 +13,13 @@ The weights were chosen on LoCoMo's tuning conversations alone (docs/history-ran
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 LEXICAL_WEIGHT = 0.7  # the dense list gets the rest
 NEIGHBOUR_WEIGHT = 0.4  # of each neighbour's fused score, before and after
+K = TypeVar("K", bound=Hashable)  # a candidate's key: a point id, in whatever form the caller keys them
 
 
 class Place(NamedTuple):
@@ -30,7 +31,7 @@ class Place(NamedTuple):
     part: int
 
 
-def scaled(scores: Mapping[str, float]) -> dict[str, float]:
+def scaled(scores: Mapping[K, float]) -> dict[K, float]:
     """Min-max over one list: its best 1, its worst 0 (a list of one, or of ties, all 1)."""
     if not scores:
         return {}
@@ -41,7 +42,7 @@ def scaled(scores: Mapping[str, float]) -> dict[str, float]:
     return {k: (v - lo) / span for k, v in scores.items()}
 
 
-def fused(lexical: Mapping[str, float], dense: Mapping[str, float], weight: float = LEXICAL_WEIGHT) -> dict[str, float]:
+def fused(lexical: Mapping[K, float], dense: Mapping[K, float], weight: float = LEXICAL_WEIGHT) -> dict[K, float]:
     """Each candidate's weighted sum of its scaled scores; a list that missed it gives 0."""
     out = {k: (1 - weight) * v for k, v in scaled(dense).items()}
     for k, v in scaled(lexical).items():
@@ -49,10 +50,10 @@ def fused(lexical: Mapping[str, float], dense: Mapping[str, float], weight: floa
     return out
 
 
-def neighbours(places: Mapping[str, Place]) -> dict[str, list[str]]:
+def neighbours(places: Mapping[K, Place]) -> dict[K, list[K]]:
     """Each candidate's nearest candidates before and after it in its conversation, at most
     one turn away: the parts next to it, or, when those were not found, the closest that were."""
-    out: dict[str, list[str]] = {k: [] for k in places}
+    out: dict[K, list[K]] = {k: [] for k in places}
     ordered = sorted(places.items(), key=itemgetter(1))
     for (a, pa), (b, pb) in zip(ordered, ordered[1:]):
         if pa[0] == pb[0] and pb[1] - pa[1] <= 1:
@@ -61,8 +62,8 @@ def neighbours(places: Mapping[str, Place]) -> dict[str, list[str]]:
     return out
 
 
-def lifted(scores: Mapping[str, float], near: Mapping[str, list[str]],
-           weight: float = NEIGHBOUR_WEIGHT) -> dict[str, float]:
+def lifted(scores: Mapping[K, float], near: Mapping[K, list[K]],
+           weight: float = NEIGHBOUR_WEIGHT) -> dict[K, float]:
     """Each score plus `weight` of each neighbour's (computed from the scores before lifting)."""
     out = dict(scores)
     for k, ns in near.items():
@@ -71,7 +72,7 @@ def lifted(scores: Mapping[str, float], near: Mapping[str, list[str]],
     return out
 
 
-def ranked(lexical: Mapping[str, float], dense: Mapping[str, float], places: Mapping[str, Place],
-           weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT) -> dict[str, float]:
+def ranked(lexical: Mapping[K, float], dense: Mapping[K, float], places: Mapping[K, Place],
+           weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT) -> dict[K, float]:
     """The hybrid score of every candidate either list found."""
     return lifted(fused(lexical, dense, weight), neighbours(places), neighbour)
