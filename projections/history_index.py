@@ -47,6 +47,8 @@ from projections.records import Erasure
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
+# Given the candidates' places, a test of whether the caller may see one (called on a worker thread).
+Visible = Callable[[list[ranking.Place]], Callable[[ranking.Place], bool]]
 
 
 @dataclass(frozen=True)
@@ -210,14 +212,16 @@ class HistoryIndex:
 
     def search(
         self, f: HistoryFilter, dense: list[float] | None, text: str, limit: int, offset: int = 0, mode: Mode = "hybrid",
-        missing_ok: bool = False,
+        missing_ok: bool = False, visible: Visible | None = None,
     ) -> list[HistoryHit]:
         """Ranked parts `offset .. offset+limit`; newer events win ties. A part sealed under a
         destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
-        `missing_ok` (the caller caught up already: the key was destroyed)."""
+        `missing_ok` (the caller caught up already: the key was destroyed). `visible` (hybrid):
+        which candidates the caller may see, for what the filter cannot say (membership windows);
+        the others are left out before ranking, so they lift no neighbour."""
         flt = self._filter(f)
         if mode == "hybrid":
-            return self._hybrid(flt, dense, text, limit, offset, missing_ok)
+            return self._hybrid(flt, dense, text, limit, offset, missing_ok, visible)
         # One extra beyond the page, so ties at the page edge are ordered the same on every page.
         depth = offset + limit + 1
         if mode == "lexical":
@@ -231,7 +235,7 @@ class HistoryIndex:
                      lambda keys: {k: points[k].payload for k in keys}, offset, limit, missing_ok)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
-                missing_ok: bool) -> list[HistoryHit]:
+                missing_ok: bool, visible: Visible | None) -> list[HistoryHit]:
         """Both lists to a fixed depth (so the order is the same on every page), ranked by
         `events.rules.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
@@ -247,6 +251,11 @@ class HistoryIndex:
         lex = {p.id.int: p.score for p in found_lex}
         den = {p.id.int: p.score for p in found_den}
         places = self._places(lex.keys() | den.keys())
+        if visible is not None:
+            seen = visible(list(places.values()))
+            places = {k: p for k, p in places.items() if seen(p)}
+            lex = {k: v for k, v in lex.items() if k in places}
+            den = {k: v for k, v in den.items() if k in places}
         scores = ranking.ranked(lex, den, places)
         return _page([(score, places[key], key) for key, score in scores.items() if key in places],
                      self._payloads, offset, limit, missing_ok)
@@ -277,7 +286,8 @@ def place(stored: dict[str, Any]) -> ranking.Place:
     written before `sequence` was kept beside `doc` has it inside)."""
     doc = from_json(stored["doc"]) if "sequence" not in stored and "doc" in stored else stored
     return ranking.Place(f"{stored['session']}/{stored.get('execution_id') or ''}", int(stored["turn"]),
-                         int(doc.get("sequence") or 0), int(doc.get("part") or 0))
+                         int(doc.get("sequence") or 0), int(doc.get("part") or 0), stored["session"],
+                         int(stored.get("occurred_ms") or 0))
 
 
 def _page(scored: list[tuple[float, ranking.Place, int]], payloads: Callable[[list[int]], dict[int, dict[str, Any]]],

@@ -295,7 +295,10 @@ class HistoryFilter:
 
     def bounds_own(self, e: KeptEvent) -> bool:
         """False for an event of the caller's own session at or after its current turn."""
-        return self.own_turn is None or e.session != self.own_turn[0] or e.turn < self.own_turn[1]
+        return self.bounds_turn(e.session, e.turn)
+
+    def bounds_turn(self, session: str, turn: int) -> bool:
+        return self.own_turn is None or session != self.own_turn[0] or turn < self.own_turn[1]
 
     def sees_member(self, user: str | None) -> bool:
         """Whether this search may find an event of member `user` (None: of no member)."""

@@ -23,12 +23,16 @@ K = TypeVar("K", bound=Hashable)  # a candidate's key: a point id, in whatever f
 
 
 class Place(NamedTuple):
-    """Where a part sits: its conversation, then its order inside it."""
+    """Where a part sits: its conversation, then its order inside it. `session` and `at_ms`
+    say whether the caller may see it; they never decide the order (the fields before them
+    tell every part apart)."""
 
     conversation: str
     turn: int
     sequence: int
     part: int
+    session: str = ""
+    at_ms: int = 0
 
 
 def scaled(scores: Mapping[K, float]) -> dict[K, float]:

@@ -92,10 +92,22 @@ def test_the_edge_shard_ranks_hybrid_search_by_these_rules(tmp_path):
     assert got[:3] == ["e0", "e1", "e2"], got
     # Pages of the same search continue one order.
     assert [h.payload["event_id"] for h in index.search(f, query, "standup", 2, 2)] == got[2:4]
+    # A candidate the caller may not see (said before the agent joined) is left out before
+    # ranking: it lifts no neighbour, and the others score as if it were never found.
+    asked: list = []
+
+    def visible(places):
+        asked.append(sorted((p.session, p.turn, p.sequence) for p in places))
+        return lambda p: (p.turn, p.sequence) != (1, 0)
+
+    hidden = {h.payload["event_id"]: h.score for h in index.search(f, query, "standup", 5, visible=visible)}
+    assert "e0" not in hidden and hidden["e1"] < {h.payload["event_id"]: h.score for h in hits}["e1"]
+    assert hidden == pytest.approx({k: v for k, v in _expected(index, f, query, "standup", drop="e0").items()})
+    assert asked and ("s", 1, 0) in asked[0]
     index.close()
 
 
-def _expected(index, f, dense, text):
+def _expected(index, f, dense, text, drop=None):
     """The rules applied by hand to the engine's two lists."""
     from qdrant_edge import Query, QueryRequest
 
@@ -106,7 +118,8 @@ def _expected(index, f, dense, text):
                                          filter=flt, with_payload=True))
     den = index.shard.query(QueryRequest(limit=200, query=Query.Nearest(dense, using="dense"), filter=flt,
                                          with_payload=True))
-    stored = {str(p.id): p.payload for p in (*lex, *den)}
-    got = ranking.ranked({str(p.id): p.score for p in lex}, {str(p.id): p.score for p in den},
+    stored = {str(p.id): p.payload for p in (*lex, *den) if p.payload["event_id"] != drop}
+    got = ranking.ranked({str(p.id): p.score for p in lex if str(p.id) in stored},
+                         {str(p.id): p.score for p in den if str(p.id) in stored},
                          {k: place(v) for k, v in stored.items()})
     return {stored[k]["event_id"]: v for k, v in got.items()}

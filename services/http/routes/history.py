@@ -50,9 +50,10 @@ from events.rules.history import (
     time_window,
     within,
 )
+from events.rules.ranking import Place
 from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
-from projections.history_index import HYBRID_DEPTH, HistoryIndex
+from projections.history_index import HYBRID_DEPTH, HistoryIndex, Visible
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
 from services.http.deps import Ctx
@@ -280,12 +281,14 @@ class HistoryExtension:
             dense = (await asyncio.to_thread(self.app.state.service.embedder.embed, [body.query]))[0]
         # Hits said while the agent was not a member of their session are left out here (the
         # windows live in Redis), so a page reads on until it is full; the cursor is the rank
-        # of the next hit not yet looked at.
+        # of the next hit not yet looked at. A hybrid search leaves them out before ranking too,
+        # so that they lift no neighbour (`_visible`).
+        visible = self._visible(f, asyncio.get_running_loop()) if mode == "hybrid" else None
         out: list[dict[str, Any]] = []
         pos, more = offset, False
         while pos < cap:
             want = min(max(limit - len(out) + 1, 32), cap - pos + 1)
-            hits = await self._hits(f, dense, body.query, want, pos, mode)
+            hits = await self._hits(f, dense, body.query, want, pos, mode, visible)
             events = [event_from_payload(h.payload) for h in hits]
             windows = await self.store.windows(f.tenant, f.agent, [e.session for e in events])
             for h, e in zip(hits, events, strict=True):
@@ -305,14 +308,27 @@ class HistoryExtension:
                 break
         return out, (encode_cursor(pos, fp) if more else None)
 
-    async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str) -> list[Any]:
+    async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str,
+                    visible: Visible | None = None) -> list[Any]:
         try:
-            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode)
+            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, False, visible)
         except KeyMissing:
             # A part sealed under a key published since this process last caught up.
             if self.store.keys is not None:
                 await self.store.keys.catch_up()
-            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, missing_ok=True)
+            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, True, visible)
+
+    def _visible(self, f: HistoryFilter, loop: asyncio.AbstractEventLoop) -> Visible:
+        """Which candidates the caller may see: said while the agent was a member, and not of
+        its own session at or after its turn. Called on the search's thread, which reads the
+        windows through the event loop."""
+        def of(places: list[Place]):
+            sessions = sorted({p.session for p in places})
+            windows = asyncio.run_coroutine_threadsafe(
+                self.store.windows(f.tenant, f.agent, sessions), loop).result(timeout=30)
+            return lambda p: within(windows.get(p.session), p.at_ms) and f.bounds_turn(p.session, p.turn)
+
+        return of
 
     @staticmethod
     def _hit(f: HistoryFilter, e: KeptEvent, h: Any) -> dict[str, Any]:
