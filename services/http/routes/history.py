@@ -283,7 +283,7 @@ class HistoryExtension:
         # windows live in Redis), so a page reads on until it is full; the cursor is the rank
         # of the next hit not yet looked at. A hybrid search leaves them out before ranking too,
         # so that they lift no neighbour (`_visible`).
-        visible = self._visible(f, asyncio.get_running_loop()) if mode == "hybrid" else None
+        visible = await self._visible(f) if mode == "hybrid" else None
         out: list[dict[str, Any]] = []
         pos, more = offset, False
         while pos < cap:
@@ -318,11 +318,18 @@ class HistoryExtension:
                 await self.store.keys.catch_up()
             return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, True, visible)
 
-    def _visible(self, f: HistoryFilter, loop: asyncio.AbstractEventLoop) -> Visible:
+    async def _visible(self, f: HistoryFilter) -> Visible | None:
         """Which candidates the caller may see: said while the agent was a member, and not of
-        its own session at or after its turn. Called on the search's thread, which reads the
-        windows through the event loop."""
-        def of(places: list[Place]):
+        its own session at or after its turn. None: all of them (a session search where the
+        agent was always a member; the filter bounds its turn)."""
+        if f.session is not None:
+            windows = (await self.store.windows(f.tenant, f.agent, [f.session])).get(f.session)
+            if windows is None and f.own_turn is None:
+                return None
+            return lambda places: lambda p: within(windows, p.at_ms) and f.bounds_turn(p.session, p.turn)
+        loop = asyncio.get_running_loop()
+
+        def of(places: list[Place]):  # across sessions: on the search's thread, through the loop
             sessions = sorted({p.session for p in places})
             windows = asyncio.run_coroutine_threadsafe(
                 self.store.windows(f.tenant, f.agent, sessions), loop).result(timeout=30)
