@@ -283,14 +283,17 @@ class HistoryExtension:
         # windows live in Redis), so a page reads on until it is full; the cursor is the rank
         # of the next hit not yet looked at. A hybrid search leaves them out before ranking too,
         # so that they lift no neighbour (`_visible`).
-        visible = await self._visible(f) if mode == "hybrid" else None
+        # A session search reads its session's windows once, for the ranking and every page.
+        known = await self.store.windows(f.tenant, f.agent, [f.session]) if f.session is not None else None
+        visible = self._visible(f, known) if mode == "hybrid" else None
         out: list[dict[str, Any]] = []
         pos, more = offset, False
         while pos < cap:
             want = min(max(limit - len(out) + 1, 32), cap - pos + 1)
             hits = await self._hits(f, dense, body.query, want, pos, mode, visible)
             events = [event_from_payload(h.payload) for h in hits]
-            windows = await self.store.windows(f.tenant, f.agent, [e.session for e in events])
+            windows = known if known is not None else await self.store.windows(
+                f.tenant, f.agent, [e.session for e in events])
             for h, e in zip(hits, events, strict=True):
                 if pos >= cap:
                     break
@@ -318,21 +321,17 @@ class HistoryExtension:
                 await self.store.keys.catch_up()
             return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, True, visible)
 
-    async def _visible(self, f: HistoryFilter) -> Visible | None:
+    def _visible(self, f: HistoryFilter, known: dict[str, Any] | None) -> Visible | None:
         """Which candidates the caller may see: said while the agent was a member, and not of
-        its own session at or after its turn. None: all of them (a session search where the
-        agent was always a member; the filter bounds its turn)."""
-        if f.session is not None:
-            windows = (await self.store.windows(f.tenant, f.agent, [f.session])).get(f.session)
-            if windows is None and f.own_turn is None:
-                return None
-            return lambda places: lambda p: within(windows, p.at_ms) and f.bounds_turn(p.session, p.turn)
+        its own session at or after its turn. `known`: a session search's windows, read
+        already; None back: all of them (the agent was always a member of that session)."""
+        if known is not None and known.get(f.session) is None and f.own_turn is None:
+            return None
         loop = asyncio.get_running_loop()
 
-        def of(places: list[Place]):  # across sessions: on the search's thread, through the loop
-            sessions = sorted({p.session for p in places})
-            windows = asyncio.run_coroutine_threadsafe(
-                self.store.windows(f.tenant, f.agent, sessions), loop).result(timeout=30)
+        def of(places: list[Place]):  # on the search's thread: other sessions' windows through the loop
+            windows = known if known is not None else asyncio.run_coroutine_threadsafe(
+                self.store.windows(f.tenant, f.agent, sorted({p.session for p in places})), loop).result(timeout=30)
             return lambda p: within(windows.get(p.session), p.at_ms) and f.bounds_turn(p.session, p.turn)
 
         return of
