@@ -2,7 +2,7 @@
 
 Its own shard directory (`<data_dir>/qdrant/history-g<N>`), owned by the API process
 like the memory shard. Dense (all-MiniLM) and BM25 sparse vectors; a hybrid search ranks
-both lists by `events.rules.ranking`. Flags are keyword strings: the Edge bindings do not match a
+both lists by `projections.ranking`. Flags are keyword strings: the Edge bindings do not match a
 Python bool in MatchValue.
 
 A part's text is sealed in its payload (`sealed`) under its subject's data key (the turn's
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic_core import from_json, to_json
 from qdrant_edge import (
     Bm25,
@@ -38,16 +39,18 @@ from qdrant_edge import (
 )
 
 from events.codec import ContractError, cipher
-from events.rules import ranking
 from events.rules.history import HistoryFilter, KeptEvent, parts_of
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
+from projections import ranking
 from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
-HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts
+HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts: the dense list's depth
+LEXICAL_DEPTH = 200  # the lexical list's: deeper costs time and no recall (docs/history-ranking.md)
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
-# Given the candidates' places, a test of whether the caller may see one (called on a worker thread).
+TIEBREAK_BITS = (1 << 63) - 1  # of a point id, to settle ties in an int64
+# Given the candidates' places, a test of whether the caller may see one (called where the search runs).
 Visible = Callable[[list[ranking.Place]], Callable[[ranking.Place], bool]]
 
 
@@ -132,7 +135,7 @@ class HistoryIndex:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
         self._lock = threading.Lock()
-        self._place: dict[int, ranking.Place] = {}  # point id (as an int) -> its place, kept across searches
+        self._places = Places()
         # The session is the tenant key: every history search stays inside one.
         self.shard = open_shard(
             self.path, dim, "session", ("tenant", "agent", "kind", "visibility", "execution_id", "event_id", "user"),
@@ -180,6 +183,10 @@ class HistoryIndex:
 
     def count(self) -> int:
         return self.shard.info().points_count
+
+    def writing(self) -> bool:
+        """Whether a write holds the shard now (a search would wait for it)."""
+        return self._lock.locked()
 
     # ------------------------------------------------------------------ read side
 
@@ -231,16 +238,18 @@ class HistoryIndex:
             req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
         with self._lock:
             points = {p.id.int: p for p in self.shard.query(req)}
-        return _page([(p.score, place(p.payload), key) for key, p in points.items()],
-                     lambda keys: {k: points[k].payload for k in keys}, offset, limit, missing_ok)
+        keys = list(points)
+        return _page(keys, np.fromiter((points[k].score for k in keys), float, len(keys)),
+                     ranking.rows_of([place(points[k].payload) for k in keys]),
+                     lambda chunk: {k: points[k].payload for k in chunk}, offset, limit, missing_ok)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool, visible: Visible | None) -> list[HistoryHit]:
-        """Both lists to a fixed depth (so the order is the same on every page), ranked by
-        `events.rules.ranking`; whole payloads are read only as far down as the page reaches."""
+        """Both lists to fixed depths (so the order is the same on every page), ranked by
+        `projections.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
         # that does not (docs/history-ranking.md).
-        lexical = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
+        lexical = QueryRequest(limit=LEXICAL_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
                                filter=flt, with_payload=False)
         nearest = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(dense, using=DENSE), filter=flt,
                                with_payload=False)
@@ -250,35 +259,64 @@ class HistoryIndex:
         # a string of each would cost as much again (docs/history-ranking.md).
         lex = {p.id.int: p.score for p in found_lex}
         den = {p.id.int: p.score for p in found_den}
-        places = self._places(lex.keys() | den.keys())
-        if visible is not None:
-            seen = visible(list(places.values()))
-            places = {k: p for k, p in places.items() if seen(p)}
-            lex = {k: v for k, v in lex.items() if k in places}
-            den = {k: v for k, v in den.items() if k in places}
-        scores = ranking.ranked(lex, den, places)
-        return _page([(score, places[key], key) for key, score in scores.items() if key in places],
-                     self._payloads, offset, limit, missing_ok)
+        keys, rows, places = self._places.of(list(dict.fromkeys([*lex, *den])), self._read_places)
+        if visible is not None and keys:
+            seen = visible(places)
+            kept = np.fromiter((seen(p) for p in places), bool, len(places))
+            keys, rows = [k for k, keep in zip(keys, kept, strict=True) if keep], rows[kept]
+        scores = ranking.ranked(np.fromiter((lex.get(k, ranking.MISSED) for k in keys), float, len(keys)),
+                                np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows)
+        return _page(keys, scores, rows, self._payloads, offset, limit, missing_ok)
 
-    def _places(self, keys: Iterable[int]) -> dict[int, ranking.Place]:
-        """Where each point sits. A part's place never changes, so it is kept across searches;
-        past `PLACES_KEPT` the store starts again, read back as searches need it."""
-        known = self._place
-        missing = [k for k in keys if k not in known]
-        found: dict[int, ranking.Place] = {}
-        if missing:
-            with self._lock:
-                got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in missing], True, False)
-            found = {r.id.int: place(r.payload) for r in got}
-            if len(self._place) + len(found) > PLACES_KEPT:
-                self._place = {}
-            self._place.update(found)
-        return {k: p for k in keys if (p := known.get(k) or found.get(k)) is not None}
+    def _read_places(self, keys: list[int]) -> dict[int, ranking.Place]:
+        with self._lock:
+            got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in keys], True, False)
+        return {r.id.int: place(r.payload) for r in got}
 
     def _payloads(self, keys: list[int]) -> dict[int, dict[str, Any]]:
         with self._lock:
             got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in keys], True, False)
         return {r.id.int: r.payload for r in got}
+
+
+class Places:
+    """Where each point sits, kept across searches since a part's place never changes: its
+    `Place`, and its row for `projections.ranking` in one array, so a search gathers its
+    candidates' rows in one step. Past `kept` points it starts again, read back as searches
+    need them."""
+
+    def __init__(self, kept: int = PLACES_KEPT) -> None:
+        self.kept = kept
+        self._lock = threading.Lock()  # searches across sessions run in threads
+        self._clear()
+
+    def _clear(self) -> None:
+        self._slot: dict[int, int] = {}
+        self._place: list[ranking.Place] = []
+        self._rows = np.zeros((1024, 4), dtype=np.int64)
+        self._codes: dict[str, int] = {}
+
+    def of(self, keys: list[int], read: Callable[[list[int]], dict[int, ranking.Place]]
+           ) -> tuple[list[int], np.ndarray, list[ranking.Place]]:
+        """The keys whose place is known or `read` finds (in order), their rows and places. One
+        hold of the lock throughout, so no other search starts the store again midway."""
+        with self._lock:
+            if len(self._place) > self.kept:
+                self._clear()
+            missing = [k for k in keys if k not in self._slot]
+            if missing:
+                self._add(read(missing))
+            keys = [k for k in keys if k in self._slot]
+            slots = np.fromiter((self._slot[k] for k in keys), np.intp, len(keys))
+            return keys, self._rows[slots], [self._place[i] for i in slots.tolist()]
+
+    def _add(self, found: dict[int, ranking.Place]) -> None:
+        start = len(self._place)
+        while start + len(found) > len(self._rows):
+            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
+        self._rows[start : start + len(found)] = ranking.rows_of(list(found.values()), self._codes)
+        self._slot.update((k, start + i) for i, k in enumerate(found))
+        self._place.extend(found.values())
 
 
 def place(stored: dict[str, Any]) -> ranking.Place:
@@ -290,18 +328,20 @@ def place(stored: dict[str, Any]) -> ranking.Place:
                          int(stored.get("occurred_ms") or 0))
 
 
-def _page(scored: list[tuple[float, ranking.Place, int]], payloads: Callable[[list[int]], dict[int, dict[str, Any]]],
-          offset: int, limit: int, missing_ok: bool) -> list[HistoryHit]:
-    """Hits `offset .. offset+limit` by score, newer events first on ties. A part sealed under
-    a destroyed key is left out, as is one gone since the query; one under a key not known yet
-    raises `KeyMissing`, unless `missing_ok`. Payloads are read down the order only as far as
-    the page reaches."""
-    order = sorted((-round(score, 9), -p.turn, -p.sequence, p.part, key) for score, p, key in scored)
-    score_of = {key: score for score, _, key in scored}
+def _page(keys: list[int], scores: np.ndarray, rows: np.ndarray,
+          payloads: Callable[[list[int]], dict[int, dict[str, Any]]], offset: int, limit: int,
+          missing_ok: bool) -> list[HistoryHit]:
+    """Hits `offset .. offset+limit` in `ranking.order`. A part sealed under a destroyed key is
+    left out, as is one gone since the query; one under a key not known yet raises
+    `KeyMissing`, unless `missing_ok`. Payloads are read down the order only as far as the page
+    reaches."""
+    tiebreak = np.fromiter((k & TIEBREAK_BITS for k in keys), np.int64, len(keys))
+    order = [keys[i] for i in ranking.order(scores, rows, tiebreak)]
+    score_of = dict(zip(keys, scores.tolist(), strict=True))
     hits: list[HistoryHit] = []
     start = 0
     while len(hits) < offset + limit and start < len(order):
-        chunk = [row[-1] for row in order[start : start + offset + limit - len(hits)]]
+        chunk = order[start : start + offset + limit - len(hits)]
         start += len(chunk)
         got = payloads(chunk)
         for key in chunk:

@@ -40,6 +40,8 @@ from projections.qdrant_index import (
     SearchFilter,
     erasure_terms,
     filter_terms,
+    fuse,
+    hits_of,
     payload_of,
     point_id,
     rank,
@@ -215,17 +217,13 @@ class ClientIndex:
             res = self.client.query_points(self.collection, query=dense, using=DENSE, query_filter=flt, limit=depth,
                                            with_payload=True, score_threshold=min_score)
         else:
-            res = self.client.query_points(
-                self.collection,
-                prefetch=[
-                    models.Prefetch(query=dense, using=DENSE, filter=flt, limit=depth, score_threshold=min_score),
-                    models.Prefetch(query=sparse, using=SPARSE, filter=flt, limit=depth),
-                ],
-                query=models.RrfQuery(rrf=models.Rrf(k=60)),
-                limit=depth,
-                with_payload=True,
-            )
-        return rank([Hit(p.payload["record_id"], p.score) for p in res.points], limit)
+            lexical, nearest = self.client.query_batch_points(self.collection, [
+                models.QueryRequest(query=sparse, using=SPARSE, filter=flt, limit=depth, with_payload=["record_id"]),
+                models.QueryRequest(query=dense, using=DENSE, filter=flt, limit=depth, with_payload=["record_id"],
+                                    score_threshold=min_score),
+            ])
+            return rank(fuse(hits_of(lexical.points), hits_of(nearest.points)), limit)
+        return rank(hits_of(res.points), limit)
 
 
 CATALOG = "catalog"  # local mode: the directory standing in for a server's collections and aliases

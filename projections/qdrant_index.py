@@ -24,20 +24,20 @@ from qdrant_edge import (
     Bm25Config,
     FieldCondition,
     Filter,
-    Fusion,
     MatchAny,
     MatchPrefix,
     MatchValue,
     PayloadSelector,
     Point,
-    Prefetch,
     Query,
+    QueryBatchRequest,
     QueryRequest,
     ScrollRequest,
     UpdateOperation,
 )
 
 from events.record import MemoryRecord, Status
+from projections import ranking
 from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
 
@@ -74,6 +74,8 @@ class SearchFilter:
     labels: tuple[tuple[str, str], ...] = ()
     ids: tuple[str, ...] = ()
     user: str | None = None  # the member whose USER records the search reaches ("USER" in scopes)
+    kinds: tuple[str, ...] = ()  # any of these kinds (recall's episodes and procedures)
+    not_kinds: tuple[str, ...] = ()  # none of these (recall's facts)
 
 
 class IndexUnavailable(Exception):
@@ -141,12 +143,28 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
     must: list[Term] = [("owner", f"{f.tenant}/{f.agent}"), ("reach", reach or ["\x00none"])]
     if f.kind:
         must.append(("kind", f.kind))
+    if f.kinds:
+        must.append(("kind", list(f.kinds)))
     must += [("labels", f"{k}={v}") for k, v in f.labels]
     if f.ids:
         must.append(("record_id", list(f.ids)))
     # A preview turn sees previews but not the live records they shadow; a live turn no previews.
     must_not: list[Term] = [("shadowed", "yes") if f.preview else ("preview", "yes")]
+    if f.not_kinds:
+        must_not.append(("kind", list(f.not_kinds)))
     return must, must_not
+
+
+def fuse(lexical: list[Hit], dense: list[Hit]) -> list[Hit]:
+    """A hybrid search's two lists as one, fused by score (`projections.ranking.fused`; a
+    record stands alone, so no neighbour lifts it). Rank-only RRF buried a record far ahead in
+    one list: see docs/history-ranking.md for both on LoCoMo."""
+    scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense})
+    return [Hit(k, v) for k, v in scores.items()]
+
+
+def hits_of(points: Sequence[Any]) -> list[Hit]:
+    return [Hit(p.payload["record_id"], p.score) for p in points]
 
 
 def rank(hits: list[Hit], limit: int) -> list[Hit]:
@@ -271,24 +289,24 @@ class EdgeIndex:
                 score_threshold=min_score,
             )
         else:
-            req = QueryRequest(
-                limit=depth,
-                prefetches=[
-                    Prefetch(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, score_threshold=min_score),
-                    Prefetch(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt),
-                ],
-                query=Fusion.Rrf(k=60),
-                with_payload=True,
-            )
+            record_id = PayloadSelector.Include(["record_id"])
+            batch = QueryBatchRequest([
+                QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt, with_payload=record_id),
+                QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=record_id,
+                             score_threshold=min_score),
+            ])
         with self._lock:
             try:
+                if mode == "hybrid":
+                    lexical, nearest = self.shard.query_batch(batch)
+                    return rank(fuse(hits_of(lexical), hits_of(nearest)), limit)
                 points = self.shard.query(req)
             except Exception as e:
                 if type(e) is not Exception:
                     raise
                 # The Edge bindings raise a bare Exception for a storage or service error.
                 raise IndexUnavailable(f"the Qdrant Edge shard at {self.path} could not search") from e
-        return rank([Hit(p.payload["record_id"], p.score) for p in points], limit)
+        return rank(hits_of(points), limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

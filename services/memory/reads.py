@@ -246,7 +246,8 @@ class MemoryReads:
         return q.result(hits, {r.id: r for r in recs}, utcnow())
 
     def _ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,
-                limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None) -> _Ranked:
+                limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None,
+                kinds: tuple[str, ...] = (), not_kinds: tuple[str, ...] = ()) -> _Ranked:
         """A ranked search's filter and settings, the agent's defaults filled in."""
         scopes = self._scopes(ctx, cfg)
         f = SearchFilter(
@@ -258,6 +259,8 @@ class MemoryReads:
             kind=kind,
             labels=tuple(sorted((labels or {}).items())),
             user=ctx.user if Scope.USER.value in scopes else None,
+            kinds=kinds,
+            not_kinds=not_kinds,
         )
         mode = mode or cfg.memory.search.mode
         return _Ranked(
@@ -416,7 +419,7 @@ class MemoryReads:
         ask = RecallAsk(ctx, cfg, text, conversation, run, application)
         layers = asyncio.ensure_future(self._shared_layers(ask))
         try:
-            found = await self._search(ctx, cfg, query=text, limit=cfg.memory.search.max_results * 2)
+            found = await self._recall_search(ctx, cfg, text)
         except BaseException:
             session.cancel()
             layers.cancel()
@@ -472,6 +475,23 @@ class MemoryReads:
         scores = dict((r.id, s) for r, s in fresh)
         return RecallResult(shown_pins, [(r, scores[r.id]) for r in records], rendered, episodes, procedures, blocks,
                             session_summary=summary, session_entries=entries, avoid=avoid, shared=shared)
+
+    async def _recall_search(self, ctx: Context, cfg: AgentConfig, text: str) -> SearchResult:
+        """Recall's ranked search, in two parts run together: facts (every kind but episodes and
+        procedures) and those two kinds. In one list, hundreds of episodes that match a query
+        word for word take every place ahead of a fact found by meaning: the fused score ranks
+        them so (docs/recall-sections.md)."""
+        limit = cfg.memory.search.max_results * 2
+        if not text.strip():
+            return await self._search(ctx, cfg, query=text, limit=limit)
+        dense = None if cfg.memory.search.mode == "lexical" else await self._embed_query(ctx, text)
+        facts, layers = (self._ranked(ctx, cfg, text, None, None, limit, None, None, dense, **kinds)
+                         for kinds in ({"not_kinds": RESERVED_KINDS}, {"kinds": RESERVED_KINDS}))
+        hits = await asyncio.to_thread(lambda: (facts.run(self.memory), layers.run(self.memory)))
+        recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for part in hits for h in part])
+        by_id, now = {r.id: r for r in recs}, utcnow()
+        return SearchResult([x for q, part in zip((facts, layers), hits, strict=True)
+                             for x in q.result(part, by_id, now).records], None)
 
     async def _shared_layers(self, ask: RecallAsk) -> dict[str, list[Entry]]:
         """Every layer source's entries, by layer heading; seed 004's facts format has none."""

@@ -3,9 +3,10 @@
 Ranks LoCoMo's utterances for every question without a stack, as the history shard would:
 MiniLM vectors (computed once, cached under the system's temp directory), Edge's own BM25
 tokenizer with IDF over every conversation (as one shard holds them), each list cut at
-`HYBRID_DEPTH`, then `events.rules.ranking`. It prints evidence recall@5/10/25 for a grid of
-weights on the tuning conversations only; `--validation` prints the chosen weights on the
-validation ones, which nothing here tunes on. The figures that count are `make bench
+`LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.ranking`. It prints evidence
+recall@5/10/25 for a grid of weights on the tuning conversations only; `--depths`, for a grid of
+the two lists' depths with the chosen weights; `--validation` prints the chosen weights and
+depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
 ONLY=history`'s, through Kafka and HTTP (docs/history-ranking.md).
 """
 
@@ -21,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from events.rules import ranking
-from events.rules.ranking import Place
-from projections.history_index import HYBRID_DEPTH
+from projections import ranking
+from projections.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
+from projections.ranking import Place
 from tests.bench.bench_history import DATA, KS, SPLITS, conversation_turns, evidence
 from tests.bench.common import progress
 
 CACHE = Path(tempfile.gettempdir()) / "memlane-tune-history"
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
+DEPTHS = [(lx, dn) for lx in (30, 50, 100, 200) for dn in (100, 150, 200)]  # (lexical, dense)
 
 
 def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[str]]]]]:
@@ -53,7 +55,7 @@ def embedded(texts: list[str]) -> np.ndarray:
     return np.load(path)
 
 
-def lexical_lists(data) -> dict[str, list[dict[str, float]]]:
+def lexical_lists(data, depth: int = LEXICAL_DEPTH) -> dict[str, list[dict[str, float]]]:
     """Each question's BM25 list: Edge's tokens and weights, IDF over every utterance."""
     from qdrant_edge import Bm25, Bm25Config
 
@@ -75,16 +77,16 @@ def lexical_lists(data) -> dict[str, list[dict[str, float]]]:
             for t, qv in zip(sq.indices, sq.values, strict=True):
                 for j, v in postings.get(t, ()):
                     scores[utts[j][0]] += idf[t] * v * qv
-            lists.append(dict(sorted(scores.items(), key=lambda kv: -kv[1])[:HYBRID_DEPTH]))
+            lists.append(dict(sorted(scores.items(), key=lambda kv: -kv[1])[:depth]))
         out[cid] = lists
     return out
 
 
-def dense_lists(data) -> dict[str, list[dict[str, float]]]:
+def dense_lists(data, depth: int = HYBRID_DEPTH) -> dict[str, list[dict[str, float]]]:
     out = {}
     for cid, (utts, qs) in data.items():
         sims = embedded([q for q, _ in qs]) @ embedded([text for _, text, _ in utts]).T
-        out[cid] = [{utts[j][0]: float(row[j]) for j in np.argsort(-row, kind="stable")[:HYBRID_DEPTH]} for row in sims]
+        out[cid] = [{utts[j][0]: float(row[j]) for j in np.argsort(-row, kind="stable")[:depth]} for row in sims]
     return out
 
 
@@ -94,7 +96,7 @@ def recall_at(data, lex, den, convs, weight: float, neighbour: float) -> list[fl
         utts, qs = data[cid]
         places = {i: p for i, _, p in utts}
         for (_, ev), lx, dn in zip(qs, lex[cid], den[cid], strict=True):
-            scores = ranking.ranked(lx, dn, {k: places[k] for k in lx.keys() | dn.keys()}, weight, neighbour)
+            scores = ranking.ranked_keys(lx, dn, places, weight, neighbour)
             top = sorted(scores, key=lambda k: (-round(scores[k], 9), -places[k].turn, -places[k].sequence))
             for k in KS:
                 shares[k].append(len(ev & set(top[:k])) / len(ev))
@@ -106,8 +108,18 @@ def main(argv: list[str]) -> int:
     lex, den = lexical_lists(data), dense_lists(data)
     if "--validation" in argv:
         w, n = ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT
-        print(json.dumps({"split": "validation", "weight": w, "neighbour": n,
+        print(json.dumps({"split": "validation", "weight": w, "neighbour": n, "lexical_depth": LEXICAL_DEPTH,
+                          "dense_depth": HYBRID_DEPTH,
                           "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["validation"], w, n)}))
+        return 0
+    if "--depths" in argv:
+        full_lex, full_den = lexical_lists(data, max(DEPTHS)[0]), dense_lists(data, max(d for _, d in DEPTHS))
+        for dl, dd in DEPTHS:
+            lx = {c: [dict(list(x.items())[:dl]) for x in xs] for c, xs in full_lex.items()}
+            dn = {c: [dict(list(x.items())[:dd]) for x in xs] for c, xs in full_den.items()}
+            print(json.dumps({"split": "tuning", "lexical_depth": dl, "dense_depth": dd, "recall_at_5_10_25":
+                              recall_at(data, lx, dn, SPLITS["tuning"], ranking.LEXICAL_WEIGHT,
+                                        ranking.NEIGHBOUR_WEIGHT)}), flush=True)
         return 0
     for w, n in GRID:
         print(json.dumps({"split": "tuning", "weight": w, "neighbour": n,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from events.record import MemoryRecord
+from projections import ranking
 from projections.embedder import OnnxMiniLM
 from projections.qdrant_client_index import ClientIndex
 from projections.qdrant_index import EdgeIndex, SearchFilter
@@ -63,6 +64,22 @@ def test_modes_find_identifiers_and_paraphrases(index):
     assert search(index, "INC-40417")[0] == "id"
     assert search(index, "client angry delivery delayed")[0] == "para"
     assert search(index, "client angry delivery delayed", "vector", min_score=0.95) == []
+
+
+def test_hybrid_ranks_by_the_fused_scores_of_the_lexical_and_the_dense_list(index):
+    put(index, rec("deploy", "The deploy freeze starts Friday at noon"), rec("window", "Release window is Friday"),
+        rec("owner", "Kestrel owns the deploy runbook"), rec("lunch", "Lunch is at noon on Fridays"),
+        rec("budget", "The budget review moved to March"), rec("cal", "Calendar invites go out on Monday"))
+    text = "when does the deploy freeze start"
+    dense = EMBEDDER.embed([text])[0]
+    # Each list alone, deep enough to hold every record, then the rule by hand.
+    lexical = index.search(flt(), None, text, 20, "lexical")
+    nearest = index.search(flt(), dense, text, 20, "vector")
+    expected = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in nearest})
+    got = index.search(flt(), dense, text, 3, "hybrid")
+    assert {h.record_id: h.score for h in got} == pytest.approx({k: expected[k] for k in [h.record_id for h in got]})
+    assert [h.record_id for h in got] == sorted(expected, key=lambda k: -expected[k])[:3]
+    assert got[0].record_id == "deploy" and got[0].score == pytest.approx(1.0)  # the best of both lists
 
 
 def test_filters_isolate_agent_session_preview_kind_and_labels(index):

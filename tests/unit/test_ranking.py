@@ -1,4 +1,4 @@
-"""The hybrid ranking rules of session history (events.rules.ranking), and the Edge shard
+"""The hybrid ranking rules of session history (projections.ranking), and the Edge shard
 ranking by them."""
 
 from __future__ import annotations
@@ -6,49 +6,73 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from events.rules import ranking
-from events.rules.ranking import Place, fused, lifted, neighbours, ranked, scaled
+from projections import ranking
+from projections.ranking import Place, fused, lifted, neighbours, ranked_keys, scaled
+
+M = ranking.MISSED
+
+
+def arr(*xs: float) -> np.ndarray:
+    return np.array(xs, dtype=float)
 
 
 def test_each_list_is_scaled_to_its_own_range():
-    assert scaled({"a": 12.0, "b": 7.0, "c": 2.0}) == {"a": 1.0, "b": 0.5, "c": 0.0}
+    assert scaled(arr(12.0, 7.0, 2.0)).tolist() == [1.0, 0.5, 0.0]
     # A cosine range and the same order at another scale give the same scaled scores.
-    assert scaled({"a": 0.31, "b": 0.30, "c": 0.29}) == pytest.approx(scaled({"a": 0.9, "b": 0.6, "c": 0.3}))
-    assert scaled({"a": 0.5, "b": 0.5}) == {"a": 1.0, "b": 1.0} and scaled({}) == {}
+    assert scaled(arr(0.31, 0.30, 0.29)) == pytest.approx(scaled(arr(0.9, 0.6, 0.3)))
+    assert scaled(arr(0.5, 0.5)).tolist() == [1.0, 1.0] and scaled(arr()).tolist() == []
+    # A candidate the list missed gets 0, and does not widen its range.
+    assert scaled(arr(12.0, M, 2.0, M)).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert scaled(arr(M, 3.0)).tolist() == [0.0, 1.0]
 
 
 def test_fusion_weighs_the_lists_and_a_list_that_missed_a_candidate_gives_it_nothing():
-    lex = {"both": 10.0, "lex": 8.0, "low": 0.0}
-    den = {"both": 0.8, "den": 0.9, "far": 0.1}
-    got = fused(lex, den, weight=0.7)
-    assert got["lex"] == pytest.approx(0.7 * 0.8) and got["den"] == pytest.approx(0.3 * 1.0)
-    assert got["both"] == pytest.approx(0.7 + 0.3 * 0.875) and got["low"] == got["far"] == 0.0
+    # Candidates: both, lex, low, den, far.
+    lex = arr(10.0, 8.0, 0.0, M, M)
+    den = arr(0.8, M, M, 0.9, 0.1)
+    both, lexo, low, deno, far = fused(lex, den, weight=0.7)
+    assert lexo == pytest.approx(0.7 * 0.8) and deno == pytest.approx(0.3 * 1.0)
+    assert both == pytest.approx(0.7 + 0.3 * 0.875) and low == far == 0.0
     # Score-aware: a candidate far ahead in one list beats one just ahead in both (RRF would not).
-    close = fused({"x": 10.0, "y": 9.9, "z": 0.0}, {"y": 0.50, "x": 0.49, "z": 0.1}, weight=0.5)
-    assert close["x"] < close["y"]
-    lead = fused({"x": 10.0, "y": 1.0, "z": 0.0}, {"y": 0.50, "x": 0.49, "z": 0.1}, weight=0.5)
-    assert lead["x"] > lead["y"]
+    x, y, _ = fused(arr(10.0, 9.9, 0.0), arr(0.49, 0.50, 0.1), weight=0.5)
+    assert x < y
+    x, y, _ = fused(arr(10.0, 1.0, 0.0), arr(0.49, 0.50, 0.1), weight=0.5)
+    assert x > y
+
+
+def pairs(places: dict[str, Place]) -> set[frozenset[str]]:
+    keys = list(places)
+    a, b = neighbours(ranking.rows_of(list(places.values())))
+    return {frozenset((keys[i], keys[j])) for i, j in zip(a, b, strict=True)}
 
 
 def test_neighbours_are_the_nearest_candidates_of_the_same_conversation_at_most_a_turn_apart():
     places = {
-        "q": Place("s/c1", 4, 1, 0),  # a question at the end of turn 4
-        "a": Place("s/c1", 5, 0, 0),  # its answer opens turn 5
-        "b": Place("s/c1", 5, 1, 0),
         "far": Place("s/c1", 9, 0, 0),  # four turns on: no neighbour of b
+        "b": Place("s/c1", 5, 1, 0),
+        "q": Place("s/c1", 4, 1, 0),  # a question at the end of turn 4
         "other": Place("s/c2", 5, 0, 0),  # another conversation
+        "a": Place("s/c1", 5, 0, 0),  # its answer opens turn 5
     }
-    near = neighbours(places)
-    assert near["q"] == ["a"] and set(near["a"]) == {"q", "b"} and near["b"] == ["a"]
-    assert near["far"] == [] and near["other"] == []
+    assert pairs(places) == {frozenset("qa"), frozenset("ab")}
     # Parts of one long message are neighbours, in order.
-    parts = neighbours({"p0": Place("s/c", 1, 0, 0), "p1": Place("s/c", 1, 0, 1), "p2": Place("s/c", 1, 0, 2)})
-    assert parts == {"p0": ["p1"], "p1": ["p0", "p2"], "p2": ["p1"]}
+    parts = {"p2": Place("s/c", 1, 0, 2), "p0": Place("s/c", 1, 0, 0), "p1": Place("s/c", 1, 0, 1)}
+    assert pairs(parts) == {frozenset(("p0", "p1")), frozenset(("p1", "p2"))}
 
 
 def test_a_candidate_is_lifted_by_a_share_of_its_neighbours_scores_before_lifting():
-    got = lifted({"q": 1.0, "a": 0.2, "x": 0.5}, {"q": ["a"], "a": ["q"], "x": []}, weight=0.4)
-    assert got == pytest.approx({"q": 1.08, "a": 0.6, "x": 0.5})
+    # q and a are neighbours, as are a and x; y stands alone.
+    got = lifted(arr(1.0, 0.2, 0.5, 0.3), (np.array([0, 1]), np.array([1, 2])), weight=0.4)
+    assert got == pytest.approx([1.0 + 0.4 * 0.2, 0.2 + 0.4 * 1.0 + 0.4 * 0.5, 0.5 + 0.4 * 0.2, 0.3])
+
+
+def test_ties_go_to_newer_events_then_the_earlier_part_then_the_tiebreak():
+    rows = ranking.rows_of([Place("s/c", 3, 0, 0), Place("s/c", 3, 1, 1), Place("s/c", 3, 1, 0),
+                            Place("s/d", 3, 1, 0), Place("s/c", 1, 0, 0)])
+    scores = arr(0.5, 0.5, 0.5, 0.5, 0.9)
+    assert ranking.order(scores, rows, np.array([0, 0, 2, 1, 0])).tolist() == [4, 3, 2, 1, 0]
+    # Scores equal to 9 decimals are ties.
+    assert ranking.order(arr(0.5 + 1e-12, 0.5), rows[:2], np.array([0, 1])).tolist() == [1, 0]
 
 
 def test_an_answer_that_shares_no_word_with_the_question_rises_above_a_lone_weak_match():
@@ -58,9 +82,9 @@ def test_an_answer_that_shares_no_word_with_the_question_rises_above_a_lone_weak
     den = {"question": 0.7, "weak": 0.5, "answer": 0.45, "noise": 0.4}
     places = {"question": Place("s/c", 3, 0, 0), "answer": Place("s/c", 3, 1, 0),
               "weak": Place("s/c", 12, 0, 0), "noise": Place("s/c", 20, 1, 0)}
-    order = sorted(ranked(lex, den, places).items(), key=lambda kv: -kv[1])
+    order = sorted(ranked_keys(lex, den, places).items(), key=lambda kv: -kv[1])
     assert [k for k, _ in order][:2] == ["question", "answer"]
-    without = sorted(ranked(lex, den, places, neighbour=0.0).items(), key=lambda kv: -kv[1])
+    without = sorted(ranked_keys(lex, den, places, neighbour=0.0).items(), key=lambda kv: -kv[1])
     assert [k for k, _ in without][:2] == ["question", "weak"]
 
 
@@ -119,7 +143,26 @@ def _expected(index, f, dense, text, drop=None):
     den = index.shard.query(QueryRequest(limit=200, query=Query.Nearest(dense, using="dense"), filter=flt,
                                          with_payload=True))
     stored = {str(p.id): p.payload for p in (*lex, *den) if p.payload["event_id"] != drop}
-    got = ranking.ranked({str(p.id): p.score for p in lex if str(p.id) in stored},
+    got = ranking.ranked_keys({str(p.id): p.score for p in lex if str(p.id) in stored},
                          {str(p.id): p.score for p in den if str(p.id) in stored},
                          {k: place(v) for k, v in stored.items()})
     return {stored[k]["event_id"]: v for k, v in got.items()}
+
+
+def test_the_place_store_reads_each_place_once_and_starts_again_past_its_size():
+    from projections.history_index import Places
+
+    store = {k: Place("s/c", k, 0, 0) for k in range(10)}
+    reads: list[list[int]] = []
+
+    def read(keys):
+        reads.append(keys)
+        return {k: store[k] for k in keys if k in store}
+
+    places = Places(kept=4)
+    keys, rows, got = places.of([3, 1, 99], read)  # 99: gone since the query
+    assert keys == [3, 1] and rows[:, 1].tolist() == [3, 1] and got == [store[3], store[1]]
+    assert places.of([1, 3], read)[0] == [1, 3] and reads == [[3, 1, 99]]  # known: not read again
+    places.of([4, 5, 6], read)  # five known: past its size
+    keys, rows, _ = places.of([1, 7], read)  # the store started again: both read back
+    assert keys == [1, 7] and rows[:, 1].tolist() == [1, 7] and reads[-1] == [1, 7]

@@ -50,10 +50,10 @@ from events.rules.history import (
     time_window,
     within,
 )
-from events.rules.ranking import Place
 from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
 from projections.history_index import HYBRID_DEPTH, HistoryIndex, Visible
+from projections.ranking import Place
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
 from services.http.deps import Ctx
@@ -313,13 +313,23 @@ class HistoryExtension:
 
     async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str,
                     visible: Visible | None = None) -> list[Any]:
+        # A session search runs in the event loop: the Edge shard holds the interpreter lock
+        # while it searches, so a thread runs none of it in parallel, and handing each search to
+        # a thread and back made searches wait on one another (docs/history-ranking.md). Across
+        # sessions the search asks the loop for membership windows midway, and while the
+        # projection writes the search would wait for it: then it runs in a thread.
+        async def search(missing_ok: bool) -> list[Any]:
+            if f.session is not None and not self.index.writing():
+                return self.index.search(f, dense, query, n, offset, mode, missing_ok, visible)
+            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, missing_ok, visible)
+
         try:
-            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, False, visible)
+            return await search(False)
         except KeyMissing:
             # A part sealed under a key published since this process last caught up.
             if self.store.keys is not None:
                 await self.store.keys.catch_up()
-            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, True, visible)
+            return await search(True)
 
     def _visible(self, f: HistoryFilter, known: dict[str, Any] | None) -> Visible | None:
         """Which candidates the caller may see: said while the agent was a member, and not of
