@@ -134,7 +134,8 @@ class HistoryIndex:
     def __init__(self, path: Path, dim: int = 384) -> None:
         self.path = Path(path)
         self.bm25 = Bm25(Bm25Config())
-        self._lock = threading.Lock()
+        # Re-entrant: a search in the event loop holds it throughout (`search_now`).
+        self._lock = threading.RLock()
         self._places = Places()
         # The session is the tenant key: every history search stays inside one.
         self.shard = open_shard(
@@ -184,9 +185,6 @@ class HistoryIndex:
     def count(self) -> int:
         return self.shard.info().points_count
 
-    def writing(self) -> bool:
-        """Whether a write holds the shard now (a search would wait for it)."""
-        return self._lock.locked()
 
     # ------------------------------------------------------------------ read side
 
@@ -216,6 +214,16 @@ class HistoryIndex:
         if f.ids:
             must.append(FieldCondition("event_id", match=MatchAny(list(f.ids))))
         return Filter(must=must)
+
+    def search_now(self, *args: Any, **kwargs: Any) -> list[HistoryHit] | None:
+        """`search`, unless a write or another search holds the shard: then None, at once. For
+        a caller that must not wait (the event loop), and whose `visible` does not wait on it."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self.search(*args, **kwargs)
+        finally:
+            self._lock.release()
 
     def search(
         self, f: HistoryFilter, dense: list[float] | None, text: str, limit: int, offset: int = 0, mode: Mode = "hybrid",
@@ -259,7 +267,8 @@ class HistoryIndex:
         # a string of each would cost as much again (docs/history-ranking.md).
         lex = {p.id.int: p.score for p in found_lex}
         den = {p.id.int: p.score for p in found_den}
-        keys, rows, places = self._places.of(list(dict.fromkeys([*lex, *den])), self._read_places)
+        with self._lock:
+            keys, rows, places = self._places.of(list(dict.fromkeys([*lex, *den])), self._read_places)
         if visible is not None and keys:
             seen = visible(places)
             kept = np.fromiter((seen(p) for p in places), bool, len(places))
@@ -283,11 +292,10 @@ class Places:
     """Where each point sits, kept across searches since a part's place never changes: its
     `Place`, and its row for `projections.ranking` in one array, so a search gathers its
     candidates' rows in one step. Past `kept` points it starts again, read back as searches
-    need them."""
+    need them. Its caller holds the shard's lock, which also keeps searches apart here."""
 
     def __init__(self, kept: int = PLACES_KEPT) -> None:
         self.kept = kept
-        self._lock = threading.Lock()  # searches across sessions run in threads
         self._clear()
 
     def _clear(self) -> None:
@@ -298,17 +306,15 @@ class Places:
 
     def of(self, keys: list[int], read: Callable[[list[int]], dict[int, ranking.Place]]
            ) -> tuple[list[int], np.ndarray, list[ranking.Place]]:
-        """The keys whose place is known or `read` finds (in order), their rows and places. One
-        hold of the lock throughout, so no other search starts the store again midway."""
-        with self._lock:
-            if len(self._place) > self.kept:
-                self._clear()
-            missing = [k for k in keys if k not in self._slot]
-            if missing:
-                self._add(read(missing))
-            keys = [k for k in keys if k in self._slot]
-            slots = np.fromiter((self._slot[k] for k in keys), np.intp, len(keys))
-            return keys, self._rows[slots], [self._place[i] for i in slots.tolist()]
+        """The keys whose place is known or `read` finds (in order), their rows and places."""
+        if len(self._place) > self.kept:
+            self._clear()
+        missing = [k for k in keys if k not in self._slot]
+        if missing:
+            self._add(read(missing))
+        keys = [k for k in keys if k in self._slot]
+        slots = np.fromiter((self._slot[k] for k in keys), np.intp, len(keys))
+        return keys, self._rows[slots], [self._place[i] for i in slots.tolist()]
 
     def _add(self, found: dict[int, ranking.Place]) -> None:
         start = len(self._place)

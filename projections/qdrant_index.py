@@ -297,16 +297,13 @@ class EdgeIndex:
             ])
         with self._lock:
             try:
-                if mode == "hybrid":
-                    lexical, nearest = self.shard.query_batch(batch)
-                    return rank(fuse(hits_of(lexical), hits_of(nearest)), limit)
-                points = self.shard.query(req)
+                lists = self.shard.query_batch(batch) if mode == "hybrid" else [self.shard.query(req)]
             except Exception as e:
                 if type(e) is not Exception:
                     raise
                 # The Edge bindings raise a bare Exception for a storage or service error.
                 raise IndexUnavailable(f"the Qdrant Edge shard at {self.path} could not search") from e
-        return rank(hits_of(points), limit)
+        return rank(fuse(*map(hits_of, lists)) if mode == "hybrid" else hits_of(lists[0]), limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

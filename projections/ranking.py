@@ -94,24 +94,26 @@ def ranked(lexical: np.ndarray, dense: np.ndarray, rows: np.ndarray, weight: flo
 
 def order(scores: np.ndarray, rows: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
     """Candidates best first. Ties (to 9 decimals) go to newer events: later turn, then later in
-    it, then the earlier part; `tiebreak` (ints, unique per candidate) settles the rest, so every
-    page of a search sees one order."""
+    it, then the earlier part; `tiebreak` (ints, in practice unique per candidate: the caller's
+    ids' low bits) settles the rest, so every page of a search sees one order."""
     return np.lexsort((tiebreak, rows[:, 3], -rows[:, 2], -rows[:, 1], -np.round(scores, 9)))
+
+
+def _columns(lexical: Mapping[K, float], dense: Mapping[K, float]) -> tuple[list[K], np.ndarray, np.ndarray]:
+    """Every candidate either list found, and its score in each (`MISSED` where absent)."""
+    keys = list(dict.fromkeys([*lexical, *dense]))
+    return (keys, np.array([lexical.get(k, MISSED) for k in keys], dtype=float),
+            np.array([dense.get(k, MISSED) for k in keys], dtype=float))
 
 
 def ranked_keys(lexical: Mapping[K, float], dense: Mapping[K, float], places: Mapping[K, Place],
                 weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT) -> dict[K, float]:
     """`ranked` over mappings: the hybrid score of every candidate either list found."""
-    keys = list(dict.fromkeys([*lexical, *dense]))
-    got = ranked(np.array([lexical.get(k, MISSED) for k in keys], dtype=float),
-                 np.array([dense.get(k, MISSED) for k in keys], dtype=float),
-                 rows_of([places[k] for k in keys]), weight, neighbour)
-    return dict(zip(keys, got.tolist(), strict=True))
+    keys, lex, den = _columns(lexical, dense)
+    return dict(zip(keys, ranked(lex, den, rows_of([places[k] for k in keys]), weight, neighbour).tolist(), strict=True))
 
 
 def fused_keys(lexical: Mapping[K, float], dense: Mapping[K, float], weight: float = LEXICAL_WEIGHT) -> dict[K, float]:
     """`fused` over mappings, for candidates that stand alone (memory records: no neighbours)."""
-    keys = list(dict.fromkeys([*lexical, *dense]))
-    got = fused(np.array([lexical.get(k, MISSED) for k in keys], dtype=float),
-                np.array([dense.get(k, MISSED) for k in keys], dtype=float), weight)
-    return dict(zip(keys, got.tolist(), strict=True))
+    keys, lex, den = _columns(lexical, dense)
+    return dict(zip(keys, fused(lex, den, weight).tolist(), strict=True))

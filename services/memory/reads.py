@@ -241,9 +241,14 @@ class MemoryReads:
         q = self._ranked(ctx, cfg, query, kind, labels, limit, mode, min_score, dense)
         if q.mode != "lexical" and q.dense is None:
             q.dense = await self._embed_query(ctx, query)
-        hits = await asyncio.to_thread(q.run, self.memory)
-        recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for h in hits])
-        return q.result(hits, {r.id: r for r in recs}, utcnow())
+        return (await self._run(ctx, [q]))[0]
+
+    async def _run(self, ctx: Context, queries: list[_Ranked]) -> list[SearchResult]:
+        """Ranked searches of one agent, in one thread, and one read of the records they found."""
+        hits = await asyncio.to_thread(lambda: [q.run(self.memory) for q in queries])
+        recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for part in hits for h in part])
+        by_id, now = {r.id: r for r in recs}, utcnow()
+        return [q.result(part, by_id, now) for q, part in zip(queries, hits, strict=True)]
 
     def _ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,
                 limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None,
@@ -478,20 +483,19 @@ class MemoryReads:
 
     async def _recall_search(self, ctx: Context, cfg: AgentConfig, text: str) -> SearchResult:
         """Recall's ranked search, in two parts run together: facts (every kind but episodes and
-        procedures) and those two kinds. In one list, hundreds of episodes that match a query
-        word for word take every place ahead of a fact found by meaning: the fused score ranks
-        them so (docs/recall-sections.md)."""
+        procedures) and those two kinds, which seed 004's facts format leaves out. In one list,
+        hundreds of episodes that match a query word for word take every place ahead of a fact
+        found by meaning: the fused score ranks them so (docs/recall-sections.md)."""
         limit = cfg.memory.search.max_results * 2
         if not text.strip():
             return await self._search(ctx, cfg, query=text, limit=limit)
         dense = None if cfg.memory.search.mode == "lexical" else await self._embed_query(ctx, text)
-        facts, layers = (self._ranked(ctx, cfg, text, None, None, limit, None, None, dense, **kinds)
-                         for kinds in ({"not_kinds": RESERVED_KINDS}, {"kinds": RESERVED_KINDS}))
-        hits = await asyncio.to_thread(lambda: (facts.run(self.memory), layers.run(self.memory)))
-        recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for part in hits for h in part])
-        by_id, now = {r.id: r for r in recs}, utcnow()
-        return SearchResult([x for q, part in zip((facts, layers), hits, strict=True)
-                             for x in q.result(part, by_id, now).records], None)
+        parts = [{"not_kinds": RESERVED_KINDS}]
+        if cfg.memory.recall.format != "facts":
+            parts.append({"kinds": RESERVED_KINDS})
+        found = await self._run(ctx, [self._ranked(ctx, cfg, text, None, None, limit, None, None, dense, **kinds)
+                                      for kinds in parts])
+        return SearchResult([x for part in found for x in part.records], None)
 
     async def _shared_layers(self, ask: RecallAsk) -> dict[str, list[Entry]]:
         """Every layer source's entries, by layer heading; seed 004's facts format has none."""

@@ -3,6 +3,8 @@ ranking by them."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,21 @@ def test_the_edge_shard_ranks_hybrid_search_by_these_rules(tmp_path):
     assert "e0" not in hidden and hidden["e1"] < {h.payload["event_id"]: h.score for h in hits}["e1"]
     assert hidden == pytest.approx({k: v for k, v in _expected(index, f, query, "standup", drop="e0").items()})
     assert asked and ("s", 1, 0) in asked[0]
+    # The event loop's search never waits: while a write (another thread) holds the shard, None.
+    held, release = threading.Event(), threading.Event()
+
+    def write():
+        with index._lock:
+            held.set()
+            release.wait(10)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    held.wait(10)
+    assert index.search_now(f, query, "standup", 5) is None
+    release.set()
+    writer.join()
+    assert [h.payload["event_id"] for h in index.search_now(f, query, "standup", 5)] == got
     index.close()
 
 

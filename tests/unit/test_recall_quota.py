@@ -43,3 +43,17 @@ async def test_recall_searches_facts_and_the_consolidated_kinds_each_in_its_own_
     assert sorted(r.id for r, _ in res.records) == ["f1", "f2"]
     assert [r.id for r in res.episodes] == ["ep"] and [r.id for r in res.procedures] == ["proc"]
     assert searches == [((), ("episode", "procedure")), (("episode", "procedure"), ())]
+
+
+async def test_the_facts_format_searches_facts_only(s, monkeypatch):
+    s.configure(AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]},
+                                                       "search": {"mode": "lexical", "max_results": 2},
+                                                       "recall": {"format": "facts"}}}))
+    await s.put(rec("ep", "Episode: the deploy freeze", None, 1, kind="episode"),
+                rec("f1", "The deploy freeze starts Friday", None, 3))
+    searches = []
+    real = s.index.search
+    monkeypatch.setattr(s.index, "search", lambda f, *a, **kw: searches.append(f.not_kinds) or real(f, *a, **kw))
+    res = await s.reads.recall(agent(None), "conv", "deploy freeze")
+    assert [r.id for r, _ in res.records] == ["f1"] and res.episodes == []
+    assert searches == [("episode", "procedure")]

@@ -313,15 +313,16 @@ class HistoryExtension:
 
     async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str,
                     visible: Visible | None = None) -> list[Any]:
-        # A session search runs in the event loop: the Edge shard holds the interpreter lock
-        # while it searches, so a thread runs none of it in parallel, and handing each search to
-        # a thread and back made searches wait on one another (docs/history-ranking.md). Across
-        # sessions the search asks the loop for membership windows midway, and while the
-        # projection writes the search would wait for it: then it runs in a thread.
+        # A session search runs in the event loop when the shard is free: the Edge shard holds
+        # the interpreter lock while it searches, so a thread runs none of it in parallel, and
+        # handing each search to a thread and back made searches wait on one another
+        # (docs/history-ranking.md). Across sessions the search asks the loop for membership
+        # windows midway, so it runs in a thread, as does any search that would wait for the shard.
         async def search(missing_ok: bool) -> list[Any]:
-            if f.session is not None and not self.index.writing():
-                return self.index.search(f, dense, query, n, offset, mode, missing_ok, visible)
-            return await asyncio.to_thread(self.index.search, f, dense, query, n, offset, mode, missing_ok, visible)
+            args = (f, dense, query, n, offset, mode, missing_ok, visible)
+            if f.session is not None and (hits := self.index.search_now(*args)) is not None:
+                return hits
+            return await asyncio.to_thread(self.index.search, *args)
 
         try:
             return await search(False)
@@ -339,7 +340,7 @@ class HistoryExtension:
             return None
         loop = asyncio.get_running_loop()
 
-        def of(places: list[Place]):  # on the search's thread: other sessions' windows through the loop
+        def of(places: list[Place]):  # across sessions, on the search's thread: their windows through the loop
             windows = known if known is not None else asyncio.run_coroutine_threadsafe(
                 self.store.windows(f.tenant, f.agent, sorted({p.session for p in places})), loop).result(timeout=30)
             return lambda p: within(windows.get(p.session), p.at_ms) and f.bounds_turn(p.session, p.turn)
