@@ -47,7 +47,7 @@ from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts: the dense list's depth
-LEXICAL_DEPTH = 200  # the lexical list's: deeper costs time and no recall (docs/history-ranking.md)
+LEXICAL_DEPTH = 200  # the lexical list's: 50 tied on tuning but lost @25 on validation (docs/history-ranking.md)
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
 TIEBREAK_BITS = (1 << 63) - 1  # of a point id, to settle ties in an int64
 # Given the candidates' places, a test of whether the caller may see one (called where the search runs).
@@ -185,7 +185,6 @@ class HistoryIndex:
     def count(self) -> int:
         return self.shard.info().points_count
 
-
     # ------------------------------------------------------------------ read side
 
     @staticmethod
@@ -278,9 +277,7 @@ class HistoryIndex:
         return _page(keys, scores, rows, self._payloads, offset, limit, missing_ok)
 
     def _read_places(self, keys: list[int]) -> dict[int, ranking.Place]:
-        with self._lock:
-            got = self.shard.retrieve([str(uuid.UUID(int=k)) for k in keys], True, False)
-        return {r.id.int: place(r.payload) for r in got}
+        return {k: place(p) for k, p in self._payloads(keys).items()}
 
     def _payloads(self, keys: list[int]) -> dict[int, dict[str, Any]]:
         with self._lock:

@@ -13,6 +13,12 @@ RECALLED_TTL_S = 7 * 24 * 3600
 SAME, OTHER = "same", "other"  # who showed a version before: this request, or another
 
 
+def shown_by(first: str | None, request: str | None) -> str | None:
+    """How a version was shown before, given the request that first showed it: `None` never,
+    `SAME` by this request (a retry), `OTHER` by another ("" is no request: it matches none)."""
+    return None if first is None else SAME if request is not None and first == request else OTHER
+
+
 class RecalledVersions:
     def __init__(self, records: RedisRecords) -> None:
         self.view = records  # its Redis client and key root, which this set shares
@@ -25,7 +31,7 @@ class RecalledVersions:
         """For each record, how this version was recalled in the conversation before: `None`
         never, `SAME` by this request (a retry), `OTHER` by another."""
         got = await self.view.r.hmget(self._key(tenant, agent, conversation), [f"{r.id}:{r.version}" for r in records])
-        return [None if by is None else SAME if request is not None and by == request else OTHER for by in got]
+        return [shown_by(by, request) for by in got]
 
     async def mark(self, tenant: str, agent: str, conversation: str, records: list[MemoryRecord],
                    request: str | None = None) -> None:

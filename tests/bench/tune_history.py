@@ -5,8 +5,9 @@ MiniLM vectors (computed once, cached under the system's temp directory), Edge's
 tokenizer with IDF over every conversation (as one shard holds them), each list cut at
 `LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.ranking`. It prints evidence
 recall@5/10/25 for a grid of weights on the tuning conversations only; `--depths`, for a grid of
-the two lists' depths with the chosen weights; `--validation` prints the chosen weights and
-depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
+the two lists' depths with the chosen weights; `--memory`, memory-record search's fusion (no
+neighbours, memory's depth) against the RRF it replaced, on both splits; `--validation` prints
+the chosen weights and depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
 ONLY=history`'s, through Kafka and HTTP (docs/history-ranking.md).
 """
 
@@ -31,6 +32,7 @@ from tests.bench.common import progress
 CACHE = Path(tempfile.gettempdir()) / "memlane-tune-history"
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
 DEPTHS = [(lx, dn) for lx in (30, 50, 100, 200) for dn in (100, 150, 200)]  # (lexical, dense)
+MEMORY_DEPTH = 40  # memory search's max(4 x limit, 20) for a limit of 10
 
 
 def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[str]]]]]:
@@ -90,6 +92,27 @@ def dense_lists(data, depth: int = HYBRID_DEPTH) -> dict[str, list[dict[str, flo
     return out
 
 
+def rrf(lexical: dict[str, float], dense: dict[str, float], k: int = 60) -> dict[str, float]:
+    """Reciprocal rank fusion, as Qdrant computed it for memory search before score fusion."""
+    out: dict[str, float] = defaultdict(float)
+    for scores in (lexical, dense):
+        for rank, key in enumerate(sorted(scores, key=lambda x: -scores[x])):
+            out[key] += 1 / (k + rank + 1)
+    return out
+
+
+def memory_recall_at(data, lex, den, convs, fuse) -> list[float]:
+    """Evidence recall@5/10/25 of each question's utterances as stand-alone records."""
+    shares: dict[int, list[float]] = defaultdict(list)
+    for cid in convs:
+        for (_, ev), lx, dn in zip(data[cid][1], lex[cid], den[cid], strict=True):
+            scores = fuse(lx, dn)
+            top = sorted(scores, key=lambda k: -scores[k])
+            for k in KS:
+                shares[k].append(len(ev & set(top[:k])) / len(ev))
+    return [round(100 * float(np.mean(shares[k])), 1) for k in KS]
+
+
 def recall_at(data, lex, den, convs, weight: float, neighbour: float) -> list[float]:
     shares: dict[int, list[float]] = defaultdict(list)
     for cid in convs:
@@ -111,6 +134,15 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"split": "validation", "weight": w, "neighbour": n, "lexical_depth": LEXICAL_DEPTH,
                           "dense_depth": HYBRID_DEPTH,
                           "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["validation"], w, n)}))
+        return 0
+    if "--memory" in argv:
+        lx, dn = lexical_lists(data, MEMORY_DEPTH), dense_lists(data, MEMORY_DEPTH)
+        for split, convs in SPLITS.items():
+            fusions = [("rrf60", rrf)] + [(f"score{w}", lambda a, b, w=w: ranking.fused_keys(a, b, w))
+                                          for w in ((0.5, 0.6, 0.7, 0.8) if split == "tuning" else (0.7,))]
+            for name, fuse in fusions:
+                print(json.dumps({"split": split, "memory": name,
+                                  "recall_at_5_10_25": memory_recall_at(data, lx, dn, convs, fuse)}), flush=True)
         return 0
     if "--depths" in argv:
         full_lex, full_den = lexical_lists(data, max(DEPTHS)[0]), dense_lists(data, max(d for _, d in DEPTHS))

@@ -24,7 +24,7 @@ from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context
 from services.memory.reads import MemoryReads, RecallResult
-from services.memory.recalled import OTHER, SAME
+from services.memory.recalled import shown_by
 from services.memory.usage import UsageLog
 from settings import Settings
 from tests.fakes.memory_ports import ConfiguredFold, InMemoryUsageRecorder
@@ -44,8 +44,7 @@ class Recalled:
 
     async def shown(self, tenant, agent, conversation, records, request=None):
         seen = self.sets.get((tenant, agent, conversation), {})
-        by = [seen.get(f"{r.id}:{r.version}") for r in records]
-        return [None if b is None else SAME if request is not None and b == request else OTHER for b in by]
+        return [shown_by(seen.get(f"{r.id}:{r.version}"), request) for r in records]
 
     async def mark(self, tenant, agent, conversation, records, request=None):
         self.marks.append([r.id for r in records])
