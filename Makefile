@@ -18,7 +18,7 @@ CLUSTER_TESTS ?= tests/contract/test_record_view.py tests/integration/test_appli
 # Local development: `memlane serve` and the workers accept the default operator key (with a warning).
 export MEMLANE_DEV ?= 1
 
-.PHONY: install up down test demo bench lint clean
+.PHONY: install up down test check demo bench lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -47,12 +47,18 @@ down:
 	@deploy/local/redis.sh stop
 	@deploy/local/redis-cluster.sh stop
 
-test: up
+# Every tier in one session, cheapest first (unit, contract, integration, e2e, resilience); a failing
+# tier stops the ones after it (tests/conftest.py), and the shared stacks start once.
+test: lint up
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@# The projection and API suites again, every Redis client on the cluster (tests/redis_cluster.py).
 	@if [ -n "$(strip $(CLUSTER_TESTS))" ]; then deploy/local/redis-cluster.sh start && \
 	  MEMLANE_TEST_REDIS=cluster MEMLANE_TEST_API_PORT=$${MEMLANE_TEST_CLUSTER_API_PORT:-28281} \
 	  $(PY) -m pytest $(CLUSTER_TESTS); fi
+
+# The edit-test loop: every tier before resilience.
+check: up
+	$(PY) -m pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: up
 	$(VENV)/bin/memlane demo

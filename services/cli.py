@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from functools import partial
+from typing import cast
 
+from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
 from settings.logging import configure
 
@@ -46,36 +49,46 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import uvloop
 
     from workers.heap import tune_for_service
-    from workers.heartbeat import heartbeat
-    from workers.probe import WorkerProbe
-    from workers.runtime import Runner
 
     settings = get_settings()
+    names = list(WORKERS) if args.name == ALL else [args.name]
     configure(settings.log_level, service=f"worker.{args.name}")
     if args.deregister:
         from workers.heartbeat import deregister
 
-        asyncio.run(deregister(settings, args.name))
-        print(f"worker {args.name}: deregistered; /health no longer expects it")
+        for name in names:
+            asyncio.run(deregister(settings, name))
+            print(f"worker {name}: deregistered; /health no longer expects it")
         return 0
     if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
         return refused
-    processor = _load(WORKERS[args.name])(settings)
+    processors = {name: _load(WORKERS[name])(settings) for name in names}
     tune_for_service()
 
     async def run() -> None:
-        runner = Runner(processor, settings)
-        runner.install_signal_handlers()
-        # The heartbeat /health reads names the group the runner consumes in. The probe serves
-        # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
-        async with heartbeat(settings, args.name, runner.group, list(processor.sources)):
-            await WorkerProbe(runner, args.name).serve(settings, _with_companions(args.name, processor, settings,
-                                                                                  runner.run()))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: [p.stopping.set() for p in processors.values()])
+        await asyncio.gather(*(_run_worker(name, p, settings) for name, p in processors.items()))
 
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
     uvloop.run(run())
     return 0
+
+
+async def _run_worker(name: str, processor, settings) -> None:
+    """One worker as its own process runs it: its runner (own consumer group, own transactional
+    producer), heartbeat, probe and companions. `worker all` runs each of them in one loop."""
+    from workers.heartbeat import heartbeat
+    from workers.probe import WorkerProbe
+    from workers.runtime import Runner
+
+    runner = Runner(processor, settings)
+    # The heartbeat /health reads names the group the runner consumes in. The probe serves
+    # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
+    async with heartbeat(settings, name, runner.group, list(processor.sources)):
+        await WorkerProbe(runner, name).serve(settings, _with_companions(name, processor, settings, runner.run()))
 
 
 # Processors that run inside another worker's process, in consumer groups of their own: the
@@ -199,7 +212,7 @@ def cmd_kek(args: argparse.Namespace) -> int:
     drops them, once every process was restarted on the new file (docs/encryption.md)."""
     from projections.keys import LocalKeyFile
     from workers.kafka_io import wait_for_broker
-    from workers.keys import open_keys
+    from workers.keys import KeyTopic, open_keys
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -210,7 +223,8 @@ def cmd_kek(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         await wait_for_broker(settings)
-        keys = await open_keys(settings, follow=False)
+        # A cast, not an assert: with encryption off this fails on None as it always did.
+        keys = cast(KeyTopic, await open_keys(settings, follow=False))
         keys.keyring.provider = provider
         bar, updates = _progress_bars(["data keys"])
         try:
@@ -416,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("worker", help="run one stream worker (scale each on its own)")
-    w.add_argument("name", choices=sorted(WORKERS), help="which worker to run")
+    w.add_argument("name", choices=[*sorted(WORKERS), ALL],
+                   help="which worker to run (all: every worker in this one process, each in its own consumer group)")
     w.add_argument("--deregister", action="store_true",
                    help="do not run it: tell /health this worker is stopped for good (killed, not restarted)")
     w.set_defaults(fn=cmd_worker)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,25 @@ import httpx
 PIPELINE = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 
 
+
+
+# The name of the one process that runs every worker of a stack started `together`.
+ALL = "all"
+
+
 def command(name: str) -> list[str]:
-    """How one process of the stack is launched: `api` serves, any other name is a worker."""
+    """How one process of the stack is launched: `api` serves, any other name is a worker
+    (`all`: every worker in one process)."""
     args = ["serve"] if name == "api" else ["worker", name]
     return [sys.executable, "-m", "services.cli", *args]
+
+
+def record_start(env: dict[str, str], stack_id: str, name: str) -> None:
+    """Appends `<stack> <process>` to the file MEMLANE_START_LOG names, when it names one: a test
+    session counts the stacks and processes it started, its children's included."""
+    if path := env.get("MEMLANE_START_LOG"):
+        with open(path, "a") as f:
+            f.write(f"{stack_id} {name}\n")
 
 
 @dataclass
@@ -29,6 +45,7 @@ class Stack:
     env: dict[str, str]
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
     def api_url(self) -> str:
@@ -47,10 +64,16 @@ class Stack:
             start_new_session=True,
         )
         self.procs[name] = p
+        record_start(self.env, self.id, name)
         return p
 
-    def start_all(self, workers: tuple[str, ...] = PIPELINE, api: bool = True, timeout: float = 90) -> None:
-        for w in workers:
+    def start_all(self, workers: tuple[str, ...] = PIPELINE, api: bool = True, timeout: float = 90,
+                  together: bool = False) -> None:
+        """`together`: every worker of the pipeline in one process (`memlane worker all`), for a
+        stack whose workers are never killed one at a time; else one process per worker."""
+        if together and workers != PIPELINE:
+            raise ValueError("together runs the whole pipeline; name no workers")
+        for w in (ALL,) if together else workers:
             self.start(w)
         if api:
             self.start("api")

@@ -242,7 +242,7 @@ class Supervisor:
     # ---- children
 
     def spawn(self, c: Child) -> None:
-        from services.stack import command
+        from services.stack import command, record_start
 
         c.log.parent.mkdir(parents=True, exist_ok=True)
         with open(c.log, "ab") as out:
@@ -254,6 +254,7 @@ class Supervisor:
                 c.proc = subprocess.Popen(command(c.kind), env=env, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                record_start(self.env, f"supervisor-{os.getpid()}", c.name)
             except OSError as e:
                 say(f"cannot start {c.name}: {type(e).__name__}")
                 c.proc, c.started = None, time.monotonic()
@@ -379,9 +380,11 @@ class Supervisor:
         for c in live:
             self._signal(c, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
-        while any(c.proc.poll() is None for c in live) and time.monotonic() < deadline and not self.killing:
+        while (any(c.proc.poll() is None for c in live if c.proc is not None) and time.monotonic() < deadline
+               and not self.killing):
             time.sleep(0.1)
         for c in live:
+            assert c.proc is not None  # every live child has a process
             if c.proc.poll() is None:
                 say(f"{c.name} (pid {c.proc.pid}) did not stop in time: SIGKILL")
                 self._signal(c, signal.SIGKILL)
@@ -395,6 +398,7 @@ class Supervisor:
     @staticmethod
     def _signal(c: Child, sig: int) -> None:
         """To the child's process group (its session), so anything it forked stops too."""
+        assert c.proc is not None  # only live children are signalled
         try:
             os.killpg(c.proc.pid, sig)
         except ProcessLookupError:

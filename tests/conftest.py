@@ -117,6 +117,49 @@ async def refused(coro, status: int, code: str, field: str | None = None):
     return e.value
 
 
+# ---------------------------------------------------------------------------------- tiers
+
+# Cheapest first: a broken unit test is reported in seconds, and a failing tier stops the ones after it.
+TIERS = ("unit", "contract", "integration", "e2e", "resilience")
+
+
+def tier_of(item: pytest.Item) -> int:
+    parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+    return TIERS.index(parts[0]) if parts[0] in TIERS else len(TIERS)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=tier_of)  # stable: each tier keeps its modules' order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    session = item.session
+    tier = tier_of(item)
+    if nextitem is not None and tier_of(nextitem) != tier and session.testsfailed:
+        name = TIERS[tier] if tier < len(TIERS) else "other"
+        session.shouldstop = f"the {name} tier failed: the tiers after it are not run"
+
+
+def pytest_configure(config):
+    """Every stack this session starts, its children's too, writes a line per process to one
+    file (services.stack.record_start); the session prints the count at its end."""
+    path = ROOT / ".run" / f"starts-{os.getpid()}.log"
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.environ["MEMLANE_START_LOG"] = str(path)
+    config._memlane_starts = path
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    path = getattr(config, "_memlane_starts", None)
+    lines = path.read_text().split() if path and path.exists() else []
+    stacks, processes = set(lines[0::2]), len(lines) // 2
+    kinds = sorted(set(lines[1::2]))
+    terminalreporter.write_line(f"memlane: {len(stacks)} stacks, {processes} processes started ({', '.join(kinds)})")
+
+
 # ---------------------------------------------------------------------------------- failure reports
 
 
@@ -154,3 +197,8 @@ def _written_since(line: str, since: float) -> bool:
         return datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() >= since
     except ValueError:
         return True
+
+
+# The shared stacks' fixtures, registered here so each starts once a session whatever tiers run
+# (imported last: the stacks' support modules import this module's helpers).
+from tests.stacks import fake, model_stack, new_agent, operator, publisher, stack  # noqa: E402, F401, I001

@@ -16,27 +16,15 @@ from events.record import MemoryRecord
 from events.rules import procedures
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
-from tests.e2e.extraction_support import answer, extraction_stack, new_agent, turn
+from tests.e2e.extraction_support import answer, new_agent, turn
 from tests.fakes.model_server import Reply
 
-API_PORT = 28412  # below the ephemeral range (32768+), where an outgoing connection can hold it
 DECISION = "Deploys go out on Tuesdays after the freeze review"
 
 
 @pytest.fixture(scope="module")
-def cstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}c{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, settings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("cdata"), API_PORT,
-        MEMLANE_MODEL_TIMEOUT_S="1.5", MEMLANE_MODEL_RETRIES="2", MEMLANE_MODEL_BACKOFF_S="0.1",
-        MEMLANE_CONFIG_CACHE_S="0.5", **infra,
-    )
-    try:
-        stack.start_all()
-        yield stack, settings
-    finally:
-        stack.stop()
-
+def cstack(model_stack):
+    return model_stack
 
 def marker() -> str:
     return f"mk{uuid.uuid4().hex[:10]}"

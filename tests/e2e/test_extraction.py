@@ -17,11 +17,9 @@ from events.record import Source, Status
 from events.topics import EVENTS
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually
-from tests.e2e.extraction_support import answer, extraction_stack, new_agent, read_topic, turn
+from tests.e2e.extraction_support import answer, new_agent, read_topic, turn
 from tests.fakes.model_server import Delay, Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
-
-API_PORT = 28501  # below the ephemeral range (32768+), where an outgoing connection can hold it
 
 
 def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> dict:
@@ -31,19 +29,8 @@ def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> d
 
 
 @pytest.fixture(scope="module")
-def xstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}x{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, settings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("xdata"), API_PORT,
-        MEMLANE_MODEL_TIMEOUT_S="1.5", MEMLANE_MODEL_RETRIES="2", MEMLANE_MODEL_BACKOFF_S="0.1",
-        MEMLANE_CONFIG_CACHE_S="0.5", **infra,
-    )
-    try:
-        stack.start_all()
-        yield stack, settings
-    finally:
-        stack.stop()
-
+def xstack(model_stack):
+    return model_stack
 
 @pytest.fixture
 async def pub(xstack):

@@ -15,9 +15,8 @@ from events import AgentConfig, Message, ToolCall
 from events.topics import USAGE
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from services.mcp_server import build_mcp
-from services.stack import free_port
 from tests.conftest import eventually, refused
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
+from tests.e2e.extraction_support import new_agent, read_topic, turn
 from tests.fakes.model_server import Reply
 
 KEY = "sk-live-0123456789abcdefXYZ"
@@ -28,16 +27,8 @@ TOOLS = {"memory": {"tools": ["add_memory", "read_memory", "delete_memory", "cur
 
 
 @pytest.fixture(scope="module")
-def hstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}h{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, s = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("hdata"), free_port(),
-                                MEMLANE_CONFIG_CACHE_S="0.5", MEMLANE_LOG_LEVEL="DEBUG", **infra)
-    try:
-        stack.start_all()
-        yield stack, s
-    finally:
-        stack.stop()
-
+def hstack(model_stack):
+    return model_stack
 
 @pytest.fixture
 def agent(hstack):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -29,10 +28,9 @@ from playwright.async_api import Error as PlaywrightError
 from events.config import member_facts
 from events.topics import COMMANDS
 from services.client import TurnPublisher
-from services.stack import free_port
 from tests.conftest import eventually
 from tests.e2e.browser_support import browser, console_errors, page, shots_dir  # noqa: F401
-from tests.e2e.extraction_support import extraction_stack, new_agent, send_poison_command
+from tests.e2e.extraction_support import new_agent, send_poison_command
 from tests.e2e.test_consent_extraction import answer, cand, marker, member_turn
 
 CHANNEL = "studio"  # one of member_facts()'s channels (events.config.DEFAULT_CHANNELS)
@@ -41,18 +39,8 @@ XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
 
 
 @pytest.fixture(scope="module")
-def wstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}w{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, wsettings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("wdata"), free_port(),
-        MEMLANE_MODEL_RETRIES="0", MEMLANE_CONFIG_CACHE_S="0.5", **infra,
-    )
-    try:
-        stack.start_all()
-        yield stack, wsettings
-    finally:
-        stack.stop()
-
+def wstack(model_stack):
+    return model_stack
 
 @dataclass
 class World:

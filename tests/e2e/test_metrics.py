@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import uuid
@@ -30,18 +29,19 @@ from events.record import Provenance, Source
 from events.topics import COMMANDS, EVENTS
 from projections.redis_records import RedisRecords
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import Stack, stack_env
+from services.stack import Stack, free_port, stack_env
 from tests.conftest import eventually
-from tests.e2e.extraction_support import answer, extraction_stack, new_agent, send_commands, send_poison_command, turn
+from tests.e2e.extraction_support import answer, new_agent, send_commands, send_poison_command, turn
 from tests.fakes.model_server import Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
+from tests.stacks import MODEL_API_PORT, MODEL_METRICS_BASE
 from workers.kafka_io import reader
 from workers.metrics import PORT_INDEX
 from workers.topic_reader import tp_key
 
-API_PORT = int(os.environ.get("MEMLANE_TEST_API_PORT", "28711"))
-METRICS_BASE = API_PORT + 1000  # this module's processes: METRICS_BASE + workers.metrics.PORT_INDEX (clear of other API ports)
-READY_BASE = API_PORT + 1010  # the readiness test's own stack
+API_PORT = MODEL_API_PORT  # the model stack's API serves its own /metrics
+METRICS_BASE = MODEL_METRICS_BASE  # the model stack's processes: METRICS_BASE + workers.metrics.PORT_INDEX
+READY_BASE = MODEL_METRICS_BASE + 10  # the readiness test's own stack
 
 
 def port(name: str, base: int = METRICS_BASE) -> int:
@@ -67,28 +67,17 @@ def cand(decision: str, summary: str = "", handle: int | None = None, **kw) -> d
 
 
 @pytest.fixture(scope="module")
-def mstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}m{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, s = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("mdata"), API_PORT,
-        MEMLANE_MODEL_TIMEOUT_S="1.5", MEMLANE_MODEL_RETRIES="2", MEMLANE_MODEL_BACKOFF_S="0.1",
-        MEMLANE_CONFIG_CACHE_S="0.5", MEMLANE_METRICS_PORT_BASE=str(METRICS_BASE), MEMLANE_METRICS_EVERY_S="0.5",
-        **infra,
-    )
-    try:
-        stack.start_all()
-        yield stack, s
-    finally:
-        stack.stop()
-
+def mstack(model_stack):
+    return model_stack
 
 async def test_every_process_exposes_its_metrics_and_they_move(mstack, fake):
     stack, settings = mstack
     ma, mb = f"mk{uuid.uuid4().hex[:10]}", f"mk{uuid.uuid4().hex[:10]}"
-    # Matched first: only a consolidation request names this schema. A 500, then an episode.
+    # Matched first: only a consolidation request names this schema. A 500, then an episode; then
+    # it steps aside for the other modules' consolidations on the session's model server.
     fake.on('"name": "consolidation"', HttpStatus(500), Reply({
         "goal": "Upgrade the plan", "outcome": "successful", "success_score": 0.5,
-        "summary": f"Upgraded the plan ({ma})", "procedure": None, "anti_pattern": None}))
+        "summary": f"Upgraded the plan ({ma})", "procedure": None, "anti_pattern": None}), until_used=True)
     # A 429, a malformed answer (one repair), then add, replace, skip and a refusal (kind).
     fake.on(ma, HttpStatus(429), Raw("not json"), answer(
         cand("replace", f"Plan of account {ma} is Enterprise", handle=1),
@@ -291,7 +280,7 @@ async def _last_messages(settings, ends: dict[TopicPartition, int]) -> dict[Topi
 def rstack(infra, settings, tmp_path_factory):
     prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."
     data = tmp_path_factory.mktemp("rdata")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(API_PORT + 1),
+    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(free_port()),
                     MEMLANE_METRICS_PORT_BASE=str(READY_BASE), MEMLANE_METRICS_EVERY_S="0.5", **infra)
     stack = Stack(env, data / "logs")
     s = settings.model_copy(update={"topic_prefix": prefix, "data_dir": data})

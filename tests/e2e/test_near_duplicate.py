@@ -4,8 +4,6 @@ and the merge and its evidence are in the event log, so a rebuild folds the same
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from events.commands import AddMemory
@@ -14,25 +12,12 @@ from events.memory import RecordAdded
 from events.rules.ledger import LedgerState, decide, evolve
 from events.topics import COMMANDS, EVENTS
 from services.client import MemlaneClient
-from services.stack import Stack, stack_env
-from settings import Settings
 from tests.e2e.extraction_support import new_agent, read_topic
-
-API_PORT = 28413
 
 
 @pytest.fixture(scope="module")
-def ndstack(infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}nd{uuid.uuid4().hex[:8]}."
-    data = tmp_path_factory.mktemp("nddata")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(API_PORT), **infra)
-    stack = Stack(env, data / "logs")
-    try:
-        stack.start_all()
-        yield stack, Settings(topic_prefix=prefix, data_dir=data, api_port=API_PORT)
-    finally:
-        stack.stop()
-
+def ndstack(stack, settings):
+    return stack, settings
 
 async def test_a_paraphrase_merges_and_a_different_fact_is_stored(ndstack):
     stack, settings = ndstack

@@ -14,9 +14,8 @@ import pytest
 from events import AgentConfig, SessionEnded
 from projections.redis_profiles import profiles_key
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import free_port
 from tests.conftest import eventually, refused
-from tests.e2e.extraction_support import answer, extraction_stack, turn
+from tests.e2e.extraction_support import answer, turn
 from tests.e2e.extraction_support import new_agent as stack_agent
 from tests.e2e.rebuild_support import rebuilt_redis
 from tests.fakes.model_server import Reply
@@ -171,18 +170,6 @@ async def rebuild_redis(stack, settings, tenant: str, agent: str) -> dict[str, b
 
 
 # --------------------------------------------------------------------------- enrichment
-
-
-@pytest.fixture(scope="module")
-def model_stack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}prof{uuid.uuid4().hex[:8]}."
-    stack, msettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("profdata"), free_port(),
-                                        MEMLANE_CONFIG_CACHE_S="0.5", **infra)
-    try:
-        stack.start_all()
-        yield stack, msettings
-    finally:
-        stack.stop()
 
 
 def consolidated(m: str, facts: list[dict]) -> Reply:

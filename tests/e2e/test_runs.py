@@ -15,25 +15,15 @@ from events.rules import runs
 from events.topics import EVENTS, USAGE
 from services.client import MemlaneClient
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic
-from tests.fakes.model_server import FakeModel, Reply
+from tests.e2e.extraction_support import new_agent, read_topic
+from tests.fakes.model_server import Reply
 
-API_PORT = 28411
 CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "agent"], "write": ["session", "agent"]}}})
 
 
 @pytest.fixture(scope="module")
-def run_stack(infra, settings, tmp_path_factory):
-    fake = FakeModel().start()
-    prefix = f"{settings.topic_prefix}run{uuid.uuid4().hex[:8]}."
-    stack, rsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("rundata"), API_PORT, **infra)
-    try:
-        stack.start_all()
-        yield stack, rsettings, fake
-    finally:
-        stack.stop()
-        fake.stop()
-
+def run_stack(model_stack, fake):
+    return (*model_stack, fake)
 
 async def _run(stack, key, run_id):
     async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as h:

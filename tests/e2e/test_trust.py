@@ -12,29 +12,17 @@ import pytest
 
 from events import AgentConfig
 from services.client import MemlaneClient
-from services.stack import Stack, stack_env
 from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import new_agent
 
-API_PORT = 28414
 # The trust worker runs inside the ledger's process; search needs the embedder and the view.
-WORKERS = ("ledger", "embedding", "redis-projection")
 CONFIG = {"memory": {"scope": {"read": ["agent"], "write": ["agent"]}, "pinned": {"max_tokens": 100},
                      "tools": ["add_memory", "read_memory", "delete_memory", "pin_memory", "unpin_memory"]}}
 
 
 @pytest.fixture(scope="module")
-def tstack(infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}tr{uuid.uuid4().hex[:8]}."
-    data = tmp_path_factory.mktemp("trust")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(API_PORT), **infra)
-    stack = Stack(env, data / "logs")
-    try:
-        stack.start_all(WORKERS)
-        yield stack
-    finally:
-        stack.stop()
-
+def tstack(stack):
+    return stack
 
 async def test_a_stale_expected_version_gets_409_naming_the_current_version_and_changes_nothing(tstack, settings):
     _, _, key = await new_agent(tstack.api_url, settings.operator_key, AgentConfig.model_validate(CONFIG))

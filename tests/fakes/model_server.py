@@ -64,6 +64,9 @@ class Route:
     match: str
     answers: deque = field(default_factory=deque)
     hits: int = 0
+    # Once its answers are used up, a route matches nothing more: for a match as wide as a schema
+    # name on a server every module of a session shares.
+    until_used: bool = False
 
 
 def _dumps(data: Any) -> str:
@@ -99,8 +102,8 @@ class FakeModel:
 
     # ------------------------------------------------------------------ scripting
 
-    def on(self, match: str, *answers: Any) -> Route:
-        route = Route(match, deque(answers))
+    def on(self, match: str, *answers: Any, until_used: bool = False) -> Route:
+        route = Route(match, deque(answers), until_used=until_used)
         with self._lock:
             self.routes.append(route)
         return route
@@ -117,7 +120,7 @@ class FakeModel:
         text = json.dumps(body) if routes else ""
         with self._lock:
             for route in routes:
-                if route.match in text:
+                if route.match in text and not (route.until_used and not route.answers):
                     route.hits += 1
                     return route.answers.popleft() if route.answers else self._default(body)
         return self._default(body)
@@ -211,6 +214,7 @@ class FakeModel:
 
     def stop(self) -> None:
         if self._loop is not None:
+            assert self._stopped is not None  # set together with the loop
             self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread:
             self._thread.join(timeout=10)

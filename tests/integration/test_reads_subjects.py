@@ -27,7 +27,7 @@ from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context, MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
-from tests.integration.test_redis_outage import PrivateRedis
+from tests.private_redis import PrivateRedis
 from workers.kafka_io import ensure_topics, producer
 from workers.memory_shards import MemoryShards
 

@@ -3,7 +3,6 @@ backoff, commits no offset past the failure, and catches up with nothing lost or
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -14,34 +13,12 @@ from events.record import MemoryRecord, Status
 from events.topics import EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
-from services.stack import Stack, free_port, stack_env
+from services.stack import Stack, stack_env
 from tests.conftest import eventually
+from tests.private_redis import PrivateRedis
 from workers.kafka_io import ensure_topics
 
 T0 = datetime(2026, 2, 1, tzinfo=UTC)
-
-
-class PrivateRedis:
-    """A real redis-server of this test's own, so stopping it disturbs nothing else."""
-
-    def __init__(self, tmp_path) -> None:
-        self.port, self.dir = free_port(), tmp_path / "redis"
-        self.dir.mkdir()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        subprocess.run(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "yes",
-             "--pidfile", str(self.dir / "pid"), "--logfile", str(self.dir / "log")],
-            check=True,
-        )
-
-    def ping(self) -> bool:
-        return subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() == b"PONG"
-
-    def stop(self) -> None:
-        subprocess.run(["redis-cli", "-p", str(self.port), "shutdown"], capture_output=True)
 
 
 def events_for(tenant: str, n: int, start: int = 0) -> list:

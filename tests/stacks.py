@@ -1,0 +1,94 @@
+"""The test session's shared stacks and their fixtures, for the e2e and resilience tiers: the
+session stack (no model), the model stack (the scripted model and the test profile) and the
+clients they hand out. Registered once by tests/conftest.py, so each starts once a session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from events import AgentConfig
+from services.client import MemlaneClient, TurnPublisher
+from services.stack import Stack, stack_env
+from tests.e2e.extraction_support import extraction_stack
+from tests.fakes.model_server import FakeModel
+
+# The session stack's API port; the model stack's ports sit beside it (clear of the ephemeral range).
+API_PORT = int(os.environ.get("MEMLANE_TEST_API_PORT", "28181"))
+MODEL_API_PORT = API_PORT + 1
+MODEL_METRICS_BASE = API_PORT + 1100  # + workers.metrics.PORT_INDEX for each process
+# The test profile of the model stack: short model timeouts and retries, fresh configuration
+# within half a second, debug logs (checked for personal data) and every process's metrics.
+MODEL_PROFILE = {
+    "MEMLANE_MODEL_TIMEOUT_S": "1.5", "MEMLANE_MODEL_RETRIES": "2", "MEMLANE_MODEL_BACKOFF_S": "0.1",
+    "MEMLANE_CONFIG_CACHE_S": "0.5", "MEMLANE_LOG_LEVEL": "DEBUG",
+    "MEMLANE_METRICS_PORT_BASE": str(MODEL_METRICS_BASE), "MEMLANE_METRICS_EVERY_S": "0.5",
+}
+
+
+@pytest.fixture(scope="session")
+def stack(settings, infra, tmp_path_factory):
+    env = stack_env(
+        MEMLANE_TOPIC_PREFIX=settings.topic_prefix,
+        MEMLANE_DATA_DIR=str(settings.data_dir),
+        MEMLANE_API_PORT=str(settings.api_port),
+        **infra,
+    )
+    s = Stack(env, tmp_path_factory.mktemp("logs"))
+    try:
+        s.start_all()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+async def operator(stack, settings):
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant="ops", agent="ops") as c:
+        yield c
+
+
+@pytest.fixture
+async def publisher(settings):
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as p:
+        yield p
+
+
+@pytest.fixture
+def new_agent(stack, settings):
+    """Factory: a fresh tenant/agent with a key and a configuration; returns (tenant, agent, key)."""
+
+    async def make(config: AgentConfig | dict | None = None, role: str = "agent"):
+        tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+            key = await op.issue_key(tenant, agent, role)
+            await op.configure(config or AgentConfig())
+        return tenant, agent, key
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fake():
+    """The scripted OpenAI-compatible model server, one per test session: each test routes its
+    answers by a marker of its own, so modules sharing it never take each other's answers."""
+    f = FakeModel().start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="session")
+def model_stack(fake, infra, settings, tmp_path_factory):
+    """The pipeline wired to the scripted model (chat and embeddings), shared by every module
+    that needs the model and no settings of its own: (stack, its settings). One process per
+    worker, so a test can kill one of them and start it again."""
+    prefix = f"{settings.topic_prefix}model."  # deleted with the run's topics
+    stack, msettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("model"), MODEL_API_PORT,
+                                        **MODEL_PROFILE, **infra)
+    try:
+        stack.start_all()
+        yield stack, msettings
+    finally:
+        stack.stop()
