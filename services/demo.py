@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -38,7 +39,7 @@ QUERIES = [
 
 
 def _turn(tenant: str, agent: str, session: str, n: int, text: str, memory: str, committed: bool):
-    common = dict(
+    common: dict[str, Any] = dict(
         event_id=str(uuid.uuid4()),
         tenant=tenant,
         agent=agent,
@@ -117,7 +118,7 @@ def run_demo() -> int:
     t0 = time.monotonic()
     try:
         with console.status("starting the workers and the API"):
-            stack.start_all()
+            stack.start_all(together=True)
         console.print(f"started {len(PIPELINE)} workers and the API in {time.monotonic() - t0:.1f} s (logs: {stack.log_dir})")
         return asyncio.run(_scenario(stack, settings))
     finally:

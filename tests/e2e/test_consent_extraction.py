@@ -56,7 +56,7 @@ def cstack(fake, infra, settings, tmp_path_factory):
         MEMLANE_CONFIG_CACHE_S="0.5", **infra,
     )
     try:
-        stack.start_all()
+        stack.start_all(together=True)  # no worker is killed here: one process runs them all
         yield stack, csettings
     finally:
         stack.stop()

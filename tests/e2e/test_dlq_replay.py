@@ -38,7 +38,7 @@ def dstack(fake, infra, settings, tmp_path_factory):
         MEMLANE_MODEL_TIMEOUT_S=str(TIMEOUT_S), MEMLANE_MODEL_RETRIES="0", MEMLANE_CONFIG_CACHE_S="0.5", **infra,
     )
     try:
-        stack.start_all()
+        stack.start_all(together=True)  # no worker is killed here: one process runs them all
         yield stack, dsettings
     finally:
         stack.stop()
@@ -63,6 +63,16 @@ async def of_session(stack, key: str, n: int) -> list[dict] | None:
 def cand(summary: str) -> dict:
     return {"decision": "add", "handle": None, "kind": "fact", "labels": {}, "scope": "session", "summary": summary,
             "content": "", "source_message_ids": []}
+
+
+async def reviewed_behind(settings, fake, tenant: str, agent: str, session: str, n: int) -> None:
+    """A barrier, not a sleep: a later turn of the same session (the same partition, behind anything
+    a replay sent there) has been reviewed, so what was to come before it has come."""
+    m = f"mk{uuid.uuid4().hex[:10]}"
+    fake.on(m, Reply({"candidates": []}))
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        await pub.publish(turn(tenant, agent, session, n, f"Thanks, that is all {m}", "You're welcome."))
+    await eventually(lambda: fake.requests_with(m) or None, timeout=60)
 
 
 async def facts(stack, key: str, session: str) -> list[str]:
@@ -113,7 +123,7 @@ async def test_a_timed_out_review_is_listed_replayed_once_and_its_fact_served(ds
     assert r.returncode == 0 and "replayed already" in r.stdout and "nothing to replay" in r.stdout, r.stdout
     r = memlane(stack, "dlq", "replay", TURNS.dlq, "--all", "--yes")
     assert r.returncode == 0 and "nothing to replay" in r.stdout, r.stdout
-    await asyncio.sleep(TIMEOUT_S * 2)
+    await reviewed_behind(settings, fake, tenant, agent, "s1", 2)
     assert len(fake.requests_with(m)) == 2 and (await facts(stack, key, "s1")).count(fact) == 1
 
 
@@ -139,7 +149,7 @@ async def test_a_replay_that_fails_again_returns_to_the_dlq_once_as_a_repeat(dst
     assert repeat["headers"]["consumer_group"] == first["headers"]["consumer_group"]
     assert "repeat 1" in memlane(stack, "dlq", "list", TURNS.dlq).stdout
     # No loop: nothing sends the repeat again on its own.
-    await asyncio.sleep(TIMEOUT_S * 4)
+    await reviewed_behind(settings, fake, tenant, agent, "s2", 2)
     assert len(await of_session(stack, session, 2)) == 2 and len(fake.requests_with(m)) == 2
 
 

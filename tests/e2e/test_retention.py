@@ -29,7 +29,7 @@ def rstack(infra, settings, tmp_path_factory):
     stack, rsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("rdata"), API_PORT,
                                         MEMLANE_RETENTION_EVERY_S="2", **infra)
     try:
-        stack.start_all()
+        stack.start_all(together=True)  # no worker is killed here: one process runs them all
         yield stack, rsettings
     finally:
         stack.stop()
