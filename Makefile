@@ -69,6 +69,8 @@ bench: up
 lint: install
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	@# The type checker over services/, workers/ and tests/fakes/ ([tool.mypy]): a fake cannot drift from its port.
+	$(PY) -m mypy
 
 clean: down
 	rm -rf .run

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from qdrant_edge import (
     Bm25,
@@ -40,6 +40,9 @@ from events.record import MemoryRecord, Status
 from projections import ranking
 from projections.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
+
+if TYPE_CHECKING:
+    from events.lean import LeanRecord
 
 POINT_NS = uuid.UUID("7f1c8a52-9d7e-4a8e-b7e4-3c0c5f2b6d10")
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -319,5 +322,5 @@ def write_checkpoint(path: Path, ckpt: dict[str, int]) -> None:
     tmp.replace(path)
 
 
-def indexable(r: MemoryRecord) -> bool:
+def indexable(r: MemoryRecord | LeanRecord) -> bool:
     return r.status is Status.ACTIVE

@@ -21,6 +21,7 @@ and comes out after it. The key names are as they were before clusters: no issue
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import secrets
@@ -124,7 +125,8 @@ class KeyStore:
         out = [{k: v for k, v in row.items() if k != "hash"} for row in rows]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
 
-    async def revoke_member(self, tenant: str, user: str) -> list[dict[str, Any]]:
+    # `builtins.list`: the method `list` above shadows the builtin in the class body.
+    async def revoke_member(self, tenant: str, user: str) -> builtins.list[dict[str, Any]]:
         """Revokes every member key of `user` in the tenant at once (the member was removed);
         the revoked keys' public entries, oldest first."""
         rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from events.errors import ErrorCode
 
-STATUS_BY_CODE: dict[ErrorCode, int] = {
+STATUS_BY_CODE: dict[ErrorCode | str, int] = {
     ErrorCode.VALIDATION_FAILED: 422,
     ErrorCode.SCOPE_NOT_ALLOWED: 403,
     ErrorCode.TOOL_NOT_ALLOWED: 403,

@@ -14,7 +14,7 @@ import asyncio
 import json
 import sys
 from io import TextIOWrapper
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import mcp_types
@@ -352,7 +352,7 @@ class StartRefused(Exception):
 
 def run_stdio(api_url: str, key: str, session: str | None, user: str | None = None,
               channel: str | None = None) -> None:
-    headers = dict(session=session, user=user, channel=channel)
+    headers: dict[str, Any] = dict(session=session, user=user, channel=channel)
 
     async def config() -> tuple[AgentConfig | None, str]:  # its own client: the server runs its own event loop
         async with MemlaneClient(api_url, key, **headers) as c:
@@ -371,7 +371,8 @@ def run_stdio(api_url: str, key: str, session: str | None, user: str | None = No
 
     async def serve() -> None:
         lines = _ScreenedLines(anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")))
-        async with stdio_server(stdin=lines) as (read, write):
+        # The transport only iterates stdin's lines, which `_ScreenedLines` does as an AsyncFile would.
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", lines)) as (read, write):
             lines.out = write
             low = server._lowlevel_server  # MCPServer.run("stdio") without its own stdin
             await low.run(read, write, low.create_initialization_options())

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from settings import Settings, get_settings
 from settings.logging import configure
@@ -270,9 +270,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return 2
     if args.action == "list":
         return _dlq_list(args, settings, [dlq] if dlq else [t.dlq for t in TOPICS.values()])
+    # `show` and `replay` take a topic (argparse requires one), so they have a dead-letter topic.
     if args.action == "show":
-        return _dlq_show(args, settings, dlq)
-    return _dlq_replay(args, settings, dlq)
+        return _dlq_show(args, settings, cast(str, dlq))
+    return _dlq_replay(args, settings, cast(str, dlq))
 
 
 def _dlq_list(args: argparse.Namespace, settings: Settings, dlqs: list[str]) -> int:

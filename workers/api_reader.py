@@ -103,14 +103,14 @@ class ApiReader:
             out.extend(f[rank] for f in found if len(f) > rank)
         return out
 
-    async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | Exception]:
+    async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | BaseException]:
         # Written and read by pydantic-core's JSON, not the stdlib's (docs/extraction-search-json.md).
         self.requests["search_requests"] += 1
         self.requests["searches"] += len(items)
         data = await self._call(
             "POST", "/v1/memory/search/batch", {"Content-Type": "application/json"}, content=to_json({"searches": items, "retrieved": False})
         )
-        out: list[list[MemoryRecord] | Exception] = []
+        out: list[list[MemoryRecord] | BaseException] = []
         for res in data["results"]:
             if "error" in res:
                 out.append(SearchFailed(f"search answered {res.get('status')}: {res['error'].get('message')}"))

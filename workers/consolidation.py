@@ -121,12 +121,14 @@ class ConsolidationProcessor(Processor):
 
     async def _history_folded(self, partition: int, offset: int) -> None:
         """Until the history worker has folded this partition up to the end event."""
+        assert self.history is not None  # `process` asserted it
         field = checkpoint_key(self.settings.topic(TURNS.name), partition)
         await until_folded(self.history.checkpoints, field, offset, self.stopping, HISTORY_WAIT_S, "history")
 
     async def _refused(self, ended: SessionEnded, cfg: Any) -> MemorySkipped | None:
         """A session of a subject without consent, in a channel without memory, or of a removed
         agent or member is not consolidated: its usage record says why."""
+        assert self.records is not None  # `process` asserted it
         state = await self.records.subject(ended.tenant, ended.agent, ended.user)
         no = subjects.refusal(cfg, ended.user, ended.channel, state)
         if no is None:

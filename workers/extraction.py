@@ -36,7 +36,7 @@ import hashlib
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Literal, cast
 
 import structlog
 from pydantic import ValidationError
@@ -126,7 +126,7 @@ def outcome(turn: TurnCommitted | TurnRolledBack) -> TurnOutcome:
         turn_ref=turn.turn_ref,
         preview=turn.preview,
         committed=committed,
-        reason="" if committed else (turn.reason or "turn rolled back"),
+        reason="" if committed else (cast(TurnRolledBack, turn).reason or "turn rolled back"),
     )
 
 
@@ -138,7 +138,9 @@ def _usage_of(turn: TurnCommitted, part: str) -> dict[str, Any]:
                 execution_id=turn.execution_id, turn=turn.turn)
 
 
-def skipped(turn: TurnCommitted, reason: str, detail: str) -> MemorySkipped:
+def skipped(turn: TurnCommitted,
+            reason: Literal["consent_required", "channel_not_allowed", "turn_not_completed", "subject_removed"],
+            detail: str) -> MemorySkipped:
     """The usage record of a turn that got no memory work; one per turn attempt."""
     return MemorySkipped(**_usage_of(turn, f"skipped/{turn.attempt}"), user=turn.user, reason=reason, detail=detail)
 
@@ -248,7 +250,7 @@ class ExtractionProcessor(Processor):
         extra = [self._usage_out(u) for u in refused] + extra
         proposals = [c for c in extra if isinstance(c, Out) and c.topic == COMMANDS.name]
         others = [c for c in extra if c not in proposals]  # usage records and a DeadLetter
-        commands.append(outcome(turn))
+        cast("list[AddMemory | TurnOutcome]", commands).append(outcome(turn))  # the writes, then the outcome
         self.tally["turns"] += 1
         self.tally["proposals"] += len(proposals)
         self.tally[f"review_{reviewed.get('review', 'none')}"] += 1

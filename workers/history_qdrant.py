@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiokafka import TopicPartition
@@ -94,8 +94,9 @@ class HistoryQdrantProjection:
         self.model_id = model_id or embedder_model_id(settings)
         self.ckpt_path = index.path.parent / f"{index.path.name}.checkpoint.json"
         self.ckpt: dict[str, int] = read_checkpoint(self.ckpt_path)
-        self.erased: dict[str, int] = self.ckpt.pop(ERASED, {})  # type: ignore[arg-type]
-        self.recheck: dict[str, int] = self.ckpt.pop(READ, {})  # type: ignore[arg-type]
+        # These two entries of the checkpoint are maps of their own, not offsets.
+        self.erased = cast("dict[str, int]", self.ckpt.pop(ERASED, {}))
+        self.recheck = cast("dict[str, int]", self.ckpt.pop(READ, {}))
         self.parked: dict[str, list[_Part]] = {}  # point id -> parts waiting for its vector
         self.held: dict[str, tuple[str, int, bytes]] = {}  # point id -> (partition, offset, vector) read first
         # Turns with parked parts, per partition in offset order: the first bounds the checkpoint.

@@ -85,6 +85,7 @@ class Erasures:
 
     async def _destroyed(self, erasures: list[tuple[str, datetime]], recovered: bool) -> None:
         keys, attempt = self.ledger.keys, 0
+        assert keys is not None  # `destroy` runs this only with keys
         if self.delay and not recovered:
             try:
                 await asyncio.wait_for(self.ledger.stopping.wait(), self.delay)
@@ -128,6 +129,7 @@ class Erasures:
         one made just before the erasure); after a recovery, those made up to `RECOVERY_MARGIN`
         after it, so a member who came back since keeps the new keys."""
         keys = self.ledger.keys
+        assert keys is not None  # called by `_destroyed`, with keys
         ring = keys.keyring
         by_tenant: defaultdict[str, list[str]] = defaultdict(list)
         for s in ring.subjects():

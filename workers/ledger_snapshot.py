@@ -26,10 +26,10 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -183,7 +183,7 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
         records = dict(state.records)
         staged = {k: list(v) for k, v in state.staged.items()}
         blocks = {k: dict(v) for k, v in state.blocks.items()}
-        profiles = {k: tuple(v) for k, v in state.profiles.items()}
+        profiles = {k: cast("tuple[int, str, datetime]", tuple(v)) for k, v in state.profiles.items()}
     else:
         record_keys, sealed_records = _seal_records(c, state.records)
         staged = {k: [_seal_staged(c, k, i, raw) for i, raw in enumerate(v)] for k, v in state.staged.items()}
@@ -212,7 +212,8 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
             removed_users=dict(state.removed_users),
             subject_records={k: tuple(v) for k, v in state.subject_records.items()},
             erasures=dict(state.erasures),
-            runs={ak: {run: (last, [tuple(p) for p in pending]) for run, (last, pending) in v.items()}
+            runs={ak: {run: (last, [cast("tuple[str, int]", tuple(p)) for p in pending])
+                       for run, (last, pending) in v.items()}
                   for ak, v in state.runs.items()},
             usage_marks=dict(state.usage_marks),
             notes={} if c is not None else {k: dict(v) for k, v in state.notes.items()},
@@ -237,13 +238,14 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         records=s.records,
         index=s.index,
         staged=s.staged,
-        open_turns=s.open_turns,
+        # The snapshot's plain dicts stand for the state's mappings (MutableMapping is invariant).
+        open_turns=cast("MutableMapping[str, Mapping[str, datetime]]", s.open_turns),
         turns=s.turns,
         turns_before=s.turns_before,
         turns_since=s.turns_since,
         configs={k: AgentConfig.model_validate_json(v) for k, v in s.configs.items()},
         stats=s.stats,
-        blocks=s.blocks,
+        blocks=cast("MutableMapping[str, Mapping[str, str]]", s.blocks),
         consent=s.consent,
         granted_at=s.granted_at,
         erased_at=s.erased_at,
@@ -251,12 +253,13 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         removed_users=s.removed_users,
         subject_records=s.subject_records,
         erasures=s.erasures,
-        runs={ak: {run: (last, tuple(tuple(p) for p in pending)) for run, (last, pending) in v.items()}
+        runs={ak: {run: (last, tuple(cast("tuple[str, int]", tuple(p)) for p in pending))
+                   for run, (last, pending) in v.items()}
               for ak, v in s.runs.items()},
         usage_marks=s.usage_marks,
-        notes={k: {n: tuple(v) for n, v in held.items()} for k, held in s.notes.items()},
-        profiles={k: tuple(v) for k, v in s.profiles.items()},
-        shared=s.shared,
+        notes={k: {n: cast("tuple[int, datetime]", tuple(v)) for n, v in held.items()} for k, held in s.notes.items()},
+        profiles={k: cast("tuple[int, str, datetime]", tuple(v)) for k, v in s.profiles.items()},
+        shared=cast("MutableMapping[str, Mapping[str, str]]", s.shared),
     )
     unopened = _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
     return state, s.recent, unopened + (_opened_notes(state, s.sealed_notes) if s.sealed_notes else 0)
@@ -328,9 +331,9 @@ def _opening(c: Cipher, state: LedgerState, keys: list[str], sealed: list[tuple[
             state.blocks[ak] = kept
         else:
             del state.blocks[ak]
-    for key, (version, token, at) in list(state.profiles.items()):
+    for key, (version, token, written) in list(state.profiles.items()):
         try:
-            state.profiles[key] = (version, open_text(c, _profile_aad(key), token) if token else "", at)
+            state.profiles[key] = (version, open_text(c, _profile_aad(key), token) if token else "", written)
         except _UNOPENED:
             n += 1
             del state.profiles[key]

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import openai
 import structlog
@@ -92,7 +92,7 @@ def _retryable(e: Exception) -> str | None:
     """Why a failed request is worth making again (None: it is not), from its metric reason."""
     reason = metrics.model_error_reason(e)
     if reason == "server_error":
-        return f"server error ({e.status_code})"
+        return f"server error ({cast(openai.APIStatusError, e).status_code})"  # only a status error is one
     return {"rate_limited": "rate limited (429)", "timeout": "timeout", "connection": "connection failed"}.get(reason)
 
 
@@ -222,8 +222,8 @@ class ModelClient:
             return Answer(value, usage, attempt)
 
     def _usage(self, ctx: CallContext, purpose: str, attempt: int, t0: float, resp: Any, error: str | None) -> ModelUsage:
-        body = resp if isinstance(resp, dict) else {}
-        u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        body: Any = resp if isinstance(resp, dict) else {}
+        u: dict[str, Any] = body.get("usage") if isinstance(body.get("usage"), dict) else {}
         metrics.model_request(purpose, time.perf_counter() - t0, error, _count(u.get("prompt_tokens")),
                               _count(u.get("completion_tokens")))
         return ModelUsage(
@@ -234,7 +234,7 @@ class ModelClient:
             session=ctx.session,
             execution_id=ctx.execution_id,
             turn=ctx.turn,
-            purpose=purpose,
+            purpose=cast('Literal["memory", "consolidation", "embed"]', purpose),  # the model validates it
             model=body.get("model") if isinstance(body.get("model"), str) and body.get("model") else self.model,
             input_tokens=_count(u.get("prompt_tokens")),
             output_tokens=_count(u.get("completion_tokens")),

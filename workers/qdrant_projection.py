@@ -28,7 +28,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from aiokafka import TopicPartition
@@ -148,7 +148,7 @@ class QdrantProjection:
     def _complete(self, cid: str) -> bool:
         """A command is done once its last event is in and none of its events is parked."""
         events = self.done_commands.get(cid)
-        return bool(events) and not self.parked_commands[cid] and any(e.last for e in events)
+        return bool(events) and not self.parked_commands[cid] and any(e.last for e in cast("list[LeanEvent]", events))
 
     def _command_done(self, event: LeanEvent) -> None:
         cid = command_key(event.tenant, event.agent, event.command_id)
@@ -194,6 +194,7 @@ class QdrantProjection:
     def _on_vector(self, key: bytes | None, value: bytes | None, batch: _Batch, part: str, offset: int,
                    final: bool = False) -> None:
         """`final`: a key still not known is taken as destroyed (a second try, after catching up)."""
+        held: array.array | bytes | None
         if key is None:  # the topic is keyed "model/hash"; a keyless message says so itself
             if value is None:
                 return
@@ -386,7 +387,7 @@ class QdrantProjection:
     # ------------------------------------------------------------------ healing
 
     def heal(self, upserts: list[tuple[LeanRecord, Any]], deletes: list[tuple[RecordKey, int]],
-             shadowed: set[RecordKey] = frozenset()) -> asyncio.Future:
+             shadowed: set[RecordKey] | frozenset[RecordKey] = frozenset()) -> asyncio.Future:
         """Queue points a reconciler found missing (record, vector) or stale (key, version
         of the record view that is not indexable). The loop applies them in order with its
         own writes, skipping any record it has since seen a newer version of; resolves with
@@ -406,7 +407,8 @@ class QdrantProjection:
                     h = self.parked_at[rk][0]
                     if self.parked[h][rk][0].version > r.version:
                         continue
-                    batch.done.append(self._drop_parked(rk)[1])
+                    # Parked, as just read: `_drop_parked` returns it.
+                    batch.done.append(cast("tuple[LeanRecord, LeanEvent]", self._drop_parked(rk))[1])
                 self.versions[rk] = r.version
                 batch.deletes.discard(rk)
                 batch.upserts[rk] = (r, vec)
@@ -463,7 +465,8 @@ class QdrantProjection:
     def _write(self, batch: _Batch) -> None:
         for er in batch.purges:
             self.index.purge(er)
-        self.index.upsert(list(batch.upserts.values()))
+        # The index reads only fields a LeanRecord shares with a MemoryRecord, and any float sequence.
+        self.index.upsert(cast(Any, list(batch.upserts.values())))
         self.index.delete(list(batch.deletes))
         for tenant, agent, rid in batch.shadows:
             try:
@@ -568,6 +571,7 @@ class QdrantProjection:
             if self.purges:
                 self._take_purges(batch)
             if batch.event_positions:
+                assert self.also is not None  # positions are kept only for `also`
                 await self.also(batch.events, batch.event_positions)
             settle_heap()
             await land()
@@ -636,6 +640,7 @@ class QdrantProjection:
         behind = [tp for tp in event_tps if (c.last_stable_offset(tp) or 0) > await c.position(tp)]
         if not behind:
             self._release_vectors()  # every written event has been read: these are plain cache entries
+        assert self.vector_cache is not None  # the caller paces only with a bounded cache
         if behind and len(self.unused) >= self.vector_cache:
             c.pause(*vector_tps)
         else:
@@ -643,6 +648,7 @@ class QdrantProjection:
         self._trim_cache()
 
     def _trim_cache(self) -> None:
+        assert self.vector_cache is not None  # both callers have a bounded cache
         excess = len(self.vectors) - len(self.unused) - self.vector_cache
         if excess <= 0:
             return

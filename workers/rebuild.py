@@ -270,6 +270,7 @@ async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Prog
         nonlocal applied, filling
         if filling:
             await filling
+        assert store is not None  # the projection is given `also` only with a store
         filling = asyncio.ensure_future(store.fill(events, positions))
         applied += len(events)
 
@@ -325,7 +326,7 @@ def _start_method() -> str:
     return "spawn" if edge_shard.opened_in_this_process() else "fork"
 
 
-_progress_queue = None  # a shard process's line back to the parent (set by `_child_init`)
+_progress_queue: Any = None  # a shard process's line back to the parent (set by `_child_init`)
 
 
 def _child_init(settings: Settings, queue) -> None:
@@ -400,7 +401,8 @@ async def rebuild_all(
                     if progress:
                         for target in targets:  # one pass fills both
                             progress(target, sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
-        results = await asyncio.gather(*shards, return_exceptions=True)
+        # Any: past the check below, each result is a shard's (points, events, unreadable).
+        results: list[Any] = await asyncio.gather(*shards, return_exceptions=True)
         if errors := [r for r in results if isinstance(r, BaseException)]:
             raise errors[0]
         points = sum(p for p, _, _ in results)

@@ -62,6 +62,7 @@ def gaps(view: Mapping[str, LeanRecord], points: set[str]) -> Gaps:
     """One agent's differences. `view`: the current version of each record the view lists
     or the index holds; `points`: the record ids of the agent's points."""
     out = Gaps()
+    r: LeanRecord | None  # a record of the view; in the second loop, None for a point it lacks
     for rid, r in view.items():
         if indexable(r) and rid not in points:
             out.missing.append(r)
@@ -220,6 +221,8 @@ class Reconciler:
 
     async def _vectors(self, proj: QdrantProjection, records: list[LeanRecord]) -> list[tuple[LeanRecord, Any]]:
         """Opened records and their vectors: from the projection's cache, else embedded."""
+        out: list[tuple[LeanRecord, Any]]
+        todo: list[tuple[LeanRecord, Any]]
         out, todo = [], []
         for r in records:
             got = await self._opened(r)

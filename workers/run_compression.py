@@ -94,6 +94,7 @@ class RunCompression(Processor):
     async def _shown(self, partition: int, offset: int, e: Any) -> tuple[list[rules.Entry], str | None]:
         """The run as the view shows it once the redis-projection worker has folded this
         partition up to the entry (a run's events share its agent's partition, in order)."""
+        assert self.records is not None and self.runs is not None  # `process` asserted `runs`, set with `records`
         field = checkpoint_key(self.settings.topic(EVENTS.name), partition)
         await until_folded(self.records.checkpoints, field, offset, self.stopping, VIEW_WAIT_S, "redis-projection",
                            inclusive=True)

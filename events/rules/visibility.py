@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from events.config import AgentConfig
@@ -12,11 +13,17 @@ class Reader(Protocol):
     """Who reads: the tenant and agent a key speaks for, its session, its member (user) and
     whether its turn is a preview."""
 
-    tenant: str
-    agent: str
-    session: str | None
-    user: str | None
-    preview: bool
+    # Read-only members, so that frozen dataclasses and properties satisfy the protocol too.
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def session(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def preview(self) -> bool: ...
 
 
 def readable_scopes(cfg: AgentConfig, session: str | None, user: str | None = None) -> tuple[str, ...]:
@@ -30,7 +37,7 @@ def readable_scopes(cfg: AgentConfig, session: str | None, user: str | None = No
     return tuple(scopes)
 
 
-def default_scope(write: list[str] | tuple[str, ...], session: str | None, user: str | None) -> Scope:
+def default_scope(write: Sequence[str], session: str | None, user: str | None) -> Scope:
     """The scope of a write that names none, given the scopes the caller may write (`write`).
 
     A member's facts are theirs: USER when a user is named and user scope is writable, so

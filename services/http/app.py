@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol, cast
 
 import structlog
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from projections.embedders import make_embedder
 from projections.redis_records import RedisRecords
@@ -32,19 +32,20 @@ from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.keys import open_keys
-from workers.memory_shards import current_generation
+from workers.memory_shards import MemoryShards, current_generation
 from workers.metrics import MeteredEmbedder
 
 log = structlog.get_logger()
 
 # The OpenAPI document lists the operations in this order.
-ROUTERS = (health.router, keys.router, whoami.router, config.router, search.router, recall.router,
-           blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
-           profiles_routes.router, tenant_routes.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router, keys.router, whoami.router, config.router, search.router, recall.router,
+    blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
+    profiles_routes.router, tenant_routes.router)
 ROUTERS += (notes_routes.router,)  # notes (docs/notes.md)
 
 
-class Extension:
+class Extension(Protocol):
     """A feature served by the API process: its routes, and what it starts and stops.
 
     `start` runs after the memory service exists (app.state.service, app.state.keys).
@@ -83,6 +84,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         shards = ShardOwner(settings)
         shards.keys = data_keys
         await shards.open(current_generation(settings))
+        assert shards.memory is not None  # `open` set it
         prod = producer(settings)
         await prod.start()
         # Metered (memlane_embedding_*, caller "api"): queries and healed points.
@@ -93,7 +95,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys)
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher))
-        shards.on_swap = lambda owner: service.use_shards(owner.memory)
+        # An owner calls `on_swap` once it holds its new shards.
+        shards.on_swap = lambda owner: service.use_shards(cast(MemoryShards, owner.memory))
         service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/notes.md)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-from typing import Annotated
+from typing import Annotated, cast, overload
 
 from fastapi import Depends, Header, Request
 
@@ -60,6 +60,10 @@ async def _web_principal(request: Request) -> Principal:
     return session.principal
 
 
+@overload
+def checked_user(user: str, field: str = "x-user") -> str: ...
+@overload
+def checked_user(user: None, field: str = "x-user") -> None: ...
 def checked_user(user: str | None, field: str = "x-user") -> str | None:
     """A member id as a header or a body names it: letters, digits and `._:@-`, at most 128."""
     if user is not None and not (len(user) <= 128 and _IDENT.fullmatch(user)):
@@ -115,7 +119,9 @@ def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_tur
         p = dataclasses.replace(p, tenant=tenant, agent=x_agent)  # the deployment's key stays the deployment's
     elif x_agent and x_agent != p.agent:
         raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this key belongs to another agent", 403)
-    return Context(p, p.agent, x_session, x_preview, x_turn_ref, x_execution_id, x_turn, user=x_user, channel=x_channel)
+    # An agent's or helper's key names its agent, and an operator's was given X-Agent above.
+    return Context(p, cast(str, p.agent), x_session, x_preview, x_turn_ref, x_execution_id, x_turn, user=x_user,
+                   channel=x_channel)
 
 
 async def context(

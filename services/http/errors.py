@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,6 +14,9 @@ from events.errors import ErrorCode
 from projections.qdrant_index import IndexUnavailable
 from projections.records import CursorError
 from services.errors import ApiError
+
+if TYPE_CHECKING:
+    from starlette.types import ExceptionHandler
 
 
 def error_body(code: ErrorCode | str, field: str | None, message: str) -> dict[str, Any]:
@@ -56,8 +59,9 @@ async def _validation(request: Request, e: RequestValidationError) -> JSONRespon
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(CursorError, _cursor)
-    app.add_exception_handler(IndexUnavailable, _index_unavailable)
-    app.add_exception_handler(ValidationError, _model_validation)
-    app.add_exception_handler(RequestValidationError, _validation)
+    # Starlette types a handler as taking any Exception; each of these is called with its own class only.
+    app.add_exception_handler(ApiError, cast("ExceptionHandler", _api_error))
+    app.add_exception_handler(CursorError, cast("ExceptionHandler", _cursor))
+    app.add_exception_handler(IndexUnavailable, cast("ExceptionHandler", _index_unavailable))
+    app.add_exception_handler(ValidationError, cast("ExceptionHandler", _model_validation))
+    app.add_exception_handler(RequestValidationError, cast("ExceptionHandler", _validation))

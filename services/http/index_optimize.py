@@ -82,6 +82,7 @@ class IndexOptimizer:
             await self.redis.aclose()
 
     async def run(self) -> None:
+        assert self.settings is not None  # `start` set it before starting this loop
         while True:
             await asyncio.sleep(self.settings.optimize_check_s)
             try:
@@ -94,6 +95,7 @@ class IndexOptimizer:
     def unindexed(self) -> tuple[list[int], list[int]] | None:
         """(unindexed, left by the last optimise) per shard of the served generation, or None
         while it is not the current one or is still catching up."""
+        assert self.settings is not None  # only the loop `start` began checks
         memory = self.owner.memory
         if memory is None or current_generation(self.settings) != memory.generation:
             return None  # a new generation is waiting to be swapped to
@@ -106,6 +108,7 @@ class IndexOptimizer:
 
     async def check(self) -> bool:
         """Starts an optimise when one is due and no process runs one; True when it ran one."""
+        assert self.settings is not None  # only the loop `start` began checks
         seen = self.unindexed()
         if seen is None or not optimize_due(*seen, self.settings.optimize_unindexed_points):
             return False
@@ -134,6 +137,7 @@ class IndexOptimizer:
                 await self.redis.eval(_EXTEND, 1, key, token, lock_ms)
 
     async def _optimize(self, seen: tuple[list[int], list[int]]) -> None:
+        assert self.settings is not None  # called by `check`
         gen = self.owner.generation
         log.info("index_optimize_started", generation=gen, unindexed=seen[0], left=seen[1],
                  threshold=self.settings.optimize_unindexed_points)

@@ -9,11 +9,17 @@ aliases name.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import structlog
 
 from settings import Settings
 from workers.memory_shards import MemoryShards, current_generation
+
+if TYPE_CHECKING:
+    from projections.embedding_port import Embedder
+    from workers.keys import KeyTopic
 
 log = structlog.get_logger()
 
@@ -30,9 +36,9 @@ class ShardOwner:
         self.generation = 0
         self.memory: MemoryShards | None = None
         self.task: asyncio.Task | None = None
-        self.on_swap = None
-        self.embedder = None  # the process's, for the points the shards' reconciler heals
-        self.keys = None  # the process's data keys (workers.keys.KeyTopic), for what the shards open
+        self.on_swap: Callable[[ShardOwner], None] | None = None
+        self.embedder: Embedder | None = None  # the process's, for the points the shards' reconciler heals
+        self.keys: KeyTopic | None = None  # the process's data keys (workers.keys.KeyTopic), for what the shards open
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
@@ -48,7 +54,9 @@ class ShardOwner:
             log.info("qdrant_generation_switched", generation=generation)
             # Retired in the background: a slow teardown must never hold up the watcher, or a
             # generation rebuilt meanwhile would never be opened.
-            retiring = asyncio.create_task(self._retire(*old), name=f"qdrant-retire-g{old[0].generation}")
+            # The old shards and their task were set together, so neither is None here.
+            retiring = asyncio.create_task(self._retire(*cast("tuple[MemoryShards, asyncio.Task]", old)),
+                                           name=f"qdrant-retire-g{old[0].generation}")
             self._retiring.add(retiring)
             retiring.add_done_callback(self._retiring.discard)
 
@@ -82,4 +90,5 @@ class ShardOwner:
 
     async def close(self) -> None:
         if self.memory is not None:
+            assert self.task is not None  # set together with the shards
             await self._stop(self.memory, self.task)

@@ -69,7 +69,9 @@ class KafkaCommandPublisher:
         log.warning("command_producer_renewed")
         closing = asyncio.ensure_future(asyncio.wait_for(failed.stop(), timeout=10))
         self._closing.add(closing)
-        closing.add_done_callback(lambda t: (self._closing.discard(t), t.cancelled() or t.exception()))
+        # The tuple only sequences the two calls, so discard's None is meant to be in it.
+        closing.add_done_callback(
+            lambda t: (self._closing.discard(t), t.cancelled() or t.exception()))  # type: ignore[func-returns-value]
 
     async def stop(self) -> None:
         await self.producer.stop()

@@ -106,4 +106,5 @@ async def walk(records: RedisRecords, ctx: Context, first: int, after: str | Non
         if not cursor:
             return Page(out, None)
         if read >= WALK_BUDGET:
+            assert last is not None  # a page was read, so its last record is set
             return Page(out, encode_cursor(sort_score(last), last.id))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -26,7 +26,7 @@ from events.rules.procedures import rank as procedures_rank
 from events.rules.recall_render import Entry, fit, fit_facts, pinned_within_budget, render, render_fitted
 from events.rules.subjects import Refusal, SubjectState, refusal
 from events.rules.visibility import readable_scopes, visible
-from projections.qdrant_index import IndexUnavailable, SearchFilter
+from projections.qdrant_index import IndexUnavailable, Mode, SearchFilter
 from projections.records import CursorError, Page, encode_cursor, sort_score
 from projections.redis_runs import RunView
 from services.errors import ApiError
@@ -105,7 +105,8 @@ class _Ranked:
     dense: list[float] | None
 
     def run(self, index: MemoryShards) -> list[Any]:
-        return index.search(self.filter, self.dense, self.query, self.limit, self.mode, self.min_score)
+        # The API validated the mode (or the agent's configuration gave it): one of the index's.
+        return index.search(self.filter, self.dense, self.query, self.limit, cast(Mode, self.mode), self.min_score)
 
     def result(self, hits: list[Any], records: dict[str, MemoryRecord], now: Any) -> SearchResult:
         """The hits whose current record is in force and visible to the caller, best score
@@ -245,7 +246,8 @@ class MemoryReads:
 
     async def _run(self, ctx: Context, queries: list[_Ranked]) -> list[SearchResult]:
         """Ranked searches of one agent, in one thread, and one read of the records they found."""
-        hits = await asyncio.to_thread(lambda: [q.run(self.memory) for q in queries])
+        # A cast, not an assert: a service built without shards fails here as it always did.
+        hits = await asyncio.to_thread(lambda: [q.run(cast("MemoryShards", self.memory)) for q in queries])
         recs = await self.records.get_many(ctx.tenant, ctx.agent, [h.record_id for part in hits for h in part])
         by_id, now = {r.id: r for r in recs}, utcnow()
         return [q.result(part, by_id, now) for q, part in zip(queries, hits, strict=True)]
@@ -332,9 +334,9 @@ class MemoryReads:
         ranked: dict[int, _Ranked] = {}
         for i, (ctx, kw) in enumerate(searches):
             if i not in refused_at and kw.get("query") and not kw.get("ids"):
-                args = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
+                args: dict[str, Any] = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 ranked[i] = self._ranked(ctx, cfgs[(ctx.tenant, ctx.agent)], kw["query"], dense=vectors.get(i), **args)
-        hits = await asyncio.to_thread(lambda: {i: q.run(self.memory) for i, q in ranked.items()})
+        hits = await asyncio.to_thread(lambda: {i: q.run(cast("MemoryShards", self.memory)) for i, q in ranked.items()})
         wanted: dict[tuple[str, str], dict[str, None]] = {}
         for i, q in ranked.items():
             wanted.setdefault((q.ctx.tenant, q.ctx.agent), {}).update(dict.fromkeys(h.record_id for h in hits[i]))
@@ -395,10 +397,10 @@ class MemoryReads:
             for got in (got_cfg, state):
                 if isinstance(got, BaseException):
                     raise got
-            cfg = got_cfg
+            cfg = cast(AgentConfig, got_cfg)  # the loop above raised any exception
             if not cfg.memory.enabled or self.settings.memory_kill_switch:
                 return self._empty(cfg)
-            skipped = self._refusal(ctx, cfg, state)
+            skipped = self._refusal(ctx, cfg, cast(SubjectState, state))
             if skipped is not None:
                 return self._empty(cfg, skipped=skipped)
             return await self._recall(ctx, cfg, conversation, text, run, application, request)

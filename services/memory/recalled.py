@@ -6,6 +6,8 @@ first attempt showed, not an empty block, and its records' use is not counted ag
 
 from __future__ import annotations
 
+from typing import cast
+
 from events.record import MemoryRecord
 from projections.redis_records import RedisRecords
 
@@ -31,7 +33,8 @@ class RecalledVersions:
         """For each record, how this version was recalled in the conversation before: `None`
         never, `SAME` by this request (a retry), `OTHER` by another."""
         got = await self.view.r.hmget(self._key(tenant, agent, conversation), [f"{r.id}:{r.version}" for r in records])
-        return [shown_by(by, request) for by in got]
+        # The view's client decodes responses, so each field is a str or None.
+        return [shown_by(cast("str | None", by), request) for by in got]
 
     async def mark(self, tenant: str, agent: str, conversation: str, records: list[MemoryRecord],
                    request: str | None = None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from events.base import utcnow
 from events.record import MemoryRecord
@@ -40,7 +40,8 @@ class UsageLog:
         await self.recorder.record(ModelUsage(**self.base(ctx, turn), purpose="embed", model=self.model,
                                               input_tokens=estimate_tokens(text), latency_ms=latency_ms))
 
-    async def retrieved(self, ctx: Context, tool: str, records: list[MemoryRecord],
+    async def retrieved(self, ctx: Context, tool: Literal["search_memory", "recall", "search_history"],
+                        records: list[MemoryRecord],
                         conversation: str | None = None) -> None:
         if records:
             await self.recorder.record(

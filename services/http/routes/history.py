@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import structlog
 from fastapi import APIRouter, FastAPI, Query
@@ -52,7 +52,7 @@ from events.rules.history import (
 )
 from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
-from projections.history_index import HYBRID_DEPTH, HistoryIndex, Visible
+from projections.history_index import HYBRID_DEPTH, HistoryIndex, Mode, Visible
 from projections.ranking import Place
 from projections.redis_history import RedisHistory
 from services.errors import ApiError
@@ -128,6 +128,7 @@ class HistoryExtension:
     async def _config(self, who: Context, what: str) -> AgentConfig:
         """The agent's configuration, once the caller may read its history at all."""
         check_role(who, NOT_MEMBER, what)
+        assert self.app is not None  # `start` set it before the routes were served
         cfg = await self.app.state.service.config(who.tenant, who.agent)
         await self._check_subject(who, cfg)
         if cfg.history is None:
@@ -137,6 +138,7 @@ class HistoryExtension:
         return cfg
 
     async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
+        assert self.app is not None  # `start` set it before the routes were served
         if body.kind == "notes":  # seed 003's memory_search kind "notes": the caller's notes by topic and summary
             return await self.app.state.service.notes.search(who, body.query, body.limit, body.cursor)
         cfg = await self._config(who, "search session history")
@@ -164,6 +166,7 @@ class HistoryExtension:
         except ValueError as e:
             field, _, _ = str(e).partition(":")
             raise ApiError(ErrorCode.VALIDATION_FAILED, field, str(e)) from None
+        assert cfg.history is not None  # `_config` refused an agent without history
         return HistoryFilter(
             tenant=who.tenant,
             agent=who.agent,
@@ -233,6 +236,8 @@ class HistoryExtension:
             check_across(cfg, "conversation", f"conversation {session!r} is not the caller's session")
         if not cfg.has_sessions:
             return {"conversation": session, "events": [], "next_cursor": None}
+        assert cfg.history is not None  # `_config` refused an agent without history
+        assert self.store is not None  # `start` set it before the routes were served
         f = HistoryFilter(
             tenant=who.tenant,
             agent=who.agent,
@@ -257,11 +262,14 @@ class HistoryExtension:
             return
         check_role(who, ("agent", "helper"), "search session history on an agent whose members' consent is "
                    "required: a member's transcript is theirs")
+        assert self.app is not None  # `start` set it before the routes were served
         state = await self.app.state.service.records.subject(who.tenant, who.agent, who.user)
         refused(subjects.refusal(cfg, who.user, who.channel, state))
 
     async def _read(self, f: HistoryFilter, ids: list[str]) -> list[dict[str, Any]]:
         """Whole events by id, within the session, visibility and turn boundaries."""
+        assert self.store is not None  # `start` set it before the routes were served
+        assert f.session is not None  # reading by id needs one session: both callers make sure of it
         bounds = HistoryFilter(f.tenant, f.agent, f.session, f.preview, f.kinds, f.before_turn, user=f.user,
                                operator=f.operator)
         ids = list(dict.fromkeys(ids))
@@ -269,7 +277,9 @@ class HistoryExtension:
         events = [found[(f.session, i)] for i in ids if (f.session, i) in found]
         return [render(e, e.text, None, len(split_parts(e.text))) for e in events]
 
-    async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: str):
+    async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: Mode):
+        assert self.app is not None and self.store is not None  # `start` set it before the routes were served
+        assert body.query is not None  # `_run` ranks only a query
         fp = fingerprint("q", f, body.query, mode)
         offset = self._position(body.cursor, fp, int)
         cap = HYBRID_DEPTH if mode == "hybrid" else MAX_RANKED_DEPTH
@@ -311,14 +321,16 @@ class HistoryExtension:
                 break
         return out, (encode_cursor(pos, fp) if more else None)
 
-    async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: str,
+    async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: Mode,
                     visible: Visible | None = None) -> list[Any]:
+        assert self.store is not None  # `start` set it before the routes were served
         # A session search runs in the event loop when the shard is free: the Edge shard holds
         # the interpreter lock while it searches, so a thread runs none of it in parallel, and
         # handing each search to a thread and back made searches wait on one another
         # (docs/history-ranking.md). Across sessions the search asks the loop for membership
         # windows midway, so it runs in a thread, as does any search that would wait for the shard.
         async def search(missing_ok: bool) -> list[Any]:
+            assert self.index is not None  # `start` set it before the routes were served
             args = (f, dense, query, n, offset, mode, missing_ok, visible)
             if f.session is not None and (hits := self.index.search_now(*args)) is not None:
                 return hits
@@ -336,11 +348,13 @@ class HistoryExtension:
         """Which candidates the caller may see: said while the agent was a member, and not of
         its own session at or after its turn. `known`: a session search's windows, read
         already; None back: all of them (the agent was always a member of that session)."""
-        if known is not None and known.get(f.session) is None and f.own_turn is None:
+        # `known` is read for a session search only, so with it `f.session` is set.
+        if known is not None and known.get(cast(str, f.session)) is None and f.own_turn is None:
             return None
         loop = asyncio.get_running_loop()
 
         def of(places: list[Place]):  # across sessions, on the search's thread: their windows through the loop
+            assert self.store is not None  # `start` set it before the routes were served
             windows = known if known is not None else asyncio.run_coroutine_threadsafe(
                 self.store.windows(f.tenant, f.agent, sorted({p.session for p in places})), loop).result(timeout=30)
             return lambda p: within(windows.get(p.session), p.at_ms) and f.bounds_turn(p.session, p.turn)
@@ -354,8 +368,9 @@ class HistoryExtension:
             out["conversation"] = e.session  # across conversations: which one it was said in
         return out
 
-    async def _list(self, f: HistoryFilter, body: HistorySearchRequest):
+    async def _list(self, f: HistoryFilter, body: HistorySearchRequest) -> tuple[list[dict[str, Any]], str | None]:
         """Without a query: the session's events newest first, the first part of each."""
+        assert self.store is not None  # `start` set it before the routes were served
         fp = fingerprint("list", f)
         after = self._position(body.cursor, fp, tuple)
         events, nxt = await self.store.page(f, body.limit, after)
@@ -378,6 +393,7 @@ class HistoryExtension:
 
     async def _record(self, who: Context, turn: int | None, out: list[dict[str, Any]], embedded: str | None) -> None:
         """Each search is a RETRIEVED output use; its query embedding is usage of purpose `embed`."""
+        assert self.app is not None  # `start` set it before the routes were served
         usage = self.app.state.service.usage
         t0 = time.perf_counter()
         # Enqueued, not awaited: the recorder delivers in the background, and search latency stays low.
