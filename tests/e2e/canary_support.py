@@ -1,4 +1,4 @@
-"""Support for the canary test (tests/e2e/test_canary.py): a stack of its own, and readers of
+"""Support for the canary test (tests/resilience/test_canary.py): a stack of its own, and readers of
 every place memlane keeps bytes, each searched for a canary string.
 
 Places, and how each is read so that no encoding hides plaintext:

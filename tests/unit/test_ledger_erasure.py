@@ -2,7 +2,7 @@
 fold leaves the state a fold of the log without what was sealed under the erased subject's keys
 (what a recovery reads once they are destroyed); only markers stay. A snapshot holds no
 plaintext, and an entry sealed under a destroyed key is dropped when it is read. (The ledger
-worker's part, and `DELETE /v1/tenant`: tests/integration/test_erasure_ledger.py.)"""
+worker's part, and `DELETE /v1/tenant`: tests/resilience/test_erasure_ledger.py.)"""
 
 from __future__ import annotations
 
