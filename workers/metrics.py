@@ -68,6 +68,8 @@ RECORDS_EXPIRED = Counter("memlane_records_expired_total",
                           "RecordExpired events the ledger decided (scheduled, nightly or `memlane sweep`)")
 OPTIMIZE_RUNS = Counter("memlane_index_optimize_runs_total",
                         "Background optimised generations the API process built, by outcome", ["outcome"])
+OPTIMIZE_CHECKS = Counter("memlane_index_optimize_checks_total",
+                          "Looks the API process took at whether an optimised generation is due")
 OPTIMIZE_LAST_SECONDS = Gauge("memlane_index_optimize_last_seconds", "How long the last optimised generation took")
 UNINDEXED_POINTS = Gauge("memlane_index_unindexed_points",
                          "Points of a memory shard whose dense vector is in no HNSW graph", ["shard"])

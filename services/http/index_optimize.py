@@ -24,7 +24,7 @@ from projections.redis_records import connect as connect_redis
 from settings import Settings
 from workers.index_optimize import optimize_due, read_left, shard_unindexed
 from workers.memory_shards import current_generation
-from workers.metrics import OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
+from workers.metrics import OPTIMIZE_CHECKS, OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
 
 log = structlog.get_logger()
 
@@ -91,6 +91,7 @@ class IndexOptimizer:
                 raise
             except Exception as e:  # Redis restarting, a shard swapped under the check: next time
                 log.warning("index_optimize_check_failed", error=f"{type(e).__name__}: {e}")
+            OPTIMIZE_CHECKS.inc()  # counted once the look is over: a test waits for looks after a point
 
     def unindexed(self) -> tuple[list[int], list[int]] | None:
         """(unindexed, left by the last optimise) per shard of the served generation, or None

@@ -4,12 +4,13 @@ optimised memory generation once a shard's unindexed points pass the threshold."
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from events.config import AgentConfig
 from events.memory import RecordExpired
@@ -95,6 +96,17 @@ async def test_the_api_optimises_a_shard_past_the_threshold_and_swaps_to_it(ssta
             return hits if len(hits) == THRESHOLD + 3 else None
 
         await eventually(found, timeout=30)
-        # Nothing new since: no second optimise starts, however often the process looks (every 1 s).
-        await asyncio.sleep(8)
+        # Nothing new since: no second optimise starts, however often the process looks (every 1 s):
+        # three looks that began after this point have ended.
+        looks = optimize_checks(stack.api_url)
+        await eventually(lambda: optimize_checks(stack.api_url) >= looks + 4, timeout=60, interval=0.5)
         assert (await c.health())["projection"]["generation"] == after == current_generation(settings)
+
+
+def optimize_checks(api_url: str) -> float:
+    """The API process's count of looks at whether an optimise is due (its /metrics)."""
+    text = httpx.get(f"{api_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "memlane_index_optimize_checks":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("the API serves no memlane_index_optimize_checks_total")
