@@ -25,10 +25,19 @@ class Echo(Processor):
     def decode(self, source, data):
         return data
 
+    # How many batches and ticks it has finished: a test's barrier, instead of a sleep.
+    batches = 0
+    ticks = 0
+
     async def process(self, source, partition, offset, value):
         return [Out("memlane.commands", b"k", value)]
 
+    async def batch_done(self):
+        self.batches += 1
+        return []
+
     async def tick(self):
+        self.ticks += 1
         return [Out("memlane.commands", b"k", b"due")]
 
 
@@ -82,7 +91,8 @@ async def test_the_next_poll_is_processed_while_the_last_one_commits():
     await asyncio.wait_for(r._handle(poll(0)), 5)  # returns with its commit still in flight
     await until(lambda: len(commits.started) == 1)
     second = asyncio.create_task(r._handle(poll(1)))
-    await asyncio.sleep(0.01)
+    await until(lambda: r.processor.batches == 2)
+    await until(lambda: r.committing is None)  # it took the first commit to wait for
     # Processed, but its commit waits for the first one to end.
     assert not second.done() and len(commits.started) == 1
     commits.release[0].set_result(None)
@@ -122,7 +132,8 @@ async def test_a_tick_commits_its_outputs_without_offsets_after_the_commit_in_fl
     await asyncio.wait_for(r._handle(poll(0)), 5)
     await until(lambda: len(commits.started) == 1)
     tick = asyncio.create_task(r._tick())
-    await asyncio.sleep(0.01)
+    await until(lambda: r.processor.ticks == 1)
+    await until(lambda: r.committing is None)  # it took the batch's commit to wait for
     assert not tick.done() and len(commits.started) == 1  # waits for the batch's commit
     commits.release[0].set_result(None)
     await tick
