@@ -56,9 +56,20 @@ async def test_a_waiter_wakes_when_the_worker_applies_the_version(views):
     waiting = asyncio.ensure_future(api.applied().wait(record_key("t", "a", "r1"), shown, 20, version=3))
     while not calls:
         await asyncio.sleep(0)  # until the waiter has subscribed and looked once
-    await asyncio.sleep(0.3)
+
+    async def other_at_5() -> bool:
+        r = await api.get("t", "a", "r2")
+        return bool(r and r.version >= 5)
+
+    # A barrier, not a sleep: a waiter on another record looks once, then is woken by the one
+    # subscription's announcement of r2; the r1 waiter heard that announcement too, and stays.
+    other_shown, other_calls = counted(other_at_5)
+    other = asyncio.ensure_future(api.applied().wait(record_key("t", "a", "r2"), other_shown, 20, version=5))
+    while not other_calls:
+        await asyncio.sleep(0)
+    await worker.apply([ev(RecordAdded, rec("r2", 5))])  # another record: wakes nobody waiting on r1
+    assert await asyncio.wait_for(other, 5) is True
     assert len(calls) == 1 and not waiting.done()
-    await worker.apply([ev(RecordAdded, rec("r2", 5))])  # another record: wakes nobody
     await worker.apply([ev(RecordAdded, rec("r1", 2))])  # below the version waited for
     t0 = time.monotonic()
     await worker.apply([ev(RecordAdded, rec("r1", 3))])
@@ -85,8 +96,10 @@ async def test_a_block_waiter_wakes_on_its_change(views):
     async def shown() -> bool:
         return (await api.blocks("t", "a")).get("persona") == "terse"
 
-    waiting = asyncio.ensure_future(api.applied().wait(block_key("t", "a", "persona"), shown, 20))
-    await asyncio.sleep(0.3)
+    looked, calls = counted(shown)
+    waiting = asyncio.ensure_future(api.applied().wait(block_key("t", "a", "persona"), looked, 20))
+    while not calls:
+        await asyncio.sleep(0)  # until the waiter has subscribed and looked once
     assert not waiting.done()
     await worker.apply([change])
     assert await asyncio.wait_for(waiting, 5) is True
