@@ -20,6 +20,8 @@ from events.config import AgentConfig
 from events.rules.conventions import fact_key
 from projections.redis_client import tagged
 from services.client import MemlaneClient, MemlaneError
+from services.stack import Stack, free_port, stack_env
+from settings import Settings
 from tests.conftest import eventually, refused
 
 CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "agent", "user"],
@@ -27,8 +29,19 @@ CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "a
 
 
 @pytest.fixture(scope="module")
-def tstack(stack, settings):
-    return stack, settings
+def tstack(infra, settings, tmp_path_factory):
+    # A stack of its own: platform entries are deployment-wide, and the fuzz on the session stack writes them.
+    port = free_port()
+    prefix = f"{settings.topic_prefix}tm{uuid.uuid4().hex[:6]}."
+    data = tmp_path_factory.mktemp("tenantmem")
+    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port), **infra)
+    stack = Stack(env, data / "logs")
+    try:
+        stack.start_all(together=True)  # no worker is killed here: one process runs them all
+        yield stack, Settings(topic_prefix=prefix, data_dir=data, api_port=port)
+    finally:
+        stack.stop()
+
 
 def _op(stack, settings, tenant: str | None = None):
     return MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant)
