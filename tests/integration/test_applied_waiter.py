@@ -34,11 +34,20 @@ async def views(settings):
         await store.aclose()
 
 
+class Calls(list):
+    """When a check was called; `looked` is set at its first call (a barrier, not a sleep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked = asyncio.Event()
+
+
 def counted(check):
-    calls = []
+    calls = Calls()
 
     async def shown() -> bool:
         calls.append(time.monotonic())
+        calls.looked.set()
         return await check()
 
     return shown, calls
@@ -54,8 +63,7 @@ async def test_a_waiter_wakes_when_the_worker_applies_the_version(views):
 
     shown, calls = counted(lambda: at(3))
     waiting = asyncio.ensure_future(api.applied().wait(record_key("t", "a", "r1"), shown, 20, version=3))
-    while not calls:
-        await asyncio.sleep(0)  # until the waiter has subscribed and looked once
+    await asyncio.wait_for(calls.looked.wait(), 5)  # until the waiter has subscribed and looked once
 
     async def other_at_5() -> bool:
         r = await api.get("t", "a", "r2")
@@ -65,8 +73,7 @@ async def test_a_waiter_wakes_when_the_worker_applies_the_version(views):
     # subscription's announcement of r2; the r1 waiter heard that announcement too, and stays.
     other_shown, other_calls = counted(other_at_5)
     other = asyncio.ensure_future(api.applied().wait(record_key("t", "a", "r2"), other_shown, 20, version=5))
-    while not other_calls:
-        await asyncio.sleep(0)
+    await asyncio.wait_for(other_calls.looked.wait(), 5)
     await worker.apply([ev(RecordAdded, rec("r2", 5))])  # another record: wakes nobody waiting on r1
     assert await asyncio.wait_for(other, 5) is True
     assert len(calls) == 1 and not waiting.done()
@@ -98,8 +105,7 @@ async def test_a_block_waiter_wakes_on_its_change(views):
 
     looked, calls = counted(shown)
     waiting = asyncio.ensure_future(api.applied().wait(block_key("t", "a", "persona"), looked, 20))
-    while not calls:
-        await asyncio.sleep(0)  # until the waiter has subscribed and looked once
+    await asyncio.wait_for(calls.looked.wait(), 5)  # until the waiter has subscribed and looked once
     assert not waiting.done()
     await worker.apply([change])
     assert await asyncio.wait_for(waiting, 5) is True
