@@ -51,14 +51,15 @@ class Stack:
     def api_url(self) -> str:
         return self.env.get("MEMLANE_API_URL") or f"http://127.0.0.1:{self.env.get('MEMLANE_API_PORT', '38080')}"
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, **env: str) -> subprocess.Popen:
+        """`env`: overrides for this process alone (a crash test's MEMLANE_FAULT_AT)."""
         if name == "api":
             self._port_free()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{name}.log", "ab")
         p = subprocess.Popen(
             command(name),
-            env=self.env,
+            env={**self.env, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -132,6 +132,8 @@ class Settings(BaseSettings):
     optimize_unindexed_points: int = Field(default=20_000, ge=0)
     optimize_check_s: float = Field(default=60.0, gt=0)
     optimize_lock_s: float = Field(default=3600.0, gt=0)
+    # Crash tests only: a named point where the process kills itself (workers.faults).
+    fault_at: str | None = None
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from projections.embedding_port import embedder_model_id
 from projections.qdrant_index import EdgeIndex, RecordKey, indexable, read_checkpoint, write_checkpoint
 from projections.records import Erasure
 from settings import Settings
+from workers.faults import INDEX_CHECKPOINT_WITH_PARKED, Faults
 from workers.heap import settle_heap
 from workers.topic_reader import TopicReader, reached, read_so_far, tp_key
 
@@ -71,6 +72,7 @@ class QdrantProjection:
         keys: Any = None,
     ) -> None:
         self.settings = settings
+        self.faults = Faults(settings.fault_at)
         self.keys = keys  # workers.keys.KeyTopic: caught up on when a key is not known yet
         self.unreadable = 0  # records and vectors sealed under destroyed keys, skipped
         # The other shards of this process: an erasure of every agent of a tenant reaches them.
@@ -599,6 +601,8 @@ class QdrantProjection:
             if dirty and events and due and self._peers_purged():
                 await land()
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
+                if self.parked_count():
+                    self.faults.reached(INDEX_CHECKPOINT_WITH_PARKED)
                 dirty, last_flush = False, time.monotonic()
             if progress:
                 progress(read_so_far(pos, end), total)

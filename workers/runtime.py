@@ -36,6 +36,7 @@ from events.topics import TOPICS, TURNS
 from settings import Settings
 from workers import metrics
 from workers.dlq import kept_on_repeat, replay_group
+from workers.faults import AFTER_COMMIT, BEFORE_COMMIT, Faults
 from workers.heap import settle_heap
 from workers.kafka_io import consumer, dlq_headers, ensure_topics, producer
 from workers.keys import KeyTopic, open_keys
@@ -235,6 +236,7 @@ class Runner:
         self.keys: KeyTopic | None = None
         self.committing: asyncio.Task | None = None  # the previous poll's commit, in flight
         self.commit_error: Exception | None = None
+        self.faults = Faults(settings.fault_at)
         # For /ready (`not_ready`): assignments so far, where the partitions ended when taken
         # (catch_up_on_start processors), whether the worker has read that far since, and
         # whether a poll's messages are being processed (positions then run ahead of the view).
@@ -480,15 +482,20 @@ class Runner:
     async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
         if self.keys is not None:
             await self.keys.flush()  # the keys first: nothing sealed under a key that could be lost
+        name = self.processor.name
         if self.processor.transactional:
             async with self.producer.transaction():
                 written = await self._send_all(outs)
                 if offsets:
                     await self.producer.send_offsets_to_transaction(offsets, self.group)
+                    self.faults.reached(f"{name}.{BEFORE_COMMIT}")
         else:
             written = await self._send_all(outs)
             if offsets:
+                self.faults.reached(f"{name}.{BEFORE_COMMIT}")
                 await self.consumer.commit(offsets)
+        if offsets:
+            self.faults.reached(f"{name}.{AFTER_COMMIT}")
         for o in outs:
             if o.topic.endswith(".dlq"):
                 metrics.DLQ_MESSAGES.labels(o.topic).inc()

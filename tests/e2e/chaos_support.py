@@ -10,6 +10,7 @@ turn's message must be found in session history.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -146,12 +147,19 @@ async def settle(check, items: list, timeout: float) -> list:
 
 async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_prefix: str, victim: str,
                       writes: int = 120, turns: int = 40, kill_after: float = 0.3,
-                      settle_s: float = 90.0, progress=None) -> ChaosResult:
+                      settle_s: float = 90.0, progress=None, fault: str | None = None) -> ChaosResult:
     """One burst of `writes` HTTP writes and `turns` turns; `victim` is killed (SIGKILL)
-    once `kill_after` of the HTTP writes are acknowledged, and started again."""
+    once `kill_after` of the HTTP writes are acknowledged, and started again. With `fault` (a
+    MEMLANE_FAULT_AT value, workers.faults) the victim is started again before the burst with
+    that fault point, and kills itself there instead."""
     res, t0 = ChaosResult(victim), time.monotonic()
     n_agents = max(1, -(-(writes + turns) // PER_AGENT))
     agents = await _agents(stack.api_url, operator_key, n_agents)
+    if fault:  # after the agents are configured: the point is to be reached during the burst
+        stack.kill(victim, signal.SIGTERM)
+        stack.start(victim, MEMLANE_FAULT_AT=fault)
+        if victim == "api":
+            await asyncio.to_thread(stack.wait_healthy, 120)
     # Letters only: a long run of digits can pass for a card number, which the write filter refuses.
     tokens = [uuid.uuid4().hex.translate(_LETTERS) for _ in range(writes + turns)]
     http_acked: list[tuple[Agent, str]] = []
@@ -165,12 +173,21 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
                  for i, job in enumerate(http_jobs)]
         tasks += [asyncio.create_task(_turn_writer(publisher, agents[i % n_agents], turn_toks[i::n_agents],
                                                    turn_acked)) for i in range(n_agents)]
-        while len(http_acked) < kill_after * writes and not all(t.done() for t in tasks):
-            await asyncio.sleep(0.05)
+        if fault:
+            proc = stack.procs[victim]
+            while proc.poll() is None and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.05)
+            for t in tasks:  # the writers are not left running past a failed round
+                if proc.poll() is None:
+                    t.cancel()
+            assert proc.poll() == -signal.SIGKILL, f"{victim} never reached its fault point {fault} during the burst"
+            del stack.procs[victim]
+        else:
+            while len(http_acked) < kill_after * writes and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.05)
+            stack.kill(victim)
         if progress:
-            progress(f"chaos {victim}: kill -9 after {len(http_acked)} acknowledged writes")
-        stack.kill(victim)
-        await asyncio.sleep(0.5)
+            progress(f"chaos {victim}: killed after {len(http_acked)} acknowledged writes")
         stack.start(victim)
         if victim == "api":
             await asyncio.to_thread(stack.wait_healthy, 120)
