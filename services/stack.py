@@ -34,10 +34,12 @@ def command(name: str) -> list[str]:
 
 def record_start(env: dict[str, str], stack_id: str, name: str) -> None:
     """Appends `<stack> <process>` to the file MEMLANE_START_LOG names, when it names one: a test
-    session counts the stacks and processes it started, its children's included."""
+    session counts the stacks and processes it started, its children's included. A stack is a
+    deployment, known by its topic prefix: a replica or a second worker joining one is a process
+    of that stack, not another stack."""
     if path := env.get("MEMLANE_START_LOG"):
         with open(path, "a") as f:
-            f.write(f"{stack_id} {name}\n")
+            f.write(f"{env.get('MEMLANE_TOPIC_PREFIX') or stack_id} {name}\n")
 
 
 @dataclass

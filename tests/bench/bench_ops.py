@@ -48,7 +48,7 @@ from settings import ROOT, Settings
 from tests.bench.common import bench_stack, figure, median, progress
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent, turn
-from tests.e2e.test_rebalance import answer_with_fact, extraction_group, fact_of, group_assignment, two_workers_share
+from tests.resilience.test_rebalance import answer_with_fact, extraction_group, fact_of, group_assignment, two_workers_share
 from tests.fakes.model_server import FakeModel
 from workers import ledger_snapshot
 from workers.kafka_io import consumer, ensure_topics

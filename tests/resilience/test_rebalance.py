@@ -11,7 +11,6 @@ never commits, when it dies."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import uuid
 from collections import Counter
@@ -26,14 +25,13 @@ from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack
 from settings import Settings
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic_at, turn
+from tests.e2e.extraction_support import new_agent, read_topic_at, turn
 from tests.fakes.model_server import Delay, Reply
 
-API_PORT = int(os.environ.get("MEMLANE_TEST_REBALANCE_API_PORT", "28431"))
 PER_PARTITION = 3  # sessions per partition of `memlane.turns`
 ROUNDS = 6  # turns per session; 8 x 3 x 6 = 144 facts, under the ledger's 200 live facts per agent
 KILL_ROUND = 3  # the dead worker is killed while it reviews this round; later rounds are published after
-REVIEW_DELAY_S = 1.0
+REVIEW_DELAY_S = 0.5  # well within the model stack's call timeout (tests/stacks.MODEL_PROFILE)
 # A dead transactional producer's open transaction keeps read_committed readers (the ledger)
 # of the partitions it wrote from reading past it until the broker aborts it: the producer's
 # transaction timeout (aiokafka's default, 60 s). Then the group's session timeout (10 s).
@@ -149,19 +147,18 @@ def answer_with_fact(marker: str, message_id: str) -> Reply:
 
 
 @pytest.fixture(scope="module")
-def rstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, rsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("rdata"), API_PORT,
-                                        MEMLANE_CONFIG_CACHE_S="0.5", **infra)
-    # The second worker: the same environment (same topics, same consumer group), its own log.
+def rstack(model_stack):
+    """The model stack and a second extraction worker beside its own: the same environment (same
+    topics, same consumer group), its own log. The worker the test kills is started again after."""
+    stack, msettings = model_stack
     second = Stack(stack.env, stack.log_dir / "second")
+    second.start("extraction")
     try:
-        stack.start_all()
-        second.start("extraction")
-        yield stack, second, rsettings
+        yield stack, second, msettings
     finally:
         second.stop()
-        stack.stop()
+        if "extraction" not in stack.procs:
+            stack.start("extraction")
 
 
 async def test_a_killed_extraction_worker_s_partitions_are_taken_over_with_nothing_lost_or_doubled(rstack, fake):
