@@ -30,6 +30,7 @@ def kafka_cluster():
         c.clean()
 
 
+# A stack of its own: it runs on a three-broker cluster that the test kills a broker of.
 @pytest.fixture(scope="module")
 def replicated_stack(kafka_cluster, settings, infra, tmp_path_factory):
     c, bootstrap = kafka_cluster

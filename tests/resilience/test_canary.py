@@ -92,6 +92,8 @@ class Ctx:
         return self.settings.topic("memlane.keys")
 
 
+# A stack of its own: the test scans every byte its topics, Redis keys and data files hold for the
+# canary, with short key segments of its own, so nothing of another test may be in them.
 @pytest.fixture(scope="module")
 def canary(fake, infra, settings):
     if infra:

@@ -76,6 +76,8 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
         return await r.read_all([TopicPartition(topic, p) for p in range(partitions)])
 
 
+# A stack of its own: the test compares its whole event log with a pure run of the rules, and its
+# memory index's point count with the records, so no other test may write to them.
 @pytest.fixture
 def crash_stack(settings, infra, tmp_path):
     prefix = f"{settings.topic_prefix}crash{uuid.uuid4().hex[:4]}."

@@ -39,6 +39,8 @@ TENANT, AGENT = "t", "eraser"
 MEMORY = {"scope": {"read": ["session", "user"], "write": ["session", "user"]}}
 
 
+# A ledger of its own per test: the tests read its log's key-destruction lines and its keys topic's
+# subjects, which any other ledger of the session would add to.
 @pytest.fixture
 def erasure_stack(settings, infra, tmp_path):
     prefix = f"{settings.topic_prefix}erase{uuid.uuid4().hex[:4]}."

@@ -44,7 +44,7 @@ async def test_projection_survives_a_redis_outage(settings, infra, tmp_path):
     tenant = f"out{uuid.uuid4().hex[:6]}"
     env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, REDIS_URL=redis.url, **{k: v for k, v in infra.items()
                                                                          if k != "REDIS_URL"})
-    stack = Stack(env, tmp_path / "logs")
+    stack = Stack(env, tmp_path / "logs")  # its own: the Redis it stops and starts again is private
     await ensure_topics(settings.model_copy(update={"topic_prefix": prefix}))
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
     await producer.start()
