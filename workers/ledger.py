@@ -316,7 +316,7 @@ class LedgerProcessor(Processor):
                 c.seek(tp, start)
             else:
                 await c.seek_to_beginning(tp)
-            skipped = 0
+            skipped = malformed = 0
             next_report = 100_000
             while await c.position(tp) < end:
                 if self.stopping.is_set():
@@ -329,7 +329,15 @@ class LedgerProcessor(Processor):
                         # Its original came first and was folded. Folded again, a staged
                         # write would be staged twice (and applied twice) on recovery only.
                         continue
-                    event: LedgerView | _Envelope | None = await self._view(m.value)
+                    try:
+                        event: LedgerView | _Envelope | None = await self._view(m.value)
+                    except ContractError:
+                        # Not an event the ledger wrote (another producer's bytes on its log):
+                        # nothing to fold, and the partition must still recover. The offset
+                        # alone is logged: the bytes may hold anything.
+                        malformed += 1
+                        log.warning("ledger_recovery_skipped_malformed_event", partition=partition, offset=m.offset)
+                        continue
                     if event is None:  # sealed under a destroyed key: its subject was erased
                         skipped += 1
                         event = _ENVELOPE.decode(m.value)
@@ -366,7 +374,7 @@ class LedgerProcessor(Processor):
         self.snapshots.forget(partition)  # counts start from the recovered state
         self.unreadable += skipped
         log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records),
-                 **({"unreadable": skipped} if skipped else {}))
+                 **({"unreadable": skipped} if skipped else {}), **({"malformed": malformed} if malformed else {}))
         if state.erasures:
             # A ledger that died between an erasure's commit and its keys' destruction did not
             # destroy them: done again (what is gone stays gone; keys made later stay).

@@ -48,8 +48,14 @@ from settings import ROOT, Settings
 from tests.bench.common import bench_stack, figure, median, progress
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent, turn
-from tests.resilience.test_rebalance import answer_with_fact, extraction_group, fact_of, group_assignment, two_workers_share
 from tests.fakes.model_server import FakeModel
+from tests.resilience.test_rebalance import (
+    answer_with_fact,
+    extraction_group,
+    fact_of,
+    group_assignment,
+    two_workers_share,
+)
 from workers import ledger_snapshot
 from workers.kafka_io import consumer, ensure_topics
 from workers.keys import open_keys

@@ -164,3 +164,36 @@ async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_comma
     assert await from_snapshot._recover(partition) == 0
     await answers(from_snapshot, 200)
     await stopped(whole, from_snapshot)
+
+
+async def test_a_malformed_event_on_the_log_is_skipped_and_the_partition_still_recovers(settings, tmp_path):
+    """Bytes another producer put on the event log (no tenant, not an event at all) stop no
+    recovery: the ledger folds the rest into the state it had, and goes on deciding."""
+    s = Settings(topic_prefix=f"{settings.topic_prefix}bad{uuid.uuid4().hex[:6]}.", data_dir=tmp_path)
+    await ensure_topics(s)
+    agent = "survivor"
+    partition = COMMANDS.partition_of(COMMANDS.key_bytes(commands(agent, 1)[0]))
+    await send(s, commands(agent, 3))
+    ledger = LedgerProcessor(s)
+    task = asyncio.create_task(Runner(ledger, s).run())
+    try:
+        async def decided():
+            events = [e for e, _ in await read_topic(s, EVENTS.name, EVENTS.name) if e.agent == agent]
+            return events if sum(e.type == "TurnResolved" for e in events) == 3 else None
+
+        await eventually(decided, timeout=60)
+    finally:
+        ledger.stopping.set()
+        await asyncio.wait_for(task, 30)
+    p = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await p.start()
+    try:
+        for junk in (b'{"type": "RecordAdded", "event_id": "x"}', b"\xff not json"):
+            await p.send_and_wait(s.topic(EVENTS.name), junk, partition=partition)
+    finally:
+        await p.stop()
+
+    recovered = await keyed(LedgerProcessor(s))
+    assert await recovered._recover(partition) > 0
+    same_state(recovered.states[partition], ledger.states[partition])
+    await stopped(recovered)
