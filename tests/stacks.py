@@ -20,11 +20,14 @@ API_PORT = int(os.environ.get("MEMLANE_TEST_API_PORT", "28181"))
 MODEL_API_PORT = API_PORT + 1
 MODEL_METRICS_BASE = API_PORT + 1100  # + workers.metrics.PORT_INDEX for each process
 # The test profile of the model stack: short model timeouts and retries, fresh configuration
-# within half a second, debug logs (checked for personal data) and every process's metrics.
+# within half a second, debug logs (checked for personal data), every process's metrics, and
+# the ledger's retention pass every 2 s instead of nightly (tests/e2e/test_retention.py; it
+# touches only tombstones 180 days old and facts past their expiry, which reads skip anyway).
 MODEL_PROFILE = {
     "MEMLANE_MODEL_TIMEOUT_S": "1.5", "MEMLANE_MODEL_RETRIES": "2", "MEMLANE_MODEL_BACKOFF_S": "0.1",
     "MEMLANE_CONFIG_CACHE_S": "0.5", "MEMLANE_LOG_LEVEL": "DEBUG",
     "MEMLANE_METRICS_PORT_BASE": str(MODEL_METRICS_BASE), "MEMLANE_METRICS_EVERY_S": "0.5",
+    "MEMLANE_RETENTION_EVERY_S": "2",
 }
 
 

@@ -20,21 +20,22 @@ from events.record import Scope, Source
 from events.rules import extraction_review as review
 from events.topics import COMMANDS, EVENTS, USAGE
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import free_port
 from tests.conftest import eventually
 from tests.e2e.extraction_support import (
     answer,
-    extraction_stack,
     new_agent,
     read_topic,
     read_topic_at,
     set_consent,
     turn,
 )
-from tests.fakes.model_server import Delay
+from tests.fakes.model_server import Delay, Reply
+from tests.stacks import MODEL_PROFILE
 from workers import extraction
 
-MODEL_DELAY_S = 8  # how long the in-flight review waits: the withdrawal lands well within it
+# The model stack's calls: one and its retries (MEMLANE_MODEL_RETRIES), each given up on after
+# MEMLANE_MODEL_TIMEOUT_S (1.5 s): a review in flight is held by the fake, not by a long timeout.
+ATTEMPTS = 1 + int(MODEL_PROFILE["MEMLANE_MODEL_RETRIES"])
 
 
 def cand(summary: str, **kw) -> dict:
@@ -48,18 +49,21 @@ def marker() -> str:
 
 
 @pytest.fixture(scope="module")
-def cstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}c{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, csettings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("cdata"), free_port(),
-        MEMLANE_MODEL_TIMEOUT_S=str(MODEL_DELAY_S * 2), MEMLANE_MODEL_RETRIES="0",
-        MEMLANE_CONFIG_CACHE_S="0.5", **infra,
-    )
-    try:
-        stack.start_all(together=True)  # no worker is killed here: one process runs them all
-        yield stack, csettings
-    finally:
-        stack.stop()
+def cstack(model_stack):
+    return model_stack
+
+
+class Held:
+    """A scripted answer the fake keeps back until `release` (a barrier, not a delay): the fake
+    waits on a `Delay` whose next answer is itself, polling, until it is given the real one. A
+    call the client gives up on meanwhile is retried, and the retry is held the same way."""
+
+    def __init__(self) -> None:
+        self.answer = Delay(0.05)
+        self.answer.then = self.answer
+
+    def release(self, then: Reply) -> None:
+        self.answer.then = then
 
 
 @pytest.fixture
@@ -208,18 +212,22 @@ async def test_a_withdrawal_during_a_review_in_flight_lets_nothing_be_written_af
     await pub.publish(member_turn(tenant, a, "s1", 1, f"I live in Lisbon {m0}", "Noted."))
     [kept] = await eventually(partial(_of, settings, EVENTS.name, a, "RecordAdded", 1), timeout=40)
 
-    route = fake.on(m, Delay(MODEL_DELAY_S, answer(cand(f"Works at Acme {m}"), cand(f"Likes jazz {m}"))))
+    held = Held()  # every call of the review waits until the withdrawal has landed
+    route = fake.on(m, *[held.answer] * ATTEMPTS)
     t = member_turn(tenant, a, "s1", 2, messages=[
         Message(id="s1-2-0", role="user", content=f"I work at Acme and I like jazz {m}"),
         Message(id="s1-2-1", role="assistant", content="Noted", tool_calls=[
             ToolCall(id="c9", name="add_memory", arguments={"summary": f"Tool write in flight {m}", "kind": "profile"})])])
-    await pub.publish(t)
-    await eventually(lambda: route.hits >= 1, timeout=60)  # the review is waiting on the model
-    await set_consent(settings, tenant, a, "alice", grant=False)
-    assert route.hits == 1
-
     proposals = {review.command_id(t, 0), review.command_id(t, 1)}
     tool_write = extraction.command_id(t.event_id, "c9")
+    try:
+        await pub.publish(t)
+        await eventually(lambda: route.hits >= 1, timeout=60)  # the review is waiting on the model
+        await set_consent(settings, tenant, a, "alice", grant=False)
+        # Still the one review, unanswered: a call the client gave up on is retried, ATTEMPTS at most.
+        assert 1 <= route.hits <= ATTEMPTS
+    finally:
+        held.release(answer(cand(f"Works at Acme {m}"), cand(f"Likes jazz {m}")))
 
     async def settled():
         # The turn is resolved and both proposals answered: the review finished after the withdrawal.

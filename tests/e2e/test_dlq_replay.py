@@ -32,6 +32,7 @@ LATE = Delay(TIMEOUT_S * 4)
 
 @pytest.fixture(scope="module")
 def dstack(fake, infra, settings, tmp_path_factory):
+    # Private: `memlane dlq replay --all` takes no key filter, and on the model stack it would resend other modules' turns' dead letters.
     prefix = f"{settings.topic_prefix}d{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
     stack, dsettings = extraction_stack(
         fake.url, prefix, tmp_path_factory.mktemp("ddata"), free_port(),

@@ -19,23 +19,16 @@ import httpx
 import pytest
 
 from services.client import MemlaneClient
-from services.stack import Stack, free_port, stack_env
+from services.stack import free_port
 from tests.conftest import eventually, refused
 
 
 @pytest.fixture(scope="module")
-def other(stack, settings, infra, tmp_path_factory):
-    """A second deployment on the same Redis and broker: another topic prefix, its own API."""
-    prefix = f"{settings.topic_prefix}o{uuid.uuid4().hex[:6]}."  # deleted with the run's topics
-    data = tmp_path_factory.mktemp("other")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(free_port()),
-                    **infra)
-    s = Stack(env, data / "logs")
-    try:
-        s.start_all(workers=())
-        yield s
-    finally:
-        s.stop()
+def other(model_stack):
+    """A second deployment on the same Redis and broker: the session's model stack (another topic
+    prefix, its own API), which the e2e tier starts anyway; a stack of this module's own would
+    cost one more start. Only its keys are used here, never its workers."""
+    return model_stack[0]
 
 
 async def test_a_key_of_one_deployment_is_refused_by_another(stack, other, settings):

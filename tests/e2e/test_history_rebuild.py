@@ -61,6 +61,9 @@ async def test_a_history_rebuild_embeds_nothing_and_searches_the_same(settings, 
     data = tmp_path / "data"
     port = free_port()
     own = Settings(topic_prefix=prefix, data_dir=data, api_port=port)
+    # A stack of its own: it deletes the deployment's whole history shard and checks the API process's
+    # deployment-wide counts (points, turns, parked, texts embedded since start), which no tenant filter
+    # scopes; on the session stack the rebuild would re-derive every other module's history too.
     stack = Stack(stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port),
                             **infra), tmp_path / "logs")
     try:

@@ -276,6 +276,8 @@ async def _last_messages(settings, ends: dict[TopicPartition, int]) -> dict[Topi
         await c.stop()
 
 
+# A stack of its own: its 30,000-command backlog on the session stack would be embedded and projected there
+# (slowing every later module), and its Redis projection must start with no checkpoint (the whole log to fold).
 @pytest.fixture(scope="module")
 def rstack(infra, settings, tmp_path_factory):
     prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."

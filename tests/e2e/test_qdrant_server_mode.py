@@ -39,6 +39,8 @@ QUERIES = (("what is the staging database called?", "hybrid"), ("INC-40417", "le
            ("client angry about a delayed delivery", "vector"), ("when do we deploy?", "hybrid"))
 
 
+# A stack of its own: the session stack keeps memory in Edge shards, this one in qdrant-client collections,
+# and it checks a new deployment's generation 1 and its exact point count.
 @pytest.fixture(scope="module")
 def qstack(infra, settings, tmp_path_factory):
     prefix = f"{settings.topic_prefix}qs{uuid.uuid4().hex[:8]}."

@@ -16,24 +16,13 @@ from events.rules.ledger.state import record_id_for
 from events.topics import EVENTS
 from services.client import MemlaneClient, MemlaneError
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, send_atomically
-from tests.fakes.model_server import FakeModel
-
-API_PORT = 28291
+from tests.e2e.extraction_support import new_agent, read_topic, send_atomically
 
 
 @pytest.fixture(scope="module")
-def rstack(infra, settings, tmp_path_factory):
-    fake = FakeModel().start()
-    prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."
-    stack, rsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("rdata"), API_PORT,
-                                        MEMLANE_RETENTION_EVERY_S="2", **infra)
-    try:
-        stack.start_all(together=True)  # no worker is killed here: one process runs them all
-        yield stack, rsettings
-    finally:
-        stack.stop()
-        fake.stop()
+def rstack(model_stack):
+    # The session's model stack: its profile runs retention every 2 s (MEMLANE_RETENTION_EVERY_S).
+    return model_stack
 
 
 def _cmd(cls, tenant, agent, at, **kw):

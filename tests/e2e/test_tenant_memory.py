@@ -4,8 +4,9 @@ or rejects it, approved conventions and floors reach every agent of the tenant a
 tenant, the platform's Policy and Default entries reach every tenant in seed 002's order, only the
 platform operator writes them, and a rebuild gives everything back.
 
-Its own stack (own API port and topic prefix): platform entries reach every tenant's recall, and
-other tests' recalls must not see them."""
+On the session stack: platform entries are deployment-wide (the fuzz leaves some behind), so each
+test names its own with ids of its own, checks only those, and removes them when it ends: other
+tests' recalls never see them."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from events.config import AgentConfig
 from events.rules.conventions import fact_key
 from projections.redis_client import tagged
 from services.client import MemlaneClient, MemlaneError
-from services.stack import Stack, free_port, stack_env
-from settings import Settings
 from tests.conftest import eventually, refused
 
 CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "agent", "user"],
@@ -29,18 +28,25 @@ CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "a
 
 
 @pytest.fixture(scope="module")
-def tstack(infra, settings, tmp_path_factory):
-    # A stack of its own: platform entries are deployment-wide, and the fuzz on the session stack writes them.
-    port = free_port()
-    prefix = f"{settings.topic_prefix}tm{uuid.uuid4().hex[:6]}."
-    data = tmp_path_factory.mktemp("tenantmem")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port), **infra)
-    stack = Stack(env, data / "logs")
-    try:
-        stack.start_all(together=True)  # no worker is killed here: one process runs them all
-        yield stack, Settings(topic_prefix=prefix, data_dir=data, api_port=port)
-    finally:
-        stack.stop()
+def tstack(stack, settings):
+    return stack, settings
+
+
+@pytest.fixture
+async def platform_ids(tstack):
+    """Fresh platform entry ids for one test, removed when it ends (set or not, passed or failed)."""
+    stack, settings = tstack
+    made: list[str] = []
+
+    def new(name: str) -> str:
+        made.append(f"{name}-{uuid.uuid4().hex[:6]}")
+        return made[-1]
+
+    yield new
+    async with _op(stack, settings) as platform:
+        for entry in await platform.platform_entries():
+            if entry["id"] in made:
+                await platform.remove_platform_entry(entry["id"])
 
 
 def _op(stack, settings, tenant: str | None = None):
@@ -222,35 +228,42 @@ async def test_floors_are_in_every_recall_of_the_tenant_and_only_its(tstack):
         await adm.set_floor("eu-data", floor)  # back, for the rebuild below
 
 
-async def test_platform_entries_reach_every_tenant_in_order_and_only_the_platform_operator_writes_them(tstack):
+async def test_platform_entries_reach_every_tenant_in_order_and_only_the_platform_operator_writes_them(
+        tstack, platform_ids):
     stack, settings = tstack
     tenant, [(agent, key)], admin = await _tenant(stack, settings, 1)
     other, [(_, ok)], _ = await _tenant(stack, settings, 1)
     policy, default, floor = "Refuse to give medical diagnoses", "Answer in the user's language", "Cite the runbook"
+    medical, language = platform_ids("medical"), platform_ids("language")
+    mine = {medical, language}  # the deployment's other platform entries (the fuzz's) are not this test's
     async with MemlaneClient(stack.api_url, admin) as adm:
-        await refused(adm.set_platform_entry("medical", "policy", policy), 403, "FORBIDDEN", "authorization")
-        assert await adm.platform_entries() == []  # a tenant administrator reads them, none yet
+        await refused(adm.set_platform_entry(medical, "policy", policy), 403, "FORBIDDEN", "authorization")
+        # A tenant administrator reads them, none of this test's yet.
+        assert [e for e in await adm.platform_entries() if e["id"] in mine] == []
         await adm.set_floor("runbook", floor)
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
         await op.curate_block("style", "add", line="Keep answers short")
     async with _op(stack, settings) as platform:
-        await refused(platform.set_platform_entry("medical", "rule", policy), 422, "VALIDATION_FAILED", "kind")
-        await platform.set_platform_entry("medical", "policy", policy)
-        await platform.set_platform_entry("language", "default", default)
-        kinds = {e["id"]: e["kind"] for e in await platform.platform_entries()}
-        assert kinds == {"medical": "policy", "language": "default"}
+        await refused(platform.set_platform_entry(medical, "rule", policy), 422, "VALIDATION_FAILED", "kind")
+        await platform.set_platform_entry(medical, "policy", policy)
+        await platform.set_platform_entry(language, "default", default)
+        kinds = {e["id"]: e["kind"] for e in await platform.platform_entries() if e["id"] in mine}
+        assert kinds == {medical: "policy", language: "default"}
+    ours = (policy, default, floor)
     for k in (key, ok):
         await eventually(poll(_has, stack, k, "platformPolicies", policy), timeout=10)
         out = await _recall(stack, k)
-        assert _texts(out, "platformDefaults") == [default]
+        assert [t for t in _texts(out, "platformDefaults") if t in ours] == [default]
     out = await _recall(stack, key)
     text = out["rendered"]
     # Seed 002's order: blocks, then the platform's policy, the tenant's floors, ... defaults last.
     assert text.index("Keep answers short") < text.index(policy) < text.index(floor) < text.index(default)
-    assert text.removesuffix("</memory>").rstrip().endswith("(id: language)")  # defaults last of all
+    # Defaults last of all: the block's last section is theirs, this test's default among them.
+    last = text.removesuffix("</memory>").rstrip().rpartition("\n## ")[2]
+    assert last.startswith("Defaults\n") and f"(id: {language})" in last, last
 
 
-async def test_a_rebuild_gives_conventions_floors_and_platform_entries_back(tstack):
+async def test_a_rebuild_gives_conventions_floors_and_platform_entries_back(tstack, platform_ids):
     stack, settings = tstack
     tenant, [(a1, k1), (a2, k2)], admin = await _tenant(stack, settings, 2)
     fact = "Releases are tagged with the date"
@@ -258,7 +271,7 @@ async def test_a_rebuild_gives_conventions_floors_and_platform_entries_back(tsta
     async with MemlaneClient(stack.api_url, admin) as adm, _op(stack, settings) as platform:
         await adm.decide_convention(cand["id"], True)
         await adm.set_floor("tags", "Every release has a changelog")
-        await platform.set_platform_entry("tone", "default", "Be concise")
+        await platform.set_platform_entry(platform_ids("tone"), "default", "Be concise")
         before = (await adm.conventions(), await adm.floors(), await platform.platform_entries())
     view = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     old_gen = int(view.get(f"{settings.redis_root}generation") or 1)

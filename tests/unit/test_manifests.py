@@ -165,13 +165,15 @@ def _workers(settings) -> dict[str, dict]:
     from events.topics import TOPICS
     from services.cli import WORKERS, _load
     from services.stack import PIPELINE
+    from settings import Settings
     from workers.runtime import Runner
 
     assert set(PIPELINE) == set(WORKERS)
     out = {}
     for name in PIPELINE:
         cls = _load(WORKERS[name])
-        group = Runner(SimpleNamespace(name=cls.name, stopping=None), settings).group
+        prefixes = Settings(group_prefix=settings.group_prefix, topic_prefix=settings.topic_prefix)
+        group = Runner(SimpleNamespace(name=cls.name, stopping=None), prefixes).group
         topics = {f"{settings.topic_prefix}{t}": TOPICS[t].partitions for t in cls.sources}
         out[name] = {"group": group, "topics": topics}
     return out
