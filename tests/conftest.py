@@ -201,4 +201,4 @@ def _written_since(line: str, since: float) -> bool:
 
 # The shared stacks' fixtures, registered here so each starts once a session whatever tiers run
 # (imported last: the stacks' support modules import this module's helpers).
-from tests.stacks import fake, model_stack, new_agent, operator, publisher, stack  # noqa: E402, F401, I001
+from tests.stacks import fake, jobs_stack, model_stack, new_agent, operator, publisher, stack  # noqa: E402, F401, I001

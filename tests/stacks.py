@@ -11,7 +11,7 @@ import pytest
 
 from events import AgentConfig
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import Stack, stack_env
+from services.stack import Stack, free_port, stack_env
 from tests.e2e.extraction_support import extraction_stack
 from tests.fakes.model_server import FakeModel
 
@@ -93,5 +93,30 @@ def model_stack(fake, infra, settings, tmp_path_factory):
     try:
         stack.start_all()
         yield stack, msettings
+    finally:
+        stack.stop()
+
+
+# The jobs stack's profile: the scheduled jobs every second (the sweep; a shard optimised past a
+# dozen unindexed points) and a review dead-lettered on its first timeout. The model stack's
+# modules must not have these: its 2 s retention pass would race the sweep, an optimise would
+# rebuild its whole log again and again, and `memlane dlq replay --all` would resend their turns.
+JOBS_PROFILE = {
+    "MEMLANE_MODEL_TIMEOUT_S": "3", "MEMLANE_MODEL_RETRIES": "0", "MEMLANE_CONFIG_CACHE_S": "0.5",
+    "MEMLANE_SWEEP_EVERY_S": "1", "MEMLANE_OPTIMIZE_UNINDEXED_POINTS": "12", "MEMLANE_OPTIMIZE_CHECK_S": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def jobs_stack(fake, infra, settings, tmp_path_factory):
+    """The pipeline on the scripted model with JOBS_PROFILE, shared by the scheduled-jobs and
+    dead-letter replay modules: (stack, its settings). No worker of it is killed alone, so one
+    process runs them all."""
+    prefix = f"{settings.topic_prefix}jobs."  # deleted with the run's topics
+    stack, jsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("jobs"), free_port(),
+                                        **JOBS_PROFILE, **infra)
+    try:
+        stack.start_all(together=True)
+        yield stack, jsettings
     finally:
         stack.stop()

@@ -20,29 +20,21 @@ import pytest
 from events import AgentConfig
 from events.topics import TURNS
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import free_port
 from tests.conftest import ROOT, eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, turn
+from tests.e2e.extraction_support import new_agent, turn
 from tests.fakes.model_server import Delay, Reply
+from tests.stacks import JOBS_PROFILE
 from workers.dlq import REPLAY_COUNT, REPLAY_FOR, REPLAY_OF
 
-TIMEOUT_S = 3.0  # the model call's timeout (room for a loaded machine); the fake answers a Delay far later
+TIMEOUT_S = float(JOBS_PROFILE["MEMLANE_MODEL_TIMEOUT_S"])  # the fake answers a Delay far later
 LATE = Delay(TIMEOUT_S * 4)
 
 
 @pytest.fixture(scope="module")
-def dstack(fake, infra, settings, tmp_path_factory):
-    # Private: `memlane dlq replay --all` takes no key filter, and on the model stack it would resend other modules' turns' dead letters.
-    prefix = f"{settings.topic_prefix}d{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, dsettings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("ddata"), free_port(),
-        MEMLANE_MODEL_TIMEOUT_S=str(TIMEOUT_S), MEMLANE_MODEL_RETRIES="0", MEMLANE_CONFIG_CACHE_S="0.5", **infra,
-    )
-    try:
-        stack.start_all(together=True)  # no worker is killed here: one process runs them all
-        yield stack, dsettings
-    finally:
-        stack.stop()
+def dstack(jobs_stack):
+    # The jobs stack: `memlane dlq replay --all` takes no key filter, and on the model stack it would
+    # resend other modules' dead letters.
+    return jobs_stack
 
 
 def memlane(stack, *args: str) -> subprocess.CompletedProcess:

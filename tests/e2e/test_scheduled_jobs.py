@@ -4,7 +4,6 @@ optimised memory generation once a shard's unindexed points pass the threshold."
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -15,32 +14,21 @@ from events.config import AgentConfig
 from events.memory import RecordExpired
 from events.topics import EVENTS
 from services.client import MemlaneClient
-from services.stack import free_port
 from tests.conftest import eventually
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic
+from tests.e2e.extraction_support import new_agent, read_topic
+from tests.stacks import JOBS_PROFILE
 from workers.index_optimize import read_left
 from workers.memory_shards import current_generation, shard_of, shard_paths
 
-THRESHOLD = 12
+THRESHOLD = int(JOBS_PROFILE["MEMLANE_OPTIMIZE_UNINDEXED_POINTS"])
 AGENT_SCOPE = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})
 
 
 @pytest.fixture(scope="module")
-def sstack(fake, infra, settings, tmp_path_factory):
-    # Private: on the model stack its 2 s retention pass races the sweep (expiring as "retention"), and optimises rebuild the whole shared log.
-    prefix = f"{settings.topic_prefix}sj{uuid.uuid4().hex[:8]}."
-    stack, ssettings = extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("sjdata"), free_port(),
-        MEMLANE_SWEEP_EVERY_S="1",
-        MEMLANE_OPTIMIZE_UNINDEXED_POINTS=str(THRESHOLD),
-        MEMLANE_OPTIMIZE_CHECK_S="1",
-        **infra,
-    )
-    try:
-        stack.start_all(workers=("ledger", "embedding", "redis-projection"))
-        yield stack, ssettings
-    finally:
-        stack.stop()
+def sstack(jobs_stack):
+    # The jobs stack: on the model stack its 2 s retention pass would race the sweep (expiring as
+    # "retention"), and the optimiser would rebuild the whole shared log.
+    return jobs_stack
 
 
 async def test_the_ledger_sweeps_expired_records_on_its_own(sstack):
