@@ -90,7 +90,7 @@ def crash_stack(settings, infra, tmp_path):
 
 async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack):
     stack, prefix = crash_stack
-    stack.start_all()
+    stack.start_all(("ledger", "redis-projection", "embedding"))  # what the commands pass through, and the API
     run = uuid.uuid4().hex[:6]
     cmds = make_commands(run)
     assert len(cmds) == AGENTS * PER_AGENT
