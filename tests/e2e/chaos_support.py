@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import httpx
+from aiokafka.admin import AIOKafkaAdminClient
 
 from events import Message, ToolCall
 from services.client import TurnPublisher
@@ -128,6 +129,26 @@ async def _in_history(http: httpx.AsyncClient, tok: str) -> bool:
     return r.status_code == 200 and any(e["id"] == f"{tok}-u" for e in r.json()["events"])
 
 
+async def _joined(bootstrap: str, group: str, timeout: float = 60) -> None:
+    """Waits until the consumer group is stable and every member of it holds partitions."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        async def stable() -> bool:
+            [resp] = await admin.describe_consumer_groups([group])
+            [g] = resp.groups
+            state, members = g[2], g[5]
+            return state == "Stable" and bool(members) and all(m[4] for m in members)
+
+        deadline = time.monotonic() + timeout
+        while not await stable():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"consumer group {group} not stable with partitions within {timeout} s")
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
 async def settle(check, items: list, timeout: float) -> list:
     """The items `check` still refuses once `timeout` has passed (checked in rounds)."""
     left, deadline = list(items), time.monotonic() + timeout
@@ -160,6 +181,8 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
         stack.start(victim, MEMLANE_FAULT_AT=fault)
         if victim == "api":
             await asyncio.to_thread(stack.wait_healthy, 120)
+        else:  # in its group with partitions, so the burst's batches are its to commit
+            await _joined(bootstrap, f"{stack.env.get('MEMLANE_GROUP_PREFIX', 'memlane')}.{topic_prefix}{victim}")
     # Letters only: a long run of digits can pass for a card number, which the write filter refuses.
     tokens = [uuid.uuid4().hex.translate(_LETTERS) for _ in range(writes + turns)]
     http_acked: list[tuple[Agent, str]] = []
@@ -177,10 +200,12 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
             proc = stack.procs[victim]
             while proc.poll() is None and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.05)
-            for t in tasks:  # the writers are not left running past a failed round
-                if proc.poll() is None:
-                    t.cancel()
-            assert proc.poll() == -signal.SIGKILL, f"{victim} never reached its fault point {fault} during the burst"
+            if proc.poll() is None:
+                # Never reached: started again without the point, so no later test meets it.
+                stack.kill(victim, signal.SIGTERM)
+                stack.start(victim)
+                raise AssertionError(f"{victim} never reached its fault point {fault} during the burst")
+            assert proc.returncode == -signal.SIGKILL, f"{victim} exited with {proc.returncode}, not at its fault point"
             del stack.procs[victim]
         else:
             while len(http_acked) < kill_after * writes and not all(t.done() for t in tasks):

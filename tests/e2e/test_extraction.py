@@ -101,6 +101,9 @@ async def test_facts_that_disagree_on_a_key_are_kept_pending_or_in_conflict(xsta
         fake.on(m1, answer(cand("add", "The office is in Lisbon", key="office"),
                            cand("add", "The office is in Porto", key="office")))
         await pub.publish(turn(tenant, a, "s1", 1, f"{m1}: our office is in Lisbon. Or Porto, I forget.", "Noted."))
+        # Turn 2 only once turn 1 is being reviewed: reviewed together, one prompt would hold both
+        # markers, and turn 1's route (first) would answer for both.
+        await eventually(lambda: fake.requests_with(m1), timeout=40)
         fake.on(m2, answer(cand("add", "The customer's timezone is PST", key="timezone")))
         await pub.publish(turn(tenant, a, "s1", 2, f"{m2}: I moved, my timezone is PST now", "Noted."))
 
