@@ -62,6 +62,7 @@ from services.auth import Principal  # noqa: E402
 from services.errors import ApiError  # noqa: E402
 from services.memory import Context, MemoryService  # noqa: E402
 from settings import Settings  # noqa: E402
+from tests.fakes.embedder import HashEmbedder  # noqa: E402
 from tests.fakes.memory_ports import ConfiguredFold, InMemoryCommandPublisher, InMemoryUsageRecorder  # noqa: E402
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -71,14 +72,11 @@ OPEN = AgentConfig.model_validate({"memory": {"scope": {"read": ["session", "use
                                                         "unpin_memory", "report_outcome", "curate_block"]}})
 
 
-class _Embedder:
-    model_id = "test-embedder"
-
 
 def _service(cfg: AgentConfig = OPEN):
     records = ConfiguredFold(configs={("t", "a"): cfg})
     publisher = InMemoryCommandPublisher()
-    return MemoryService(Settings(), records, None, _Embedder(), publisher, InMemoryUsageRecorder()), records, publisher
+    return MemoryService(Settings(), records, None, HashEmbedder(), publisher, InMemoryUsageRecorder()), records, publisher
 
 
 def _ctx(role: str, user: str | None = None, channel: str | None = None) -> Context:

@@ -16,21 +16,19 @@ from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context, MemoryService
 from settings import Settings
+from tests.fakes.embedder import HashEmbedder
 from tests.fakes.memory_ports import ConfiguredFold, InMemoryCommandPublisher, InMemoryUsageRecorder
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 KEY = "sk-live-0123456789abcdefXYZ"
 
 
-class _Embedder:
-    model_id = "test-embedder"
-
 
 def service(kill_switch: bool = False, **configs: AgentConfig):
     records = ConfiguredFold(configs={("t", a): c for a, c in configs.items()})
     publisher, usage = InMemoryCommandPublisher(), InMemoryUsageRecorder()
     settings = Settings().model_copy(update={"memory_kill_switch": kill_switch})
-    s = MemoryService(settings, records, None, _Embedder(), publisher, usage)
+    s = MemoryService(settings, records, None, HashEmbedder(), publisher, usage)
     return s, records, publisher, usage
 
 
@@ -148,4 +146,4 @@ async def test_reads_show_an_agent_only_what_it_may_see_and_record_the_retrieval
     [u] = usage.records
     assert isinstance(u, Retrieved) and sorted(i.id for i in u.items) == ["mine", "shared"]
     await s.usage.embedded(ctx(), "a query of some forty characters, about")
-    assert isinstance(usage.records[1], ModelUsage) and usage.records[1].model == "test-embedder"
+    assert isinstance(usage.records[1], ModelUsage) and usage.records[1].model == HashEmbedder.model_id
