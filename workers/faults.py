@@ -11,7 +11,7 @@ import os
 import signal
 
 # The points: a stream worker's `<worker>.before_commit` (outputs sent, the transaction not yet
-# committed) and `<worker>.after_commit` (committed, the offsets not yet acted on), and the
+# committed) and `<worker>.after_commit` (the batch committed, the next poll not begun), and the
 # memory index's `memory_index.checkpoint_with_parked` (a checkpoint saved while events still
 # wait for their vectors; the API's process holds the index).
 AFTER_COMMIT, BEFORE_COMMIT = "after_commit", "before_commit"

@@ -237,6 +237,7 @@ class Runner:
         self.committing: asyncio.Task | None = None  # the previous poll's commit, in flight
         self.commit_error: Exception | None = None
         self.faults = Faults(settings.fault_at)
+        self.before_commit, self.after_commit = (f"{processor.name}.{p}" for p in (BEFORE_COMMIT, AFTER_COMMIT))
         # For /ready (`not_ready`): assignments so far, where the partitions ended when taken
         # (catch_up_on_start processors), whether the worker has read that far since, and
         # whether a poll's messages are being processed (positions then run ahead of the view).
@@ -482,20 +483,19 @@ class Runner:
     async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
         if self.keys is not None:
             await self.keys.flush()  # the keys first: nothing sealed under a key that could be lost
-        name = self.processor.name
         if self.processor.transactional:
             async with self.producer.transaction():
                 written = await self._send_all(outs)
                 if offsets:
                     await self.producer.send_offsets_to_transaction(offsets, self.group)
-                    self.faults.reached(f"{name}.{BEFORE_COMMIT}")
+                    self.faults.reached(self.before_commit)
         else:
             written = await self._send_all(outs)
             if offsets:
-                self.faults.reached(f"{name}.{BEFORE_COMMIT}")
+                self.faults.reached(self.before_commit)
                 await self.consumer.commit(offsets)
         if offsets:
-            self.faults.reached(f"{name}.{AFTER_COMMIT}")
+            self.faults.reached(self.after_commit)
         for o in outs:
             if o.topic.endswith(".dlq"):
                 metrics.DLQ_MESSAGES.labels(o.topic).inc()
