@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from events import Message, ToolCall
 from services.client import TurnPublisher
 from services.stack import Stack
+from tests.conftest import eventually
 from tests.e2e.extraction_support import turn
 
 # Processes a chaos round can kill; `api` also holds the Qdrant and history projections.
@@ -140,11 +141,7 @@ async def _joined(bootstrap: str, group: str, timeout: float = 60) -> None:
             state, members = g[2], g[5]
             return state == "Stable" and bool(members) and all(m[4] for m in members)
 
-        deadline = time.monotonic() + timeout
-        while not await stable():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"consumer group {group} not stable with partitions within {timeout} s")
-            await asyncio.sleep(0.2)
+        await eventually(stable, timeout=timeout, interval=0.2)
     finally:
         await admin.close()
 
@@ -196,27 +193,29 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
                  for i, job in enumerate(http_jobs)]
         tasks += [asyncio.create_task(_turn_writer(publisher, agents[i % n_agents], turn_toks[i::n_agents],
                                                    turn_acked)) for i in range(n_agents)]
+        burst = asyncio.gather(*tasks)
         if fault:
             proc = stack.procs[victim]
-            while proc.poll() is None and not all(t.done() for t in tasks):
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
+            # Whichever ends first: the victim (at its point) or the burst (the point never reached).
+            died = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+            await asyncio.wait({died, burst}, return_when=asyncio.FIRST_COMPLETED)
+            if not died.done():
                 # Never reached: started again without the point, so no later test meets it.
                 stack.kill(victim, signal.SIGTERM)
                 stack.start(victim)
+                await burst
                 raise AssertionError(f"{victim} never reached its fault point {fault} during the burst")
             assert proc.returncode == -signal.SIGKILL, f"{victim} exited with {proc.returncode}, not at its fault point"
             del stack.procs[victim]
         else:
-            while len(http_acked) < kill_after * writes and not all(t.done() for t in tasks):
-                await asyncio.sleep(0.05)
+            await eventually(lambda: len(http_acked) >= kill_after * writes or burst.done(), timeout=180, interval=0.05)
             stack.kill(victim)
         if progress:
             progress(f"chaos {victim}: killed after {len(http_acked)} acknowledged writes")
         stack.start(victim)
         if victim == "api":
             await asyncio.to_thread(stack.wait_healthy, 120)
-        await asyncio.gather(*tasks)
+        await burst
     res.writes_acked, res.turns_acked = len(http_acked), len(turn_acked)
     acked = http_acked + turn_acked
 
