@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ONLY ?=
 PYTEST_ARGS ?=
+# Test processes: each shared stack's tests run in one of them (tests/scheduling.py); 0: this one.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
+# Run on their own after the rest: a 3-broker cluster's failover starved of CPU by the other test
+# process outlasts the workers' group sessions (docs/testing.md).
+ALONE := tests/resilience/test_broker_kill.py
 # Run again on a 3-master Redis Cluster after the main suite (docs/redis-cluster.md); empty: skipped.
 # The projection suites and the memory and history API suites: what fits make test's time budget
 # (add tests/e2e/test_members.py and test_rebuild.py for a longer run; they pass there too).
@@ -50,15 +56,16 @@ down:
 # Every tier in one session, cheapest first (unit, contract, integration, e2e, resilience); a failing
 # tier stops the ones after it (tests/conftest.py), and the shared stacks start once.
 test: lint up
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS) $(ALONE)
 	@# The projection and API suites again, every Redis client on the cluster (tests/redis_cluster.py).
 	@if [ -n "$(strip $(CLUSTER_TESTS))" ]; then deploy/local/redis-cluster.sh start && \
 	  MEMLANE_TEST_REDIS=cluster MEMLANE_TEST_API_PORT=$${MEMLANE_TEST_CLUSTER_API_PORT:-28281} \
-	  $(PY) -m pytest $(CLUSTER_TESTS); fi
+	  $(PY) -m pytest $(XDIST) $(CLUSTER_TESTS); fi
 
 # The edit-test loop: every tier before resilience.
 check: up
-	$(PY) -m pytest tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/unit tests/contract tests/integration tests/e2e $(PYTEST_ARGS)
 
 demo: up
 	$(VENV)/bin/memlane demo

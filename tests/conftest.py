@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from settings import Settings
+from tests import scheduling
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,32 +124,58 @@ async def refused(coro, status: int, code: str, field: str | None = None):
 TIERS = ("unit", "contract", "integration", "e2e", "resilience")
 
 
-def tier_of(item: pytest.Item) -> int:
-    parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-    return TIERS.index(parts[0]) if parts[0] in TIERS else len(TIERS)
+def tier_of(node: pytest.Item | pytest.TestReport) -> int:
+    parts = node.nodeid.split("/")  # tests/<tier>/...
+    return TIERS.index(parts[1]) if len(parts) > 2 and parts[1] in TIERS else len(TIERS)
 
 
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=tier_of)  # stable: each tier keeps its modules' order
+    if hasattr(config, "workerinput"):
+        scheduling.write_groups(Path(os.environ["MEMLANE_TEST_GROUPS"]), items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own schedulers
+def pytest_xdist_make_scheduler(config, log):
+    return scheduling.GroupScheduling(config, log)
+
+
+def _failed_tiers() -> set[int]:
+    path = Path(os.environ["MEMLANE_FAILED_TIERS"])
+    return {int(t) for t in path.read_text().split()} if path.exists() else set()
+
+
+def pytest_runtest_logreport(report):
+    """A failure's tier goes to a file every worker reads, so a failing tier stops later tiers
+    in all of them, not only in the worker it failed in."""
+    if report.failed:
+        with open(os.environ["MEMLANE_FAILED_TIERS"], "a") as f:
+            f.write(f"{tier_of(report)}\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     yield
-    session = item.session
-    tier = tier_of(item)
-    if nextitem is not None and tier_of(nextitem) != tier and session.testsfailed:
-        name = TIERS[tier] if tier < len(TIERS) else "other"
-        session.shouldstop = f"the {name} tier failed: the tiers after it are not run"
+    failed = _failed_tiers()
+    if nextitem is not None and failed and tier_of(nextitem) > min(failed):
+        name = TIERS[min(failed)] if min(failed) < len(TIERS) else "other"
+        item.session.shouldstop = f"the {name} tier failed: the tiers after it are not run"
 
 
 def pytest_configure(config):
     """Every stack this session starts, its children's too, writes a line per process to one
-    file (services.stack.record_start); the session prints the count at its end."""
-    path = ROOT / ".run" / f"starts-{os.getpid()}.log"
-    path.parent.mkdir(exist_ok=True)
+    file (services.stack.record_start); the session prints the count at its end. xdist's
+    workers inherit the controller's files."""
+    if hasattr(config, "workerinput"):
+        return
+    run = ROOT / ".run"
+    run.mkdir(exist_ok=True)
+    path, failed = run / f"starts-{os.getpid()}.log", run / f"failed-tiers-{os.getpid()}"
     path.unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)
     os.environ["MEMLANE_START_LOG"] = str(path)
+    os.environ["MEMLANE_FAILED_TIERS"] = str(failed)
+    os.environ["MEMLANE_TEST_GROUPS"] = str(run / f"groups-{os.getpid()}.json")
     config._memlane_starts = path
 
 

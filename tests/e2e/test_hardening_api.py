@@ -23,15 +23,11 @@ from services.stack import free_port
 from tests.conftest import eventually, refused
 
 
-@pytest.fixture(scope="module")
-def other(model_stack):
-    """A second deployment on the same Redis and broker: the session's model stack (another topic
-    prefix, its own API), which the e2e tier starts anyway; a stack of this module's own would
-    cost one more start. Only its keys are used here, never its workers."""
-    return model_stack[0]
-
-
-async def test_a_key_of_one_deployment_is_refused_by_another(stack, other, settings):
+async def test_a_key_of_one_deployment_is_refused_by_another(model_stack, jobs_stack, settings):
+    # Two deployments on the same Redis and broker (other topic prefixes, their own APIs) that
+    # the e2e tier starts anyway; stacks of this module's own would cost two more starts. Only
+    # their keys are used here, never their workers.
+    (stack, _), (other, _) = model_stack, jobs_stack
     tenant = f"ten{uuid.uuid4().hex[:6]}"
     async with MemlaneClient(stack.api_url, settings.operator_key) as boot:
         agent_key = await boot.issue_key(tenant, "bot")
