@@ -311,6 +311,9 @@ def refusal(line: str) -> mcp_types.JSONRPCError | None:
     gets no reply). The SDK drops such lines silently, which leaves a client waiting."""
     try:
         msg = json.loads(line)
+    except RecursionError:  # its id cannot be read either: the reply names none
+        return mcp_types.JSONRPCError(jsonrpc="2.0", id=None, error=mcp_types.ErrorData(
+            code=mcp_types.INVALID_REQUEST, message="nested too deep to read; send arguments nested less deeply"))
     except ValueError:
         return mcp_types.JSONRPCError(jsonrpc="2.0", id=None, error=mcp_types.ErrorData(
             code=mcp_types.PARSE_ERROR, message="not JSON; send one JSON-RPC message per line"))

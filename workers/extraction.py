@@ -102,7 +102,7 @@ def tool_writes(turn: TurnCommitted) -> tuple[list[AddMemory], list[CandidateRef
             except TypeError as e:
                 log.warning("tool_call_invalid", call_id=call.id, error=type(e).__name__, agent=turn.agent)
                 continue
-            hit = write_filter.check_write(cmd.summary, cmd.content, cmd.kind, cmd.labels, cmd.metadata)
+            hit = write_filter.check_write(cmd.summary, cmd.content, cmd.kind, cmd.labels, cmd.metadata, cmd.key)
             if hit is None:
                 out.append(cmd)
                 continue

@@ -283,7 +283,7 @@ def _check_candidate(c: Candidate, cfg: AgentConfig, scopes: list[str], handles:
     cited = len(set(c.source_message_ids))
     if cited > MAX_SOURCES:
         return "citation", f"cites {cited} messages; the limit is {MAX_SOURCES} per fact"
-    hit = write_filter.check_write(c.summary, c.content, c.kind, c.labels)
+    hit = write_filter.check_write(c.summary, c.content, c.kind, c.labels, key=c.key)
     if hit:
         return hit.refusal.reason, hit.refusal.detail
     return None

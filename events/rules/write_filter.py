@@ -213,7 +213,7 @@ class FieldRefusal:
     """A refused write: which field broke which rule. Label and metadata keys are never named,
     since a key can be the secret itself."""
 
-    field: str  # summary | content | kind | labels | metadata | line | label
+    field: str  # summary | content | kind | key | labels | metadata | line | label
     refusal: Refusal
 
     def message(self) -> str:
@@ -243,7 +243,7 @@ def _scalars(value: object) -> list[str]:
 
 
 def check_write(summary: str | None = "", content: str | None = "", kind: str | None = "",
-                labels: dict[str, str] | None = None, metadata: object = None,
+                labels: dict[str, str] | None = None, metadata: object = None, key: str | None = "",
                 **texts: str | None) -> FieldRefusal | None:
     """The first field of a write that the filter refuses, or None: every write an agent, a
     tool or a model makes goes through here. Each field is checked on its own, so a refusal
@@ -252,6 +252,7 @@ def check_write(summary: str | None = "", content: str | None = "", kind: str | 
         ("summary", [summary or ""]),
         ("content", [content or ""]),
         ("kind", [kind or ""]),
+        ("key", [key or ""]),  # a fact's key is rendered to the model beside its text
         *((name, [text or ""]) for name, text in texts.items()),
         ("labels", _scalars(labels or {})),
         ("metadata", _scalars(metadata or {})),

@@ -19,6 +19,7 @@ from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
 from services.http.input_guard import GuardBodies
+from services.http.no_store import NoStore
 from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
 from services.http.routes import notes as notes_routes
@@ -130,6 +131,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     )
     app.add_middleware(GuardBodies)
     app.add_middleware(Positions)
+    app.add_middleware(NoStore)
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)

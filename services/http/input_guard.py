@@ -3,8 +3,9 @@
 - A body larger than any command the broker could carry: 413 `LIMIT_EXCEEDED`, answered as
   soon as the bytes read pass the limit.
 - Text that cannot be encoded as UTF-8 (a lone surrogate, which JSON can spell as
-  `"\\ud800"`): 422 naming the field. Redis, Kafka and the index all store UTF-8, so such
-  text would fail deep inside a write or a lookup instead.
+  `"\\ud800"` and raw bytes as ED A0 80): 422 naming the field. Redis, Kafka and the index all
+  store UTF-8, so such text would fail deep inside a write or a lookup instead.
+- Bytes that are not UTF-8 at all: 422 naming the body and the byte.
 """
 
 from __future__ import annotations
@@ -85,8 +86,24 @@ def body_refusal(body: bytes) -> tuple[int, str, str] | None:
     """(status, field, message) when `body` must be refused before routing, else None."""
     if len(body) > MAX_BODY_BYTES:
         return TOO_LARGE
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            # json.loads reads bytes with surrogatepass: a surrogate's raw bytes become a lone
+            # surrogate, named by its field below; any other bad byte has no field to name.
+            try:
+                body.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                return 422, "body", (f"body: not UTF-8 (byte {e.start} is {body[e.start]:#04x}); "
+                                     "send JSON encoded as UTF-8")
+            return _field_refusal(body) or (422, "body", f"body: not UTF-8 at byte {e.start}; send JSON encoded as UTF-8")
     if not _lone_surrogate(body):
         return None
+    return _field_refusal(body)
+
+
+def _field_refusal(body: bytes) -> tuple[int, str, str] | None:
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):

@@ -22,6 +22,9 @@ from services.auth import KeyStore, Principal, key_digest
 COOKIE = "memlane_session"
 CSRF_HEADER = "x-csrf-token"
 SESSION_TTL_S = 8 * 3600
+# The keys a person signs in with: a member's (their facts) and an operator's (their agents). An
+# agent's or a helper's key is a program's; its session would carry it to the API by cookie.
+WEB_ROLES = frozenset({"member", "operator"})
 
 
 @dataclass(frozen=True)
@@ -38,11 +41,12 @@ class WebSessions:
         # Stored under the session id's hash: a Redis dump does not hand out live cookies.
         return f"{self.root}websession:{hashlib.sha256(sid.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
-    async def sign_in(self, key: str) -> tuple[str, WebSession] | None:
-        """A new session for `key` (None: no such key): the cookie's value and the session."""
+    async def sign_in(self, key: str) -> tuple[str, WebSession] | Principal | None:
+        """A new session for `key`: the cookie's value and the session; the key's principal
+        when its role does not sign in (`WEB_ROLES`); None for no such key."""
         p = await self.keys.resolve(key)
-        if p is None:
-            return None
+        if p is None or p.role not in WEB_ROLES:
+            return p
         sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
         await self.r.set(self._key(sid), json.dumps({"key": key_digest(key), "csrf": csrf}), ex=SESSION_TTL_S)
         return sid, WebSession(p, csrf)
@@ -55,7 +59,7 @@ class WebSessions:
             return None
         d = json.loads(raw)
         p = await self.keys.resolve_digest(d["key"])
-        return None if p is None else WebSession(p, d["csrf"])
+        return None if p is None or p.role not in WEB_ROLES else WebSession(p, d["csrf"])
 
     async def sign_out(self, sid: str | None) -> None:
         if sid:

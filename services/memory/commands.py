@@ -145,7 +145,7 @@ class MemoryCommands:
         cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
         check_operator_write(ctx, cmd.scope)
         self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
-                     metadata=cmd.metadata)
+                     metadata=cmd.metadata, key=cmd.key)
         if self.merge is not None and (ev := await self.merge.evidence(cmd, cfg, self.memory)) is not None:
             cmd = cmd.model_copy(update={"merge": ev})  # a near duplicate: the ledger merges it if it agrees
         return await self.submit(cmd, wait, ctx=ctx)

@@ -19,6 +19,7 @@ import jinja2
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from services.auth import Principal
 from services.errors import ApiError
 from services.http.deps import checked_agent, checked_user, resolve_context
 from services.http.sessions import COOKIE, SESSION_TTL_S, WebSession, WebSessions
@@ -33,6 +34,7 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",  # frame-ancestors' older spelling, for browsers that predate it
     # Not no-referrer: under it Chromium sends `Origin: null` with the page's own form posts,
     # and sign-in checks that Origin.
     "Referrer-Policy": "same-origin",
@@ -115,11 +117,7 @@ class WebExtension:
         session = await signed_in(request)
         if session is None:
             return render(request, "signin.html", None, error=None)
-        role = session.principal.role
-        if role in ("member", "operator"):
-            return RedirectResponse(f"/ui/{role}", status_code=303)
-        return render(request, "signin.html", session, 403, error=f"an {role} key has no Memory tab: sign out, then sign in "
-                      "with a member key (your facts) or an operator key (your agents)")
+        return RedirectResponse(f"/ui/{session.principal.role}", status_code=303)  # a WEB_ROLES role
 
     async def sign_in(self, request: Request) -> Response:
         if not same_origin(request):
@@ -130,6 +128,9 @@ class WebExtension:
         if made is None:
             return render(request, "signin.html", None, 401, error="key: no such key; check it, or ask your operator for a "
                           "member key")
+        if isinstance(made, Principal):
+            return render(request, "signin.html", None, 403, error=f"key: an {made.role} key does not sign in here; sign "
+                          "in with a member key (your facts) or an operator key (your agents)")
         sid, _ = made
         out = RedirectResponse("/ui", status_code=303)
         out.set_cookie(COOKIE, sid, max_age=SESSION_TTL_S, httponly=True, samesite="strict", path="/",

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.stack import Stack
+from workers.keys import ROLL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -379,6 +380,8 @@ async def key_entries(bootstrap: str, topic: str) -> dict[str, KeyEntry]:
     """The keys topic as a reader folds it: kid -> its latest entry (a tombstone leaves wrapped None)."""
     out: dict[str, KeyEntry] = {}
     for m in await read_all(bootstrap, [topic]):
+        if m.key == ROLL_KEY:
+            continue  # the marker that closes a segment after an erasure: no key
         subject, _, kid = (m.key or b"").decode().rpartition("#")
         wrapped = json.loads(m.value)["wrapped"] if m.value is not None else None
         if wrapped is None and kid in out:

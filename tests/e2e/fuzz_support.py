@@ -1,6 +1,6 @@
 """The API fuzz, shared by the e2e test and the bench: schemathesis on every operation of
 the served OpenAPI document (its health checks on), then hypothesis strategies that put
-hostile values into every operation: lone surrogates, NaN and infinities, deep nesting,
+hostile values into every operation: lone surrogates (escaped, and as raw bytes), NaN and infinities, deep nesting,
 huge strings, NaN cursors and odd headers.
 
 Deterministic: every `@given` runs with the seed `FUZZ_SEED`, so two runs send the same
@@ -260,6 +260,9 @@ def _nested(depth: int) -> dict:
 HOSTILE = st.one_of(
     st.sampled_from(SURROGATES).map(lambda s: ("text", s)),
     st.sampled_from(SURROGATES).map(lambda s: ("key", s)),
+    # The same surrogates as raw bytes (ED A0 80), not escapes: a body a raw client can send.
+    st.sampled_from(SURROGATES).map(lambda s: ("raw text", s)),
+    st.sampled_from(SURROGATES).map(lambda s: ("raw key", s)),
     st.sampled_from(NUMBERS).map(lambda n: ("text", n)),
     st.integers(200, 700).map(lambda d: ("text", _nested(d))),
     st.sampled_from([10_000, 300_000, 1_100_000, 2_500_000]).map(lambda n: ("text", "m" * n)),
@@ -297,7 +300,7 @@ def _hostile_request(case: Any, data: st.DataObject, key: str, operator_key: str
         if not isinstance(body, dict):
             body = {}
         path = data.draw(st.sampled_from(_leaves(body)), label="path")
-        if kind == "key":
+        if kind.endswith("key"):
             target = body
             for p in path:
                 target = target[p] if isinstance(target, dict | list) else target
@@ -308,7 +311,14 @@ def _hostile_request(case: Any, data: st.DataObject, key: str, operator_key: str
         else:
             body = _put(body, path, value)
         what = f"body {'.'.join(map(str, path)) or '(root)'} {kind}"
+        if kind.startswith("raw"):
+            body = raw_bytes(body)
     return {"headers": headers, "params": query, "body": body}, what
+
+
+def raw_bytes(body: Any) -> bytes:
+    """`body` as JSON whose lone surrogates are raw bytes (ED A0 80), not escapes."""
+    return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def known_cases(key: str, operator_key: str) -> list[tuple[str, str, dict, dict, Any]]:
@@ -333,6 +343,13 @@ def known_cases(key: str, operator_key: str) -> list[tuple[str, str, dict, dict,
         ("POST", "/v1/memory", {"wait": "true"}, agent, {"summary": "deep", "metadata": _nested(230)}),
         ("PATCH", "/v1/memory/x", {}, op, {"metadata": _nested(500)}),
         ("POST", "/v1/history/search", {}, agent, {"query": "\ud800"}),
+        # The same as raw bytes: the shapes that answered 500 before the guard read them.
+        ("POST", search, {}, agent, raw_bytes({"query": "q", "kind": "k\ud800"})),
+        ("POST", search, {}, agent, raw_bytes({"query": "q", "labels": {"a": "\ud800"}})),
+        ("POST", search, {}, agent, raw_bytes({"query": "q", "labels": {"\ud800": "a"}})),
+        ("POST", search, {}, agent, raw_bytes({"query": "q", "ids": ["\ud800"]})),
+        ("POST", "/v1/memory/search/batch", {}, agent, raw_bytes({"searches": [{"query": "q", "kind": "\ud800"}]})),
+        ("POST", "/v1/memory", {"wait": "false"}, agent, b'{"summary": "caf\xe9"}'),
     ]
 
 
@@ -340,7 +357,7 @@ def _send(http: httpx.Client, counts: FuzzCounts, method: str, path: str, query:
           what: str) -> str:
     """Sends one request and counts it; returns its kind (`FuzzCounts.count`)."""
     # ensure_ascii: a lone surrogate goes out as its JSON escape, as any client's encoder writes it.
-    content = None if body is None else json.dumps(body).encode()
+    content = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = {**headers, **({"content-type": "application/json"} if content is not None else {})}
     # Header values go out as latin-1 bytes, as a raw client could send them.
     raw = [(k.encode(), v.encode("latin-1")) for k, v in hdrs.items()]
@@ -402,7 +419,8 @@ def run_fuzz(api_url: str, operator_key: str, examples: int = 40, hostile_exampl
     operations = [r.ok() for r in schema.get_all_operations()]
     with httpx.Client(base_url=api_url, timeout=TIMEOUT_S) as http:
         for method, path, query, headers, body in known_cases(key, operator_key):
-            _send(http, counts, method, path, query, headers, body, f"known case {json.dumps(body)[:80]}")
+            shown = body.decode("utf-8", "backslashreplace") if isinstance(body, bytes) else json.dumps(body)
+            _send(http, counts, method, path, query, headers, body, f"known case {shown[:80]}")
         for operation in operations:
 
             @given(case=operation.as_strategy())

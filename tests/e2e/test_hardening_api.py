@@ -89,7 +89,7 @@ def test_key_requests_with_bad_names_are_refused(stack, settings, body, field):
     assert r.json()["error"]["field"] == field
 
 
-def _raw(stack, method: str, path: str, body: str | None = None, **headers: str) -> httpx.Response:
+def _raw(stack, method: str, path: str, body: str | bytes | None = None, **headers: str) -> httpx.Response:
     h = [(k.replace("_", "-").encode(), v.encode("latin-1")) for k, v in headers.items()]
     if body is not None:
         h.append((b"content-type", b"application/json"))
@@ -114,10 +114,17 @@ async def test_hostile_input_gets_a_4xx_naming_the_field(stack, new_agent, setti
         ("GET", "/v1/config", None, {"Authorization": "Bearer \u00e9\u00ff"}, 401, "authorization"),
         ("POST", "/v1/memory", json.dumps({"summary": "s", "metadata": _nested(500)}), auth, 422, "metadata"),
         ("POST", "/v1/memory", json.dumps({"summary": "s", "metadata": {"blob": "m" * 2_200_000}}), auth, 413, "body"),
+        # A surrogate as raw bytes (ED A0 80), which the JSON parser reads back as a lone one.
+        ("POST", "/v1/memory/search", b'{"query": "q", "kind": "k\xed\xa0\x80"}', auth, 422, "kind"),
+        ("POST", "/v1/memory/search", b'{"query": "q", "labels": {"a\xed\xb0\x80": "v"}}', auth, 422, "labels"),
+        ("POST", "/v1/memory/search/batch", b'{"searches": [{"query": "q", "kind": "\xed\xa0\x80"}]}', auth, 422,
+         "searches.0.kind"),
+        ("POST", "/v1/memory", b'{"summary": "caf\xe9"}', auth, 422, "body"),  # Latin-1, not UTF-8
     ]
     for method, path, body, headers, status, field in cases:
         r = _raw(stack, method, path, body, **headers)
         assert (r.status_code, r.json()["error"]["field"]) == (status, field), (path, body and body[:80], r.text[:300])
+        assert r.headers["content-type"] == "application/json"
     deep = _raw(stack, "POST", "/v1/memory", json.dumps({"summary": "s", "metadata": _nested(500)}), **auth)
     assert "nested deeper than" in deep.json()["error"]["message"]
 
@@ -258,6 +265,9 @@ async def test_mcp_offers_a_helper_no_write_tools_and_answers_bad_requests(stack
         reply = _rpc(p, bad)
         assert reply is not None, "no reply to a request holding a lone surrogate"
         assert reply["id"] == 3 and "lone surrogate" in reply["error"]["message"]
+        deep = '{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": ' + "[" * 5000 + "]" * 5000 + "}"
+        reply = _rpc(p, deep)
+        assert reply is not None and "nested too deep" in reply["error"]["message"], reply
         fine = _rpc(p, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
                                    "params": {"name": "search_memory", "arguments": {"query": "ok"}}}))
         assert fine["id"] == 4 and fine["result"]["isError"] is False
@@ -283,3 +293,12 @@ def test_the_cli_refuses_keys_in_argv_unknown_keys_and_the_default_operator_key(
 
 def test_dev_mode_warns_about_the_default_operator_key(stack):
     assert '"default_operator_key"' in (stack.log_dir / "api.log").read_text()
+
+
+async def test_answers_that_can_hold_memory_are_never_cached(stack, new_agent):
+    _, _, key = await new_agent()
+    async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as h:
+        for r in (await h.get("/v1/memory"), await h.post("/v1/memory/search", json={"query": "q"}),
+                  await h.get("/v1/memory/nope")):
+            assert r.headers["cache-control"] == "no-store", (r.request.url, r.headers)
+        assert (await h.get("/ui/static/app.js")).headers["cache-control"] == "max-age=300"  # its own

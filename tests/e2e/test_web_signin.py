@@ -42,9 +42,11 @@ async def test_a_wrong_key_a_foreign_origin_and_an_agent_key_are_refused_with_wh
         assert r.status_code == 401 and "no such key" in r.text and "set-cookie" not in r.headers
         r = await h.post("/ui/session", data={"key": key}, headers={"Origin": "https://evil.example"})
         assert r.status_code == 403 and "set-cookie" not in r.headers
-        await h.post("/ui/session", data={"key": agent_key})
-        r = await h.get("/ui")
-        assert r.status_code == 403 and "sign in with a member key" in r.text
+        # A program's key gets no session at all: its cookie would carry it to the API.
+        r = await h.post("/ui/session", data={"key": agent_key})
+        assert r.status_code == 403 and "sign in with a member key" in r.text and "set-cookie" not in r.headers
+        assert (await h.get("/ui")).status_code == 200 and "memlane_session" not in h.cookies
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["cache-control"] == "no-store"
 
 
 async def test_revoking_the_key_or_signing_out_ends_the_session(stack, settings):

@@ -29,6 +29,12 @@ async def test_a_session_follows_its_key_and_ends_with_a_sign_out_or_a_revocatio
         assert (await sessions.get(deployment_sid)).principal.deployment is True
         assert await sessions.get(sid + "x") is None and await sessions.get(None) is None
 
+        # A program's key (an agent's, a helper's) gets no session: only people sign in.
+        for role in ("agent", "helper"):
+            program, _ = await keys.issue("acme", "helpdesk", role)
+            assert (await sessions.sign_in(program)).role == role
+        assert len(await r.keys(f"{root}websession:*")) == 2
+
         await keys.revoke("acme", entry["id"])
         assert await sessions.get(sid) is None  # a revoked key's sessions end with it
         await sessions.sign_out(deployment_sid)

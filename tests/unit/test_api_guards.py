@@ -20,6 +20,17 @@ def test_a_lone_surrogate_is_named_by_its_field_and_pairs_pass():
     assert (status, field) == (422, "tenant") and "UTF-8" in message
 
 
+def test_raw_bytes_that_are_not_utf8_are_refused_naming_the_field_or_the_byte():
+    # A surrogate's raw bytes (ED A0 80), which json.loads reads back as a lone surrogate.
+    status, field, message = body_refusal(b'{"query": "q", "kind": "k\xed\xa0\x80"}')
+    assert (status, field) == (422, "kind") and "UTF-8" in message
+    assert body_refusal(b'{"filters": {"labels": {"t\xed\xb0\x80": "v"}}}')[:2] == (422, "filters.labels")
+    status, field, message = body_refusal(b'{"query": "caf\xe9"}')  # Latin-1, not UTF-8
+    assert (status, field) == (422, "body") and "byte 14" in message and "0xe9" in message
+    assert body_refusal(b'not json \xed\xa0\x80')[:2] == (422, "body")
+    assert body_refusal('{"query": "café ☕ \U0001F600"}'.encode()) is None
+
+
 def test_bodies_over_the_limit_are_refused_and_depth_does_not_exhaust_the_walk():
     assert body_refusal(b"x" * (MAX_BODY_BYTES + 1))[0] == 413
     deep: dict = {"leaf": "\ud800"}
@@ -43,6 +54,9 @@ def test_the_mcp_server_answers_a_line_it_cannot_take():
     assert reply["id"] == 7 and "lone surrogate" in reply["error"]["message"]
     assert json.loads(refusal("not json").model_dump_json())["id"] is None
     assert refusal('{"jsonrpc": "2.0", "method": "notifications/x", "params": {"a": "\\ud800"}}') is None
+    deep = '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": ' + '[' * 5000 + ']' * 5000 + '}'
+    reply = json.loads(refusal(deep).model_dump_json())
+    assert reply["id"] is None and "nested too deep" in reply["error"]["message"]
 
 
 # --------------------------------------------------------------------------- members, consent, subjects

@@ -214,6 +214,20 @@ def test_a_tool_call_cannot_name_another_member():
     assert tool_writes(t) == ([], [])
 
 
+def test_a_facts_key_passes_the_write_filter_on_the_tool_and_review_paths():
+    from events import Message, ToolCall
+    from workers.extraction import tool_writes
+
+    key = "openai_key sk-proj-0123456789abcdefABCDEF"
+    t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
+        ToolCall(id="c1", name="add_memory", arguments={"summary": "Rotate monthly", "key": key})])]})
+    kept, refused = tool_writes(t)
+    assert kept == [] and [x.reason for x in refused] == ["secret: api key (sk-) (add_memory tool call, key)"]
+    answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "Rotate monthly", "key": key}]})
+    d = r.to_commands(TURN, USER_SCOPE, answer, [msg(0)], r.Handles(), "m")
+    assert d.commands == [] and [x.reason for x in d.refused] == ["secret"]
+
+
 def cited_rec(i: int, session: str | None, ids: list[str]) -> MemoryRecord:
     base = rec(i)
     return base.model_copy(update={"provenance": base.provenance.model_copy(

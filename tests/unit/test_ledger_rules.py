@@ -190,6 +190,19 @@ def test_key_disagreement_is_stored_as_conflict():
     assert c.status is Status.CONFLICT
 
 
+def test_keyed_facts_of_one_text_stay_apart_and_each_keeps_its_key():
+    led = Ledger()
+    made = [only(led.add("Gina's answer", content="yes", key=k), "RecordAdded") for k in ("q1", "q2", "q3")]
+    assert [e.merged for e in made] == [False, False, False]
+    assert len({e.record.id for e in made}) == 3 and [e.record.key for e in made] == ["q1", "q2", "q3"]
+    assert all(e.record.status is Status.ACTIVE for e in made)
+    # Restated under its own key, a fact is confirmed, not put in conflict with itself; a
+    # keyless restatement merges into the fact of that text.
+    again = only(led.add("Gina's answer", content="yes", key="q2"), "RecordAdded")
+    assert again.merged and again.record.id == made[1].record.id and again.record.status is Status.ACTIVE
+    assert only(led.add("Gina's answer", content="yes"), "RecordAdded").merged
+
+
 def test_a_disputed_key_is_pending_without_a_stored_fact_and_in_conflict_with_one():
     led = Ledger()
     assert only(led.add("Office is Lisbon", key="office", pending=True), "RecordAdded").record.status is Status.PENDING

@@ -172,7 +172,8 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
     same = state.index.get(f"{ak}|text:{dup_scope(rec)}:{h}")
     if same and not cmd.replaces:
         existing = get_record(state, ak, same)
-        if existing and existing.status in LIVE:
+        # A keyed write restates only a fact of its own key: one of another key stays apart.
+        if existing and existing.status in LIVE and (rec.key is None or existing.key == rec.key):
             check_new(cmd, existing)
             episodes.confirmed(state, ak, cmd, existing, events)  # a restatement from another run confirms it
             return
@@ -197,6 +198,10 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
     if rec.key and not old:
         holders = (state.index.get(f"{ak}|key:{key_entry(seen, rec.kind, rec.key)}") for seen in key_slots_seen(rec))
         holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
+        if holder_rec and holder_rec.status in LIVE and normalized_hash(holder_rec.summary, holder_rec.content) == h:
+            check_new(cmd, holder_rec)
+            episodes.confirmed(state, ak, cmd, holder_rec, events)  # its key's fact, restated
+            return
         if holder_rec and holder_rec.status in LIVE:
             # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
             rec = rec.model_copy(update={"status": Status.CONFLICT})
