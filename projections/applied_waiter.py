@@ -1,11 +1,15 @@
 """Read-your-writes: wait until the Redis record view has applied a version, without polling.
 
 The view's writer publishes, with each batch it applies, what the batch changed: a JSON
-object {"r": [[tenant/agent, record id, version], ...], "b": [[tenant/agent, label], ...]}
-on the deployment's channel (`RedisRecords.applied_channel`). A process that waits holds
-one subscription (`AppliedListener`) and wakes only the waiters a message concerns; each
-then reads the view once to confirm (a message may come from another generation).
-`Waiters` is the pure part: who waits for what, and whom a message wakes.
+object {"r": [[tenant/agent, record id, version], ...], "b": [[tenant/agent, label or null,
+command id], ...]} on the deployment's channel (`RedisRecords.applied_channel`): record
+versions, and the commands whose block change or subject change (consent, a removal) it
+applied. A process that waits holds one subscription (`AppliedListener`) and wakes only the
+waiters a message concerns; each then reads the view once to confirm (a message may come from
+another generation). A command's own change is confirmed by its announcement, which the
+listener remembers a while (`Waiters.RECENT`): a concurrent writer may have changed the value
+since, so comparing values could wait for ever. `Waiters` is the pure part: who waits for
+what, and whom a message wakes.
 """
 
 from __future__ import annotations
@@ -32,17 +36,30 @@ def block_key(tenant: str, agent: str, label: str) -> Key:
     return ("b", f"{tenant}/{agent}", label)
 
 
-def announcement(records: list[tuple[str, str, int]], blocks: list[tuple[str, str]]) -> str:
-    """The message for applied record versions (agent key, id, version) and changed blocks
-    (agent key, label), as the view's writer publishes it."""
-    return json.dumps({"r": records, "b": blocks})
+def command_key(tenant: str, agent: str, command_id: str) -> Key:
+    return ("c", f"{tenant}/{agent}", command_id)
+
+
+def announcement(records: list[tuple[str, str, int]], changes: list[tuple[str, str | None, str]]) -> str:
+    """The message for applied record versions (agent key, id, version) and applied block or
+    subject changes (agent key, the block's label or None, command id), as the view's writer
+    publishes it."""
+    return json.dumps({"b": changes, "r": records}, separators=(",", ":"))
 
 
 class Waiters:
-    """Futures waiting for a record to reach a version, or for a block to change."""
+    """Futures waiting for a record to reach a version, a block to change or a command's change
+    to be applied; and the commands whose changes were announced lately."""
+
+    RECENT = 4096  # remembered announced commands: far more than wait at once
 
     def __init__(self) -> None:
         self._waiting: dict[Key, list[tuple[int, asyncio.Future]]] = {}
+        self._recent: dict[Key, None] = {}  # insertion-ordered: the oldest goes first
+
+    def announced(self, key: Key) -> bool:
+        """Whether the command's change (`command_key`) was announced lately."""
+        return key in self._recent
 
     def __len__(self) -> int:
         return sum(len(w) for w in self._waiting.values())
@@ -62,15 +79,23 @@ class Waiters:
 
     def applied(self, message: str | bytes) -> int:
         """Wake the waiters `message` concerns; returns how many. A malformed message wakes none."""
-        if not self._waiting:
-            return 0
+        raw = message if isinstance(message, bytes) else message.encode()
+        if not self._waiting and b'"b":[]' in raw:
+            return 0  # records only, and no one waits: not even parsed
         try:
-            body = json.loads(message)
+            body = json.loads(raw)
             changes = [(("r", ak, rid), int(ver)) for ak, rid, ver in body.get("r", ())]
-            changes += [(("b", ak, label), 0) for ak, label in body.get("b", ())]
+            for ak, label, command_id in body.get("b", ()):
+                if label is not None:
+                    changes.append((("b", ak, label), 0))
+                key = ("c", ak, command_id)
+                self._recent[key] = None
+                changes.append((key, 0))
         except (ValueError, TypeError, AttributeError):
             log.warning("applied_message_malformed")
             return 0
+        while len(self._recent) > self.RECENT:
+            del self._recent[next(iter(self._recent))]
         woken = 0
         for key, ver in changes:
             for wanted, fut in self._waiting.get(key, ()):
@@ -139,6 +164,10 @@ class AppliedListener:
                         await pubsub.aclose()
                     except Exception:
                         pass
+
+    def announced(self, key: Key) -> bool:
+        """Whether the view announced the command's change (`command_key`) lately."""
+        return self.waiters.announced(key)
 
     async def wait(self, key: Key, shown: Callable[[], Awaitable[bool]], timeout: float, version: int = 0) -> bool:
         """Whether `shown()` holds within `timeout` seconds. It is checked once now (the change

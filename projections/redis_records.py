@@ -64,8 +64,8 @@ from projections.redis_client import agent_tag, is_cluster, scan_keys, scan_page
 # One call per agent of a batch, all its keys in one hash slot (the agent's tag), so it
 # runs on a Redis Cluster too. KEYS: the agent's rec, list, pinned, shadowed, users and
 # expiry keys (`_apply_keys`). ARGV[1]: the prefix of the agent's member listings; ARGV[2]:
-# the channel to announce on, or "" (no one waits); ARGV[3]: the agent's changed blocks as a
-# JSON array; ARGV[4]: the agent key (`tenant/agent`, for the announcement); then 8 arguments
+# the channel to announce on, or "" (no one waits); ARGV[3]: the agent's applied block and
+# subject changes as a JSON array (`applied_waiter.announcement`); ARGV[4]: the agent key (`tenant/agent`, for the announcement); then 8 arguments
 # per event (`_row` but its agent key): record id, version, the event's raw JSON, sort
 # score, flags (1 listed + 2 pinned), expiry ms of a live record or -1, the live record a
 # preview record shadows or "", and the member of a USER record or "". A USER record is
@@ -530,7 +530,7 @@ class RedisRecords:
             return
         rows: dict[str, list[Any]] = {}  # agent key -> APPLY's 8 arguments per event
         pre = self.r.pipeline(transaction=False)  # configurations, blocks, consent; one key each
-        changed: dict[str, list[tuple[str, str]]] = {}
+        changed: dict[str, list[tuple[str, str | None, str]]] = {}  # agent key -> announced changes
         expiring: set[str] = set()
         used: dict[str, dict[str, int]] = {}  # agent key -> record id -> usage total
         for e in events:
@@ -544,10 +544,13 @@ class RedisRecords:
             elif e.type == "BlockChanged":
                 if (full := await self._opening(e.full)) is not None:
                     ak, label = _block_change(pre, ns, full)
-                    changed.setdefault(ak, []).append((ak, label))
+                    changed.setdefault(ak, []).append((ak, label, e.command_id))
             elif e.type in SUBJECT_EVENTS:
                 # Before the batch's records and its checkpoint: a withdrawal is never behind them.
                 _subject_change(pre, ns, e)
+                if self.announce:  # a wait for a consent or a removal hears of this command's
+                    ak = f"{e.tenant}/{e.agent}"
+                    changed.setdefault(ak, []).append((ak, None, e.command_id))
             elif e.type in redis_runs.RUN_EVENTS:
                 redis_runs.fold(pre, ns, e.raw)  # session memory: before the checkpoint, as blocks
             elif e.type in redis_notes.NOTE_EVENTS:

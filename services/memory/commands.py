@@ -50,7 +50,7 @@ from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
 from events.record import Provenance, Source
 from events.rules import subjects, write_filter
-from projections.applied_waiter import Key, block_key, record_key
+from projections.applied_waiter import Key, command_key, record_key
 from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory.context import Context
@@ -280,12 +280,24 @@ class MemoryCommands:
         return outcome
 
     def _state_outcome(self, shown: Any, what: str) -> Any:
+        """Answers once the view applied this command's own change: a concurrent command (a
+        withdrawal racing this grant) may have changed the state since. `shown` is the first look."""
         async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
             self._rejected(events)
-            await self._until(cmd, shown, what)
+            await self._applied(cmd, shown, what)
             return {"command_id": cmd.command_id, "status": "applied"}
 
         return outcome
+
+    async def _applied(self, cmd: Any, shown: Any, what: str) -> None:
+        """Until the view announces it applied `cmd`'s block or subject change, or shows it (`shown`)."""
+        key = command_key(cmd.tenant, cmd.agent, cmd.command_id)
+        applied = self.records.applied()
+
+        async def mine() -> bool:
+            return applied.announced(key) or await shown()
+
+        await self._seen(cmd, key, 0, mine, what)
 
     async def _erase_outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
         """How many records were erased, once the view shows each one tombstoned or purged (the
@@ -379,8 +391,7 @@ class MemoryCommands:
             async def block_shown() -> bool:
                 return (await self.records.blocks(cmd.tenant, cmd.agent)).get(at, "") == block["text"]
 
-            await self._seen(cmd, block_key(cmd.tenant, cmd.agent, at), 0, block_shown,
-                             f"block {block['label']}'s new text")
+            await self._applied(cmd, block_shown, f"block {block['label']}'s new text")
         if entry := result.get("run_entry"):
             await self._until(cmd, partial(self._entry_shown, cmd, entry), f"entry {entry['id']} of run {entry['run_id']}")
         if "id" in result:

@@ -4,6 +4,7 @@ who never see each other's facts, consent, an operator's counts and erasure, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -579,3 +580,14 @@ async def test_an_add_without_a_kind_takes_the_agents_first_declared_kind(stack,
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_grant_racing_a_withdrawal_is_answered_applied_each_time(members):
+    # Each command's answer waits for its own change to be applied: the state read after may
+    # be the other command's, and a comparison with it waited out its 6 s into a 504.
+    m = await members("alice")
+    async with m.as_member("alice") as c:
+        for _ in range(20):
+            granted, withdrawn = await asyncio.gather(c.grant_consent(), c.withdraw_consent())
+            assert (granted["status"], granted["consent"]) == ("applied", "granted"), granted
+            assert (withdrawn["status"], withdrawn["consent"]) == ("applied", "withdrawn"), withdrawn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
@@ -379,6 +380,19 @@ async def test_recall_leaves_out_whole_records_past_the_block_cap(stack, new_age
         # What was left out was not recalled, so the next recall offers it.
         again = await c.recall("conv-big", "harbour note tide")
         assert again["workspaceEntries"] and not {r["id"] for r in again["workspaceEntries"]} & {r["id"] for r in out["workspaceEntries"]}
+
+
+async def test_concurrent_adds_to_one_block_are_each_answered_applied_and_all_land(stack, new_agent):
+    # Each answer waits for its own change: the block read after holds the other writers' lines too.
+    cfg = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
+    _, _, key = await new_agent(cfg)
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        lines = [f"Rule {r}.{i}" for r in range(3) for i in range(8)]
+        for r in range(3):
+            answers = await asyncio.gather(*(c.curate_block("rules", "add", line=line) for line in lines[r * 8:(r + 1) * 8]))
+            assert all(a["status"] == "applied" for a in answers), answers
+        [block] = await c.blocks()
+        assert sorted(block["text"].splitlines()) == sorted(lines)
 
 
 async def test_memory_blocks_are_kept_line_by_line_and_lead_every_recall(stack, new_agent):

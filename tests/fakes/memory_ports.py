@@ -51,5 +51,8 @@ class ConfiguredFold(MemoryFold):
 class _Applied:
     """Applies happen before they are read here, so what a wait looks for is there or never comes."""
 
+    def announced(self, key: Any) -> bool:
+        return False  # nothing is announced here: what a wait looks for is read
+
     async def wait(self, key: Any, shown: Any, timeout: float, version: int = 0) -> bool:
         return await shown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from projections.applied_waiter import Waiters, announcement, block_key, record_key
+from projections.applied_waiter import Waiters, announcement, block_key, command_key, record_key
 from workers.topic_reader import checkpoint_key, key_partition, of_topic, reached, read_so_far
 
 
@@ -21,8 +21,21 @@ async def test_a_record_waiter_wakes_only_at_its_version_or_later():
 async def test_a_block_waiter_wakes_on_any_change_of_its_label():
     w = Waiters()
     fut = w.watch(block_key("t", "a", "persona"))
-    assert w.applied(announcement([], [("t/a", "style")])) == 0
-    assert w.applied(announcement([], [("t/a", "persona")])) == 1 and fut.done()
+    assert w.applied(announcement([], [("t/a", "style", "c1")])) == 0
+    assert w.applied(announcement([], [("t/a", "persona", "c2")])) == 1 and fut.done()
+
+
+async def test_a_commands_change_is_confirmed_by_its_own_announcement_heard_before_or_after():
+    w = Waiters()
+    mine = command_key("t", "a", "c2")
+    fut = w.watch(mine)
+    assert w.applied(announcement([], [("t/a", None, "c1"), ("t/b", "persona", "c2")])) == 0 and not fut.done()
+    # A concurrent writer's change may come in the same message: each command is its own.
+    assert w.applied(announcement([], [("t/a", "persona", "c3"), ("t/a", "persona", "c2")])) == 1 and fut.done()
+    assert w.announced(mine) and w.announced(command_key("t", "a", "c1")) and not w.announced(command_key("t", "a", "c9"))
+    for i in range(Waiters.RECENT):
+        w.applied(announcement([], [("t/a", None, f"x{i}")]))
+    assert not w.announced(mine) and w.announced(command_key("t", "a", f"x{Waiters.RECENT - 1}"))  # a while, not for ever
 
 
 async def test_forgotten_waiters_and_malformed_messages_wake_nobody():
