@@ -53,8 +53,9 @@ down:
 	@deploy/local/redis.sh stop
 	@deploy/local/redis-cluster.sh stop
 
-# Every tier in one session, cheapest first (unit, contract, integration, e2e, resilience); a failing
-# tier stops the ones after it (tests/conftest.py), and the shared stacks start once.
+# Every tier in one session of TEST_WORKERS processes, cheapest first (unit, contract, integration,
+# e2e, resilience); a failing tier stops the ones after it (tests/conftest.py), and each shared stack
+# starts once. Then ALONE, then the cluster run.
 test: lint up
 	$(PY) -m pytest $(XDIST) $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(ALONE)
