@@ -78,7 +78,9 @@ async def test_a_timed_out_review_is_listed_replayed_once_and_its_fact_served(ds
     stack, settings = dstack
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, AgentConfig())
     m = f"mk{uuid.uuid4().hex[:10]}"
-    fact = f"Prefers invoices in euros {m}"
+    # Its own marker: a later review may show the fact as an existing memory, which is not
+    # the turn's message being asked about again.
+    fact = f"Prefers invoices in euros fk{uuid.uuid4().hex[:10]}"
     fake.on(m, LATE, Reply({"candidates": [cand(fact)]}))  # times out first; answers the replay
     async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
         await pub.publish(turn(tenant, agent, "s1", 1, f"Please bill me in euros {m}", "Noted."))
