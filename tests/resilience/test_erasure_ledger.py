@@ -149,6 +149,8 @@ async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_
         return await kids(s) == {"u1": 0, "u2": 1}
 
     await eventually(destroyed, timeout=90)
+    # Its log line follows the destruction the keys topic shows: wait for it, then check it is the only one.
+    await eventually(lambda: logged(stack, "ledger_keys_destroyed") or None, timeout=30)
     assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed")] == [(1, True)]
 
     # Restarted again, the ledger cannot open u1's events any more: it skips and counts them,
