@@ -61,6 +61,9 @@ log = structlog.get_logger()
 # The events of recent commands, per partition, re-sent as they were when a command is
 # redelivered (API retries reuse ids). Bounded by bytes, not by count (why: docs/ledger-state.md).
 PROCESSED_BYTES = 32 * 1024 * 1024
+# How long a revoked partition's state is kept for its return (a rebalance that hands it
+# back folds only what another owner wrote meanwhile); past this, memory wins.
+KEPT_S = 600.0
 # The header on each event the ledger writes for a command: who gave the command (`caller`).
 # A recovery reads it back, so a restarted ledger still tells a retry from another caller's
 # reuse of the id without the commands themselves. Copies (a redelivery's events, a reuse's
@@ -175,6 +178,10 @@ class LedgerProcessor(Processor):
         self.erasures = Erasures(self)
         self.recovering: dict[int, asyncio.Future] = {}
         self.epochs: Counter[int] = Counter()  # bumped when a partition is revoked
+        # Revoked partitions' states that fold every event they sent (`Snapshots.folded_through`):
+        # partition -> (when revoked, state, recent commands, next offset, sha of the event before it).
+        self.kept: dict[int, tuple[float, LedgerState, RecentCommands, int, str]] = {}
+        self.deciding: Counter[int] = Counter()  # commands being decided, per partition
         self.unreadable = 0  # events and snapshot entries skipped: sealed under destroyed keys
         self.next_retention = next_retention(self.clock(), settings)
         self.tick_every = min(self.tick_every, settings.retention_every_s)
@@ -193,7 +200,8 @@ class LedgerProcessor(Processor):
         """A key destroyed anywhere (another ledger's erasure too): what the held states keep of
         its subject is forgotten at once, so no snapshot or decision here seals it again."""
         now = self.clock()
-        n = sum(forget(state, subject, until=now) for state in list(self.states.values()))
+        held = [*self.states.values(), *(k[1] for k in self.kept.values())]
+        n = sum(forget(state, subject, until=now) for state in held)
         if n:
             log.info("ledger_forgot_destroyed_subject", records=n)
 
@@ -222,8 +230,14 @@ class LedgerProcessor(Processor):
         return [f"ledger recovering partitions {missing}"] if missing else []
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
+        now = asyncio.get_running_loop().time()
+        self.kept = {p: k for p, k in self.kept.items() if now - k[0] < KEPT_S}
         for tp in partitions:
             self.epochs[tp.partition] += 1  # a recovery still running for it installs nothing
+            through = self.snapshots.folded_through(tp.partition)
+            if tp.partition in self.states and through is not None and not self.deciding[tp.partition]:
+                # Every event it folds is committed: kept, a return folds only the gap.
+                self.kept[tp.partition] = (now, self.states[tp.partition], self.processed[tp.partition], *through)
             self.states.pop(tp.partition, None)
             self.processed.pop(tp.partition, None)
             self.snapshots.forget(tp.partition)
@@ -282,6 +296,34 @@ class LedgerProcessor(Processor):
                 self._known_gone(e.kid)
         return False
 
+    async def _from_snapshot(self, c: Any, tp: TopicPartition, end: int, state: LedgerState,
+                             seen: RecentCommands) -> tuple[LedgerState, RecentCommands, int, str]:
+        """The partition's snapshot when there is a good one, with `c` at the offset after it
+        (and the sha of the event before it); else the empty `state` and `seen` with `c` at the
+        beginning."""
+        partition = tp.partition
+        snap = snapshot_file.read(snapshot_file.path_for(self.settings, partition))
+        loaded = None
+        if snap and snap.next_offset <= end and await _holds(c, tp, snap.next_offset - 1, snap.last_sha):
+            if self.keys is not None:
+                await self.keys.catch_up()  # a key it does not know after this was destroyed
+            try:
+                loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+            except ContractError as e:
+                log.warning("ledger_snapshot_ignored", partition=partition, reason=str(e))
+        elif snap:
+            log.warning("ledger_snapshot_ignored", partition=partition, reason="the event it ends with is not in the log")
+        if loaded is None:
+            await c.seek_to_beginning(tp)
+            return state, seen, 0, ""
+        assert snap is not None  # only a snapshot is loaded
+        state, recent, dropped = loaded
+        if dropped:
+            self.unreadable += dropped
+            log.info("ledger_snapshot_entries_erased", partition=partition, entries=dropped)
+        c.seek(tp, snap.next_offset)
+        return state, RecentCommands.restored(recent), snap.next_offset, snap.last_sha
+
     async def _recover(self, partition: int) -> int:
         """Folds the partition's events, after its snapshot when there is a good one, and
         returns how many it folded."""
@@ -295,27 +337,13 @@ class LedgerProcessor(Processor):
             c.assign([tp])
             end = (await c.end_offsets([tp]))[tp]
             start = 0
-            snap = snapshot_file.read(snapshot_file.path_for(self.settings, partition))
-            loaded = None
-            if snap and snap.next_offset <= end and await _holds(c, tp, snap.next_offset - 1, snap.last_sha):
-                if self.keys is not None:
-                    await self.keys.catch_up()  # a key it does not know after this was destroyed
-                try:
-                    loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
-                except ContractError as e:
-                    log.warning("ledger_snapshot_ignored", partition=partition, reason=str(e))
-            elif snap:
-                log.warning("ledger_snapshot_ignored", partition=partition, reason="the event it ends with is not in the log")
-            if loaded is not None:
-                assert snap is not None  # only a snapshot is loaded
-                state, recent, dropped = loaded
-                seen, start = RecentCommands.restored(recent), snap.next_offset
-                if dropped:
-                    self.unreadable += dropped
-                    log.info("ledger_snapshot_entries_erased", partition=partition, entries=dropped)
+            kept = self.kept.pop(partition, None)
+            if kept and kept[3] <= end and await _holds(c, tp, kept[3] - 1, kept[4]):
+                # Handed back: the state it kept, and only what was written since it left.
+                _, state, seen, start, before = kept
                 c.seek(tp, start)
             else:
-                await c.seek_to_beginning(tp)
+                state, seen, start, before = await self._from_snapshot(c, tp, end, state, seen)
             skipped = malformed = 0
             next_report = 100_000
             while await c.position(tp) < end:
@@ -372,6 +400,7 @@ class LedgerProcessor(Processor):
             return n
         self.states[partition], self.processed[partition] = state, seen
         self.snapshots.forget(partition)  # counts start from the recovered state
+        self.snapshots.base[partition] = (last.offset + 1, snapshot_file.sha(last.value)) if last else (start, before)
         self.unreadable += skipped
         log.info("ledger_recovered", partition=partition, events=n, from_offset=start, records=len(state.records),
                  **({"unreadable": skipped} if skipped else {}), **({"malformed": malformed} if malformed else {}))
@@ -382,6 +411,13 @@ class LedgerProcessor(Processor):
         return n
 
     async def process(self, source: str, partition: int, offset: int, cmd: Any) -> Sequence[Out | DeadLetter]:
+        self.deciding[partition] += 1
+        try:
+            return await self._process(partition, offset, cmd)
+        finally:
+            self.deciding[partition] -= 1
+
+    async def _process(self, partition: int, offset: int, cmd: Any) -> Sequence[Out | DeadLetter]:
         state = self.states.get(partition)
         if state is None:
             await self._recovered(partition)
@@ -571,11 +607,23 @@ class Snapshots:
         self.since: Counter[int] = Counter()  # since the last snapshot
         self.acked: dict[int, tuple[int, int]] = {}  # partition -> (events committed, last offset)
         self.pending: dict[int, tuple[int, str, bytes]] = {}  # partition -> (sent_n, sha of last, state)
+        # partition -> (next offset, sha of the event before it) where its recovery ended
+        self.base: dict[int, tuple[int, str]] = {}
         self.topic = ledger.settings.topic(EVENTS.name)
 
     def forget(self, partition: int) -> None:
-        for d in (self.sent_n, self.last, self.since, self.acked, self.pending):
+        for d in (self.sent_n, self.last, self.since, self.acked, self.pending, self.base):
             d.pop(partition, None)
+
+    def folded_through(self, partition: int) -> tuple[int, str] | None:
+        """(next offset, sha of the event before it) of what the partition's state folds, when
+        every event sent since its recovery is committed; None when some are not (an aborted
+        batch's decisions are in the state but not in the log) or it is not known."""
+        sent = self.sent_n.get(partition, 0)
+        if not sent:
+            return self.base.get(partition)
+        n, last = self.acked.get(partition, (0, -1))
+        return (last + 1, snapshot_file.sha(self.last[partition])) if n == sent else None
 
     def sent(self, partition: int, outs: list[Out]) -> None:
         if outs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 
 import msgspec
 from aiokafka import AIOKafkaProducer
@@ -197,3 +198,43 @@ async def test_a_malformed_event_on_the_log_is_skipped_and_the_partition_still_r
     assert await recovered._recover(partition) > 0
     same_state(recovered.states[partition], ledger.states[partition])
     await stopped(recovered)
+
+
+async def test_a_partition_handed_back_folds_only_what_another_owner_wrote_meanwhile(settings, tmp_path):
+    from aiokafka import TopicPartition
+
+    s = Settings(topic_prefix=f"{settings.topic_prefix}kept{uuid.uuid4().hex[:6]}.", data_dir=tmp_path / "first")
+    await ensure_topics(s)
+    agent = "keeper"
+    partition = COMMANDS.partition_of(COMMANDS.key_bytes(commands(agent, 1)[0]))
+
+    async def decided(n: int):
+        events = [e for e, _ in await read_topic(s, EVENTS.name, EVENTS.name) if e.agent == agent]
+        return events if sum(e.type == "TurnResolved" for e in events) == n else None
+
+    async def run(ledger: LedgerProcessor, settings: Settings, n: int) -> list:
+        task = asyncio.create_task(Runner(ledger, settings).run())
+        try:
+            return await eventually(partial(decided, n), timeout=60)
+        finally:
+            ledger.stopping.set()
+            await asyncio.wait_for(task, 30)
+
+    await send(s, commands(agent, 10))
+    first = LedgerProcessor(s)  # no snapshot file: its default interval is far off
+    before = await run(first, s, 10)
+    await first.revoked({TopicPartition(s.topic(COMMANDS.name), partition)})  # as a rebalance takes it
+    assert partition in first.kept and partition not in first.states
+
+    # Meanwhile another owner decides more of the partition, then hands it back.
+    await send(s, commands(agent, 5, start=10))
+    second = LedgerProcessor(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "second"))
+    after = await run(second, s, 15)
+    await keyed(first)
+    first.stopping.clear()  # the worker runs on: only its runner for the partition stopped
+    try:
+        assert await first._recover(partition) == len(after) - len(before)  # the gap, not the partition
+    finally:
+        await stopped(first)
+    same_state(first.states[partition], second.states[partition])
+    assert list(first.processed[partition].events) == list(second.processed[partition].events)
