@@ -20,6 +20,8 @@ from events.commands import (
     RemoveTenant,
     RemoveUser,
     ReportOutcome,
+    RestoreTenant,
+    RestoreUser,
     SweepExpired,
     TurnOutcome,
     UnpinMemory,
@@ -43,7 +45,9 @@ from events.memory import (
     RecordSuperseded,
     RecordUnpinned,
     SubjectErased,
+    TenantRestored,
     UserRemoved,
+    UserRestored,
 )
 from events.record import MemoryRecord, Provenance, Scope, Source, Status
 from events.topics import TOPICS, Topic
@@ -57,6 +61,8 @@ __all__ = [
     "PurgeRecords",
     "RemoveTenant",
     "RemoveUser",
+    "RestoreTenant",
+    "RestoreUser",
     "WithdrawConsent",
     "member_facts",
     "AgentRemoved",
@@ -65,6 +71,8 @@ __all__ = [
     "RecordsPurged",
     "SubjectErased",
     "UserRemoved",
+    "UserRestored",
+    "TenantRestored",
     "AgentConfig",
     "AgentConfigured",
     "BlockChanged",

@@ -273,6 +273,20 @@ class RemoveTenant(_CommandBase):
     type: Literal["RemoveTenant"] = "RemoveTenant"
 
 
+class RestoreUser(_CommandBase):
+    """An operator restores a removed member (`user`), under the workspace agent: until then no
+    key is issued to them and no consent of theirs is granted. What was erased stays erased."""
+
+    type: Literal["RestoreUser"] = "RestoreUser"
+
+
+class RestoreTenant(_CommandBase):
+    """The deployment's operator restores a removed tenant, under its workspace agent: until
+    then no key is issued in it. What was erased stays erased."""
+
+    type: Literal["RestoreTenant"] = "RestoreTenant"
+
+
 class PurgeRecords(_CommandBase):
     """Retention (`events.rules.ledger.retention`, sent by the ledger to itself each night):
     superseded rows past the retention period become tombstones, and tombstones deleted at least
@@ -404,7 +418,7 @@ class ForgetNote(_CommandBase):
 Command = Annotated[
     AddMemory | DeleteMemory | PinMemory | UnpinMemory | EditMemory | SweepExpired | ExpireTurns | TurnOutcome
     | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
-    | RemoveUser | RemoveTenant | PurgeRecords | RecordUsage | SummarizeRun | SetProfile | DeleteProfile | EnrichProfile
+    | RemoveUser | RemoveTenant | RestoreUser | RestoreTenant | PurgeRecords | RecordUsage | SummarizeRun | SetProfile | DeleteProfile | EnrichProfile
     | ProposeConvention | DecideConvention | SetTenantFloor | RemoveTenantFloor | SetPlatformEntry | RemovePlatformEntry
     | SaveNote | ForgetNote,
     Field(discriminator="type"),

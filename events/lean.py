@@ -102,8 +102,8 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def subject(self) -> str:
-        """Whose data key seals it (`events.sealing`): its member's for a USER record, else its agent's."""
-        return subject_of(self.tenant, self.agent, self.user if self.scope is Scope.USER else None)
+        """Whose data key seals it (`events.sealing`): the member it names, whatever its scope, else its agent's."""
+        return subject_of(self.tenant, self.agent, self.user)
 
     def vector_of(self) -> tuple[LeanRecord, str, str | None]:
         """(this record opened, the content hash its vector goes by, the subject the vector

@@ -155,6 +155,19 @@ class UserRemoved(_EventBase):
     user: Ident
 
 
+class UserRestored(_EventBase):
+    """A removed member was restored (under the workspace agent): keys may be issued to them again."""
+
+    type: Literal["UserRestored"] = "UserRestored"
+    user: Ident
+
+
+class TenantRestored(_EventBase):
+    """A removed tenant was restored (under its workspace agent): keys may be issued in it again."""
+
+    type: Literal["TenantRestored"] = "TenantRestored"
+
+
 class SubjectErased(_EventBase):
     """A subject's data keys are to be destroyed and every projection purges what it holds
     of it (docs/encryption.md). No personal data: the ids name the subject.
@@ -321,6 +334,8 @@ MemoryEvent = Annotated[
     | ConsentWithdrawn
     | AgentRemoved
     | UserRemoved
+    | UserRestored
+    | TenantRestored
     | SubjectErased
     | RecordsPurged
     | RunEntryAdded

@@ -74,8 +74,10 @@ class Personal:
 
 
 def _record_subject(m: dict) -> str:
+    # A record made from a member's turn names them (`user`) whatever its scope: it is their
+    # data, sealed under their key, so their erasure reaches it.
     r = m["record"]
-    return subject_of(r["tenant"], r["agent"], r.get("user") if r.get("scope") == "USER" else None)
+    return subject_of(r["tenant"], r["agent"], r.get("user"))
 
 
 def _record_aad(m: dict) -> bytes:

@@ -146,13 +146,14 @@ class ClientIndex:
                 self.client.delete(self.collection, models.PointIdsList(points=[point_id(*k) for k in keys]), wait=True)
 
     def purge(self, er: Erasure) -> None:
-        owner, how, reach = erasure_terms(er)
+        owner, how, terms = erasure_terms(er)
         match = models.MatchValue(value=owner) if how == "value" else models.MatchPrefix(prefix=owner)
         must = [models.FieldCondition(key="owner", match=match)]
-        if reach is not None:
-            must.append(models.FieldCondition(key="reach", match=models.MatchValue(value=reach)))
         with self._lock:
-            self.client.delete(self.collection, models.FilterSelector(filter=models.Filter(must=must)), wait=True)
+            for term in terms or [None]:
+                extra = [] if term is None else [models.FieldCondition(key=term[0], match=models.MatchValue(value=term[1]))]
+                self.client.delete(self.collection, models.FilterSelector(filter=models.Filter(must=must + extra)),
+                                   wait=True)
 
     def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
         with self._lock:

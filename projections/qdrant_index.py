@@ -118,6 +118,8 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
     }
     if r.labels:
         p["labels"] = label_terms(r.labels)
+    if r.user is not None and r.scope.value != "USER":
+        p["member"] = r.user  # made from the member's turn: their erasure finds it (a USER one by "reach")
     if r.preview:
         p["preview"] = "yes"
     return p
@@ -130,12 +132,14 @@ Term = tuple[str, "str | list[str]"]
 RecordKey = tuple[str, str, str]  # tenant, agent, record id: what names a point
 
 
-def erasure_terms(er: Erasure) -> tuple[str, str, str | None]:
-    """(owner, "value" or "prefix", reach) of the points an erasure removes: the agent's (or,
-    for every agent of the tenant, those whose owner starts with the tenant), and of them the
-    member's USER records when it names a member."""
+def erasure_terms(er: Erasure) -> tuple[str, str, list[Term]]:
+    """(owner, "value" or "prefix", terms) of the points an erasure removes: the agent's (or,
+    for every agent of the tenant, those whose owner starts with the tenant), and when it
+    names a member, of them those matching any one of `terms` (one delete each): the member's
+    USER records, and the records of other scopes made from their turns."""
     owner = (f"{er.tenant}/{er.agent}", "value") if er.agent is not None else (f"{er.tenant}/", "prefix")
-    return *owner, (f"USER/{er.user}" if er.user is not None else None)
+    terms: list[Term] = [] if er.user is None else [("reach", f"USER/{er.user}"), ("member", er.user)]
+    return *owner, terms
 
 
 def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
@@ -212,12 +216,12 @@ class EdgeIndex:
 
     def purge(self, er: Erasure) -> None:
         """Removes every point of an erased subject (`Erasure`)."""
-        owner, how, reach = erasure_terms(er)
+        owner, how, terms = erasure_terms(er)
         must = [FieldCondition("owner", match=MatchValue(owner) if how == "value" else MatchPrefix(owner))]
-        if reach is not None:
-            must.append(FieldCondition("reach", match=MatchValue(reach)))
         with self._lock:
-            self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
+            for term in terms or [None]:
+                extra = [] if term is None else [FieldCondition(term[0], match=MatchValue(term[1]))]
+                self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must + extra)))
 
     def set_shadowed(self, tenant: str, agent: str, record_id: str, shadowed: bool) -> None:
         """A preview record that replaces or deletes a live one hides it from preview turns."""

@@ -31,8 +31,10 @@ from events.memory import (
     ConsentWithdrawn,
     RecordsPurged,
     SubjectErased,
+    TenantRestored,
     UsageRecorded,
     UserRemoved,
+    UserRestored,
 )
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
@@ -105,8 +107,9 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 @dataclass(frozen=True)
 class Erasure:
     """What a `SubjectErased` reaches: one tenant, one agent of it or (None) every agent, and
-    one member or (None) everything of those agents. A member's things are their USER
-    records, their consent, and the history of their turns."""
+    one member or (None) everything of those agents. A member's things are the records that
+    name them (made from their turns, in any scope), their consent, and the history of their
+    turns."""
 
     tenant: str
     agent: str | None
@@ -129,7 +132,8 @@ class Erasure:
         return self.covers_agent(tenant, agent) and (self.user is None or user == self.user)
 
     def covers_record(self, r: Any) -> bool:
-        return self.covers(r.tenant, r.agent, r.user if r.scope is Scope.USER else None)
+        # A record naming a member is theirs whatever its scope: it was made from their turn.
+        return self.covers(r.tenant, r.agent, r.user)
 
     def covers_subject(self, subject: str) -> bool:
         """A data key's subject (`events.sealing.subject_of`): `tenant/agent` or `tenant/agent|u:user`."""
@@ -193,6 +197,7 @@ class MemoryFold:
     consent: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     removed_agents: set[tuple[str, str]] = field(default_factory=set)
     removed_users: set[tuple[str, str]] = field(default_factory=set)
+    removed_tenants: set[str] = field(default_factory=set)
     # Each record's usage_count, kept beside its versions: usage makes no version (docs/trust.md).
     usage: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
@@ -200,6 +205,8 @@ class MemoryFold:
         for e in events:
             if isinstance(e, SubjectErased):
                 self._erase(Erasure.of(e))
+                if e.tenant_wide:
+                    self.removed_tenants.add(e.tenant)  # removed until restored
             elif isinstance(e, RecordsPurged):
                 self._drop({(e.tenant, e.agent, rid) for rid in e.record_ids})
             elif isinstance(e, UsageRecorded):
@@ -213,6 +220,10 @@ class MemoryFold:
                 self.removed_agents.add((e.tenant, e.agent))
             elif isinstance(e, UserRemoved):
                 self.removed_users.add((e.tenant, e.user))
+            elif isinstance(e, UserRestored):
+                self.removed_users.discard((e.tenant, e.user))
+            elif isinstance(e, TenantRestored):
+                self.removed_tenants.discard(e.tenant)
             if isinstance(e, BlockChanged):
                 texts = self.block_texts.setdefault((e.tenant, e.agent), {})
                 at = block_field(e.label, e.application)  # as the Redis view keys it
@@ -299,6 +310,7 @@ class MemoryFold:
             consent=self.consent.get((tenant, agent), {}).get(user) if user is not None else None,
             agent_removed=(tenant, agent) in self.removed_agents,
             user_removed=user is not None and (tenant, user) in self.removed_users,
+            tenant_removed=tenant in self.removed_tenants,
         )
 
     async def consents(self, tenant, agent):

@@ -272,17 +272,24 @@ def _block_change(pipe: Any, ns: str, full: Any) -> tuple[str, str]:
     return f"{full.tenant}/{full.agent}", at
 
 
-SUBJECT_EVENTS = ("ConsentGranted", "ConsentWithdrawn", "AgentRemoved", "UserRemoved")
+SUBJECT_EVENTS = ("ConsentGranted", "ConsentWithdrawn", "AgentRemoved", "UserRemoved", "UserRestored",
+                  "TenantRestored")
+REMOVED_TENANTS = "removed_tenants"  # `<ns>:removed_tenants`: tenants removed and not restored
 
 
 def _subject_change(pipe: Any, ns: str, e: Any) -> None:
-    """Consent is the newest grant or withdrawal of the member on the agent; a removal is for
-    good. Events of one agent come in log order, as for configurations."""
+    """Consent is the newest grant or withdrawal of the member on the agent; a removal holds
+    until an operator restores the member or the tenant. Events of one agent come in log
+    order, as for configurations (a member's removal and restoration are both the workspace's)."""
     full = as_lean(e).full()
     if full.type == "AgentRemoved":
         pipe.sadd(f"{ns}:removed_agents:{full.tenant}", full.agent)
     elif full.type == "UserRemoved":
         pipe.sadd(f"{ns}:removed_users:{full.tenant}", full.user)
+    elif full.type == "UserRestored":
+        pipe.srem(f"{ns}:removed_users:{full.tenant}", full.user)
+    elif full.type == "TenantRestored":
+        pipe.srem(f"{ns}:{REMOVED_TENANTS}", full.tenant)
     else:
         state = "granted" if full.type == "ConsentGranted" else "withdrawn"
         pipe.hset(agent_key(ns, "consent", f"{full.tenant}/{full.agent}"), full.user, state)
@@ -704,9 +711,11 @@ class RedisRecords:
         await redis_notes.purge(self.r, ns, er)  # notes go with their member, or with their agent
         if er.agent is None and er.user is None:  # the whole tenant: its conventions and floors too
             await redis_shared.purge_tenant(self.r, ns, er.tenant)
+            await self.r.sadd(f"{ns}:{REMOVED_TENANTS}", er.tenant)  # removed until restored
         agents = [er.agent] if er.agent is not None else await self._agents_of(ns, er.tenant)
         for agent in agents:
             ak = f"{er.tenant}/{agent}"
+            await redis_runs.purge(self, ns, er.tenant, agent, er.user)
             if er.user is None:
                 await self._drop_agent(ns, ak)
             else:
@@ -740,7 +749,8 @@ class RedisRecords:
         self._used = {k: v for k, v in self._used.items() if k[0] != uk}
 
     async def _drop_member(self, ns: str, ak: str, user: str) -> None:
-        """Every version of the member's USER records on the agent, their listing, their
+        """Every version of the records that name the member on the agent (their USER records
+        and what else was made from their turns), their listing, their
         consent and their place among the agent's members. Walks the agent's versions (a
         deleted or superseded record is in no listing): an erasure is rare."""
         rk = agent_key(ns, "rec", ak)
@@ -751,7 +761,7 @@ class RedisRecords:
             if needle not in raw:
                 continue
             r = _lean_record(raw)
-            if r is not None and r.scope is Scope.USER and r.user == user:
+            if r is not None and r.user == user:  # theirs in any scope: made from their turn
                 rids.add(field.partition("#")[0])
                 fields.append(field)
         await self._drop_records(ns, ak, rids, fields, {user})
@@ -915,13 +925,15 @@ class RedisRecords:
         ns = self._ns(await self._read_generation())
         pipe = self.r.pipeline(transaction=False)
         pipe.sismember(f"{ns}:removed_agents:{tenant}", agent)
+        pipe.sismember(f"{ns}:{REMOVED_TENANTS}", tenant)
         if user is not None:
             pipe.hget(agent_key(ns, "consent", f"{tenant}/{agent}"), user)
             pipe.sismember(f"{ns}:removed_users:{tenant}", user)
         got = await pipe.execute()
         if user is None:
-            return SubjectState(agent_removed=bool(got[0]))
-        return SubjectState(consent=got[1], agent_removed=bool(got[0]), user_removed=bool(got[2]))
+            return SubjectState(agent_removed=bool(got[0]), tenant_removed=bool(got[1]))
+        return SubjectState(consent=got[2], agent_removed=bool(got[0]), user_removed=bool(got[3]),
+                            tenant_removed=bool(got[1]))
 
     async def consents(self, tenant: str, agent: str) -> dict[str, str]:
         """Every member's consent on the agent: user -> granted | withdrawn."""

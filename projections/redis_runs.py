@@ -22,7 +22,7 @@ from events.codec import decode
 from events.rules import runs as rules
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis_client import agent_tag
+from projections.redis_client import agent_tag, scan_keys, unlink_keys
 
 if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
@@ -68,6 +68,14 @@ def fold(pipe: Any, ns: str, raw: bytes | str) -> None:
     if f.run_last_write is not None:
         gc = rules.expires_at(f.run_last_write) + GC_GRACE
         pipe.pexpireat(key, int(gc.timestamp() * 1000))
+
+
+async def purge(records: RedisRecords, ns: str, tenant: str, agent: str, user: str | None) -> None:
+    """Drops the runs of an erased member on the agent (`user`), or every run of an erased
+    agent: sealed under destroyed keys, nothing in them could be read, and nothing should
+    wait for the key's expiry to go."""
+    pattern = run_key(ns, tenant, agent, "*", user) if user else f"{ns}:run:{agent_tag(f'{tenant}/{agent}')}|*"
+    await unlink_keys(records.r, [k async for k in scan_keys(records.r, pattern)], 500)
 
 
 def _entry(raw: bytes | str) -> rules.Entry:

@@ -306,6 +306,14 @@ class MemlaneClient:
         keys are revoked (`revoked_keys`)."""
         return await self._call("DELETE", f"/v1/users/{user}")
 
+    async def restore_user(self, user: str) -> dict[str, Any]:
+        """Operator keys: a removed member may be issued keys and grant consent again."""
+        return await self._call("POST", f"/v1/users/{user}/restore")
+
+    async def restore_tenant(self) -> dict[str, Any]:
+        """The deployment's operator key: keys may be issued in the removed tenant again."""
+        return await self._call("POST", "/v1/tenant/restore")
+
 
     # ------------------------------------------------------------------ notes (docs/notes.md)
 

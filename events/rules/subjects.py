@@ -20,6 +20,7 @@ class SubjectState:
     consent: Literal["granted", "withdrawn"] | None = None
     agent_removed: bool = False
     user_removed: bool = False
+    tenant_removed: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ def consent_needed(cfg: AgentConfig) -> bool:
 
 def refusal(cfg: AgentConfig, user: str | None, channel: str | None, state: SubjectState) -> Refusal | None:
     """Why the subject gets no memory (no recall, no injection, no writes), or None."""
+    if state.tenant_removed:
+        return Refusal(ErrorCode.SUBJECT_REMOVED, "tenant", "this tenant was removed; its memory is not served",
+                       "subject_removed")
     if state.agent_removed:
         return Refusal(ErrorCode.SUBJECT_REMOVED, "agent", "this agent was removed; its memory is not served",
                        "subject_removed")

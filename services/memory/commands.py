@@ -41,6 +41,8 @@ from events.commands import (
     RemoveTenant,
     RemoveUser,
     ReportOutcome,
+    RestoreTenant,
+    RestoreUser,
     UnpinMemory,
     WithdrawConsent,
     block_field,
@@ -205,6 +207,7 @@ class MemoryCommands:
         """The member lets the agent keep and use memory about them: only the member's own key
         grants it (seed 004: granting consent is explicit)."""
         check_role(ctx, ("member",), "grant consent: the member grants it with their own key")
+        await self.check_not_removed(ctx.tenant, ctx.agent, ctx.user)
         cmd = self._command(GrantConsent, ctx)
         return await self.submit(cmd, wait, self._consent_outcome("granted"))
 
@@ -247,15 +250,54 @@ class MemoryCommands:
 
         return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} removed"))
 
+    async def check_not_removed(self, tenant: str, agent: str | None, user: str | None) -> None:
+        """A removed tenant or member stays removed until an operator restores them: no key is
+        issued to them and no consent of theirs is granted before that (403 SUBJECT_REMOVED
+        naming what to restore)."""
+        state = await self.records.subject(tenant, agent or WORKSPACE, user)
+        if state.tenant_removed:
+            raise ApiError(ErrorCode.SUBJECT_REMOVED, "tenant", f"tenant {tenant} was removed; the deployment's "
+                           "operator restores it first (POST /v1/tenant/restore)", 403)
+        if state.user_removed:
+            raise ApiError(ErrorCode.SUBJECT_REMOVED, "user", f"member {user} was removed from the tenant; an "
+                           f"operator restores them first (POST /v1/users/{user}/restore)", 403)
+
+    async def restore_user(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
+        """An operator restores a removed member (under the workspace agent): keys may be issued
+        to them again and they may grant consent again. Nothing erased comes back."""
+        check_role(ctx, ("operator",), "restore a member")
+        cmd = self._command(RestoreUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user)
+
+        async def shown() -> bool:
+            return not (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed
+
+        return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} restored"))
+
+    async def restore_tenant(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
+        """The deployment's operator restores a removed tenant: keys may be issued in it again.
+        Nothing erased comes back."""
+        self._deployment_only(ctx, "restore a tenant")
+        cmd = self._command(RestoreTenant, dataclasses.replace(ctx, agent=WORKSPACE), user=None)
+
+        async def shown() -> bool:
+            return not (await self.records.subject(cmd.tenant, WORKSPACE, None)).tenant_removed
+
+        return {**await self.submit(cmd, wait, self._state_outcome(shown, f"tenant {cmd.tenant} restored")),
+                "tenant": cmd.tenant}
+
+    @staticmethod
+    def _deployment_only(ctx: Context, what: str) -> None:
+        check_role(ctx, ("operator",), what)
+        if not ctx.principal.deployment:
+            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only the deployment's own operator key "
+                           f"(MEMLANE_OPERATOR_KEY) can {what}", 403)
+
     async def remove_tenant(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
         """The whole tenant is deleted: every agent's and member's keys are destroyed and every
         projection purges it (sent under the workspace agent). Only the deployment's own operator
         key (settings), never a key issued to the tenant. The answer comes once the ledger has
         recorded the erasure; keys and projections follow."""
-        check_role(ctx, ("operator",), "remove a tenant")
-        if not ctx.principal.deployment:
-            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only the deployment's own operator key "
-                           "(MEMLANE_OPERATOR_KEY) can remove a tenant", 403)
+        self._deployment_only(ctx, "remove a tenant")
         cmd = self._command(RemoveTenant, dataclasses.replace(ctx, agent=WORKSPACE), user=None)
 
         async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from events.record import LIVE, MemoryRecord, Scope
 from events.rules.ledger import RESERVED_KINDS
 from projections.records import Page, encode_cursor, sort_score
 from services.memory.context import Context
-from services.memory.rules import check_role, readable_by
+from services.memory.rules import check_role, members_data, readable_by
 
 if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
@@ -69,9 +69,9 @@ async def subjects(records: RedisRecords, ctx: Context) -> list[dict[str, Any]]:
 
 async def operator_page(records: RedisRecords, ctx: Context, first: int, after: str | None, ascending: bool) -> Page:
     """An operator's page of the agent's listed records: every session's and preview records
-    but no member's facts."""
+    but no member's data (`rules.members_data`)."""
     # Most records are the operator's to see: read little more than a page.
-    return await walk(records, ctx, first, after, ascending, lambda r: r.scope is not Scope.USER,
+    return await walk(records, ctx, first, after, ascending, lambda r: not members_data(ctx, r),
                       chunk=min(first + 1, WALK_PAGE))
 
 

@@ -34,7 +34,7 @@ from services.memory import member_reads
 from services.memory.context import Context
 from services.memory.ports import LayerSource, RecallAsk
 from services.memory.recalled import OTHER, SAME, RecalledVersions
-from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused
+from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused, shown_to
 from services.memory.usage import UsageLog
 from settings import Settings
 from workers.metrics import RECALL_SECONDS, SEARCH_SECONDS, Timed
@@ -112,7 +112,7 @@ class _Ranked:
         """The hits whose current record is in force and visible to the caller, best score
         first and newer records first among equals, cut to the limit."""
         kept = [(r, h.score) for h in hits if (r := records.get(h.record_id)) is not None
-                and r.in_force(now) and visible(r, self.ctx, self.scopes)]
+                and r.in_force(now) and shown_to(self.ctx, r, self.scopes)]
         kept.sort(key=lambda rs: (-round(rs[1], 9), -rs[0].created.timestamp()))
         return SearchResult(kept[:self.limit], None)
 
@@ -153,7 +153,7 @@ class MemoryReads:
         user = self._subject_user(ctx)
         if ctx.principal.role in ("agent", "helper"):
             return refusal(cfg, user, ctx.channel, state)
-        if state.agent_removed or state.user_removed:
+        if state.agent_removed or state.user_removed or state.tenant_removed:
             return refusal(cfg, user, None, state)
         return None
 
@@ -235,7 +235,7 @@ class MemoryReads:
         if ids:
             found = await self.records.get_many(ctx.tenant, ctx.agent, ids[:100])
             hidden = await self._shadowed(ctx)
-            keep = [r for r in found if visible(r, ctx, scopes) and r.in_force(utcnow()) and r.id not in hidden]
+            keep = [r for r in found if shown_to(ctx, r, scopes) and r.in_force(utcnow()) and r.id not in hidden]
             return SearchResult([(r, None) for r in keep], None)
         if not query:
             return await self._list(ctx, scopes, kind, labels or {}, limit, after)
@@ -415,7 +415,7 @@ class MemoryReads:
         hidden = await self._shadowed(ctx)
         pinned_all = [
             r for r in await self.records.pinned(ctx.tenant, ctx.agent)
-            if r.in_force(now) and visible(r, ctx, scopes) and r.id not in hidden
+            if r.in_force(now) and shown_to(ctx, r, scopes) and r.id not in hidden
         ]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         # Episodes and procedures come from the same ranked search, in sections of their own
@@ -529,7 +529,7 @@ class MemoryReads:
             return (
                 r.in_force(now)
                 and r.id not in hidden
-                and visible(r, ctx, scopes)
+                and shown_to(ctx, r, scopes)
                 and (not kind or r.kind == kind)
                 and all(r.labels.get(k) == v for k, v in labels.items())
             )

@@ -29,14 +29,25 @@ def check_role(who: Context | Principal, allowed: tuple[str, ...], what: str) ->
     raise ApiError(ErrorCode.FORBIDDEN, "authorization", f"{msg}; {MEMBER_DOES}" if p.role == "member" else msg, 403)
 
 
+def members_data(ctx: Context, r: MemoryRecord) -> bool:
+    """Whether `r` is a member's data kept from `ctx`: an operator never reads a record that
+    names a member (their USER facts, and what else was made from their turns, in any scope)."""
+    return ctx.principal.role == "operator" and r.user is not None
+
+
+def shown_to(ctx: Context, r: MemoryRecord, scopes: tuple[str, ...] | None = None) -> bool:
+    """`visible`, less a member's data an operator may not read (`members_data`)."""
+    return visible(r, ctx, scopes) and not members_data(ctx, r)
+
+
 def readable_by(ctx: Context, r: MemoryRecord) -> bool:
     """Whether `ctx` may read (and so address, or be shown in an answer) record `r`, whatever
-    its status: an operator any record of the agent but a member's (USER) facts, a member only
-    their own facts, an agent or helper what `visible` lets it. The one rule of reads, write
-    answers and the records a write names."""
+    its status: an operator any record of the agent but a member's data (`members_data`), a
+    member only their own facts, an agent or helper what `visible` lets it. The one rule of
+    reads, write answers and the records a write names."""
     role = ctx.principal.role
     if role == "operator":
-        return r.scope is not Scope.USER and r.tenant == ctx.tenant and r.agent == ctx.agent
+        return not members_data(ctx, r) and r.tenant == ctx.tenant and r.agent == ctx.agent
     if role == "member":
         return r.scope is Scope.USER and visible(r, ctx)
     return visible(r, ctx)

@@ -20,6 +20,7 @@ GROUPS = {
     "encryption": "tests.bench.bench_encryption",
     "web": "tests.bench.bench_web",
     "ops": "tests.bench.bench_ops",
+    "writes": "tests.bench.bench_writes",
     "scale": "tests.bench.bench_scale",
 }
 

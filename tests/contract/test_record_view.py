@@ -128,7 +128,7 @@ def subject_ev(cls, agent: str = "a", **kw):
                occurred_at=T0, **kw)
 
 
-async def test_consent_is_the_newest_grant_or_withdrawal_and_removal_is_for_good(view):
+async def test_consent_is_the_newest_grant_or_withdrawal_and_removal_holds_until_restored(view):
     from events import AgentRemoved, ConsentGranted, ConsentWithdrawn, UserRemoved
     from events.commands import WORKSPACE
 
@@ -144,6 +144,16 @@ async def test_consent_is_the_newest_grant_or_withdrawal_and_removal_is_for_good
     assert not (await view.subject("t", "a", "u2")).user_removed
     assert (await view.subject("t", "b", None)).agent_removed
     assert not (await view.subject("t", "a", None)).agent_removed
+    # Removed until an operator restores them; a tenant's removal is its tenant-wide erasure.
+    from events import TenantRestored, UserRestored
+
+    await view.apply([subject_ev(UserRestored, agent=WORKSPACE, user="u1")])
+    assert not (await view.subject("t", "a", "u1")).user_removed
+    await view.apply([erased(WORKSPACE, tenant_wide=True)])
+    assert (await view.subject("t", "a", "u2")).tenant_removed and (await view.subject("t", "b", None)).tenant_removed
+    assert not (await view.subject("u", "a", None)).tenant_removed
+    await view.apply([subject_ev(TenantRestored, agent=WORKSPACE)])
+    assert not (await view.subject("t", "a", "u2")).tenant_removed
 
 
 def urec(rid: str, user: str, minute: int, version: int = 1, **kw) -> MemoryRecord:
@@ -224,7 +234,8 @@ async def two_members(view) -> None:
         ev(RecordAdded, urec("ann3", "ann", 3)), ev(RecordDeleted, urec("ann3", "ann", 3, 2, status="DELETED")),
         ev(RecordAdded, urec("ann-draft", "ann", 4, preview=True, replaces="shared")),
         ev(RecordAdded, urec("bob1", "bob", 5)),
-        ev(RecordAdded, rec("shared", minute=6, user="ann")),  # names ann, but the agent's
+        ev(RecordAdded, rec("shared", minute=6)),  # the agent's: made in no member's turn
+        ev(RecordAdded, rec("ann-said", minute=10, user="ann")),  # agent scope, made from ann's turn: hers
         ev(RecordAdded, urec("ann-b", "ann", 7, agent="b")), ev(RecordAdded, urec("bob-b", "bob", 8, agent="b")),
         ev(RecordAdded, urec("ann-u", "ann", 9, tenant="u")),
         *[subject_ev(ConsentGranted, agent=agent, user=user) for agent in ("a", "b") for user in ("ann", "bob")],
@@ -240,7 +251,7 @@ async def test_erasing_a_member_on_an_agent_drops_every_version_of_theirs_and_no
     await two_members(view)
     for _ in range(2):  # a replay applies it again
         await view.apply([erased(user="ann")])
-        for rid in ("ann1", "ann2", "ann3", "ann-draft"):
+        for rid in ("ann1", "ann2", "ann3", "ann-draft", "ann-said"):
             assert await view.get("t", "a", rid) is None and await view.history("t", "a", rid) == []
             assert await view.get("t", "a", rid, 1) is None
         assert await ids(view) == ["bob1", "shared"]
@@ -265,6 +276,7 @@ async def test_erasing_a_member_under_the_workspace_agent_reaches_every_agent_of
     await two_members(view)
     await view.apply([erased(WORKSPACE, "ann")])
     assert await ids(view) == ["bob1", "shared"] and await ids(view, "b") == ["bob-b"]
+    assert await view.get("t", "a", "ann-said") is None
     assert await view.users("t", "a") == {"bob"} == await view.users("t", "b")
     assert await view.consents("t", "b") == {"bob": "granted"}
     assert await view.get("t", "b", "ann-b") is None
@@ -292,14 +304,14 @@ async def test_records_purged_drops_every_version_of_the_records_it_names(view):
     from events import RecordsPurged
 
     await two_members(view)
-    await view.apply([ev(RecordDeleted, rec("shared", 2, minute=6, status="DELETED", user="ann"))])
+    await view.apply([ev(RecordDeleted, rec("shared", 2, minute=6, status="DELETED"))])
     purge = RecordsPurged(event_id="p1", command_id="cp", tenant="t", agent="a", occurred_at=T0,
                           record_ids=["shared", "ann3", "ann1", "never"])
     for _ in range(2):
         await view.apply([purge])
         for rid in ("shared", "ann3", "ann1"):
             assert await view.history("t", "a", rid) == [] and await view.get("t", "a", rid, 1) is None
-        assert await ids(view) == ["ann-draft", "ann2", "bob1"]
+        assert await ids(view) == ["ann-draft", "ann-said", "ann2", "bob1"]
         assert await ids(view, user="ann") == ["ann-draft", "ann2"]
         assert await view.pinned("t", "a") == [] and await view.shadowed("t", "a") == set()
     assert (await view.get("t", "a", "ann2")).summary == "ann2 v1"

@@ -204,15 +204,17 @@ def test_an_index_that_cannot_search_says_so(index, request):
 
 
 def test_purge_removes_every_point_of_an_erased_subject_and_nothing_else(index):
-    """A member on one agent: their USER records there; on every agent of the tenant; an agent;
-    a tenant. The same member on another agent or tenant, and other members, stay."""
+    """A member on one agent: their USER records there, and the records of other scopes made
+    from their turns; on every agent of the tenant; an agent; a tenant. The same member on
+    another agent or tenant, other members, and records naming no member stay."""
     from projections.records import Erasure
 
     def member(rid, user, **kw):
         return rec(rid, f"omega {rid}", scope="USER", user=user, **kw)
 
     put(index, member("ann1", "ann"), member("ann2", "ann", kind="profile"), member("bob1", "bob"),
-        rec("shared", "omega shared", user="ann"),  # names ann, but the agent's
+        rec("shared", "omega shared"), rec("ann-said", "omega said", user="ann"),  # agent scope, made from ann's turn
+        rec("ann-sess", "omega sess", scope="SESSION", session="s1", user="ann"),
         member("ann-b", "ann", agent="b"), rec("b-shared", "omega b", agent="b"),
         member("ann-tb", "ann", tenant="tb"), member("ann-u", "ann", tenant="u"), rec("u1", "omega u", tenant="u"))
     everyone = ("AGENT", "SESSION", "USER")

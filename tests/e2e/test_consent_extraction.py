@@ -20,7 +20,7 @@ from events.record import Scope, Source
 from events.rules import extraction_review as review
 from events.topics import COMMANDS, EVENTS, USAGE
 from services.client import MemlaneClient, TurnPublisher
-from tests.conftest import eventually
+from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import (
     answer,
     new_agent,
@@ -353,3 +353,81 @@ async def test_a_members_ended_session_is_consolidated_into_their_own_memory_onl
     await set_consent(settings, tenant, a, "bob")
     assert await _search(cstack, tenant, a, "bob", "restore staging") == []
     assert r.summary in await _search(cstack, tenant, a, "alice", "restore staging")
+
+
+# ---------------------------------------------------------------------------------- erasure
+
+
+async def test_a_members_erasure_takes_every_record_made_from_their_turns_whatever_its_scope(cstack, fake, pub):
+    """Extraction's session and agent facts, a tool write, the episode of their session and an
+    agent key's write naming them: all sealed under the member's key, never shown to the
+    operator, and gone with the erasure (unreadable in the log too). Another member's stay."""
+    from datetime import UTC, datetime
+
+    from events import AgentConfig, SessionEnded
+    from events.config import MemoryConfig, ScopeConfig
+    from tests.e2e.test_extraction import consolidation
+
+    stack, settings = cstack
+    cfg = AgentConfig(memory=MemoryConfig(kinds=["fact"], tools=["add_memory"],
+                                          scope=ScopeConfig(read=["session", "agent"], write=["session", "agent"])))
+    tenant, a, key = await new_agent(stack.api_url, settings.operator_key, cfg)
+    m, b = marker(), marker()
+    canary = {name: f"{name} {marker()}" for name in ("session fact", "agent fact", "tool write", "episode", "api write")}
+    fake.on(m, answer(cand(canary["session fact"], kind="fact", scope="session"),
+                      cand(canary["agent fact"], kind="fact", scope="agent")),
+            consolidation(m, summary=canary["episode"]))
+    fake.on(b, answer(cand(f"Bob's agent fact {b}", kind="fact", scope="agent")))
+    await pub.publish(turn(tenant, a, "s-a", 1, messages=[
+        Message(id="s-a-1-0", role="user", content=f"Please note this down {m}"),
+        Message(id="s-a-1-1", role="assistant", content="Done", tool_calls=[
+            ToolCall(id="c1", name="add_memory", arguments={"summary": canary["tool write"], "kind": "fact"})])],
+        user="alice"))
+    await eventually(lambda: fake.requests_with(m) or None, timeout=40)  # reviewed before the session ends
+    await pub.publish(SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session="s-a", user="alice",
+                                   execution_id="exec-s-a", outcome="successful", occurred_at=datetime.now(UTC)))
+    await pub.publish(turn(tenant, a, "s-b", 1, f"Note mine too {b}", "Done.", user="bob"))
+    async with MemlaneClient(stack.api_url, key, session="s-a", user="alice") as alice_agent:
+        await alice_agent.add_memory(canary["api write"], scope="SESSION")
+
+    async def summaries(session: str = "s-a") -> list[str]:
+        async with MemlaneClient(stack.api_url, key, session=session) as c:
+            found, _ = await c.search_memory(None, limit=50)
+        return [f.record.summary for f in found]
+
+    async def all_there():
+        got = await summaries()
+        return got if all(c in got for c in canary.values()) and f"Bob's agent fact {b}" in got else None
+
+    await eventually(all_there, timeout=60)
+    events = [v for v, _ in await read_topic(settings, EVENTS.name, EVENTS.name) if v.agent == a and v.type == "RecordAdded"]
+    by_summary = {e.record.summary: e.record for e in events}
+    assert {by_summary[c].scope for c in canary.values()} == {Scope.SESSION, Scope.AGENT}
+    assert all(by_summary[c].user == "alice" for c in canary.values())
+    raw = b"".join(v for v, _ in await read_topic(settings, EVENTS.name) if isinstance(v, bytes))
+    assert not any(c.encode() in raw for c in canary.values())  # sealed, in every scope
+
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=a) as op:
+        # The operator never reads a member's data: not listed, not found, not read by id.
+        listing = json.dumps(await op.list_memory(first=100))
+        assert not any(c in listing for c in canary.values()) and f"Bob's agent fact {b}" not in listing
+        found, _ = await op.search_memory("note this down", limit=50)
+        assert not any(f.record.summary in canary.values() for f in found)
+        await refused(op.read_memory(by_summary[canary["agent fact"]].id), 404, "NOT_FOUND", "id")
+        assert (await op.erase_subject("alice"))["status"] == "applied"
+
+    async def gone():
+        got = await summaries()
+        return got if not any(c in got for c in canary.values()) else None
+
+    left = await eventually(gone, timeout=60)
+    assert f"Bob's agent fact {b}" in left  # bob's, made from his turn, stays
+    assert await summaries("s-b") == [f"Bob's agent fact {b}"]
+    # In the log, what was sealed under alice's keys no longer opens, once the ledger has
+    # destroyed them (it follows the erasure's commit).
+    async def unreadable():
+        kept = [v.record.summary for v, _ in await read_topic(settings, EVENTS.name, EVENTS.name)
+                if v.agent == a and v.type == "RecordAdded"]
+        return kept == [f"Bob's agent fact {b}"] or None
+
+    await eventually(unreadable, timeout=60)

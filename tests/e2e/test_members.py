@@ -148,10 +148,13 @@ FORBIDDEN = (403, "FORBIDDEN", "authorization")
 
 async def test_the_permissions_matrix_of_member_agent_helper_and_operator_keys(members):
     m = await members("dana", grant=("dana",))
+    async with m.op() as op:  # the agent's own, named for no member: the operator's to read
+        shared = await op.add_memory("The office closes at 18:00", kind="semantic", scope="AGENT")
     async with m.as_agent("dana", session="s1", channel="api") as agent:
         fact = await agent.add_memory("Dana's cat is named Miso", kind="profile", key="cat")
         other = await agent.add_memory("Dana takes the 8:15 train", kind="episodic")
-        shared = await agent.add_memory("The office closes at 18:00", kind="semantic", scope="AGENT")
+        # Written in dana's name, in agent scope: her data, which the operator never reads.
+        hers = await agent.add_memory("Dana's team meets on Mondays", kind="semantic", scope="AGENT")
         # The agent: its tools, search, recall, consent read for its member.
         assert [h.record.id for h in (await agent.search_memory("Miso", mode="lexical"))[0]] == [fact["id"]]
         assert "Miso" in (await agent.recall("c1", "what is the cat called?"))["rendered"]
@@ -237,6 +240,7 @@ async def test_the_permissions_matrix_of_member_agent_helper_and_operator_keys(m
         not_found = (404, "NOT_FOUND")
         await expect_refused({
             "operator reads a member's fact": (op.read_memory(edited["id"]), *not_found, "id"),
+            "operator reads a member's agent-scope record": (op.read_memory(hers["id"]), *not_found, "id"),
             "operator versions of a member's fact": (op.history(edited["id"]), *not_found, "id"),
             "operator edits a member's fact": (op.edit_memory(edited["id"], summary="x"), *not_found, "record_id"),
             "operator deletes a member's fact": (op.delete_memory(edited["id"]), *not_found, "record_id"),
@@ -591,3 +595,37 @@ async def test_a_grant_racing_a_withdrawal_is_answered_applied_each_time(members
             granted, withdrawn = await asyncio.gather(c.grant_consent(), c.withdraw_consent())
             assert (granted["status"], granted["consent"]) == ("applied", "granted"), granted
             assert (withdrawn["status"], withdrawn["consent"]) == ("applied", "withdrawn"), withdrawn
+
+
+async def test_a_removed_member_or_tenant_stays_removed_until_an_operator_restores_it(stack, settings, members):
+    m = await members("erin", grant=("erin",))
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
+        await op.remove_user("erin")
+        # No new key, and so no new consent, for a removed member; their erased consent stays gone.
+        await refused(op.issue_key(m.tenant, m.agent, "member", user="erin"), 403, "SUBJECT_REMOVED", "user")
+        await refused(op.issue_key(m.tenant, None, "member", user="erin"), 403, "SUBJECT_REMOVED", "user")
+        assert (await op.restore_user("erin"))["status"] == "applied"
+        await refused(op.restore_user("erin"), 404, "NOT_FOUND", "user")  # restored already
+        key = await op.issue_key(m.tenant, m.agent, "member", user="erin")
+    async with MemlaneClient(stack.api_url, key) as erin:
+        assert (await erin.consent())["consent"] is None  # erased with the removal: asked again
+        assert (await erin.grant_consent())["consent"] == "granted"
+
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
+        assert (await op.http.delete("/v1/tenant")).status_code == 202
+
+        async def refused_in_tenant() -> bool:  # once the view has purged the tenant (it follows the answer)
+            try:
+                await op.issue_key(m.tenant, m.agent)
+            except MemlaneError as e:
+                return (e.status, e.code, e.field) == (403, "SUBJECT_REMOVED", "tenant")
+            return False
+
+        await eventually(refused_in_tenant, timeout=30)
+        for role, user in (("operator", None), ("member", "erin")):
+            await refused(op.issue_key(m.tenant, None, role, user=user), 403, "SUBJECT_REMOVED", "tenant")
+        assert (await op.restore_tenant())["tenant"] == m.tenant
+        key = await op.issue_key(m.tenant, m.agent)
+    async with MemlaneClient(stack.api_url, key, user="erin") as agent:
+        # Served again, but nothing erased came back: erin's consent is asked again.
+        await refused(agent.search_memory("anything"), 403, "CONSENT_REQUIRED", "user")

@@ -151,12 +151,22 @@ class _Store:
                 {"id": "k2", "tenant": tenant, "agent": None, "role": "member", "created": None, "user": "dana"}]
 
 
+class _Service:
+    """The one call the keys routes make of the memory service: no tenant or member here is removed."""
+
+    class commands:  # noqa: N801 - stands in for the service's `commands` attribute
+        @staticmethod
+        async def check_not_removed(tenant, agent, user) -> None:
+            return None
+
+
 def _keys_app():
     app = FastAPI()
     errors.install(app)
     app.include_router(keys.router)
     app.include_router(whoami.router)
     app.state.keys = _Store()
+    app.state.service = _Service()
     return app
 
 

@@ -141,11 +141,12 @@ def test_erasing_a_member_forgets_every_version_of_their_facts_and_nothing_else(
     assert led.state.open_turns["t/a"]["t/a|x:1:1"] == NOW
     led.run(EraseSubject(**common(user="u1", provenance=OPERATOR, issued_at=NOW + timedelta(seconds=9))))
     s = led.state
-    assert all(get_record(s, "t/a", r.id) is None for r in mine)
-    assert get_record(s, "t/a", theirs.id) is not None and get_record(s, "t/a", shared.id) is not None
-    assert set(s.index.values()) == {theirs.id, shared.id}
+    # An agent-scope fact made from u1's turn is u1's data too: it goes with them.
+    assert all(get_record(s, "t/a", r.id) is None for r in [*mine, shared])
+    assert get_record(s, "t/a", theirs.id) is not None
+    assert set(s.index.values()) == {theirs.id}
     assert "t/a|u:u1" not in s.stats and "t/a|u:u1" not in s.subject_records
-    assert s.stats["t/a|u:u2"] == {"live": 1, "pinned_chars": 0} and s.stats["t/a"]["live"] == 1
+    assert s.stats["t/a|u:u2"] == {"live": 1, "pinned_chars": 0} and "t/a" not in s.stats
     assert [json.loads(w)["summary"] for w in s.staged["t/a|x:1:1"]] == ["u2 staged"]
     assert s.open_turns["t/a"]["t/a|x:1:1"] == NOW + timedelta(seconds=5)  # open since the write left
     assert s.blocks == {"t/a": {"style": "Tabs"}}  # the agent's, whoever's turn wrote it

@@ -522,9 +522,9 @@ def test_erasure_tombstones_exactly_the_members_live_facts_and_withdraws_consent
     assert events[-2].erased and events[-2].user == "u1"
     assert (events[-1].user, events[-1].tenant_wide) == ("u1", False)
     assert get_record(led.state, "t/a", other.id).status is Status.ACTIVE
-    assert get_record(led.state, "t/a", agent_wide.id).status is Status.ACTIVE
-    # Then the state forgets every version of the member's records, the deleted one too.
-    assert all(get_record(led.state, "t/a", r.id) is None for r in (*kept, gone))
+    # Then the state forgets every version of the member's records, the deleted one too, and
+    # the agent-scope one made in their turn (their data too, though not a fact of theirs).
+    assert all(get_record(led.state, "t/a", r.id) is None for r in (*kept, gone, agent_wide))
     assert "t/a|u:u1" not in led.state.subject_records and "t/a|u:u1" not in led.state.stats
     assert led.state.erasures == {"t/a|u:u1": NOW}
     # A later write needs consent again.
@@ -570,6 +570,24 @@ def test_a_member_is_removed_under_the_workspace_agent():
     assert led.state.removed_users == {f"t/{WORKSPACE}|u:u1": True}
     rejected(led.run(RemoveUser(**common(user="u1", provenance=OPERATOR))), "VALIDATION_FAILED", "agent")
     rejected(led.run(RemoveUser(**common(agent=WORKSPACE, provenance=OPERATOR))), "VALIDATION_FAILED", "user")
+
+
+def test_a_removed_member_or_tenant_is_restored_only_by_an_operator_and_only_once_removed():
+    from events import RemoveTenant, RestoreTenant, RestoreUser
+
+    led = Ledger()
+    rejected(led.run(RestoreUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR))), "NOT_FOUND", "user")
+    rejected(led.run(RestoreTenant(**common(agent=WORKSPACE, provenance=OPERATOR))), "NOT_FOUND", "tenant")
+    led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR)))
+    rejected(led.run(RestoreUser(**common(agent=WORKSPACE, user="u1", provenance=MEMBER))), "FORBIDDEN", None)
+    rejected(led.run(RestoreUser(**common(user="u1", provenance=OPERATOR))), "VALIDATION_FAILED", "agent")
+    [e] = led.run(RestoreUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR)))
+    assert (e.type, e.user) == ("UserRestored", "u1") and led.state.removed_users == {}
+    assert led.state.erasures == {"t/*|u:u1": NOW}  # what was erased stays erased
+    led.run(RemoveTenant(**common(agent=WORKSPACE, provenance=OPERATOR)))
+    rejected(led.run(RestoreTenant(**common(agent=WORKSPACE))), "FORBIDDEN", None)  # an agent's key
+    assert [e.type for e in led.run(RestoreTenant(**common(agent=WORKSPACE, provenance=OPERATOR)))] == [
+        "TenantRestored"]
 
 
 # --------------------------------------------------------------------------- fact_chars

@@ -31,6 +31,8 @@ from events.commands import (
     RemoveTenant,
     RemoveUser,
     ReportOutcome,
+    RestoreTenant,
+    RestoreUser,
     SummarizeRun,
     SweepExpired,
     TurnOutcome,
@@ -63,7 +65,14 @@ from events.rules.ledger.state import (
     event_id,
     outcome_of,
 )
-from events.rules.ledger.subject_commands import _consent, _erase, _remove_agent, _remove_user
+from events.rules.ledger.subject_commands import (
+    _consent,
+    _erase,
+    _remove_agent,
+    _remove_user,
+    _restore_tenant,
+    _restore_user,
+)
 from events.rules.ledger.usage import _record_usage
 from events.sealing import KeyDestroyed
 
@@ -284,6 +293,8 @@ _COMMANDS: dict[type, Handler] = {
     RemoveAgent: _remove_agent,
     RemoveUser: _remove_user,
     RemoveTenant: _remove_tenant,
+    RestoreUser: _restore_user,
+    RestoreTenant: _restore_tenant,
     SummarizeRun: summarize,
     # Not a write: usage is the trust worker's count, with no turn and no new version.
     RecordUsage: _record_usage,

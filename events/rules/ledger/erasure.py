@@ -95,7 +95,8 @@ def covers(key: str, subject: str) -> bool:
 
 
 def _record_subject(ak: str, r: _Owner) -> str:
-    return f"{ak}|u:{r.user}" if r.scope is Scope.USER and r.user else ak
+    # The member a record names is its owner whatever its scope (`events.sealing`).
+    return f"{ak}|u:{r.user}" if r.user else ak
 
 
 def _sealed_under(raw: str) -> set[str]:

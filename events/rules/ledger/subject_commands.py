@@ -8,9 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.commands import WORKSPACE, EraseSubject, GrantConsent, RemoveAgent, RemoveUser, WithdrawConsent
+from events.commands import (
+    WORKSPACE,
+    EraseSubject,
+    GrantConsent,
+    RemoveAgent,
+    RemoveUser,
+    RestoreTenant,
+    RestoreUser,
+    WithdrawConsent,
+)
 from events.errors import ErrorCode
-from events.memory import AgentRemoved, ConsentGranted, ConsentWithdrawn, RecordDeleted, SubjectErased, UserRemoved
+from events.memory import (
+    AgentRemoved,
+    ConsentGranted,
+    ConsentWithdrawn,
+    RecordDeleted,
+    SubjectErased,
+    TenantRestored,
+    UserRemoved,
+    UserRestored,
+)
+from events.record import Source
 from events.rules.ledger.changes import _tombstone
 from events.rules.ledger.state import LedgerState, Rejected, _base, get_record
 from events.rules.ledger.subject_rules import subject_key
@@ -32,7 +51,8 @@ def _consent(state: LedgerState, ak: str, cmd: GrantConsent | WithdrawConsent, e
 
 def _erase(state: LedgerState, ak: str, cmd: EraseSubject, events: list) -> None:
     """Tombstones every live USER record of the member on this agent, and withdraws the
-    consent: a later write needs a new grant. Other scopes' records are not the member's."""
+    consent: a later write needs a new grant. The records of other scopes made from their
+    turns are their data too: `SubjectErased` forgets them with the rest (`erasure`)."""
     user = _member(cmd)
     for rid in state.subject_records.get(subject_key(ak, user)) or ():
         r = get_record(state, ak, rid)
@@ -53,3 +73,28 @@ def _remove_user(state: LedgerState, ak: str, cmd: RemoveUser, events: list) -> 
     user = _member(cmd)
     events.append(_base(UserRemoved, cmd, user=user))
     events.append(_base(SubjectErased, cmd, user=user))  # under the workspace: on every agent
+
+
+def _workspace_operator(cmd: RestoreUser | RestoreTenant, what: str) -> None:
+    if cmd.agent != WORKSPACE:
+        raise Rejected(ErrorCode.VALIDATION_FAILED, "agent", f"{what} holds for the whole tenant: send "
+                       f"{cmd.type} under {WORKSPACE!r}")
+    if cmd.provenance.source is not Source.OPERATOR:
+        raise Rejected(ErrorCode.FORBIDDEN, None, f"only an operator can {what}")
+
+
+def _restore_user(state: LedgerState, ak: str, cmd: RestoreUser, events: list) -> None:
+    """A removed member stays removed until this: an explicit act, logged. Their erased
+    memory and consent do not come back; a new grant is needed."""
+    _workspace_operator(cmd, "restore a member")
+    user = _member(cmd)
+    if not state.removed_users.get(subject_key(ak, user)):
+        raise Rejected(ErrorCode.NOT_FOUND, "user", f"member {user} was not removed; nothing to restore")
+    events.append(_base(UserRestored, cmd, user=user))
+
+
+def _restore_tenant(state: LedgerState, ak: str, cmd: RestoreTenant, events: list) -> None:
+    _workspace_operator(cmd, "restore a tenant")
+    if f"{cmd.tenant}/*" not in state.erasures:  # `erasure.erasure_key` of a tenant-wide erasure
+        raise Rejected(ErrorCode.NOT_FOUND, "tenant", f"tenant {cmd.tenant} was not removed; nothing to restore")
+    events.append(_base(TenantRestored, cmd))

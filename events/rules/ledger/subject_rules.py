@@ -246,9 +246,14 @@ def _user_removed(state: LedgerState, ak: str, event: Any) -> None:
     state.removed_users[subject_key(ak, event.user)] = True
 
 
+def _user_restored(state: LedgerState, ak: str, event: Any) -> None:
+    state.removed_users.pop(subject_key(ak, event.user), None)
+
+
 FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     "ConsentGranted": _consent_granted,
     "ConsentWithdrawn": _consent_withdrawn,
     "AgentRemoved": _agent_removed,
     "UserRemoved": _user_removed,
+    "UserRestored": _user_restored,
 }

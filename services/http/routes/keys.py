@@ -15,7 +15,7 @@ from events.commands import WORKSPACE
 from events.errors import ErrorCode
 from services.auth import Principal, Role
 from services.errors import ApiError
-from services.http.deps import Caller
+from services.http.deps import Caller, service
 from services.http.models import Body
 from services.http.responses import IssuedKey, KeysOut, RevokedOut
 from services.memory.rules import check_role
@@ -66,6 +66,8 @@ async def issue_key(body: KeyRequest, p: Caller, request: Request):
                        "key names the member per call (X-User)")
     if body.role not in ("operator", "member") and body.agent is None:
         raise ApiError(ErrorCode.VALIDATION_FAILED, "agent", f"agent: {_a(body.role)} key speaks for one agent; name it")
+    # Checked last: a request refused for its shape never reads the view. A removal holds until restored.
+    await service(request).commands.check_not_removed(body.tenant, body.agent, body.user)
     key, entry = await request.app.state.keys.issue(body.tenant, body.agent, body.role, body.user)
     return {"key": key, **entry}
 

@@ -9,12 +9,14 @@
 - `DELETE /v1/subjects/{user}`: erase the member's memory on the agent (operator).
 - `DELETE /v1/agent`: remove the agent: its memory is never served again (operator).
 - `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them, and
-  their member keys are revoked (operator).
+  their member keys are revoked (operator). `POST /v1/users/{user}/restore` restores them;
+  until then no key is issued to them and they grant no consent.
 
 Each of these, and `DELETE /v1/tenant`, also destroys the data keys of what it erases once the
 ledger has recorded it: what was written under them can no longer be read anywhere.
 - `DELETE /v1/tenant`: remove the whole tenant: every key of its data is destroyed, every
   projection purges it, and its API keys are revoked (the deployment's operator key only).
+  `POST /v1/tenant/restore` restores it; until then no key is issued in it.
 """
 
 from __future__ import annotations
@@ -105,3 +107,26 @@ async def remove_tenant(p: Caller, s: Svc, request: Request, wait: bool = True,
     keys = request.app.state.keys
     revoked = [e for e in await keys.list(tenant) if await keys.revoke(tenant, e["id"]) is not None]
     return {**out, "revoked_keys": [e["id"] for e in revoked]}
+
+
+@router.post("/v1/users/{user}/restore")
+async def restore_user(user: User, p: Caller, s: Svc, wait: bool = True,
+                       x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """Restores a removed member: keys may be issued to them again and they may grant consent
+    again; nothing erased comes back (operator keys; the bootstrap key names the tenant with
+    X-Tenant). Until this, a removed member stays removed."""
+    check_role(p, ("operator",), "restore a member")
+    tenant = tenant_of(p, x_tenant)
+    ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
+    return await s.commands.restore_user(ctx, checked_user(user, "user"), wait=wait)
+
+
+@router.post("/v1/tenant/restore")
+async def restore_tenant(p: Caller, s: Svc, wait: bool = True,
+                         x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """Restores the removed tenant X-Tenant names: keys may be issued in it again; nothing
+    erased comes back (the deployment's own operator key only)."""
+    check_role(p, ("operator",), "restore a tenant")
+    tenant = tenant_of(p, x_tenant)
+    ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
+    return await s.commands.restore_tenant(ctx, wait=wait)
