@@ -36,7 +36,7 @@ import msgspec
 from events.codec import ContractError, cipher
 from events.config import AgentConfig
 from events.rules.ledger import LedgerState, drop_records, restage
-from events.sealing import Cipher, KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
+from events.sealing import Cipher, KeyDestroyed, KeyMissing, agent_subject, open_text, seal_text, subject_of
 from events.topics import EVENTS
 from settings import Settings
 
@@ -97,9 +97,8 @@ class Snapshot(msgspec.Struct):
 
 
 class _Whose(msgspec.Struct):
-    """Whose key seals a record (these fields are never personal)."""
+    """Whose key seals a record (never a personal field)."""
 
-    scope: str
     user: str | None = None
 
 
@@ -156,7 +155,7 @@ def _seal_records(c: Cipher, records: Mapping[str, bytes]) -> tuple[list[str], l
         keys.append(k)
         whose = _WHOSE.decode(raw)
         ak = k.rsplit("/", 1)[0]
-        subject = f"{ak}|u:{whose.user}" if whose.scope == "USER" and whose.user else ak
+        subject = f"{ak}|u:{whose.user}" if whose.user else ak  # the member a record names owns it, any scope
         at, raws = groups.setdefault(subject, ([], []))
         at.append(i)
         raws.append(raw)
@@ -308,7 +307,9 @@ def _opening(c: Cipher, state: LedgerState, keys: list[str], sealed: list[tuple[
                 ak, rid = keys[i].rsplit("/", 1)
                 dropped.setdefault(ak, set()).add(rid)
     state.records = {k: raw for k, raw in zip(keys, raws) if raw is not None}
-    drop_records(state, dropped, also=gone)  # what pointed at them, and their counts
+    # What pointed at them, and their counts: a member's records of other scopes are counted
+    # under their agent, so the agent's counts are recounted too.
+    drop_records(state, dropped, also=gone | {agent_subject(s) for s in gone})
     for key, tokens in list(state.staged.items()):
         writes = []
         for i, token in enumerate(tokens):

@@ -340,6 +340,7 @@ def _scenario() -> tuple[Ledger, OrderedDict]:
         fact(led, "CANARY-u1 staged", "u1", turn_ref="x:1:1"),
         fact(led, "u2 likes coffee", "u2", key="k2", turn_ref="x:2:1"),
         fact(led, "CANARY-agent fact", scope="AGENT", session=None),
+        fact(led, "CANARY-u1 said in agent scope", "u1", scope="AGENT", session=None),  # u1's, as made in u1's turn
         led.curate("style", "add", line="CANARY-block"),
     ]
     for i, events in enumerate(runs):
