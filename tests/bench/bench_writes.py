@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from events import AgentConfig
 from services.client import MemlaneClient, MemlaneError
 from settings import Settings
 from tests.bench.common import bench_stack, figure, median, percentile, progress
-from tests.e2e.extraction_support import new_agent
 
 CLIENTS, SECONDS = 8, 30.0
 CONFIG = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
+
+
+async def new_agent(api_url: str, operator_key: str, config: AgentConfig) -> tuple[str, str, str]:
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    async with MemlaneClient(api_url, operator_key, tenant=tenant, agent=agent) as op:
+        key = await op.issue_key(tenant, agent)
+        await op.configure(config)  # answered once the view holds it
+    return tenant, agent, key
 
 
 async def run() -> None:
