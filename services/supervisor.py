@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +111,29 @@ def probe_ports(children: list[tuple[str, str]], base: int | None, index: dict[s
     return ports
 
 
+def instances(children: list[tuple[str, str]], base: str) -> dict[str, str]:
+    """Each worker child's MEMLANE_WORKER_INSTANCE (child name -> instance): `base`, which names
+    this supervisor, and the child's number among its kind's processes (1, 2, ...). A restarted
+    child keeps its instance, so its transactional producers fence the ones it left behind; no
+    two live children share one. The API runs no transactional worker: it gets none."""
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for name, kind in children:
+        if kind != API:
+            seen[kind] = seen.get(kind, 0) + 1
+            out[name] = f"{base}.{seen[kind]}"
+    return out
+
+
+def instance_base(configured: str, host: str, lock: Path) -> str:
+    """What names this supervisor among every process of the deployment: MEMLANE_WORKER_INSTANCE
+    when set (one per machine), else the host and a digest of the lock file it holds, so two
+    supervisors of one deployment never give two children the same instance."""
+    if configured:
+        return configured
+    return f"{host}-{hashlib.sha256(str(lock.resolve()).encode()).hexdigest()[:6]}"
+
+
 def parse_replicas(specs: list[str]) -> dict[str, int]:
     """['ledger=2', 'embedding=3'] -> {'ledger': 2, 'embedding': 3}."""
     out: dict[str, int] = {}
@@ -153,6 +178,13 @@ def readiness(children: list[Child], health: dict[str, Any] | None, status_code:
     return waiting
 
 
+def env_of(env: dict[str, str], c: Child) -> dict[str, str]:
+    """The environment `c` starts with: the run's, and its own probe port and instance."""
+    own = {"MEMLANE_METRICS_PORT": None if c.probe_port is None else str(c.probe_port),
+           "MEMLANE_WORKER_INSTANCE": c.instance}
+    return {**env, **{k: v for k, v in own.items() if v is not None}}
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%H:%M:%S")
 
@@ -188,6 +220,8 @@ class Child:
     # Its own /ready (workers.probe) on this port, set in its environment; None: not probed.
     probe_port: int | None = None
     probe: tuple[int, list[str]] | None = None  # the last answer: (HTTP status, reasons)
+    # Its MEMLANE_WORKER_INSTANCE, the same at each start (`instances`); None: not a worker.
+    instance: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -205,6 +239,7 @@ class Child:
             "last_exit": self.last_exit,
             "ready_port": self.probe_port,
             "ready": None if self.probe is None else self.probe[0] == 200,
+            "instance": self.instance,
             "log": str(self.log),
         }
 
@@ -250,8 +285,7 @@ class Supervisor:
                       f"starting {c.name} (start {c.restarts + 1}) ---\n".encode())
             out.flush()
             try:
-                env = self.env if c.probe_port is None else {**self.env, "MEMLANE_METRICS_PORT": str(c.probe_port)}
-                c.proc = subprocess.Popen(command(c.kind), env=env, stdout=out, stderr=subprocess.STDOUT,
+                c.proc = subprocess.Popen(command(c.kind), env=env_of(self.env, c), stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None)
                 record_start(self.env, f"supervisor-{os.getpid()}", c.name)
@@ -472,8 +506,10 @@ def run_from_args(args: argparse.Namespace, settings: Settings) -> int:
     except BlockingIOError:
         print(f"memlane start: another supervisor holds {lock.name}", file=sys.stderr)
         return 2
+    ids = instances(children, instance_base(settings.worker_instance, socket.gethostname(), Path(lock.name)))
     sup = Supervisor(
-        children=[Child(name, kind, log_dir / f"{name}.log", probe_port=ports.get(name)) for name, kind in children],
+        children=[Child(name, kind, log_dir / f"{name}.log", probe_port=ports.get(name), instance=ids.get(name))
+                  for name, kind in children],
         env=child_env(),
         api_url=settings.api_url,
         probe_host=settings.metrics_host,

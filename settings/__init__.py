@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     # default, 60 s, stalled the pipeline that long). Each transaction here only sends a
     # batch's outputs and offsets, so seconds are plenty.
     transaction_timeout_ms: int = Field(default=10_000, ge=1_000, le=900_000)
+    # This process's name among its worker's replicas, set by whatever starts it (`memlane
+    # start` gives each child one): the same across its restarts and never shared by two live
+    # processes, so a restart's transactional producer fences its dead predecessor at once.
+    # Unset: a random transactional id each start (docs/kafka-replication.md).
+    worker_instance: str = ""
     group_prefix: str = "memlane"
     log_level: str = "INFO"
     # Bootstrap operator key: issues agent keys. Set a secret one outside local development.
@@ -132,6 +137,16 @@ class Settings(BaseSettings):
     optimize_unindexed_points: int = Field(default=20_000, ge=0)
     optimize_check_s: float = Field(default=60.0, gt=0)
     optimize_lock_s: float = Field(default=3600.0, gt=0)
+    # Per-tenant fairness (docs/hardening.md, "One tenant cannot slow the others"): each API
+    # process answers 429 to a tenant with this many requests in flight, or whose request
+    # bodies pass a token bucket of tenant_bytes_per_s refilling up to tenant_burst_bytes (also
+    # the largest body a tenant may send: a batch of 100 searches of 4,000 characters is
+    # ~400 KB); one key may hold key_max_in_flight of its tenant's requests. 0: no such bound.
+    # The deployment's own operator key (the workers') is not bounded.
+    tenant_max_in_flight: int = Field(default=64, ge=0)
+    tenant_bytes_per_s: int = Field(default=32 * 1024, ge=0)
+    tenant_burst_bytes: int = Field(default=256 * 1024, ge=1)
+    key_max_in_flight: int = Field(default=32, ge=0)
     # Crash tests only: a named point where the process kills itself (workers.faults).
     fault_at: str | None = None
 

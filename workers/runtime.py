@@ -10,6 +10,9 @@
 - A poll's commit runs while the next poll is processed, and ends before that poll's own
   commit begins: batches still commit one at a time and in order, and a failed commit
   stops the worker before anything after it commits.
+- A commit refused because the worker no longer owns its work (its producer fenced, its
+  group moved on) drops what was not committed and rejoins the group, which resumes from the
+  committed offsets; a worker refused again and again gives up (`too_many_rejoins`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ from typing import Any, cast
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    InvalidProducerEpoch,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    ProducerFenced,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -55,6 +67,44 @@ TRANSIENT = (
     OSError,
 )
 POISON_ATTEMPTS = 3
+
+# Errors that say a commit was refused because this worker no longer owns what it committed:
+# a newer producer took its transactional id (or the coordinator timed its transaction out),
+# or its consumer group rebalanced without it. Another try, from the committed offsets, is due.
+FENCES = (ProducerFenced, InvalidProducerEpoch)
+LOST_OWNERSHIP = (*FENCES, CommitFailedError, IllegalGenerationError, UnknownMemberIdError, RebalanceInProgressError)
+# A worker rejoins at most this many times within the window, then exits: a second live process
+# with the same transactional id fences it on every try, and the two would take turns forever.
+REJOIN_LIMIT = 3
+REJOIN_WINDOW_S = 300.0
+
+
+def transactional_id(group: str, instance: str, fresh: Callable[[], str] = lambda: uuid.uuid4().hex[:8]) -> str:
+    """A transactional worker's id: its consumer group, which carries the deployment's group and
+    topic prefixes, and its instance, so that a restart of the same instance fences its dead
+    predecessor and aborts the transaction it left open. No instance: a `fresh` random one, which
+    fences nothing and is never shared."""
+    return f"{group}.{instance or fresh()}"
+
+
+def lost_ownership(e: BaseException | None) -> BaseException | None:
+    """The ownership error in `e` or in what caused it (the producer wraps some), if any."""
+    while e is not None:
+        if isinstance(e, LOST_OWNERSHIP):
+            return e
+        e = e.__cause__
+    return None
+
+
+def too_many_rejoins(earlier: Sequence[float], now: float, limit: int = REJOIN_LIMIT,
+                     window_s: float = REJOIN_WINDOW_S) -> bool:
+    """Whether a worker that rejoined at the `earlier` times should give up instead at `now`."""
+    return sum(now - t < window_s for t in earlier) >= limit
+
+
+class Fenced(RuntimeError):
+    """The worker kept losing its commits' ownership: it exits rather than take turns with whatever
+    takes it (a live duplicate of its transactional id, most likely)."""
 
 
 # Set by the runner while a `concurrent_keys` processor handles a message: calling it lets
@@ -245,6 +295,9 @@ class Runner:
         self.catch_up_to: dict[TopicPartition, int] | None = None
         self.caught_up = False
         self.in_batch = False
+        self.transactional_id = (transactional_id(self.group, settings.worker_instance)
+                                 if processor.transactional else None)
+        self.rejoined: list[float] = []  # loop times of its rejoins, for `too_many_rejoins`
 
     def _registry_name(self, topic: str) -> str:
         p = self.settings.topic_prefix
@@ -255,48 +308,110 @@ class Runner:
         await ensure_topics(s)
         self.keys = await open_keys(s)
         self.processor.keys = self.keys
-        txid = f"{self.group}.{uuid.uuid4().hex[:8]}" if self.processor.transactional else None
-        self.producer = producer(s, transactional_id=txid)
-        await self.producer.start()
+        await self._open_producer()
         await self.processor.start()
-        self.consumer = consumer(s, group=self.group)
-        self.consumer.subscribe([s.topic(t) for t in self.processor.sources], listener=_Listener(self))
-        await self.consumer.start()
-        log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
-        loop = asyncio.get_running_loop()
-        next_tick = loop.time() + (self.processor.tick_every or 0)
         try:
-            while not self.stopping.is_set():
-                batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
-                if self.stopping.is_set():
-                    break  # stopped during the poll (a rebalance, a recovery): leave it uncommitted
-                self.in_batch = bool(batches)
+            await self._open_consumer()
+            log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
+            while True:
                 try:
-                    if self.processor.concurrent_keys:
-                        # Partitions one after another would leave a processor that waits on I/O
-                        # idle behind the slowest key of each partition; a key lives in one
-                        # partition, so all of a poll's keys can run at once.
-                        if batches:
-                            await self._handle(batches)
-                    else:
-                        for tp, msgs in batches.items():
-                            await self._handle({tp: msgs})
-                except Stopping:
+                    await self._poll()
                     break
-                self.in_batch = False
-                if batches:
-                    settle_heap()
-                if self.processor.tick_every is not None and loop.time() >= next_tick:
-                    next_tick = loop.time() + self.processor.tick_every
-                    await self._tick()
+                except Exception as e:
+                    if (lost := lost_ownership(e)) is None:
+                        raise
+                    if self.stopping.is_set():  # what it did not commit is the next owner's
+                        log.info("commit_refused_while_stopping", worker=self.processor.name, reason=type(lost).__name__)
+                        break
+                    await self._rejoin(lost)
         finally:
             await self.settle(quiet=True)  # a batch processed in full still commits
-            await self.consumer.stop()
+            if self.consumer is not None:
+                await self.consumer.stop()
             await self.processor.stop()
             await self.producer.stop()
             if self.keys is not None:
                 await self.keys.stop()
             log.info("worker_stopped", worker=self.processor.name, processed=self.processed)
+
+    async def _open_producer(self) -> None:
+        # A transactional id's InitProducerId aborts the transaction its last holder left open.
+        self.producer = producer(self.settings, transactional_id=self.transactional_id)
+        await self.producer.start()
+
+    async def _open_consumer(self) -> None:
+        # Set before it starts: the listener reads it when the first assignment comes.
+        self.consumer = consumer(self.settings, group=self.group)
+        self.consumer.subscribe([self.settings.topic(t) for t in self.processor.sources], listener=_Listener(self))
+        await self.consumer.start()
+
+    async def _poll(self) -> None:
+        """Polls and processes until the worker stops; raises what a commit raised."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + (self.processor.tick_every or 0)
+        while not self.stopping.is_set():
+            batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
+            if self.stopping.is_set():
+                break  # stopped during the poll (a rebalance, a recovery): leave it uncommitted
+            if self.committing is not None and self.committing.done():
+                await self.settle()  # a failed commit is acted on now, not when the next batch comes
+            self.in_batch = bool(batches)
+            try:
+                if self.processor.concurrent_keys:
+                    # Partitions one after another would leave a processor that waits on I/O
+                    # idle behind the slowest key of each partition; a key lives in one
+                    # partition, so all of a poll's keys can run at once.
+                    if batches:
+                        await self._handle(batches)
+                else:
+                    for tp, msgs in batches.items():
+                        await self._handle({tp: msgs})
+            except Stopping:
+                break
+            self.in_batch = False
+            if batches:
+                settle_heap()
+            if self.processor.tick_every is not None and loop.time() >= next_tick:
+                next_tick = loop.time() + self.processor.tick_every
+                await self._tick()
+
+    async def _rejoin(self, lost: BaseException) -> None:
+        """After a commit refused for ownership (`LOST_OWNERSHIP`): what was processed and not
+        committed is dropped, the processor forgets its partitions as on a revocation, and a new
+        producer (same transactional id) and a new group membership take over from the committed
+        offsets, as a restart of the process would. Raises `Fenced` when refused too often."""
+        now = asyncio.get_running_loop().time()
+        reason = type(lost).__name__
+        self.rejoined = [t for t in self.rejoined if now - t < REJOIN_WINDOW_S]
+        if too_many_rejoins(self.rejoined, now):
+            log.error("worker_fenced_too_often", worker=self.processor.name, group=self.group, reason=reason,
+                      rejoins=len(self.rejoined), transactional_id=self.transactional_id)
+            raise Fenced(self._fenced_text(lost)) from lost
+        self.rejoined.append(now)
+        await self.settle(quiet=True)  # a commit still in flight ends first (refused too, most likely)
+        self.commit_error = None
+        partitions = set(self.consumer.assignment())
+        log.warning("worker_rejoining", worker=self.processor.name, group=self.group, reason=reason,
+                    partitions=sorted(p.partition for p in partitions), rejoin=len(self.rejoined),
+                    of=REJOIN_LIMIT, transactional_id=self.transactional_id)
+        consumer, self.consumer = self.consumer, None
+        await consumer.stop()  # leaves the group: its partitions go to whoever joins, from their offsets
+        self.in_batch, self.catch_up_to, self.caught_up = False, None, False
+        await self.processor.revoked(partitions)  # its state of the uncommitted work goes too
+        if self.processor.transactional:
+            await self.producer.stop()  # a fenced producer is done for: aiokafka cannot start it again
+            await self._open_producer()
+        await self._open_consumer()
+
+    def _fenced_text(self, lost: BaseException) -> str:
+        head = (f"worker {self.processor.name}: commits refused {len(self.rejoined) + 1} times within "
+                f"{REJOIN_WINDOW_S:g} s ({type(lost).__name__})")
+        if not isinstance(lost, FENCES):
+            return f"{head}: its consumer group keeps rebalancing without it (does its group session expire?)"
+        if self.settings.worker_instance:
+            return (f"{head}: another live process likely uses its transactional id {self.transactional_id!r}; "
+                    "give each replica its own MEMLANE_WORKER_INSTANCE")
+        return f"{head}: the coordinator keeps aborting its transactions (do they outlast MEMLANE_TRANSACTION_TIMEOUT_MS?)"
 
     async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Processes the batches, then commits their outputs and next offsets at once.
@@ -362,8 +477,10 @@ class Runner:
                 await task
             except Exception as e:
                 self.commit_error = e
-                if quiet:
+                if quiet and lost_ownership(e) is None:
                     log.exception("commit_failed", worker=self.processor.name)
+                elif quiet:  # no trace: the rejoin that follows says what happened
+                    log.info("commit_refused", worker=self.processor.name, reason=type(lost_ownership(e)).__name__)
         if self.commit_error is not None and not quiet:
             raise self.commit_error
 
@@ -478,7 +595,9 @@ class Runner:
             )
             for o in outs
         ]
-        return [await f for f in futs]
+        # gather: when one fails (a fenced producer fails them all), the others' errors count as
+        # seen, instead of each logging "Future exception was never retrieved".
+        return list(await asyncio.gather(*futs))
 
     async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
         if self.keys is not None:

@@ -104,6 +104,9 @@ async def test_start_restarts_a_killed_child_and_stops_cleanly(settings, run_id,
         seen_pids.add(again["pid"])
         assert f"{VICTIM} exited (signal SIGKILL)" in output()
         assert all(c["pid"] == first[n]["pid"] for n, c in children().items() if n != VICTIM)  # only it restarted
+        # It came back as the same instance: its transactional producer fenced the one it left behind.
+        assert again["instance"] == first[VICTIM]["instance"] and again["instance"].endswith(".1")
+        assert first["api"]["instance"] is None
 
         api = f"http://127.0.0.1:{api_port}"
         r = httpx.get(f"{api}/health", timeout=5)
