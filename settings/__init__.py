@@ -137,16 +137,6 @@ class Settings(BaseSettings):
     optimize_unindexed_points: int = Field(default=20_000, ge=0)
     optimize_check_s: float = Field(default=60.0, gt=0)
     optimize_lock_s: float = Field(default=3600.0, gt=0)
-    # Per-tenant fairness (docs/hardening.md, "One tenant cannot slow the others"): each API
-    # process answers 429 to a tenant with this many requests in flight, or whose request
-    # bodies pass a token bucket of tenant_bytes_per_s refilling up to tenant_burst_bytes (also
-    # the largest body a tenant may send: a batch of 100 searches of 4,000 characters is
-    # ~400 KB); one key may hold key_max_in_flight of its tenant's requests. 0: no such bound.
-    # The deployment's own operator key (the workers') is not bounded.
-    tenant_max_in_flight: int = Field(default=64, ge=0)
-    tenant_bytes_per_s: int = Field(default=32 * 1024, ge=0)
-    tenant_burst_bytes: int = Field(default=256 * 1024, ge=1)
-    key_max_in_flight: int = Field(default=32, ge=0)
     # Crash tests only: a named point where the process kills itself (workers.faults).
     fault_at: str | None = None
 
