@@ -113,3 +113,10 @@ def keys_topic(segment_ms: int = 3_600_000) -> Topic:
         "min.cleanable.dirty.ratio": "0.01",
         "delete.retention.ms": "86400000",
     })
+
+
+# API keys by digest (events/api_keys.py, docs/api-keys.md). Compacted, and never tombstoned:
+# a revocation is the key's last value, so the cleaner can never forget it. One partition: one
+# order over every key, and one position for a follower to be caught up to.
+API_KEYS = Topic("memlane.apikeys", 1, lambda r: r.topic_key.decode(), compacted=True,
+                 config={"cleanup.policy": "compact"})

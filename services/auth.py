@@ -7,31 +7,33 @@
 - `member`: one member (tenant + user) of one agent, or of every agent of the tenant; lists,
   reads, edits and deletes that member's own user-scope facts and grants or withdraws consent.
 
-Keys are stored hashed in Redis under the deployment's root (`ml:<topic prefix>`), so two
-deployments sharing one Redis never accept each other's keys. Each tenant has an index of
-its keys (id, agent, role, a member key's user, creation time; never the key) for listing and
-revoking. The bootstrap operator key comes from settings and is never stored.
-
-A key (`apikey:<hash>`) and its index entry (`apikeys:<tenant>`) change in one MULTI/EXEC on
-one Redis server. On a Redis Cluster they are in different slots (a key is looked up by its
-hash alone, before its tenant is known), so they change one after the other, in the order
-that never leaves a working key out of its tenant's index: the entry goes in before the key
-and comes out after it. The key names are as they were before clusters: no issued key moves.
+Keys are stored hashed: only a key's digest (SHA-256) and its public entry (id, agent, role,
+a member key's user, creation time) are kept, never the key. The log is their source of truth,
+as it is for memory: `memlane.apikeys` holds every key and every revocation (events/api_keys.py),
+and Redis holds a view of it under the deployment's root (`ml:<topic prefix>`, so two
+deployments sharing one Redis never accept each other's keys; projections/redis_api_keys.py).
+Issuing and revoking write the log first (acks=all), then Redis, and answer after both; the
+API process's follower (workers/api_keys.py) restores the view when Redis loses it, and until
+then its book answers for a key Redis lacks (docs/api-keys.md). The bootstrap operator key
+comes from settings and is never stored.
 """
 
 from __future__ import annotations
 
 import builtins
 import hashlib
-import json
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis.asyncio as aioredis
 
+from events.api_keys import KeyRecord, key_id
 from events.base import utcnow
-from projections.redis_client import write_then
+from projections.redis_api_keys import ApiKeyView
+
+if TYPE_CHECKING:
+    from workers.api_keys import ApiKeyLog
 
 Role = Literal["agent", "helper", "operator", "member"]
 
@@ -67,23 +69,23 @@ def _hash(key: str) -> str:
 key_digest = _hash
 
 
-def key_id(digest: str) -> str:
-    """A key's public id: the start of its hash, enough to name it, useless to use it."""
-    return digest[:16]
-
-
 class KeyStore:
-    def __init__(self, client: aioredis.Redis, operator_key: str, root: str = "ml:", operator_tenant: str = "*") -> None:
+    """`log` None: Redis alone (tests of what is above the store); the API passes its follower."""
+
+    def __init__(self, client: aioredis.Redis, operator_key: str, root: str = "ml:", operator_tenant: str = "*",
+                 log: ApiKeyLog | None = None) -> None:
         self.r = client
         self.operator_key = operator_key.encode("utf-8", "surrogatepass")
         self.operator_tenant = operator_tenant
         self.root = root
+        self.view = ApiKeyView(client, root)
+        self.log = log
 
-    def _key(self, digest: str) -> str:
-        return f"{self.root}apikey:{digest}"
-
-    def _index(self, tenant: str) -> str:
-        return f"{self.root}apikeys:{tenant}"
+    async def _write(self, rec: KeyRecord) -> None:
+        # The log first: a key or a revocation the caller hears of is never lost with Redis.
+        if self.log is not None:
+            await self.log.append(rec)
+        await self.view.put(rec)
 
     async def issue(self, tenant: str, agent: str | None, role: Role, user: str | None = None
                     ) -> tuple[str, dict[str, Any]]:
@@ -96,56 +98,71 @@ class KeyStore:
         entry = {"id": key_id(digest), "tenant": tenant, "agent": agent, "role": role, "created": utcnow().isoformat()}
         if user is not None:
             entry["user"] = user
-        await write_then(self.r, lambda p: p.hset(self._index(tenant), entry["id"], json.dumps({**entry, "hash": digest})),
-                         lambda p: p.set(self._key(digest), json.dumps(entry)))
+        await self._write(KeyRecord(digest, entry))
         return key, entry
 
     async def resolve(self, key: str | None) -> Principal | None:
         return await self.resolve_digest(_hash(key)) if key else None
 
     async def resolve_digest(self, digest: str) -> Principal | None:
-        """The key whose hash is `digest` (a signed-in web session holds the hash, never the key)."""
+        """The key whose hash is `digest` (a signed-in web session holds the hash, never the key).
+        One Redis GET; the log's book is read in memory, for a key Redis lacks (lost with its
+        data, until the follower restores it) and for a revocation Redis does not show (a copy
+        from before it)."""
         if self.operator_key and secrets.compare_digest(digest, hashlib.sha256(self.operator_key).hexdigest()):
             return Principal(self.operator_tenant, None, "operator", deployment=True)
-        raw = await self.r.get(self._key(digest))
-        if not raw:
+        d = await self.view.get(digest)
+        logged = self.log.get(digest) if self.log is not None else None
+        if d is None:
+            if logged is None or logged.revoked is not None:
+                return None
+            assert self.log is not None
+            self.log.suspect.set()  # the follower checks the view at once
+            d = dict(logged.entry)
+        elif d.get("revoked") or (logged is not None and logged.revoked is not None):
             return None
-        d = json.loads(raw)
-        if "id" not in d:
-            # Issued before keys had ids: it joins its tenant's index the first time it is used.
-            d = {**d, "id": key_id(digest), "created": None}
-            await write_then(self.r, lambda p: p.hset(self._index(d["tenant"]), d["id"], json.dumps({**d, "hash": digest})),
-                             lambda p: p.set(self._key(digest), json.dumps(d)))
-        return Principal(d["tenant"], d.get("agent"), d["role"], d["id"], d.get("user"))
+        # A key issued before keys had ids has none stored: its id is the start of its hash.
+        return Principal(d["tenant"], d.get("agent"), d["role"], d.get("id") or key_id(digest), d.get("user"))
 
-    async def list(self, tenant: str) -> list[dict[str, Any]]:
+    async def _rows(self, tenant: str) -> builtins.list[dict[str, Any]]:
+        """The tenant's working keys, each its entry and digest (`hash`): Redis's index, and the
+        log's while the view is not restored; never one the log says is revoked."""
+        rows = await self.view.rows(tenant)
+        if self.log is None:
+            return list(rows.values())
+        if not await self.view.restored():
+            for rec in self.log.book.live(tenant):
+                rows.setdefault(rec.id, {**rec.entry, "hash": rec.digest})
+        return [row for row in rows.values() if not self._revoked(row["hash"])]
+
+    def _revoked(self, digest: str) -> bool:
+        logged = self.log.get(digest) if self.log is not None else None
+        return logged is not None and logged.revoked is not None
+
+    async def list(self, tenant: str) -> builtins.list[dict[str, Any]]:
         """The tenant's keys, oldest first: id, tenant, agent, role, created, and a member key's
         user. Never a key or its hash."""
-        rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
-        out = [{k: v for k, v in row.items() if k != "hash"} for row in rows]
+        out = [{k: v for k, v in row.items() if k != "hash"} for row in await self._rows(tenant)]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
 
-    # `builtins.list`: the method `list` above shadows the builtin in the class body.
+    async def _revoke(self, row: dict[str, Any]) -> dict[str, Any]:
+        entry = {k: v for k, v in row.items() if k != "hash"}
+        await self._write(KeyRecord(row["hash"], entry, revoked=utcnow().isoformat()))
+        return entry
+
     async def revoke_member(self, tenant: str, user: str) -> builtins.list[dict[str, Any]]:
         """Revokes every member key of `user` in the tenant at once (the member was removed);
         the revoked keys' public entries, oldest first."""
-        rows = [json.loads(v) for v in (await self.r.hgetall(self._index(tenant))).values()]
-        mine = [row for row in rows if row.get("role") == "member" and row.get("user") == user]
-        if mine:
-            def keys(p: Any) -> None:
-                for row in mine:
-                    p.delete(self._key(row["hash"]))
-
-            await write_then(self.r, keys, lambda p: p.hdel(self._index(tenant), *[row["id"] for row in mine]))
-        out = [{k: v for k, v in row.items() if k != "hash"} for row in mine]
+        mine = [row for row in await self._rows(tenant) if row.get("role") == "member" and row.get("user") == user]
+        out = [await self._revoke(row) for row in mine]
         return sorted(out, key=lambda e: (e.get("created") or "", e["id"]))
 
     async def revoke(self, tenant: str, kid: str) -> dict[str, Any] | None:
         """Revokes the tenant's key with this id at once; None when the tenant has no such key."""
-        raw = await self.r.hget(self._index(tenant), kid)
-        if raw is None:
+        row = await self.view.row(tenant, kid)
+        if row is None and self.log is not None:
+            rec = self.log.book.find(tenant, kid)  # Redis may have lost it
+            row = None if rec is None else {**rec.entry, "hash": rec.digest}
+        if row is None or self._revoked(row["hash"]):
             return None
-        entry = json.loads(raw)
-        digest = entry.pop("hash")
-        await write_then(self.r, lambda p: p.delete(self._key(digest)), lambda p: p.hdel(self._index(tenant), kid))
-        return entry
+        return await self._revoke(row)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -63,6 +64,18 @@ async def delete_prefixed_topics(settings: Settings, prefix: str) -> list[str]:
         return names
     finally:
         await admin.close()
+
+
+async def log_clients(settings: Settings, tp: TopicPartition) -> tuple[AIOKafkaProducer, Any]:
+    """A started producer, and a reader assigned to `tp` from its beginning: what a follower
+    of a one-partition log (the data keys, the API keys) opens."""
+    p = producer(settings)
+    await p.start()
+    c = reader(settings)
+    await c.start()
+    c.assign([tp])
+    await c.seek_to_beginning(tp)
+    return p, c
 
 
 def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafkaProducer:

@@ -16,7 +16,7 @@ from events.sealing import KeyDestroyed, KeyMissing, agent_subject
 from events.topics import keys_topic
 from projections.keys import Keyring, LocalKeyFile
 from settings import Settings
-from workers.kafka_io import new_topic, producer, reader
+from workers.kafka_io import log_clients, new_topic
 
 log = structlog.get_logger()
 ROLL_KEY = b"~roll"  # not a key: see `KeyTopic._roll_segment`
@@ -37,12 +37,7 @@ class KeyTopic:
 
     async def start(self, follow: bool = True) -> None:
         await self._ensure_topic()
-        self.producer = producer(self.settings)
-        await self.producer.start()
-        self.consumer = reader(self.settings)
-        await self.consumer.start()
-        self.consumer.assign([self.tp])
-        await self.consumer.seek_to_beginning(self.tp)
+        self.producer, self.consumer = await log_clients(self.settings, self.tp)
         await self.catch_up()
         if follow:
             self._task = asyncio.create_task(self._follow())

@@ -12,6 +12,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 
 from projections.embedders import make_embedder
+from projections.redis_api_keys import ApiKeyView
 from projections.redis_records import RedisRecords
 from projections.redis_records import connect as connect_redis
 from services.auth import KeyStore
@@ -31,6 +32,7 @@ from services.http.shards import ShardOwner
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
+from workers.api_keys import ApiKeyLog
 from workers.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.keys import open_keys
 from workers.memory_shards import MemoryShards, current_generation
@@ -82,6 +84,9 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         data_keys = await open_keys(settings)
         redis_client = connect_redis(settings.redis_url)
         await redis_client.ping()
+        # Read to the end before serving: the book answers for any key Redis has lost.
+        api_keys = ApiKeyLog(settings, ApiKeyView(redis_client, settings.redis_root))
+        await api_keys.start()
         shards = ShardOwner(settings)
         shards.keys = data_keys
         await shards.open(current_generation(settings))
@@ -102,7 +107,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.service = service
-        app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root)
+        app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root, log=api_keys)
+        app.state.api_keys = api_keys
         app.state.shards = shards
         app.state.data_keys = data_keys  # workers.keys.KeyTopic: the data keys, None with encryption off
         app.state.health = HealthProbe(settings)  # its own Redis client: see HealthProbe
@@ -115,6 +121,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
             for ext in reversed(exts):
                 await ext.stop(app)
             watcher.cancel()
+            await api_keys.stop()
             await app.state.health.close()
             await shards.close()
             await prod.stop()

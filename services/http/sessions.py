@@ -6,6 +6,10 @@ sessions at once) and a CSRF token. The cookie is HttpOnly and SameSite=Strict; 
 authenticated by it must also send the token in `X-CSRF-Token`, which only the page's own
 script can read (from the page), so another site cannot make a signed-in browser call the API.
 Every command names one key, so sessions need nothing more on a Redis Cluster.
+
+Sessions, unlike the keys they stand for, live in Redis alone: they last 8 hours, and one
+lost with Redis costs its member a sign-in with the key, which the log keeps. On the log they
+would put every live session's CSRF token on a topic kept for good (docs/api-keys.md).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ GROUPS = {
     "ops": "tests.bench.bench_ops",
     "writes": "tests.bench.bench_writes",
     "scale": "tests.bench.bench_scale",
+    "apikeys": "tests.bench.bench_api_keys",
 }
 
 

@@ -25,6 +25,9 @@ async def health(request: Request):
     activity = getattr(request.app.state, "activity_follower", None)
     if activity is not None:
         tasks["activity follower"] = activity.running
+    api_keys = getattr(request.app.state, "api_keys", None)
+    if api_keys is not None:
+        tasks["api key follower"] = api_keys.running
     workers, problems = assess(await request.app.state.health.observe(), settings.health_max_lag, tasks)
     body = {
         "status": "degraded" if problems else "ok",
