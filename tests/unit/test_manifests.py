@@ -173,7 +173,7 @@ def _workers(settings) -> dict[str, dict]:
     for name in PIPELINE:
         cls = _load(WORKERS[name])
         prefixes = Settings(group_prefix=settings.group_prefix, topic_prefix=settings.topic_prefix)
-        group = Runner(SimpleNamespace(name=cls.name, stopping=None), prefixes).group
+        group = Runner(SimpleNamespace(name=cls.name, stopping=None, transactional=cls.transactional), prefixes).group
         topics = {f"{settings.topic_prefix}{t}": TOPICS[t].partitions for t in cls.sources}
         out[name] = {"group": group, "topics": topics}
     return out
