@@ -146,7 +146,9 @@ async def test_a_run_distils_facts_links_its_own_and_a_decision_of_three_runs_be
 
         # Recall orders procedures by relevance (the search's score) weighted by outcomes: after
         # more of them, a query whose search ranks "Ship a release" first recalls the decision first.
-        for _ in range(4):
+        # Enough of them that the weights stand 2.5 to 1: the relevance gap varies with the episodes'
+        # random markers (hashed embeddings), and at 1.9 to 1 one run in a few kept the search's order.
+        for _ in range(20):
             await c.report_outcome(shipped["id"], False)
             await c.report_outcome(proc["id"], True)
         query = "how do we ship a release and when do deploys go out"
