@@ -119,10 +119,13 @@ class FakeModel:
         # Serialized only to match routes: a benchmark's unrouted requests skip it.
         text = json.dumps(body) if routes else ""
         with self._lock:
-            for route in routes:
-                if route.match in text and not (route.until_used and not route.answers):
-                    route.hits += 1
-                    return route.answers.popleft() if route.answers else self._default(body)
+            matching = [r for r in routes if r.match in text and not (r.until_used and not r.answers)]
+            # A route with answers left goes first: a later turn's prompt can quote an earlier
+            # turn's marker (its fact shown as an existing memory), and that earlier route, used
+            # up, must not answer for the later one with the default.
+            for route in sorted(matching, key=lambda r: not r.answers):
+                route.hits += 1
+                return route.answers.popleft() if route.answers else self._default(body)
         return self._default(body)
 
     def _default(self, body: dict[str, Any]) -> Any:
