@@ -29,7 +29,7 @@ from tests.e2e.extraction_support import (
     set_consent,
     turn,
 )
-from tests.fakes.model_server import Delay, Reply
+from tests.fakes.model_server import Held
 from tests.stacks import MODEL_PROFILE
 from workers import extraction
 
@@ -51,19 +51,6 @@ def marker() -> str:
 @pytest.fixture(scope="module")
 def cstack(model_stack):
     return model_stack
-
-
-class Held:
-    """A scripted answer the fake keeps back until `release` (a barrier, not a delay): the fake
-    waits on a `Delay` whose next answer is itself, polling, until it is given the real one. A
-    call the client gives up on meanwhile is retried, and the retry is held the same way."""
-
-    def __init__(self) -> None:
-        self.answer = Delay(0.05)
-        self.answer.then = self.answer
-
-    def release(self, then: Reply) -> None:
-        self.answer.then = then
 
 
 @pytest.fixture

@@ -59,6 +59,20 @@ class Delay:
     then: Any = None
 
 
+class Held:
+    """A scripted answer the fake keeps back until `release` (a barrier, not a delay): the fake
+    waits on a `Delay` whose next answer is itself, polling, until it is given the real one. A
+    call the client gives up on meanwhile is retried, and the retry is held the same way when
+    the route holds this answer again."""
+
+    def __init__(self) -> None:
+        self.answer = Delay(0.05)
+        self.answer.then = self.answer
+
+    def release(self, then: Any) -> None:
+        self.answer.then = then
+
+
 @dataclass
 class Route:
     match: str

@@ -5,8 +5,8 @@ none is lost and none is written twice (issue 23).
 Each turn carries a marker of its own, and the scripted model answers a review holding that
 marker with one fact whose summary holds the marker upper-cased: a later review, which is
 shown that fact as an existing memory, never matches the earlier turn's route. The model
-answers after a short delay, so reviews are in flight, inside transactions the dead worker
-never commits, when it dies."""
+holds back its answers for the round the kill lands in until the kill (`Held`), so reviews are
+in flight, inside transactions the dead worker never commits, when it dies."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from services.stack import Stack
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent, read_topic_at, turn
-from tests.fakes.model_server import Delay, Reply
+from tests.fakes.model_server import Delay, Held, Reply
 
 PER_PARTITION = 3  # sessions per partition of `memlane.turns`
 ROUNDS = 6  # turns per session; 8 x 3 x 6 = 144 facts, under the ledger's 200 live facts per agent
@@ -169,13 +169,20 @@ async def test_a_killed_extraction_worker_s_partitions_are_taken_over_with_nothi
     tenant, agent, _ = await new_agent(stack.api_url, settings.operator_key)
     sessions = sessions_by_partition(tenant, agent, PER_PARTITION)
     turns, facts = [], {}
+    holds: dict[str, tuple[Held, Reply]] = {}
     for rnd in range(1, ROUNDS + 1):
         for p in sorted(sessions):
             for s in sessions[p]:
                 m = f"mk{uuid.uuid4().hex[:12]}"
                 t = turn(tenant, agent, s, rnd, f"{m}: please escalate my ticket to billing", "Escalated.")
                 # Several answers: a turn the dead worker reviewed but never committed is reviewed again.
-                fake.on(m, *[Delay(REVIEW_DELAY_S, answer_with_fact(m, f"{s}-{rnd}-0"))] * 4)
+                # The kill's round is held until the kill: its reviews are certainly in flight then.
+                reply = answer_with_fact(m, f"{s}-{rnd}-0")
+                if rnd == KILL_ROUND:
+                    holds[m] = (Held(), reply)
+                    fake.on(m, *[holds[m][0].answer] * 4)
+                else:
+                    fake.on(m, *[Delay(REVIEW_DELAY_S, reply)] * 4)
                 turns.append((rnd, p, t))
                 facts[t.event_id] = fact_of(m)
 
@@ -194,14 +201,16 @@ async def test_a_killed_extraction_worker_s_partitions_are_taken_over_with_nothi
 
         await eventually(first_rounds_done, timeout=60, interval=0.2)
         await pub.publish_many([t for rnd, _, t in turns if rnd == KILL_ROUND])
-        # The kill lands while the dead worker's reviews of this round wait on the model
-        # (REVIEW_DELAY_S): their transactions are open, their turns uncommitted.
+        # The kill lands while the dead worker's reviews of this round wait on the model (held):
+        # their transactions are open, their turns uncommitted.
         in_flight = [facts[t.event_id] for rnd, p, t in turns if rnd == KILL_ROUND and p in first_parts]
         await eventually(lambda: any(fake.requests_with(marker_of(f)) for f in in_flight), timeout=30, interval=0.02)
         done_at_kill = len(await added())
         victim = stack.procs["extraction"]
         stack.kill("extraction", signal.SIGKILL)
         assert victim.returncode == -signal.SIGKILL
+        for held, reply in holds.values():  # before the survivor's own held reviews time out
+            held.release(reply)
         # The rest, the dead worker's sessions included, before the group has noticed.
         await pub.publish_many([t for rnd, _, t in turns if rnd > KILL_ROUND])
 
