@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ONLY ?=
 PYTEST_ARGS ?=
 # Test processes: each shared stack's tests run in one of them (tests/scheduling.py); 0: this one.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
 # Run on their own after the rest: a 3-broker cluster's failover starved of CPU by the other test
 # process outlasts the workers' group sessions (docs/testing.md).

@@ -24,9 +24,7 @@ FAULTS = {
 WRITES = {"api": 300}
 
 
-@pytest.mark.parametrize("victim", VICTIMS)
-async def test_kill_during_write_burst_loses_nothing(stack, settings, victim):
-    # The session stack: each round starts what it killed again, so the next test sees it whole.
+async def _round(stack, settings, victim: str) -> None:
     writes = WRITES.get(victim, 150)
     res = await chaos_round(stack, settings.operator_key, settings.kafka_bootstrap,
                             stack.env["MEMLANE_TOPIC_PREFIX"], victim, writes=writes, turns=40, fault=FAULTS[victim])
@@ -35,3 +33,18 @@ async def test_kill_during_write_burst_loses_nothing(stack, settings, victim):
     assert res.duplicated == [], f"{len(res.duplicated)} writes readable twice after kill -9 of {victim}"
     assert res.unsearchable == [], f"{len(res.unsearchable)} readable records not searchable after kill -9 of {victim}"
     assert res.history_missing == [], f"{len(res.history_missing)} turns missing from history after kill -9 of {victim}"
+
+
+# Each round starts what it killed again, so the next test sees its stack whole.
+@pytest.mark.parametrize("victim", [v for v in VICTIMS if v != "api"])
+async def test_kill_during_write_burst_loses_nothing(model_stack, victim):
+    """On the model stack, whose group is the shorter of the two shared stacks' (its embeddings
+    come from the scripted server); the API's round is `test_kill_of_the_api_...` below."""
+    stack, settings = model_stack
+    await _round(stack, settings, victim)
+
+
+async def test_kill_of_the_api_during_write_burst_loses_nothing(stack, settings):
+    """On the session stack: its point needs events waiting for their vectors at a checkpoint,
+    which the embedded model's pace gives and the scripted server's instant vectors rarely do."""
+    await _round(stack, settings, "api")
