@@ -119,15 +119,24 @@ async def _listed(api_url: str, a: Agent) -> dict[str, list[dict]]:
                 return by_token
 
 
+async def _post(http: httpx.AsyncClient, path: str, body: dict, **kw) -> httpx.Response | None:
+    """None for a connection the server dropped: a pooled one it closed after its keep-alive
+    timeout while the check waited (the next round asks again)."""
+    try:
+        return await http.post(path, json=body, **kw)
+    except httpx.TransportError:
+        return None
+
+
 async def _found(http: httpx.AsyncClient, tok: str, rid: str) -> bool:
-    r = await http.post("/v1/memory/search", json={"query": tok, "mode": "lexical", "limit": 5})
-    return r.status_code == 200 and rid in {x["id"] for x in r.json()["records"]}
+    r = await _post(http, "/v1/memory/search", {"query": tok, "mode": "lexical", "limit": 5})
+    return r is not None and r.status_code == 200 and rid in {x["id"] for x in r.json()["records"]}
 
 
 async def _in_history(http: httpx.AsyncClient, tok: str) -> bool:
-    r = await http.post("/v1/history/search", json={"query": tok, "mode": "lexical", "limit": 5},
-                        headers={"X-Session": f"s{tok[:8]}"})
-    return r.status_code == 200 and any(e["id"] == f"{tok}-u" for e in r.json()["events"])
+    r = await _post(http, "/v1/history/search", {"query": tok, "mode": "lexical", "limit": 5},
+                    headers={"X-Session": f"s{tok[:8]}"})
+    return r is not None and r.status_code == 200 and any(e["id"] == f"{tok}-u" for e in r.json()["events"])
 
 
 async def _joined(bootstrap: str, group: str, timeout: float = 60) -> None:
