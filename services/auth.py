@@ -24,7 +24,7 @@ import builtins
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import redis.asyncio as aioredis
 
@@ -67,6 +67,21 @@ def _hash(key: str) -> str:
 
 
 key_digest = _hash
+
+
+class KeyStorePort(Protocol):
+    """What the API asks of its key store (`KeyStore`; tests/fakes/keys.py in unit tests)."""
+
+    async def issue(self, tenant: str, agent: str | None, role: Role, user: str | None = None
+                    ) -> tuple[str, dict[str, Any]]: ...
+
+    async def resolve(self, key: str | None) -> Principal | None: ...
+
+    async def list(self, tenant: str) -> builtins.list[dict[str, Any]]: ...
+
+    async def revoke(self, tenant: str, kid: str) -> dict[str, Any] | None: ...
+
+    async def revoke_member(self, tenant: str, user: str) -> builtins.list[dict[str, Any]]: ...
 
 
 class KeyStore:

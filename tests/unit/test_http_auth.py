@@ -12,6 +12,7 @@ from services.errors import ApiError
 from services.http import deps, errors
 from services.http.routes import keys, whoami
 from services.http.routes.history import HistoryExtension
+from tests.fakes.keys import InMemoryKeyStore
 
 
 def test_an_agent_key_speaks_for_its_own_agent_only():
@@ -43,23 +44,19 @@ def test_history_search_resolves_its_caller_with_the_shared_dependency():
     assert _uses(route.dependant, deps.context) and _uses(route.dependant, deps.principal)
 
 
-class _Keys:
-    async def resolve(self, key: str | None) -> Principal | None:
-        return Principal("t", "a", "agent", "k1") if key == "good" else None
-
-
 def test_an_unknown_key_gets_the_one_error_body():
     app = FastAPI()
     errors.install(app)
     app.include_router(whoami.router)
-    app.state.keys = _Keys()
+    app.state.keys = keys_ = InMemoryKeyStore()
+    good = keys_.add("good", "t", "a", "agent")
     with TestClient(app) as client:
         bad = client.get("/v1/whoami", headers={"Authorization": "Bearer nope"})
         assert bad.status_code == 401
         assert bad.json() == {"error": {"code": "UNAUTHENTICATED", "field": "authorization",
                                         "message": "send 'Authorization: Bearer <api key>'"}}
         ok = client.get("/v1/whoami", headers={"Authorization": "Bearer good"})
-        assert ok.json() == {"tenant": "t", "agent": "a", "role": "agent", "key_id": "k1", "user": None}
+        assert ok.json() == {"tenant": "t", "agent": "a", "role": "agent", "key_id": good["id"], "user": None}
 
 
 # --------------------------------------------------------------------------- members, X-User, X-Channel
@@ -132,25 +129,6 @@ def test_the_bootstrap_key_names_its_tenant_for_tenant_wide_calls():
         assert (e.code, e.field) == (ErrorCode.VALIDATION_FAILED, "x-tenant")
 
 
-class _Store:
-    """The key store's interface, in memory: what the keys route asks of it."""
-
-    def __init__(self) -> None:
-        self.issued: list[tuple] = []
-
-    async def resolve(self, key: str | None) -> Principal | None:
-        return {"boot": Principal("*", None, "operator"), "member": Principal("t", "a", "member", "k9", "dana")}.get(key)
-
-    async def issue(self, tenant, agent, role, user=None):
-        self.issued.append((tenant, agent, role, user))
-        entry = {"id": "k1", "tenant": tenant, "agent": agent, "role": role, "created": None}
-        return "ml_x", {**entry, **({"user": user} if user else {})}
-
-    async def list(self, tenant):
-        return [{"id": "k1", "tenant": tenant, "agent": "a", "role": "agent", "created": None},
-                {"id": "k2", "tenant": tenant, "agent": None, "role": "member", "created": None, "user": "dana"}]
-
-
 class _Service:
     """The one call the keys routes make of the memory service: no tenant or member here is removed."""
 
@@ -165,7 +143,8 @@ def _keys_app():
     errors.install(app)
     app.include_router(keys.router)
     app.include_router(whoami.router)
-    app.state.keys = _Store()
+    app.state.keys = InMemoryKeyStore("boot")
+    app.state.keys.add("member", "t", "a", "member", "dana")
     app.state.service = _Service()
     return app
 
@@ -203,8 +182,8 @@ def test_a_member_key_names_its_user_and_its_agent_or_every_agent_and_lists_with
                                          ("t", "a", "agent", None)]
         listed = client.get("/v1/admin/keys", params={"tenant": "t"}, headers=h).json()["keys"]
         # A member key lists its user; the other keys' entries are as they were.
-        assert [set(k) for k in listed] == [{"id", "tenant", "agent", "role", "created"},
-                                            {"id", "tenant", "agent", "role", "created", "user"}]
+        entry = {"id", "tenant", "agent", "role", "created"}
+        assert [set(k) for k in listed] == [entry | {"user"}] * 3 + [entry]
         m = {"Authorization": "Bearer member"}
         assert client.get("/v1/whoami", headers=m).json()["user"] == "dana"
         refused = client.post("/v1/admin/keys", json={"tenant": "t", "agent": "a"}, headers=m)
