@@ -9,9 +9,10 @@ import os
 import signal
 import time
 
+import httpx
 import pytest
 
-from services.client import MemlaneClient
+from services.client import MemlaneClient, MemlaneError
 from services.stack import Stack, free_port
 
 QUERIES = ["which language does the team use", "where is the office", "what time is standup", "who leads the team"]
@@ -92,7 +93,7 @@ async def test_killing_a_replica_under_recall_load_loses_no_request(stack, repli
                     # A new conversation each time: one recalls a record once (memory.recall.recalled).
                     out = await client.recall(f"c{i}-{len(answered)}", QUERIES[i % len(QUERIES)])
                     answered.append((time.monotonic(), client.at, bool(out["workspaceEntries"]) and "<memory" in out["rendered"]))
-                except Exception as err:  # counted: the test fails on any
+                except (MemlaneError, httpx.HTTPError) as err:  # counted: the test fails on any
                     failed.append(repr(err))
                 if killed_at and len([a for a in answered if a[0] > killed_at[0]]) >= 40:
                     return

@@ -123,7 +123,9 @@ def test_oversize_summary_names_field_and_limit():
 
 
 def test_oversize_content_is_refused():
-    with pytest.raises(Exception) as e:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
         record(content="x" * (16 * 1024 + 1))
     assert "content" in str(e.value) and "16384" in str(e.value)
 
