@@ -5,8 +5,8 @@ none is lost and none is written twice (issue 23).
 Each turn carries a marker of its own, and the scripted model answers a review holding that
 marker with one fact whose summary holds the marker upper-cased: a later review, which is
 shown that fact as an existing memory, never matches the earlier turn's route. The model
-holds back its answers for the round the kill lands in until the kill (`Held`), so reviews are
-in flight, inside transactions the dead worker never commits, when it dies."""
+holds back its answers to the worker it kills, for the round the kill lands in, until the kill
+(`Held`), so reviews are in flight, inside transactions that worker never commits, when it dies."""
 
 from __future__ import annotations
 
@@ -176,9 +176,10 @@ async def test_a_killed_extraction_worker_s_partitions_are_taken_over_with_nothi
                 m = f"mk{uuid.uuid4().hex[:12]}"
                 t = turn(tenant, agent, s, rnd, f"{m}: please escalate my ticket to billing", "Escalated.")
                 # Several answers: a turn the dead worker reviewed but never committed is reviewed again.
-                # The kill's round is held until the kill: its reviews are certainly in flight then.
+                # The dead worker's reviews of the kill's round are held until the kill: certainly
+                # in flight then. The survivor's are not held, so none of its calls times out.
                 reply = answer_with_fact(m, f"{s}-{rnd}-0")
-                if rnd == KILL_ROUND:
+                if rnd == KILL_ROUND and p in first_parts:
                     holds[m] = (Held(), reply)
                     fake.on(m, *[holds[m][0].answer] * 4)
                 else:
@@ -209,7 +210,7 @@ async def test_a_killed_extraction_worker_s_partitions_are_taken_over_with_nothi
         victim = stack.procs["extraction"]
         stack.kill("extraction", signal.SIGKILL)
         assert victim.returncode == -signal.SIGKILL
-        for held, reply in holds.values():  # before the survivor's own held reviews time out
+        for held, reply in holds.values():  # for the survivor's reviews of the dead worker's turns
             held.release(reply)
         # The rest, the dead worker's sessions included, before the group has noticed.
         await pub.publish_many([t for rnd, _, t in turns if rnd > KILL_ROUND])
