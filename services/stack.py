@@ -5,21 +5,20 @@ Used by `memlane demo`, the end-to-end tests and the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 PIPELINE = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
-
-
-
 
 # The name of the one process that runs every worker of a stack started `together`.
 ALL = "all"
@@ -30,6 +29,37 @@ def command(name: str) -> list[str]:
     (`all`: every worker in one process)."""
     args = ["serve"] if name == "api" else ["worker", name]
     return [sys.executable, "-m", "services.cli", *args]
+
+
+def record_pid(env: dict[str, str], pid: int) -> None:
+    """Appends a started process's pid to the file MEMLANE_PID_LOG names, when it names one: the
+    test session that set it stops, at its next start, what a killed run left holding its ports
+    (`stop_leftovers`)."""
+    if path := env.get("MEMLANE_PID_LOG"):
+        with open(path, "a") as f:
+            f.write(f"{pid}\n")
+
+
+def stop_leftovers(pid_logs: list[Path], alive: Callable[[int], bool]) -> list[int]:
+    """Kills (SIGKILL, with its process group) every memlane process the logs name whose test
+    run is gone (`alive` of the pid in the log's name is false), and removes those logs. A pid
+    is killed only while it is still a memlane process (a pid can be reused)."""
+    killed = []
+    for log in pid_logs:
+        if alive(int(log.stem)):
+            continue
+        for line in log.read_text().split():
+            pid = int(line)
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue  # gone already
+            if b"services.cli" in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+        log.unlink()
+    return killed
 
 
 def record_start(env: dict[str, str], stack_id: str, name: str) -> None:
@@ -68,6 +98,7 @@ class Stack:
         )
         self.procs[name] = p
         record_start(self.env, self.id, name)
+        record_pid(self.env, p.pid)
         return p
 
     def start_all(self, workers: tuple[str, ...] = PIPELINE, api: bool = True, timeout: float = 90,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from services.stack import stop_leftovers
 from settings import Settings
 from tests import scheduling
 
@@ -170,6 +171,12 @@ def pytest_configure(config):
         return
     run = ROOT / ".run"
     run.mkdir(exist_ok=True)
+    # A run killed before its fixtures stopped its stacks left them holding their ports.
+    pids = run / "pids"
+    pids.mkdir(exist_ok=True)
+    if left := stop_leftovers(sorted(pids.glob("*.log")), _alive):
+        print(f"memlane: stopped {len(left)} processes an earlier, killed test run left running")
+    os.environ["MEMLANE_PID_LOG"] = str(pids / f"{os.getpid()}.log")
     path, failed = run / f"starts-{os.getpid()}.log", run / f"failed-tiers-{os.getpid()}"
     path.unlink(missing_ok=True)
     failed.unlink(missing_ok=True)
@@ -177,6 +184,22 @@ def pytest_configure(config):
     os.environ["MEMLANE_FAILED_TIERS"] = str(failed)
     os.environ["MEMLANE_TEST_GROUPS"] = str(run / f"groups-{os.getpid()}.json")
     config._memlane_starts = path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pytest_unconfigure(config):
+    """What the session's fixtures did not stop (a process a test started again and left) goes now."""
+    if not hasattr(config, "workerinput") and (log := os.environ.get("MEMLANE_PID_LOG")) and Path(log).exists():
+        stop_leftovers([Path(log)], lambda _: False)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

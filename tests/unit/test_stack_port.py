@@ -1,13 +1,18 @@
 """A test stack never starts its API on a port another process serves: that process would
-answer the stack's health checks, and its tests would talk to another deployment."""
+answer the stack's health checks, and its tests would talk to another deployment. A killed test
+run's stacks are stopped by the next run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from services.stack import Stack
+from services.stack import Stack, stop_leftovers
 
 
 def test_an_api_is_not_started_on_a_port_that_is_taken(tmp_path):
@@ -19,3 +24,26 @@ def test_an_api_is_not_started_on_a_port_that_is_taken(tmp_path):
         with pytest.raises(RuntimeError, match=f"port {port} already serves another process"):
             stack.start("api")
         assert stack.procs == {}
+
+
+def _sleeper(*marks: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marks], start_new_session=True)
+
+
+def test_a_killed_runs_leftover_memlane_processes_are_stopped_and_nothing_else(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover, stranger, ours = _sleeper("services.cli"), _sleeper("not-memlane"), _sleeper("services.cli")
+    try:
+        gone_run = tmp_path / f"{dead.pid}.log"
+        gone_run.write_text(f"{leftover.pid}\n{stranger.pid}\n")
+        live_run = tmp_path / f"{os.getpid()}.log"
+        live_run.write_text(f"{ours.pid}\n")
+        assert stop_leftovers([gone_run, live_run], lambda pid: pid == os.getpid()) == [leftover.pid]
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        assert stranger.poll() is None and ours.poll() is None  # not memlane's; a live run's
+        assert not gone_run.exists() and live_run.exists()
+    finally:
+        for p in (leftover, stranger, ours):
+            p.kill()
+            p.wait()
