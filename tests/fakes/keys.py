@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from services.auth import KeyStorePort, Principal, Role
@@ -52,18 +53,20 @@ class InMemoryKeyStore:
         return sorted((dict(e) for e in self._live(tenant)), key=lambda e: (e["created"], e["id"]))
 
     async def revoke(self, tenant: str, kid: str) -> dict[str, Any] | None:
-        for e in self._live(tenant):
-            if e["id"] == kid:
-                e["revoked"] = True
-                return {k: v for k, v in e.items() if k != "revoked"}
-        return None
+        revoked = self._revoke(tenant, lambda e: e["id"] == kid)
+        return revoked[0] if revoked else None
 
     async def revoke_member(self, tenant: str, user: str) -> builtins.list[dict[str, Any]]:
+        return self._revoke(tenant, lambda e: e["role"] == "member" and e.get("user") == user)
+
+    def _revoke(self, tenant: str, which: Callable[[dict[str, Any]], bool]) -> builtins.list[dict[str, Any]]:
+        """The tenant's live keys `which` picks, revoked; their public entries, oldest first."""
         out = []
-        for e in await self.list(tenant):
-            if e["role"] == "member" and e.get("user") == user:
-                out.append(await self.revoke(tenant, e["id"]))
-        return [e for e in out if e is not None]
+        for e in self._live(tenant):
+            if which(e):
+                out.append(dict(e))
+                e["revoked"] = True
+        return sorted(out, key=lambda e: (e["created"], e["id"]))
 
 
 def _implements(s: InMemoryKeyStore) -> KeyStorePort:

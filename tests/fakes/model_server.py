@@ -137,7 +137,8 @@ class FakeModel:
             # A route with answers left goes first: a later turn's prompt can quote an earlier
             # turn's marker (its fact shown as an existing memory), and that earlier route, used
             # up, must not answer for the later one with the default.
-            for route in sorted(matching, key=lambda r: not r.answers):
+            if matching:
+                route = min(matching, key=lambda r: not r.answers)  # the first with answers, else the first
                 route.hits += 1
                 return route.answers.popleft() if route.answers else self._default(body)
         return self._default(body)

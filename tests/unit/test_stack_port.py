@@ -26,14 +26,16 @@ def test_an_api_is_not_started_on_a_port_that_is_taken(tmp_path):
         assert stack.procs == {}
 
 
-def _sleeper(*marks: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marks], start_new_session=True)
+def _waiting(*marks: str) -> subprocess.Popen:
+    """A process that runs until its stdin closes, its arguments marking what it stands for."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", *marks],
+                            stdin=subprocess.PIPE, start_new_session=True)
 
 
 def test_a_killed_runs_leftover_memlane_processes_are_stopped_and_nothing_else(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    leftover, stranger, ours = _sleeper("services.cli"), _sleeper("not-memlane"), _sleeper("services.cli")
+    leftover, stranger, ours = _waiting("services.cli"), _waiting("not-memlane"), _waiting("services.cli")
     try:
         gone_run = tmp_path / f"{dead.pid}.log"
         gone_run.write_text(f"{leftover.pid}\n{stranger.pid}\n")
