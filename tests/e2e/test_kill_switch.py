@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -9,22 +10,30 @@ import pytest
 from events import AgentConfig, Message, ToolCall
 from events.topics import COMMANDS
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import free_port
+from services.stack import Stack, free_port
 from tests.conftest import eventually, refused
-from tests.e2e.extraction_support import extraction_stack, new_agent, read_topic, turn
+from tests.e2e.extraction_support import new_agent, read_topic, turn
 from tests.fakes.model_server import Reply
 
 
 @pytest.fixture(scope="module")
-def kstack(fake, infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}k{uuid.uuid4().hex[:8]}."  # deleted with the run's topics
-    stack, ksettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("kdata"), free_port(),
-                                        AGENT_MEMORY_KILL_SWITCH="on", **infra)
+def kstack(model_stack, tmp_path_factory):
+    """The model stack with memory switched off: an API replica of its own (same topics and
+    Redis, its own data directory and port) and its extraction worker replaced by one with the
+    switch set, put back afterwards. The model stack's tests run one at a time in one process,
+    so no other test's turn meets the switched-off worker."""
+    stack, settings = model_stack
+    data = tmp_path_factory.mktemp("kill-switch")
+    port = free_port()
+    off = Stack({**stack.env, "MEMLANE_DATA_DIR": str(data), "MEMLANE_API_PORT": str(port),
+                 "MEMLANE_METRICS_PORT": "0", "AGENT_MEMORY_KILL_SWITCH": "on"}, data / "logs")
+    stack.kill("extraction", signal.SIGTERM)
     try:
-        stack.start_all(workers=("extraction", "ledger", "redis-projection"))
-        yield stack, ksettings
+        off.start_all(workers=("extraction",))
+        yield off, settings.model_copy(update={"data_dir": data, "api_port": port})
     finally:
-        stack.stop()
+        off.stop()
+        stack.start("extraction")
 
 
 async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothing(kstack, fake):
@@ -33,8 +42,7 @@ async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothin
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, tools)
     # What recall would show with memory on: an operator's pinned record and a block.
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1") as op:
-        # Not waited for: this stack runs no embedding worker, so the record never gets a vector.
-        await op.add_memory("The release train leaves on Thursdays", kind="fact", pinned=True, wait=False)
+        await op.add_memory("The release train leaves on Thursdays", kind="fact", pinned=True)
         await op.curate_block("conventions", "add", line="Deploys go out on Tuesdays")
 
         async def listed():
