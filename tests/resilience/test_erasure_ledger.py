@@ -35,26 +35,28 @@ from workers.kafka_io import ensure_topics
 from workers.kafka_io import producer as kafka_producer
 from workers.keys import open_keys
 
-TENANT, AGENT = "t", "eraser"
+# Each test its own tenant: they share one ledger and one keys topic.
+AGENT = "eraser"
 MEMORY = {"scope": {"read": ["session", "user"], "write": ["session", "user"]}}
 
 
-# A ledger of its own per test: the tests read its log's key-destruction lines and its keys topic's
-# subjects, which any other ledger of the session would add to.
-@pytest.fixture
-def erasure_stack(settings, infra, tmp_path):
+# A ledger of its own, shared by this module's tests: they kill it and read its log's
+# key-destruction lines, and a ledger of the session's stacks would write lines of its own.
+@pytest.fixture(scope="module")
+def erasure_stack(settings, infra, tmp_path_factory):
     prefix = f"{settings.topic_prefix}erase{uuid.uuid4().hex[:4]}."
-    s = Settings(topic_prefix=prefix, data_dir=tmp_path / "data", key_file=tmp_path / "keys" / "memlane.key")
+    tmp = tmp_path_factory.mktemp("erasure")
+    s = Settings(topic_prefix=prefix, data_dir=tmp / "data", key_file=tmp / "keys" / "memlane.key")
     env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(s.data_dir), MEMLANE_KEY_FILE=str(s.key_file),
                     MEMLANE_API_PORT=str(free_port()), **infra)
-    stack = Stack(env, tmp_path / "logs")
+    stack = Stack(env, tmp / "logs")
     yield stack, s
     stack.stop()
     codec.use_cipher(None)
 
 
-def fact(cmd_id: str, user: str, summary: str, at: datetime) -> AddMemory:
-    return AddMemory(command_id=cmd_id, tenant=TENANT, agent=AGENT, issued_at=at, user=user, scope="USER",
+def fact(tenant: str, cmd_id: str, user: str, summary: str, at: datetime) -> AddMemory:
+    return AddMemory(command_id=cmd_id, tenant=tenant, agent=AGENT, issued_at=at, user=user, scope="USER",
                      session="s1", summary=summary, provenance=Provenance(user=user, session="s1"))
 
 
@@ -73,98 +75,105 @@ async def send(s: Settings, cmds: list) -> None:
         await keys.stop()
 
 
-async def events(s: Settings, *agents: str) -> list[dict]:
-    """The agents' committed events as JSON, sealed fields and all (their ids, types and codes never are)."""
-    return [e for e in (json.loads(v) for _, _, v, _ in await read_topic_at(s, EVENTS.name)) if e["agent"] in agents]
+async def events(s: Settings, tenant: str, *agents: str) -> list[dict]:
+    """The tenant's agents' committed events as JSON, sealed fields and all (their ids, types and codes never are)."""
+    return [e for e in (json.loads(v) for _, _, v, _ in await read_topic_at(s, EVENTS.name))
+            if e["tenant"] == tenant and e["agent"] in agents]
 
 
-async def event_types(s: Settings, agents: tuple[str, ...] = (AGENT,)) -> list[str]:
-    return [e["type"] for e in await events(s, *agents)]
+async def event_types(s: Settings, tenant: str, agents: tuple[str, ...] = (AGENT,)) -> list[str]:
+    return [e["type"] for e in await events(s, tenant, *agents)]
 
 
-async def subjects(s: Settings) -> dict[str, int]:
+async def subjects(s: Settings, tenant: str) -> dict[str, int]:
     """How many data keys a keyring loaded afresh from the keys topic knows, per subject of the tenant."""
     keys = await open_keys(s, follow=False)
     try:
         ring = keys.keyring
         return {subject.split("/", 1)[1]: len(ring.kids(subject)) for subject in ring.subjects()
-                if subject.startswith(f"{TENANT}/")}
+                if subject.startswith(f"{tenant}/")}
     finally:
         await keys.stop()
         codec.use_cipher(None)
 
 
-async def kids(s: Settings) -> dict[str, int]:
+async def kids(s: Settings, tenant: str) -> dict[str, int]:
     """How many data keys the agent's members have, as `subjects` counts them."""
-    known = await subjects(s)
+    known = await subjects(s, tenant)
     return {u: known.get(f"{AGENT}|u:{u}", 0) for u in ("u1", "u2")}
 
 
-def on_the_workspace_partition(*agents: str) -> int:
+def on_the_workspace_partition(tenant: str, *agents: str) -> int:
     """How many of the agents are on the workspace agent's partition, where the fold itself forgets."""
-    here = COMMANDS.partition_of(f"{TENANT}/{WORKSPACE}".encode())
-    return sum(COMMANDS.partition_of(f"{TENANT}/{a}".encode()) == here for a in agents)
+    here = COMMANDS.partition_of(f"{tenant}/{WORKSPACE}".encode())
+    return sum(COMMANDS.partition_of(f"{tenant}/{a}".encode()) == here for a in agents)
 
 
-def logged(stack: Stack, event: str) -> list[dict]:
-    """The ledger's log lines of `event`, of every run, oldest first."""
-    lines = (json.loads(line) for line in (stack.log_dir / "ledger.log").read_text().splitlines()
-             if line.startswith("{"))
-    return [line for line in lines if line.get("event") == event]
+def log_lines(stack: Stack) -> list[dict]:
+    """The ledger's log lines, of every run, oldest first."""
+    path = stack.log_dir / "ledger.log"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def logged(stack: Stack, event: str, since: int) -> list[dict]:
+    """The ledger's log lines of `event` after the first `since` lines (those of an earlier test)."""
+    return [line for line in log_lines(stack)[since:] if line.get("event") == event]
 
 
 async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_when_it_recovers(erasure_stack):
     stack, s = erasure_stack
+    tenant, since = "t1", len(log_lines(stack))
     await ensure_topics(s)
     stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"] = "600"  # it commits the erasure, then waits: killed there
     stack.start("ledger")
     # Stamped now, as the API stamps commands: an erasure takes the keys made before it.
     await send(s, [
-        ConfigureAgent(command_id="cfg", tenant=TENANT, agent=AGENT, issued_at=utcnow(),
+        ConfigureAgent(command_id="cfg", tenant=tenant, agent=AGENT, issued_at=utcnow(),
                        config=AgentConfig.model_validate({"memory": MEMORY})),
-        fact("f1", "u1", "CANARY u1 keeps bees", utcnow()),
-        fact("f2", "u2", "u2 keeps fish", utcnow()),
+        fact(tenant, "f1", "u1", "CANARY u1 keeps bees", utcnow()),
+        fact(tenant, "f2", "u2", "u2 keeps fish", utcnow()),
     ])
 
     async def added() -> bool:
-        return (await event_types(s)).count("RecordAdded") == 2
+        return (await event_types(s, tenant)).count("RecordAdded") == 2
 
     await eventually(added, timeout=90)
-    assert await kids(s) == {"u1": 1, "u2": 1}
+    assert await kids(s, tenant) == {"u1": 1, "u2": 1}
 
-    await send(s, [EraseSubject(command_id="erase-u1", tenant=TENANT, agent=AGENT, user="u1",
+    await send(s, [EraseSubject(command_id="erase-u1", tenant=tenant, agent=AGENT, user="u1",
                                 issued_at=utcnow(), provenance=Provenance(source=Source.OPERATOR))])
 
     async def erased() -> bool:
-        return "SubjectErased" in await event_types(s)
+        return "SubjectErased" in await event_types(s, tenant)
 
     await eventually(erased, timeout=60)
     stack.kill("ledger")
-    assert await kids(s) == {"u1": 1, "u2": 1}  # killed before it destroyed anything
+    assert await kids(s, tenant) == {"u1": 1, "u2": 1}  # killed before it destroyed anything
 
     del stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"]
     stack.start("ledger")
 
     async def destroyed() -> bool:
-        return await kids(s) == {"u1": 0, "u2": 1}
+        return await kids(s, tenant) == {"u1": 0, "u2": 1}
 
     await eventually(destroyed, timeout=90)
     # Its log line follows the destruction the keys topic shows: wait for it, then check it is the only one.
-    await eventually(lambda: logged(stack, "ledger_keys_destroyed") or None, timeout=30)
-    assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed")] == [(1, True)]
+    await eventually(lambda: logged(stack, "ledger_keys_destroyed", since) or None, timeout=30)
+    assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed", since)] == [(1, True)]
 
     # Restarted again, the ledger cannot open u1's events any more: it skips and counts them,
     # and still decides.
     stack.kill("ledger")
     stack.start("ledger")
-    await send(s, [fact("f3", "u2", "u2 keeps two fish", utcnow())])
+    await send(s, [fact(tenant, "f3", "u2", "u2 keeps two fish", utcnow())])
 
     async def decided() -> bool:
-        return (await event_types(s)).count("RecordAdded") == 3
+        return (await event_types(s, tenant)).count("RecordAdded") == 3
 
     await eventually(decided, timeout=90)
     # The third run's recovery of the agent's partition: u1's record and its tombstone.
-    assert [e.get("unreadable") for e in logged(stack, "ledger_recovered") if e["events"]][-1] == 2
+    assert [e.get("unreadable") for e in logged(stack, "ledger_recovered", since) if e["events"]][-1] == 2
 
 
 async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_keys_at_once(erasure_stack):
@@ -173,51 +182,53 @@ async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_k
     nothing, rather than writing it again under a new key); a removed agent loses its keys and its
     members'. Another member's and another agent's keys stay."""
     stack, s = erasure_stack
+    tenant, since = "t2", len(log_lines(stack))
     await ensure_topics(s)
-    stack.start("ledger")
+    if "ledger" not in stack.procs:  # the module's first test leaves its last run going
+        stack.start("ledger")
     other = "keeper"
     cfg = AgentConfig.model_validate({"memory": MEMORY})
-    u1_fact = fact("g1", "u1", "u1 keeps bees", utcnow())
+    u1_fact = fact(tenant, "g1", "u1", "u1 keeps bees", utcnow())
     await send(s, [
-        *(ConfigureAgent(command_id=f"cfg-{a}", tenant=TENANT, agent=a, issued_at=utcnow(), config=cfg)
+        *(ConfigureAgent(command_id=f"cfg-{a}", tenant=tenant, agent=a, issued_at=utcnow(), config=cfg)
           for a in (AGENT, other)),
-        u1_fact, fact("g2", "u2", "u2 keeps fish", utcnow()),
-        fact("g3", "u1", "u1 keeps bees here too", utcnow()).model_copy(update={"agent": other}),
-        fact("g4", "u2", "u2 keeps fish here too", utcnow()).model_copy(update={"agent": other}),
+        u1_fact, fact(tenant, "g2", "u2", "u2 keeps fish", utcnow()),
+        fact(tenant, "g3", "u1", "u1 keeps bees here too", utcnow()).model_copy(update={"agent": other}),
+        fact(tenant, "g4", "u2", "u2 keeps fish here too", utcnow()).model_copy(update={"agent": other}),
     ])
 
     async def added() -> bool:
-        return (await event_types(s, agents=(AGENT, other))).count("RecordAdded") == 4
+        return (await event_types(s, tenant, agents=(AGENT, other))).count("RecordAdded") == 4
 
     await eventually(added, timeout=90)
-    assert await subjects(s) == {f"{a}|u:{u}": 1 for a in (AGENT, other) for u in ("u1", "u2")}
+    assert await subjects(s, tenant) == {f"{a}|u:{u}": 1 for a in (AGENT, other) for u in ("u1", "u2")}
 
-    await send(s, [RemoveUser(command_id="remove-u1", tenant=TENANT, agent=WORKSPACE, user="u1",
+    await send(s, [RemoveUser(command_id="remove-u1", tenant=tenant, agent=WORKSPACE, user="u1",
                               issued_at=utcnow(), provenance=Provenance(source=Source.OPERATOR))])
 
     async def removed() -> bool:
-        return bool(logged(stack, "ledger_keys_destroyed"))
+        return bool(logged(stack, "ledger_keys_destroyed", since))
 
     await eventually(removed, timeout=60)
-    assert await subjects(s) == {f"{AGENT}|u:u2": 1, f"{other}|u:u2": 1}
-    [done] = logged(stack, "ledger_keys_destroyed")
+    assert await subjects(s, tenant) == {f"{AGENT}|u:u2": 1, f"{other}|u:u2": 1}
+    [done] = logged(stack, "ledger_keys_destroyed", since)
     # Both of u1's facts are forgotten, whichever partitions the workspace and the agents are on.
-    assert done["keys"] == 2 and done["records_forgotten"] + on_the_workspace_partition(AGENT, other) == 2
+    assert done["keys"] == 2 and done["records_forgotten"] + on_the_workspace_partition(tenant, AGENT, other) == 2
 
-    [record_added] = [e for e in await events(s, AGENT) if e["type"] == "RecordAdded" and e["command_id"] == "g1"]
-    await send(s, [DeleteMemory(command_id="late-delete", tenant=TENANT, agent=AGENT, user="u1", session="s1",
+    [record_added] = [e for e in await events(s, tenant, AGENT) if e["type"] == "RecordAdded" and e["command_id"] == "g1"]
+    await send(s, [DeleteMemory(command_id="late-delete", tenant=tenant, agent=AGENT, user="u1", session="s1",
                                 record_id=record_added["record"]["id"], issued_at=utcnow())])
 
     async def answered() -> list[str]:
-        return [e.get("code") for e in await events(s, AGENT) if e["command_id"] == "late-delete"]
+        return [e.get("code") for e in await events(s, tenant, AGENT) if e["command_id"] == "late-delete"]
 
     assert await eventually(answered, timeout=60) == ["NOT_FOUND"]
 
-    await send(s, [RemoveAgent(command_id="remove-agent", tenant=TENANT, agent=other, issued_at=utcnow(),
+    await send(s, [RemoveAgent(command_id="remove-agent", tenant=tenant, agent=other, issued_at=utcnow(),
                                provenance=Provenance(source=Source.OPERATOR))])
 
     async def gone() -> bool:
-        known = await subjects(s)
+        known = await subjects(s, tenant)
         return known[f"{AGENT}|u:u2"] == 1 and not [k for k in known if k.startswith(f"{other}|")]
 
     await eventually(gone, timeout=60)
