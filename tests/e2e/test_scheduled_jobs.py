@@ -4,18 +4,21 @@ optimised memory generation once a shard's unindexed points pass the threshold."
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from events.commands import AddMemory
 from events.config import AgentConfig
 from events.memory import RecordExpired
-from events.topics import EVENTS
+from events.rules.ledger import record_id_for
+from events.topics import COMMANDS, EVENTS
 from services.client import MemlaneClient
 from tests.conftest import eventually
-from tests.e2e.extraction_support import new_agent, read_topic
+from tests.e2e.extraction_support import new_agent, read_topic, send_to
 from tests.stacks import JOBS_PROFILE
 from workers.index_optimize import read_left
 from workers.memory_shards import current_generation, shard_of, shard_paths
@@ -35,8 +38,13 @@ async def test_the_ledger_sweeps_expired_records_on_its_own(sstack):
     stack, settings = sstack
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, AGENT_SCOPE)
     async with MemlaneClient(stack.api_url, key) as c:
-        soon = datetime.now(UTC) + timedelta(seconds=3)
-        rid = (await c.add_memory("Scheduled sweep short-lived fact", scope="AGENT", expires_at=soon.isoformat()))["id"]
+        # Written ten minutes ago to expire five minutes later: time has passed, not waited for.
+        written = datetime.now(UTC) - timedelta(minutes=10)
+        soon = written + timedelta(minutes=5)
+        short = AddMemory(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, issued_at=written,
+                          summary="Scheduled sweep short-lived fact", scope="AGENT", expires_at=soon)
+        await send_to(settings, COMMANDS, short)
+        rid = record_id_for(tenant, agent, short.command_id)
         kept = (await c.add_memory("Scheduled sweep lasting fact", scope="AGENT"))["id"]
 
         async def expired():
