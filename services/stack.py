@@ -102,15 +102,16 @@ class Stack:
         return p
 
     def start_all(self, workers: tuple[str, ...] = PIPELINE, api: bool = True, timeout: float = 90,
-                  together: bool = False) -> None:
+                  together: bool = False, **env: str) -> None:
         """`together`: every worker of the pipeline in one process (`memlane worker all`), for a
-        stack whose workers are never killed one at a time; else one process per worker."""
+        stack whose workers are never killed one at a time; else one process per worker. `env`:
+        overrides for these processes alone."""
         if together and workers != PIPELINE:
             raise ValueError("together runs the whole pipeline; name no workers")
         for w in (ALL,) if together else workers:
-            self.start(w)
+            self.start(w, **env)
         if api:
-            self.start("api")
+            self.start("api", **env)
             self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float = 90) -> dict:

@@ -130,8 +130,14 @@ def tier_of(node: pytest.Item | pytest.TestReport) -> int:
     return TIERS.index(parts[1]) if len(parts) > 2 and parts[1] in TIERS else len(TIERS)
 
 
+def _order(item: pytest.Item) -> tuple[int, int]:
+    """Tiers, cheapest first; within one, the bare deployment's modules last, in BARE_ORDER."""
+    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return tier_of(item), BARE_ORDER.index(module) + 1 if module in BARE_ORDER else 0
+
+
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=tier_of)  # stable: each tier keeps its modules' order
+    items.sort(key=_order)  # stable: each tier keeps its modules' order
     if hasattr(config, "workerinput"):
         scheduling.write_groups(Path(os.environ["MEMLANE_TEST_GROUPS"]), items)
 
@@ -251,4 +257,5 @@ def _written_since(line: str, since: float) -> bool:
 
 # The shared stacks' fixtures, registered here so each starts once a session whatever tiers run
 # (imported last: the stacks' support modules import this module's helpers).
-from tests.stacks import fake, jobs_stack, model_stack, new_agent, operator, publisher, stack  # noqa: E402, F401, I001
+from tests.stacks import (BARE_ORDER, bare_deployment, bare_stack, fake, jobs_stack, model_stack,  # noqa: E402, F401, I001
+                          new_agent, operator, publisher, stack)

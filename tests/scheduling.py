@@ -14,7 +14,8 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 # The shared stacks a test can ask for, each named for the group of every test that asks for it.
-SHARED_STACKS = {"stack": "session-stack", "model_stack": "model-stacks", "jobs_stack": "model-stacks"}
+SHARED_STACKS = {"stack": "session-stack", "model_stack": "model-stacks", "jobs_stack": "model-stacks",
+                 "bare_stack": "bare-stack"}
 
 
 def group_of(item: pytest.Item) -> str:

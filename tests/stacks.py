@@ -1,19 +1,23 @@
 """The test session's shared stacks and their fixtures, for the e2e and resilience tiers: the
-session stack (no model), the model stack (the scripted model and the test profile) and the
-clients they hand out. Registered once by tests/conftest.py, so each starts once a session."""
+session stack (no model), the model stack (the scripted model and the test profile), the jobs
+stack, the bare deployment, and the clients they hand out. Registered once by tests/conftest.py,
+so each starts once a session."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 
 import pytest
 
 from events import AgentConfig
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, free_port, stack_env
+from settings import Settings
 from tests.e2e.extraction_support import extraction_stack
 from tests.fakes.model_server import FakeModel
+from tests.private_redis import PrivateRedis
 
 # The session stack's API port; the model stack's ports sit beside it (clear of the ephemeral range).
 API_PORT = int(os.environ.get("MEMLANE_TEST_API_PORT", "28181"))
@@ -120,3 +124,50 @@ def jobs_stack(fake, infra, settings, tmp_path_factory):
         yield stack, jsettings
     finally:
         stack.stop()
+
+
+# The bare deployment's modules, in the order they run: each reads a count the later ones would
+# change. No memory record is in the log before the memory-index test's, none waits unembedded
+# before a module that runs the embedding worker (the readiness test's 30,000 records do, so it
+# goes last), and the supervisor's `memlane start` finds nothing left to catch up on.
+BARE_ORDER = ("test_history_rebuild", "test_qdrant_server_mode", "test_crash_recovery", "test_erasure_ledger",
+              "test_redis_outage", "test_supervisor", "test_readiness")
+
+
+@dataclass
+class Bare:
+    stack: Stack
+    settings: Settings
+    redis: PrivateRedis  # its own: the outage test stops it and starts it again
+
+
+@pytest.fixture(scope="session")
+def bare_deployment(infra, settings, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bare")
+    redis = PrivateRedis(root)
+    redis.start()
+    prefix = f"{settings.topic_prefix}bare."  # deleted with the run's topics
+    port = free_port()
+    # Built, not copied: the settings derived from the prefix (collection names) follow it.
+    own = Settings(topic_prefix=prefix, data_dir=root / "data", api_port=port, key_file=root / "keys" / "memlane.key",
+                   redis_cluster=False, **{"REDIS_URL": redis.url})
+    env = stack_env(**{**infra, "MEMLANE_TOPIC_PREFIX": prefix, "MEMLANE_DATA_DIR": str(own.data_dir),
+                       "MEMLANE_API_PORT": str(port), "MEMLANE_KEY_FILE": str(own.key_file),
+                       "REDIS_URL": redis.url, "MEMLANE_REDIS_CLUSTER": "0"})
+    try:
+        yield Bare(Stack(env, root / "logs"), own, redis)
+    finally:
+        redis.stop()
+
+
+@pytest.fixture
+def bare_stack(bare_deployment, tmp_path):
+    """A deployment no process runs until a test starts one (its own topics, Redis and data
+    directory), shared by the modules that start, kill and restart its processes themselves:
+    one test at a time, in BARE_ORDER, its process logs under the test's own `logs`, and every
+    process it started stopped when it ends."""
+    bare_deployment.stack.log_dir = tmp_path / "logs"
+    try:
+        yield bare_deployment
+    finally:
+        bare_deployment.stack.stop()

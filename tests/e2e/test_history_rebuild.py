@@ -1,7 +1,7 @@
-"""A history rebuild embeds nothing (issue 24): the embedding worker puts each history part's
+"""A history rebuild embeds nothing: the embedding worker puts each history part's
 vector on `memlane.history.vectors`, and the API's history projection only joins and indexes.
 
-A stack of its own (topic prefix, data directory, API port): ledger and Redis projection (the
+On the bare deployment (tests/stacks.py), first of its modules: ledger and Redis projection (the
 agent's configuration), the embedding worker and the API. The fixture conversation is indexed,
 searched, then the history shard and its checkpoint are deleted and the API started again: the
 new process indexes every part while its embedder (metered, `memlane_embedding_*`) embeds only
@@ -21,8 +21,6 @@ from events import AgentConfig, TurnCommitted
 from events.rules.history import kept_events
 from projections.history_index import event_parts
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import Stack, free_port, stack_env
-from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
 from workers.history_qdrant import history_shard_path
@@ -56,49 +54,43 @@ def status(api_url: str) -> dict:
     return httpx.get(f"{api_url}/v1/history/status", timeout=10).json()
 
 
-async def test_a_history_rebuild_embeds_nothing_and_searches_the_same(settings, infra, tmp_path):
-    prefix = f"{settings.topic_prefix}hr{uuid.uuid4().hex[:4]}."
-    data = tmp_path / "data"
-    port = free_port()
-    own = Settings(topic_prefix=prefix, data_dir=data, api_port=port)
-    # A stack of its own: it deletes the deployment's whole history shard and checks the API process's
-    # deployment-wide counts (points, turns, parked, texts embedded since start), which no tenant filter
-    # scopes; on the session stack the rebuild would re-derive every other module's history too.
-    stack = Stack(stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port),
-                            **infra), tmp_path / "logs")
-    try:
-        stack.start_all(("ledger", "redis-projection", "embedding"))
-        tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
-        async with MemlaneClient(stack.api_url, own.operator_key, tenant=tenant, agent=agent) as op:
-            key = await op.issue_key(tenant, agent)
-            await op.configure(AgentConfig.model_validate({"history": {"index": "messages_and_tools"}}))
-        turns = conversation(tenant, agent)
-        async with TurnPublisher(own.kafka_bootstrap, prefix) as pub:
-            for t in turns:
-                await pub.publish(t)
-        parts = {pid for t in turns if isinstance(t, TurnCommitted) for e in kept_events(t) for pid, _ in event_parts(e)}
-        assert len(parts) > len(turns)  # the long message is several parts
+async def test_a_history_rebuild_embeds_nothing_and_searches_the_same(bare_stack):
+    # The bare deployment, before any of its other modules: the test deletes the deployment's whole
+    # history shard and checks the API process's deployment-wide counts (points, turns, parked,
+    # texts embedded since start), which no tenant filter scopes; on the session stack the rebuild
+    # would re-derive every other module's history too.
+    stack, own = bare_stack.stack, bare_stack.settings
+    prefix = own.topic_prefix
+    stack.start_all(("ledger", "redis-projection", "embedding"))
+    tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
+    async with MemlaneClient(stack.api_url, own.operator_key, tenant=tenant, agent=agent) as op:
+        key = await op.issue_key(tenant, agent)
+        await op.configure(AgentConfig.model_validate({"history": {"index": "messages_and_tools"}}))
+    turns = conversation(tenant, agent)
+    async with TurnPublisher(own.kafka_bootstrap, prefix) as pub:
+        for t in turns:
+            await pub.publish(t)
+    parts = {pid for t in turns if isinstance(t, TurnCommitted) for e in kept_events(t) for pid, _ in event_parts(e)}
+    assert len(parts) > len(turns)  # the long message is several parts
 
-        def indexed():
-            st = status(stack.api_url)
-            return st["caught_up"] and st["points"] == len(parts) and st["parked"] == 0 and st
+    def indexed():
+        st = status(stack.api_url)
+        return st["caught_up"] and st["points"] == len(parts) and st["parked"] == 0 and st
 
-        await eventually(indexed, timeout=60)
-        before = searches(stack.api_url, key)
-        assert any(i == "u3" and parts > 1 for i, _, parts in before["migration runbook rollback steps", "hybrid"])
+    await eventually(indexed, timeout=60)
+    before = searches(stack.api_url, key)
+    assert any(i == "u3" and parts > 1 for i, _, parts in before["migration runbook rollback steps", "hybrid"])
 
-        # The rebuild: the API stopped, its history shard and checkpoint gone, the API started again.
-        stack.kill("api", signal.SIGTERM)
-        shard = history_shard_path(own)
-        shutil.rmtree(shard)
-        shard.parent.joinpath(f"{shard.name}.checkpoint.json").unlink()
-        stack.start("api")
-        stack.wait_healthy(90)
-        rebuilt = await eventually(indexed, timeout=60)
-        assert rebuilt["turns"] == sum(isinstance(t, TurnCommitted) for t in turns)
-        # One text since the process started: the embedder's warm-up (services/http/app.py).
-        # Embedding the parts again would add one per part.
-        assert embedded_texts(stack.api_url) == 1
-        assert searches(stack.api_url, key) == before
-    finally:
-        stack.stop()
+    # The rebuild: the API stopped, its history shard and checkpoint gone, the API started again.
+    stack.kill("api", signal.SIGTERM)
+    shard = history_shard_path(own)
+    shutil.rmtree(shard)
+    shard.parent.joinpath(f"{shard.name}.checkpoint.json").unlink()
+    stack.start("api")
+    stack.wait_healthy(90)
+    rebuilt = await eventually(indexed, timeout=60)
+    assert rebuilt["turns"] == sum(isinstance(t, TurnCommitted) for t in turns)
+    # One text since the process started: the embedder's warm-up (services/http/app.py).
+    # Embedding the parts again would add one per part.
+    assert embedded_texts(stack.api_url) == 1
+    assert searches(stack.api_url, key) == before

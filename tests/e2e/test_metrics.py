@@ -4,44 +4,32 @@
 stack (turns reviewed by the fake model: add, replace, delete, skip, a refusal, a 429 and a
 malformed answer; a consolidation after a 500; HTTP writes, a search, a recall; a poison
 command and a command the ledger rejects) and scrapes each process's own port.
-`test_ready_waits_for_ledger_recovery_and_projection_catch_up` gives a restarted ledger and a
-fresh Redis projection a backlog, and sees /ready say 503 with why, then 200 once done.
+`test_ready_waits_for_ledger_recovery_and_projection_catch_up` is in
+tests/resilience/test_readiness.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
-import signal
 import uuid
 from datetime import UTC, datetime
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from events import SessionEnded
-from events.codec import encode
-from events.commands import AddMemory, DeleteMemory
+from events.commands import DeleteMemory
 from events.record import Provenance, Source
-from events.topics import COMMANDS, EVENTS
-from projections.redis_records import RedisRecords
 from services.client import MemlaneClient, TurnPublisher
-from services.stack import Stack, free_port, stack_env
 from tests.conftest import eventually
 from tests.e2e.extraction_support import answer, new_agent, send_commands, send_poison_command, turn
 from tests.fakes.model_server import Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 from tests.stacks import MODEL_API_PORT, MODEL_METRICS_BASE
-from workers.kafka_io import reader
 from workers.metrics import PORT_INDEX
-from workers.topic_reader import tp_key
 
 API_PORT = MODEL_API_PORT  # the model stack's API serves its own /metrics
 METRICS_BASE = MODEL_METRICS_BASE  # the model stack's processes: METRICS_BASE + workers.metrics.PORT_INDEX
-READY_BASE = MODEL_METRICS_BASE + 10  # the readiness test's own stack
 
 
 def port(name: str, base: int = METRICS_BASE) -> int:
@@ -204,129 +192,3 @@ async def test_every_process_exposes_its_metrics_and_they_move(mstack, fake):
         (stack.log_dir / f"metrics-{name}.txt").write_text(text)  # kept with the logs, for a look
         for secret in (ta, a, tb, b, ma, mb, "Warehouse", "no-such-record"):
             assert secret not in text, (name, secret)
-
-
-# ---------------------------------------------------------------------------------- readiness
-
-
-async def _ready(p: int) -> tuple[int, list[str]]:
-    async with httpx.AsyncClient(timeout=2) as h:
-        try:
-            r = await h.get(f"http://127.0.0.1:{p}/ready")
-        except httpx.HTTPError:
-            return 0, ["unreachable"]
-    return r.status_code, r.json()["reasons"]
-
-
-async def _watch(p: int, timeout: float = 120) -> list[tuple[int, list[str]]]:
-    """Polls /ready until 200; returns every answer seen. Fails if it never gets there."""
-    seen: list[tuple[int, list[str]]] = []
-
-    async def ready():
-        seen.append(await _ready(p))
-        return seen[-1][0] == 200
-
-    await eventually(ready, timeout=timeout, interval=0.02)
-    return seen
-
-
-async def _produce_commands(settings, n: int, agents: int) -> None:
-    """`n` AddMemory commands over `agents` agents, sent in bulk (not one round trip each)."""
-    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=20, acks=1)
-    await p.start()
-    try:
-        futs = []
-        now = datetime.now(UTC)
-        for i in range(n):
-            cmd = AddMemory(command_id=str(uuid.uuid4()), tenant="tready", agent=f"a{i % agents}", issued_at=now,
-                            summary=f"Fact number {i} about item {i * 7919 % 100003}",
-                            provenance=Provenance(source=Source.OPERATOR, modified_by="operator:test"))
-            futs.append(await p.send(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd)))
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
-
-
-async def _event_ends(settings) -> dict[TopicPartition, int]:
-    c = reader(settings)
-    await c.start()
-    try:
-        return await c.end_offsets([TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)])
-    finally:
-        await c.stop()
-
-
-async def _last_messages(settings, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-    """The offset of the last message before `ends`, per partition that has one."""
-    c = reader(settings)
-    await c.start()
-    try:
-        tps = [tp for tp, end in ends.items() if end]
-        c.assign(tps)
-        for tp in tps:
-            c.seek(tp, max(0, ends[tp] - 20))
-        last: dict[TopicPartition, int] = {}
-        while any([await c.position(tp) < ends[tp] for tp in tps]):
-            for tp, msgs in (await c.getmany(timeout_ms=500)).items():
-                for m in msgs:
-                    if m.offset < ends[tp]:
-                        last[tp] = m.offset
-        return last
-    finally:
-        await c.stop()
-
-
-# A stack of its own: its 30,000-command backlog on the session stack would be embedded and projected there
-# (slowing every later module), and its Redis projection must start with no checkpoint (the whole log to fold).
-@pytest.fixture(scope="module")
-def rstack(infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}r{uuid.uuid4().hex[:8]}."
-    data = tmp_path_factory.mktemp("rdata")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(free_port()),
-                    MEMLANE_METRICS_PORT_BASE=str(READY_BASE), MEMLANE_METRICS_EVERY_S="0.5", **infra)
-    stack = Stack(env, data / "logs")
-    s = settings.model_copy(update={"topic_prefix": prefix, "data_dir": data})
-    try:
-        yield stack, s
-    finally:
-        stack.stop()
-
-
-async def test_ready_waits_for_ledger_recovery_and_projection_catch_up(rstack):
-    stack, settings = rstack
-    ledger, projection = port("ledger", READY_BASE), port("redis-projection", READY_BASE)
-    stack.start("ledger")
-    await _watch(ledger)  # nothing to recover yet
-    # A backlog of events: the ledger decides commands into them (no snapshot below 100,000 events).
-    await _produce_commands(settings, 30_000, agents=300)
-
-    async def decided():
-        return sum((await _event_ends(settings)).values()) >= 30_000
-
-    await eventually(decided, timeout=180, interval=0.5)
-    stack.kill("ledger", signal.SIGTERM)
-
-    # Restarted, it folds every event of its partitions before it decides anything: not ready meanwhile.
-    stack.start("ledger")
-    seen = await _watch(ledger)
-    recovering = [r for s, rs in seen if s == 503 for r in rs if r.startswith("ledger recovering partitions")]
-    assert recovering, seen
-    log = (stack.log_dir / "ledger.log").read_text()
-    folded = [json.loads(line)["events"] for line in log.splitlines()
-              if '"ledger_recovered"' in line and re.search(r'"events": ?[1-9]', line)]
-    assert sum(folded) >= 30_000, folded
-
-    # A Redis projection that starts now has the whole log to fold: not ready until it has.
-    ends = await _event_ends(settings)
-    stack.start("redis-projection")
-    seen = await _watch(projection)
-    assert [r for s, rs in seen if s == 503 for r in rs if r.startswith("catching up")], seen
-    records = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
-    try:
-        ckpt = await records.checkpoints()
-    finally:
-        await records.aclose()
-    # Ready means the view holds everything the log held when the projection started (the
-    # end offset itself is the last transaction's commit marker, never a message).
-    last = await _last_messages(settings, ends)
-    assert last and all(ckpt.get(tp_key(tp), 0) >= off + 1 for tp, off in last.items()), (ckpt, last)

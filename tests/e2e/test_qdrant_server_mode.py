@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
 import httpx
 import pytest
 
 from events.config import AgentConfig
 from services.client import MemlaneClient
-from services.stack import Stack, free_port, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent
@@ -39,22 +37,20 @@ QUERIES = (("what is the staging database called?", "hybrid"), ("INC-40417", "le
            ("client angry about a delayed delivery", "vector"), ("when do we deploy?", "hybrid"))
 
 
-# A stack of its own: the session stack keeps memory in Edge shards, this one in qdrant-client collections,
-# and it checks a new deployment's generation 1 and its exact point count.
-@pytest.fixture(scope="module")
-def qstack(infra, settings, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}qs{uuid.uuid4().hex[:8]}."
-    data = tmp_path_factory.mktemp("qsdata")
-    # A real server when one is configured, else local mode in this stack's data directory.
-    backend = {} if os.environ.get("QDRANT_URL") else {"MEMLANE_QDRANT_LOCAL_PATH": str(data / "qdrant-local")}
-    port = free_port()
-    stack = Stack(stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(data), MEMLANE_API_PORT=str(port),
-                            **backend, **infra), data / "logs")
-    qsettings = Settings(topic_prefix=prefix, data_dir=data, api_port=port,
-                         qdrant_local_path=backend.get("MEMLANE_QDRANT_LOCAL_PATH"))
+# The bare deployment, before any module of it writes a memory record: the test checks a new
+# deployment's generation 1 and its exact point count. Its processes keep memory in qdrant-client
+# collections (the session stack keeps it in Edge shards), under a data directory of their own.
+@pytest.fixture
+def qstack(bare_stack, tmp_path):
+    stack, own = bare_stack.stack, bare_stack.settings
+    data = tmp_path / "data"
+    # A real server when one is configured, else local mode in this data directory.
+    local = None if os.environ.get("QDRANT_URL") else data / "qdrant-local"
+    backend = {"MEMLANE_DATA_DIR": str(data), **({"MEMLANE_QDRANT_LOCAL_PATH": str(local)} if local else {})}
+    qsettings = own.model_copy(update={"data_dir": data, "qdrant_local_path": local})
+    stack.start_all(workers=("ledger", "embedding", "redis-projection"), **backend)
     try:
-        stack.start_all(workers=("ledger", "embedding", "redis-projection"))
-        yield stack, qsettings
+        yield stack, qsettings, {**stack.env, **backend}
     finally:
         stack.stop()
         if os.environ.get("QDRANT_URL"):  # a shared server keeps nothing of a test run
@@ -70,7 +66,7 @@ def aliases(settings: Settings) -> dict[str, str]:
 
 
 async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(qstack):
-    stack, settings = qstack
+    stack, settings, env = qstack
     cols = collections_of(settings)
     assert cols is not None and settings.qdrant_client_mode
     _, _, key = await new_agent(stack.api_url, settings.operator_key, AGENT_SCOPE)
@@ -96,7 +92,7 @@ async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(
         assert [b[0] for b in before] == [FACTS[0], FACTS[2], FACTS[3], FACTS[4]]
 
         proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "qdrant"],
-                              env=stack.env, capture_output=True, text=True, timeout=180)
+                              env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr[-2000:]
         # The rebuild swapped the aliases; `serve` follows them to the new generation.
         assert aliases(settings) == {cols.alias(k): cols.name(2, k) for k in range(shards)}
@@ -117,7 +113,7 @@ async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(
 
     # `replay` fills a named generation's collections and leaves the aliases alone.
     proc = subprocess.run([sys.executable, "-m", "services.cli", "replay", "--target", "qdrant", "--generation", "9"],
-                          env=stack.env, capture_output=True, text=True, timeout=180)
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     replayed = 0
     for k in range(shards):
@@ -132,7 +128,7 @@ async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(
     # Another rebuild: generation 3 goes live, 2 is kept to switch back to, 1 is dropped
     # (collections and checkpoints); a generation above the live one is not the rebuild's.
     proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "qdrant"],
-                          env=stack.env, capture_output=True, text=True, timeout=180)
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert set(cols.generations()) == {2, 3, 9} and cols.live() == 3
     assert not [p for p in (settings.qdrant_local_path or qdrant_root(settings) / "server").glob("*memory-g1-*")]

@@ -6,6 +6,7 @@ of the ledger rules over the commands, and Redis and Qdrant equal the fold of th
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import uuid
@@ -13,7 +14,6 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import httpx
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, codec, decode, encode
@@ -22,7 +22,6 @@ from events.rules.ledger import LedgerState, decide, evolve, record_id_for
 from events.topics import COMMANDS, EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
-from services.stack import Stack, free_port, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from workers.keys import open_keys
@@ -76,20 +75,18 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list:
         return await r.read_all([TopicPartition(topic, p) for p in range(partitions)])
 
 
-# A stack of its own: the test compares its whole event log with a pure run of the rules, and its
-# memory index's point count with the records, so no other test may write to them.
-@pytest.fixture
-def crash_stack(settings, infra, tmp_path):
-    prefix = f"{settings.topic_prefix}crash{uuid.uuid4().hex[:4]}."
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(tmp_path / "data"),
-                    MEMLANE_API_PORT=str(free_port()), **infra)
-    s = Stack(env, tmp_path / "logs")
-    yield s, prefix
-    s.stop()
+def of_run(msgs: list, run: str) -> list:
+    """The run's event messages (a tenant is never sealed): the bare deployment's log holds its
+    earlier modules' too."""
+    return [m for m in msgs if json.loads(m.value)["tenant"] == f"crash{run}"]
 
 
-async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack):
-    stack, prefix = crash_stack
+# On the bare deployment (tests/stacks.py): the test compares the run's events with a pure run of
+# the rules, and the memory index's point count with the fold of the whole log, so no other test
+# may write to them meanwhile.
+async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
+    stack, settings = bare_stack.stack, bare_stack.settings
+    prefix = settings.topic_prefix
     stack.start_all(("ledger", "redis-projection", "embedding"))  # what the commands pass through, and the API
     run = uuid.uuid4().hex[:6]
     cmds = make_commands(run)
@@ -99,6 +96,11 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
     await producer.start()
     redis = RedisRecords.from_url(settings.redis_url, namespace=prefix)
     keys = None
+    watcher = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                               isolation_level="read_committed")
+    await watcher.start()
+    tps = [TopicPartition(events_topic, p) for p in range(EVENTS.partitions)]
+    before = sum((await watcher.end_offsets(tps)).values())  # the earlier modules' events
     try:
         half = len(cmds) // 2
         for c in cmds[:half]:
@@ -107,24 +109,16 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
 
         # The kill point: once the ledger has committed KILL_AFTER offsets of the event log,
         # watched closely enough that it is still deciding the first half's commands.
-        watcher = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
-                                   isolation_level="read_committed")
-        await watcher.start()
-        try:
-            tps = [TopicPartition(events_topic, p) for p in range(EVENTS.partitions)]
+        async def committed_offsets():
+            n = sum((await watcher.end_offsets(tps)).values()) - before
+            return n if n >= KILL_AFTER else None
 
-            async def committed_offsets():
-                n = sum((await watcher.end_offsets(tps)).values())
-                return n if n >= KILL_AFTER else None
-
-            at_kill = await eventually(committed_offsets, timeout=60, interval=0.01)
-            stack.kill("ledger", signal.SIGKILL)
-            stack.kill("redis-projection", signal.SIGKILL)
-        finally:
-            await watcher.stop()
+        at_kill = await eventually(committed_offsets, timeout=60, interval=0.01)
+        stack.kill("ledger", signal.SIGKILL)
+        stack.kill("redis-projection", signal.SIGKILL)
         # Reached the point, and killed mid-burst: the log holds some, not all, of the
         # events the first half's commands make.
-        killed_with = len(await read_all(settings.kafka_bootstrap, events_topic, EVENTS.partitions))
+        killed_with = len(of_run(await read_all(settings.kafka_bootstrap, events_topic, EVENTS.partitions), run))
         first_half = len(pure_events(cmds[:half]))
         assert at_kill >= KILL_AFTER and 0 < killed_with < first_half, (at_kill, killed_with, first_half)
         for c in cmds[half:]:
@@ -140,11 +134,11 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
 
         async def all_events():
             msgs = await read_all(settings.kafka_bootstrap, events_topic, EVENTS.partitions)
-            return msgs if len(msgs) >= len(expected) else None
+            return msgs if len(of_run(msgs, run)) >= len(expected) else None
 
         msgs = await eventually(all_events, timeout=180, interval=1)
-        keys = await open_keys(Settings(topic_prefix=prefix), follow=False)  # the stack's: events and views are sealed
-        got = [decode(EVENTS.name, m.value) for m in msgs]
+        keys = await open_keys(settings, follow=False)  # the deployment's: events and views are sealed
+        got = [decode(EVENTS.name, m.value) for m in of_run(msgs, run)]
         ids = [e.event_id for e in got]
         assert len(ids) == len(set(ids)), "an event was written twice"
         # Same events as a pure run of the rules, per agent in command order.
@@ -175,7 +169,9 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
             ).records
             assert await redis.pinned(f"crash{run}", f"agent{a}") == await fold.pinned(f"crash{run}", f"agent{a}")
 
-        active = sum(1 for k, v in fold.current.items() if fold.versions[k][v].status is Status.ACTIVE)
+        everyone = MemoryFold()  # the index holds the earlier modules' records too
+        await everyone.apply([decode(EVENTS.name, m.value) for m in msgs])
+        active = sum(1 for k, v in everyone.current.items() if everyone.versions[k][v].status is Status.ACTIVE)
 
         async def qdrant_matches():
             async with httpx.AsyncClient() as h:
@@ -183,6 +179,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(settings, crash_stack
 
         await eventually(qdrant_matches, timeout=120, interval=1)
     finally:
+        await watcher.stop()
         await producer.stop()
         await redis.aclose()
         if keys is not None:

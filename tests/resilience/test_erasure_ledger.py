@@ -12,7 +12,6 @@ import uuid
 from datetime import datetime
 
 import httpx
-import pytest
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
@@ -27,7 +26,7 @@ from services.http import errors
 from services.http.routes import subjects as subjects_routes
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
-from services.stack import Stack, free_port, stack_env
+from services.stack import Stack
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic_at
@@ -35,24 +34,8 @@ from workers.kafka_io import ensure_topics
 from workers.kafka_io import producer as kafka_producer
 from workers.keys import open_keys
 
-# Each test its own tenant: they share one ledger and one keys topic.
 AGENT = "eraser"
 MEMORY = {"scope": {"read": ["session", "user"], "write": ["session", "user"]}}
-
-
-# A ledger of its own, shared by this module's tests: they kill it and read its log's
-# key-destruction lines, and a ledger of the session's stacks would write lines of its own.
-@pytest.fixture(scope="module")
-def erasure_stack(settings, infra, tmp_path_factory):
-    prefix = f"{settings.topic_prefix}erase{uuid.uuid4().hex[:4]}."
-    tmp = tmp_path_factory.mktemp("erasure")
-    s = Settings(topic_prefix=prefix, data_dir=tmp / "data", key_file=tmp / "keys" / "memlane.key")
-    env = stack_env(MEMLANE_TOPIC_PREFIX=prefix, MEMLANE_DATA_DIR=str(s.data_dir), MEMLANE_KEY_FILE=str(s.key_file),
-                    MEMLANE_API_PORT=str(free_port()), **infra)
-    stack = Stack(env, tmp / "logs")
-    yield stack, s
-    stack.stop()
-    codec.use_cipher(None)
 
 
 def fact(tenant: str, cmd_id: str, user: str, summary: str, at: datetime) -> AddMemory:
@@ -109,24 +92,19 @@ def on_the_workspace_partition(tenant: str, *agents: str) -> int:
     return sum(COMMANDS.partition_of(f"{tenant}/{a}".encode()) == here for a in agents)
 
 
-def log_lines(stack: Stack) -> list[dict]:
-    """The ledger's log lines, of every run, oldest first."""
-    path = stack.log_dir / "ledger.log"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+def logged(stack: Stack, event: str) -> list[dict]:
+    """The ledger's log lines of `event`, of every run in this test, oldest first."""
+    lines = (json.loads(line) for line in (stack.log_dir / "ledger.log").read_text().splitlines()
+             if line.startswith("{"))
+    return [line for line in lines if line.get("event") == event]
 
 
-def logged(stack: Stack, event: str, since: int) -> list[dict]:
-    """The ledger's log lines of `event` after the first `since` lines (those of an earlier test)."""
-    return [line for line in log_lines(stack)[since:] if line.get("event") == event]
-
-
-async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_when_it_recovers(erasure_stack):
-    stack, s = erasure_stack
-    tenant, since = "t1", len(log_lines(stack))
+# On the bare deployment (tests/stacks.py): a ledger of the test's own, whose log lines it reads.
+async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_when_it_recovers(bare_stack):
+    stack, s = bare_stack.stack, bare_stack.settings
+    tenant = "t1"  # each test its own: they share the deployment's keys topic
     await ensure_topics(s)
-    stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"] = "600"  # it commits the erasure, then waits: killed there
-    stack.start("ledger")
+    stack.start("ledger", MEMLANE_LEDGER_ERASURE_DELAY_S="600")  # it commits the erasure, then waits: killed there
     # Stamped now, as the API stamps commands: an erasure takes the keys made before it.
     await send(s, [
         ConfigureAgent(command_id="cfg", tenant=tenant, agent=AGENT, issued_at=utcnow(),
@@ -151,7 +129,6 @@ async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_
     stack.kill("ledger")
     assert await kids(s, tenant) == {"u1": 1, "u2": 1}  # killed before it destroyed anything
 
-    del stack.env["MEMLANE_LEDGER_ERASURE_DELAY_S"]
     stack.start("ledger")
 
     async def destroyed() -> bool:
@@ -159,8 +136,8 @@ async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_
 
     await eventually(destroyed, timeout=90)
     # Its log line follows the destruction the keys topic shows: wait for it, then check it is the only one.
-    await eventually(lambda: logged(stack, "ledger_keys_destroyed", since) or None, timeout=30)
-    assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed", since)] == [(1, True)]
+    await eventually(lambda: logged(stack, "ledger_keys_destroyed") or None, timeout=30)
+    assert [(e["keys"], e["after_recovery"]) for e in logged(stack, "ledger_keys_destroyed")] == [(1, True)]
 
     # Restarted again, the ledger cannot open u1's events any more: it skips and counts them,
     # and still decides.
@@ -173,19 +150,19 @@ async def test_a_ledger_killed_before_destroying_an_erasures_keys_destroys_them_
 
     await eventually(decided, timeout=90)
     # The third run's recovery of the agent's partition: u1's record and its tombstone.
-    assert [e.get("unreadable") for e in logged(stack, "ledger_recovered", since) if e["events"]][-1] == 2
+    here = COMMANDS.partition_of(f"{tenant}/{AGENT}".encode())
+    assert [e.get("unreadable") for e in logged(stack, "ledger_recovered") if e["partition"] == here][-1] == 2
 
 
-async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_keys_at_once(erasure_stack):
+async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_keys_at_once(bare_stack):
     """Live, with no crash: a member removed under the workspace agent loses their keys on every
     agent, and every partition the ledger holds forgets their facts (a later delete of one finds
     nothing, rather than writing it again under a new key); a removed agent loses its keys and its
     members'. Another member's and another agent's keys stay."""
-    stack, s = erasure_stack
-    tenant, since = "t2", len(log_lines(stack))
+    stack, s = bare_stack.stack, bare_stack.settings
+    tenant = "t2"
     await ensure_topics(s)
-    if "ledger" not in stack.procs:  # the module's first test leaves its last run going
-        stack.start("ledger")
+    stack.start("ledger")
     other = "keeper"
     cfg = AgentConfig.model_validate({"memory": MEMORY})
     u1_fact = fact(tenant, "g1", "u1", "u1 keeps bees", utcnow())
@@ -207,11 +184,11 @@ async def test_a_member_removed_from_the_tenant_and_a_removed_agent_lose_their_k
                               issued_at=utcnow(), provenance=Provenance(source=Source.OPERATOR))])
 
     async def removed() -> bool:
-        return bool(logged(stack, "ledger_keys_destroyed", since))
+        return bool(logged(stack, "ledger_keys_destroyed"))
 
     await eventually(removed, timeout=60)
     assert await subjects(s, tenant) == {f"{AGENT}|u:u2": 1, f"{other}|u:u2": 1}
-    [done] = logged(stack, "ledger_keys_destroyed", since)
+    [done] = logged(stack, "ledger_keys_destroyed")
     # Both of u1's facts are forgotten, whichever partitions the workspace and the agents are on.
     assert done["keys"] == 2 and done["records_forgotten"] + on_the_workspace_partition(tenant, AGENT, other) == 2
 

@@ -18,7 +18,6 @@ import httpx
 
 from events import AgentConfig
 from services.client import MemlaneClient
-from services.stack import free_port, stack_env
 from tests.conftest import eventually
 
 VICTIM = "ledger"  # a write needs it: the stack answering a write proves it came back
@@ -51,18 +50,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def test_start_restarts_a_killed_child_and_stops_cleanly(settings, run_id, infra, tmp_path):
-    api_port = free_port()
-    env = stack_env(
-        MEMLANE_TOPIC_PREFIX=f"{run_id}sup.",  # its own pipeline; the run's topics are deleted at its end
-        MEMLANE_DATA_DIR=str(tmp_path / "data"),
-        MEMLANE_API_PORT=str(api_port),
-        MEMLANE_METRICS_PORT_BASE=str(_free_range(25)),
-        **infra,
-    )
+# On the bare deployment (tests/stacks.py), after its other modules: `memlane start` runs every
+# process of it, each with a /ready port (the deployment's own processes have none).
+async def test_start_restarts_a_killed_child_and_stops_cleanly(bare_stack, tmp_path):
+    settings = bare_stack.settings
+    api_port = settings.api_port
+    env = {k: v for k, v in bare_stack.stack.env.items() if k != "MEMLANE_METRICS_PORT"}
+    env["MEMLANE_METRICS_PORT_BASE"] = str(_free_range(25))
     memlane = Path(sys.executable).with_name("memlane")
     out_path, logs = tmp_path / "start.out", tmp_path / "logs"
-    status_file = tmp_path / "data" / "supervisor.json"
+    status_file = settings.data_dir / "supervisor.json"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen([str(memlane), "start", "--log-dir", str(logs), "--stop-timeout", "30"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
