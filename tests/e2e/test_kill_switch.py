@@ -71,7 +71,8 @@ async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothin
         await pub.publish(t)
 
     async def commands():
-        mine = [c for c, _ in await read_topic(settings, COMMANDS.name, COMMANDS.name) if c.turn_ref == t.turn_ref]
+        mine = [c for c, _ in await read_topic(settings, COMMANDS.name, COMMANDS.name)
+                if (c.tenant, c.agent, c.turn_ref) == (tenant, agent, t.turn_ref)]  # the stack's other turns share refs
         return mine if any(c.type == "TurnOutcome" for c in mine) else None
 
     # A turn's writes and its outcome commit in one transaction: once the outcome is
