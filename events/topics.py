@@ -120,3 +120,12 @@ def keys_topic(segment_ms: int = 3_600_000) -> Topic:
 # order over every key, and one position for a follower to be caught up to.
 API_KEYS = Topic("memlane.apikeys", 1, lambda r: r.topic_key.decode(), compacted=True,
                  config={"cleanup.policy": "compact"})
+
+# How long a web sign-in lasts.
+WEB_SESSION_TTL_S = 8 * 3600
+# Web sessions by the hash of their cookie (events/web_sessions.py), so a lost Redis keeps every
+# live sign-in. Compacted (a sign-out's tombstone ends one) and deleted past a session's life:
+# nothing of an ended session stays on the broker.
+WEB_SESSIONS = Topic("memlane.websessions", 1, lambda r: r, compacted=True, config={
+    "cleanup.policy": "compact,delete", "retention.ms": str(WEB_SESSION_TTL_S * 1000),
+    "delete.retention.ms": "3600000"})

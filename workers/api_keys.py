@@ -20,14 +20,12 @@ from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import TopicAlreadyExistsError
 
 from events.api_keys import KeyBook, KeyRecord, key_id
 from events.topics import API_KEYS
 from projections.redis_api_keys import ApiKeyView
 from settings import Settings
-from workers.kafka_io import log_clients, new_topic
+from workers.kafka_io import ensure_log_topic, log_clients
 
 log = structlog.get_logger()
 CHECK_EVERY_S = 1.0  # how often the follower looks for the view's mark
@@ -52,7 +50,7 @@ class ApiKeyLog:
 
     async def start(self, follow: bool = True) -> None:
         """Reads the topic to its end; then, with `follow`, restores the view and follows."""
-        await self._ensure_topic()
+        await ensure_log_topic(self.settings, API_KEYS)
         self._producer, self._consumer = await log_clients(self.settings, self.tp)
         await self.catch_up()
         log.info("api_keys_loaded", keys=len(self.book))
@@ -76,18 +74,6 @@ class ApiKeyLog:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
-
-    async def _ensure_topic(self) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
-        await admin.start()
-        try:
-            if self.name not in set(await admin.list_topics()):
-                try:
-                    await admin.create_topics([new_topic(self.settings, self.name, 1, API_KEYS.config)])
-                except TopicAlreadyExistsError:
-                    pass
-        finally:
-            await admin.close()
 
     async def append(self, rec: KeyRecord) -> None:
         """`rec` on the log, acknowledged by every in-sync replica, and in this process's book."""

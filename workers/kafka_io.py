@@ -66,6 +66,22 @@ async def delete_prefixed_topics(settings: Settings, prefix: str) -> list[str]:
         await admin.close()
 
 
+async def ensure_log_topic(settings: Settings, topic: Topic) -> None:
+    """A one-partition log the API processes follow (the API keys, the web sessions), created
+    with its own configuration when missing."""
+    name = settings.topic(topic.name)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        if name not in set(await admin.list_topics()):
+            try:
+                await admin.create_topics([new_topic(settings, name, topic.partitions, topic.config)])
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
 async def log_clients(settings: Settings, tp: TopicPartition) -> tuple[AIOKafkaProducer, Any]:
     """A started producer, and a reader assigned to `tp` from its beginning: what a follower
     of a one-partition log (the data keys, the API keys) opens."""

@@ -26,6 +26,7 @@ from services.http.sessions import COOKIE, SESSION_TTL_S, WebSession, WebSession
 from services.memory import overview
 from services.memory.member_reads import MEMBER_LIST
 from settings import Settings
+from workers.web_sessions import WebSessionLog
 
 HERE = Path(__file__).parent
 # What a page may load and do: its own script and style only, so text that slipped past
@@ -91,7 +92,7 @@ def as_page(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaita
 
 
 class WebExtension:
-    """Serves /ui: its sessions live in the API's Redis, beside the keys they stand for."""
+    """Serves /ui: its sessions go to their log, then to the API's Redis beside the keys they stand for."""
 
     def __init__(self) -> None:
         self.router = APIRouter(include_in_schema=False)
@@ -109,9 +110,13 @@ class WebExtension:
 
     async def start(self, app: FastAPI, settings: Settings) -> None:
         keys = app.state.keys
-        app.state.web_sessions = WebSessions(keys.r, keys, settings.redis_root)
+        # Read to the end before serving: the book answers for a session Redis has lost.
+        self.log = WebSessionLog(settings)
+        await self.log.start()
+        app.state.web_sessions = WebSessions(keys.r, keys, settings.redis_root, self.log)
 
-    async def stop(self, app: FastAPI) -> None: ...
+    async def stop(self, app: FastAPI) -> None:
+        await self.log.stop()
 
     async def home(self, request: Request) -> Response:
         session = await signed_in(request)

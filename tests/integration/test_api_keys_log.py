@@ -1,6 +1,6 @@
-"""API keys outlive Redis losing its data: keys and revocations go to `memlane.apikeys` on the
-real broker first, and the API process's follower rebuilds the Redis view from it
-(docs/api-keys.md). Each test has a redis-server of its own (tests/private_redis.py), so its
+"""API keys and web sessions outlive Redis losing its data: keys and revocations go to
+`memlane.apikeys` on the real broker first, sign-ins and sign-outs to `memlane.websessions`, and
+the API process's followers rebuild the Redis view from them (docs/api-keys.md). Each test has a redis-server of its own (tests/private_redis.py), so its
 FLUSHALL reaches no other test's data."""
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import pytest
 from aiokafka import TopicPartition
 
 from events.topics import API_KEYS
+from events.web_sessions import session_hash
 from projections.redis_api_keys import ApiKeyView
 from projections.redis_client import connect
 from services.auth import KeyStore, key_digest
+from services.http.sessions import SESSION_TTL_S, WebSessions
 from settings import Settings
 from tests.conftest import eventually
 from tests.private_redis import PrivateRedis
 from workers.api_keys import ApiKeyLog
 from workers.topic_reader import TopicReader
+from workers.web_sessions import WebSessionLog
 
 BOOT = "the-deployments-own-key"
 
@@ -178,3 +181,45 @@ async def test_keys_issued_before_the_log_are_adopted_and_a_revocation_wins(depl
     assert await redis.flushall()
     async with api_process(deployment, redis) as store:
         assert await store.resolve(legacy) is None
+
+
+@asynccontextmanager
+async def web_sessions(s: Settings, client, store: KeyStore):
+    """What an API process holds of its web sessions: the Redis view and the log's follower."""
+    log = WebSessionLog(s)
+    await log.start()
+    try:
+        yield WebSessions(client, store, s.redis_root, log)
+    finally:
+        await log.stop()
+
+
+async def test_web_sessions_outlive_a_flushall_and_a_signed_out_or_revoked_one_stays_out(deployment, redis):
+    """Sign-ins and sign-outs go to `memlane.websessions` first: after Redis lost everything, a
+    process started afterwards (its book read from the topic) and the running one both serve the
+    live session, with its CSRF token, and put it back in Redis for the rest of its life; the
+    signed-out session stays out, and so does a session whose key is revoked afterwards."""
+    async with api_process(deployment, redis) as store, web_sessions(deployment, redis, store) as web:
+        member, _ = await store.issue("acme", None, "member", "dana")
+        operator, entry = await store.issue("acme", None, "operator")
+        signed_in = await web.sign_in(member)
+        left = await web.sign_in(operator)
+        assert isinstance(signed_in, tuple) and isinstance(left, tuple)
+        (sid, session), (gone, _) = signed_in, left
+        await web.sign_out(gone)
+        await redis.flushall()
+
+        async with api_process(deployment, redis) as later_store, web_sessions(deployment, redis, later_store) as later:
+            back = await later.get(sid)
+            assert back is not None and (back.csrf, back.principal.user) == (session.csrf, "dana")
+            assert 0 < await redis.pttl(f"{deployment.redis_root}websession:{session_hash(sid)}") <= SESSION_TTL_S * 1000
+            assert await later.get(gone) is None
+        await redis.flushall()
+        again = await web.get(sid)  # the running process's own book
+        assert again is not None and again.csrf == session.csrf
+
+        await store.revoke_member("acme", "dana")
+        assert await web.get(sid) is None
+        await redis.flushall()
+        async with api_process(deployment, redis) as later_store, web_sessions(deployment, redis, later_store) as later:
+            assert await later.get(sid) is None
