@@ -36,6 +36,8 @@ class ErrorCode(str, Enum):
     COMMAND_FAILED = "COMMAND_FAILED"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
+    # The tenant has as much work waiting as it may (its queries to embed): retry after a while.
+    RATE_LIMITED = "RATE_LIMITED"
     # The agent requires a member's consent (memory.consent) and this subject has none.
     CONSENT_REQUIRED = "CONSENT_REQUIRED"
     # The session's channel is not in memory.channels.

@@ -24,12 +24,15 @@ STATUS_BY_CODE: dict[ErrorCode | str, int] = {
     ErrorCode.VERSION_CONFLICT: 409,
     ErrorCode.REVISION_CONFLICT: 409,
     ErrorCode.TIMEOUT: 504,
+    ErrorCode.RATE_LIMITED: 429,
 }
 
 
 class ApiError(Exception):
-    def __init__(self, code: ErrorCode | str, field: str | None, message: str, status: int | None = None) -> None:
+    def __init__(self, code: ErrorCode | str, field: str | None, message: str, status: int | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
+        self.retry_after = retry_after  # seconds, for a Retry-After header
         # A code read back from a CommandRejected event is a plain string; known ones become members.
         self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
         self.field, self.message = field, message

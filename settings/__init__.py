@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     # /health: each worker writes a heartbeat this often, kept this long; a worker without
     # one is dead. A consumer group further behind than health_max_lag messages is lagging.
     heartbeat_s: float = Field(default=2.0, gt=0)
+    # The API's query embedding (docs/fairness.md): this many embedder calls at once, taken from
+    # each tenant's queue in turn; a tenant with tenant_queued_texts queries waiting gets 429.
+    embed_slots: int = Field(default=2, ge=1, le=64)
+    tenant_queued_texts: int = Field(default=256, ge=1)
     heartbeat_ttl_s: float = Field(default=10.0, gt=0)
     # A registered worker without a heartbeat for this long was stopped for good (killed
     # and not restarted): /health forgets it instead of reporting it dead forever.

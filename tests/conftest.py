@@ -131,9 +131,11 @@ def tier_of(node: pytest.Item | pytest.TestReport) -> int:
 
 
 def _order(item: pytest.Item) -> tuple[int, int]:
-    """Tiers, cheapest first; within one, the bare deployment's modules last, in BARE_ORDER."""
+    """Tiers, cheapest first; within one, the bare deployment's modules first, in BARE_ORDER:
+    its group (one process, a test at a time, about two minutes) is then handed out as soon as
+    its first tier starts, not after every other module of that tier."""
     module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return tier_of(item), BARE_ORDER.index(module) + 1 if module in BARE_ORDER else 0
+    return tier_of(item), BARE_ORDER.index(module) - len(BARE_ORDER) if module in BARE_ORDER else 0
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -121,6 +121,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
             for ext in reversed(exts):
                 await ext.stop(app)
             watcher.cancel()
+            await service.fair.aclose()
             await api_keys.stop()
             await app.state.health.close()
             await shards.close()

@@ -29,11 +29,15 @@ def error_response(code: ErrorCode | str, field: str | None, message: str, statu
 
 def api_error_item(e: ApiError) -> dict[str, Any]:
     """An error as one item of a batch answers it: the body, and the status it would have alone."""
-    return {**error_body(e.code, e.field, e.message), "status": e.status}
+    return {**error_body(e.code, e.field, e.message), "status": e.status,
+            **({"retry_after": e.retry_after} if e.retry_after is not None else {})}
 
 
 async def _api_error(request: Request, e: ApiError) -> JSONResponse:
-    return error_response(e.code, e.field, e.message, e.status)
+    out = error_response(e.code, e.field, e.message, e.status)
+    if e.retry_after is not None:
+        out.headers["Retry-After"] = str(e.retry_after)
+    return out
 
 
 async def _cursor(request: Request, e: CursorError) -> JSONResponse:

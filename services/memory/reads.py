@@ -32,6 +32,7 @@ from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory import member_reads
 from services.memory.context import Context
+from services.memory.fair_embedding import FairEmbedding
 from services.memory.ports import LayerSource, RecallAsk
 from services.memory.recalled import OTHER, SAME, RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused, shown_to
@@ -119,11 +120,13 @@ class _Ranked:
 
 class MemoryReads:
     def __init__(self, settings: Settings, records: RedisRecords, memory: MemoryShards | None, embedder: Embedder,
-                 usage: UsageLog, recalled: RecalledVersions | None = None) -> None:
+                 usage: UsageLog, recalled: RecalledVersions | None = None, fair: FairEmbedding | None = None) -> None:
         self.settings = settings
         self.records = records
         self.memory = memory  # the shards of the current generation; swapped with it
         self.embedder = embedder
+        # Queries are embedded through each tenant's queue, in turn (docs/fairness.md).
+        self.fair = fair or FairEmbedding(embedder, settings.embed_slots, settings.tenant_queued_texts)
         self.usage = usage
         self.recalled = recalled or RecalledVersions(records)
         # Recall's shared layers (profiles, notes, tenant and platform memory): each source
@@ -317,13 +320,28 @@ class MemoryReads:
         if todo:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
-            # Each distinct text once: short replies ("ok", "Noted.") repeat across sessions.
-            texts = list(dict.fromkeys(searches[i][1]["query"] for i in todo))
-            by_text = dict(zip(texts, await asyncio.to_thread(self.embedder.embed, texts)))
+            # Each distinct text of a tenant once: short replies ("ok", "Noted.") repeat across
+            # sessions. Each tenant's texts wait in its own queue: one refused (429) refuses its items.
+            per_tenant: dict[str, list[str]] = {}
+            for i in todo:
+                per_tenant.setdefault(searches[i][0].tenant, []).append(searches[i][1]["query"])
+            tenants = list(per_tenant)
+            texts = {t: list(dict.fromkeys(qs)) for t, qs in per_tenant.items()}
+            answers = await asyncio.gather(*(self.fair.embed(t, texts[t]) for t in tenants), return_exceptions=True)
+            by_text: dict[tuple[str, str], list[float]] = {}
+            for t, got in zip(tenants, answers, strict=True):
+                if isinstance(got, ApiError):
+                    refused_at.update({i: got for i in todo if searches[i][0].tenant == t})
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    by_text.update({(t, q): v for q, v in zip(texts[t], got, strict=True)})
             ms = (loop.time() - t0) * 1000
             for i in todo:
-                vectors[i] = by_text[searches[i][1]["query"]]
+                if i in refused_at:
+                    continue
                 ctx, kw = searches[i]
+                vectors[i] = by_text[(ctx.tenant, kw["query"])]
                 # One usage record per query, as a single search records it.
                 await self.usage.embedded(ctx, kw["query"], ms)
 
@@ -362,7 +380,7 @@ class MemoryReads:
 
     async def _embed_query(self, ctx: Context, query: str) -> list[float]:
         t0 = asyncio.get_running_loop().time()
-        vec = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        vec = (await self.fair.embed(ctx.tenant, [query]))[0]
         EMBED_MS.set((asyncio.get_running_loop().time() - t0) * 1000)
         await self.usage.embedded(ctx, query, (asyncio.get_running_loop().time() - t0) * 1000)
         return vec

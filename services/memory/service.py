@@ -10,6 +10,7 @@ from events.rules import subjects
 from services.errors import ApiError
 from services.memory.commands import MemoryCommands
 from services.memory.context import Context
+from services.memory.fair_embedding import FairEmbedding
 from services.memory.merge import MergeCheck
 from services.memory.notes import MemoryNotes
 from services.memory.ports import CommandPublisher, UsageRecorder
@@ -33,7 +34,8 @@ class MemoryService:
         self.embedder = embedder
         self.records = records
         self.usage = UsageLog(recorder, embedder.model_id if embedder is not None else "embedder")
-        self.reads = MemoryReads(settings, records, memory, embedder, self.usage)
+        self.fair = FairEmbedding(embedder, settings.embed_slots, settings.tenant_queued_texts)
+        self.reads = MemoryReads(settings, records, memory, embedder, self.usage, fair=self.fair)
         self.commands = MemoryCommands(settings, records, memory, publisher)
         self.commands.merge = MergeCheck(records, embedder) if embedder is not None else None
         self.notes = MemoryNotes(self.commands)  # docs/notes.md

@@ -23,6 +23,7 @@ GROUPS = {
     "writes": "tests.bench.bench_writes",
     "scale": "tests.bench.bench_scale",
     "apikeys": "tests.bench.bench_api_keys",
+    "fairness": "tests.bench.bench_fairness",
 }
 
 

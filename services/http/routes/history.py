@@ -288,7 +288,7 @@ class HistoryExtension:
         limit = min(body.limit, cap - offset)
         dense = None
         if mode != "lexical":
-            dense = (await asyncio.to_thread(self.app.state.service.embedder.embed, [body.query]))[0]
+            dense = (await self.app.state.service.fair.embed(f.tenant, [body.query]))[0]  # in the tenant's turn
         # Hits said while the agent was not a member of their session are left out here (the
         # windows live in Redis), so a page reads on until it is full; the cursor is the rank
         # of the next hit not yet looked at. A hybrid search leaves them out before ranking too,

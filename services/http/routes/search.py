@@ -85,8 +85,10 @@ async def search_memory_batch(
     """Up to 100 searches in one request, each answered as `/v1/memory/search` would
     answer it alone (same key rules, same usage records), or with its own error.
 
-    For callers that search for many contexts at once (the extraction worker): the
-    queries share one embedding call, and the HTTP round trips collapse into one.
+    For callers that search for many contexts at once (the extraction worker): the HTTP round
+    trips collapse into one, and each tenant's queries are embedded in its turn, a few per
+    embedder call (docs/fairness.md). A tenant with too many queries waiting gets its items
+    refused with 429 (`retry_after` in each), the whole request 429 when that is every item.
 
     The deployment's own operator key (the workers', from settings) with `retrieved: false`
     naming a member (`user`: the extraction worker reviewing that member's turn) reads what the
@@ -120,7 +122,11 @@ async def search_memory_batch(
             ctx = as_agent(ctx)
         searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})))
         answers.append(None)
-    results = iter(await s.reads.search_many(searches))
+    found = await s.reads.search_many(searches)
+    limited = [r for r in found if isinstance(r, ApiError) and r.code == ErrorCode.RATE_LIMITED]
+    if limited and len(limited) == len(body.searches):
+        raise limited[0]  # nothing of it was done: 429 and Retry-After for the whole request
+    results = iter(found)
     ctxs = iter(searches)
     for i, a in enumerate(answers):
         if a is not None:

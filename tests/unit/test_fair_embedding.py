@@ -1,0 +1,77 @@
+"""Query embedding in turns between tenants: one tenant's backlog delays another's query by at
+most a chunk per slot, and a tenant past its queue's bound is refused with 429 and how long to
+wait, while another tenant is still served."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from services.errors import ApiError
+from services.memory.fair_embedding import FairEmbedding, chunks
+from tests.fakes.embedder import HashEmbedder
+
+
+class Gated(HashEmbedder):
+    """Embeds only when the test lets it, one call at a time, and notes what each call held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+        self.go = threading.Semaphore(0)
+
+    def embed(self, texts):
+        self.go.acquire()
+        self.calls.append(list(texts))
+        return super().embed(texts)
+
+
+async def until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0)
+
+
+def test_chunks_keep_short_texts_together_and_long_ones_apart():
+    assert chunks(["a", "b", "c"]) == [["a", "b", "c"]]
+    assert chunks(["x" * 1500, "y" * 1500, "z"]) == [["x" * 1500], ["y" * 1500, "z"]]
+    assert [len(c) for c in chunks(["q"] * 20)] == [8, 8, 4]
+
+
+async def test_a_tenants_backlog_does_not_hold_back_another_tenants_query():
+    e = Gated()
+    fair = FairEmbedding(e, slots=1, queued=1000)
+    try:
+        hostile = asyncio.ensure_future(fair.embed("hostile", ["h" * 1500 + str(i) for i in range(10)]))
+        await until(lambda: "hostile" in fair.waiting)
+        victim = asyncio.ensure_future(fair.embed("victim", ["where is the office?"]))
+        await until(lambda: "victim" in fair.waiting)
+        for _ in range(11):
+            e.go.release()
+        [vec] = await victim
+        await hostile
+        assert vec == HashEmbedder().embed(["where is the office?"])[0]
+        # The hostile tenant's first chunk was already taken; the victim's came next, not 10th.
+        order = ["victim" if c == ["where is the office?"] else "hostile" for c in e.calls]
+        assert order.index("victim") == 1 and len(order) == 11, order
+    finally:
+        await fair.aclose()
+
+
+async def test_past_its_bound_a_tenant_is_refused_with_retry_after_and_another_is_served():
+    e = Gated()
+    fair = FairEmbedding(e, slots=1, queued=10)
+    try:
+        first = asyncio.ensure_future(fair.embed("hostile", ["q"] * 8))
+        await until(lambda: fair.texts.get("hostile") == 8)
+        with pytest.raises(ApiError) as refused:
+            await fair.embed("hostile", ["q"] * 3)
+        assert (refused.value.status, refused.value.code, refused.value.retry_after) == (429, "RATE_LIMITED", 1)
+        other = asyncio.ensure_future(fair.embed("victim", ["q"] * 3))
+        e.go.release()
+        e.go.release()
+        assert len(await first) == 8 and len(await other) == 3
+        assert fair.texts == {}  # nothing left counted against either tenant
+    finally:
+        await fair.aclose()
