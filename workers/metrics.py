@@ -51,6 +51,7 @@ LEDGER_COMMANDS = Counter("memlane_ledger_commands_total", "Commands the ledger 
 LEDGER_REJECTIONS = Counter("memlane_ledger_rejections_total", "CommandRejected events, by error code", ["code"])
 
 # ---------------------------------------------------------------- projections
+EMBED_QUEUED = Gauge("memlane_embed_queued_texts", "Queries waiting to be embedded or being embedded, every tenant's")
 PROJECTION_GENERATION = Gauge("memlane_projection_generation", "The generation a projection serves", ["projection"])
 PROJECTION_POINTS = Gauge("memlane_projection_points", "Points in a Qdrant projection", ["projection"])
 PROJECTION_CHECKPOINT_LAG = Gauge("memlane_projection_checkpoint_lag",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from events.errors import ErrorCode
 from projections.embedding_port import Embedder
 from services.errors import ApiError
+from workers.metrics import EMBED_QUEUED
 
 # A chunk holds texts until this many characters (or CHUNK_TEXTS texts): a few short queries
 # share one embedder call, a long one goes alone.
@@ -62,6 +63,7 @@ class FairEmbedding:
         self._start()
         jobs = [_Job(c) for c in chunks(texts)]
         self.texts[tenant] = held + len(texts)
+        EMBED_QUEUED.inc(len(texts))
         if tenant not in self.waiting:
             # A tenant with nothing waiting goes first: the one just served is a backlog's.
             self.waiting[tenant] = deque()
@@ -72,6 +74,7 @@ class FairEmbedding:
         try:
             return [v for vecs in await asyncio.gather(*(j.done for j in jobs)) for v in vecs]
         finally:
+            EMBED_QUEUED.dec(len(texts))
             left = self.texts.get(tenant, 0) - len(texts)
             if left > 0:
                 self.texts[tenant] = left
