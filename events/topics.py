@@ -75,6 +75,10 @@ COMMANDS = Topic("memlane.memory.commands", 8, agent_key)
 EVENTS = Topic("memlane.memory.events", 8, agent_key, config={"retention.ms": "-1"})
 VECTORS = Topic("memlane.vectors", 4, vector_key, compacted=True, config={"cleanup.policy": "compact"})
 USAGE = Topic("memlane.usage", 4, agent_key)
+# The ledger's answers to a command it had decided before (a retry, a redelivery, another
+# caller's reuse of its id): copies of its events for whoever waits on the id, kept a day. The
+# event log itself holds each decision once. Partitioned as the events are.
+REPLIES = Topic("memlane.memory.replies", 8, agent_key, config={"retention.ms": str(24 * 3600 * 1000)})
 # Vectors of history parts, keyed by model and part (`events.rules.history.point_id` as the
 # content hash), each in the partition of its turn: the embedding worker that reads turns
 # partition p writes them to partition p, so as many workers share them as share the turns.

@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from events.limits import MESSAGE_LIMIT
-from events.topics import TOPICS, Topic
+from events.topics import REPLIES, TOPICS, Topic
 from settings import Settings
 
 log = structlog.get_logger()
@@ -40,6 +40,8 @@ async def ensure_topics(settings: Settings, topics: Iterable[Topic] = TOPICS.val
                 wanted.append(new_topic(settings, name, t.partitions, t.config))
             if settings.topic(t.dlq) not in existing:
                 wanted.append(new_topic(settings, settings.topic(t.dlq), 1))
+        if settings.topic(REPLIES.name) not in existing:  # no worker consumes it: no dead letters
+            wanted.append(new_topic(settings, settings.topic(REPLIES.name), REPLIES.partitions, REPLIES.config))
         for nt in wanted:
             try:
                 await admin.create_topics([nt])

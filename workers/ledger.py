@@ -45,7 +45,7 @@ from events.rules.ledger.retention import due as retention_due
 from events.rules.ledger.sweep import due as sweep_due
 from events.rules.ledger.sweep import is_due, next_sweep
 from events.sealing import KeyDestroyed, KeyMissing
-from events.topics import COMMANDS, EVENTS, REDELIVERED
+from events.topics import COMMANDS, EVENTS, REDELIVERED, REPLIES
 from workers import ledger_snapshot as snapshot_file
 from workers import metrics
 from workers.heap import settle_heap
@@ -436,14 +436,12 @@ class LedgerProcessor(Processor):
                 # the id's own events; the caller waiting on the id still gets it.
                 log.warning("command_id_reused", command_id=cmd.command_id, agent=cmd.agent, partition=partition,
                             offset=offset)
-                outs = [Out(EVENTS.name, key, encode(e), ((REDELIVERED, b"1"), named)) for e in reused(cmd)]
-                self.snapshots.sent(partition, outs)
-                return outs
-            # Effectively once: a redelivered command re-emits its stored events, same ids.
+                return [Out(REPLIES.name, key, encode(e), ((REDELIVERED, b"1"), named), partition=partition)
+                        for e in reused(cmd)]
+            # Effectively once: a redelivered command is answered with its stored events, same
+            # ids, on the replies topic; the event log keeps the first decision only.
             log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            outs = [Out(EVENTS.name, key, raw, ((REDELIVERED, b"1"), named)) for raw in seen[ck]]
-            self.snapshots.sent(partition, outs)
-            return outs
+            return [Out(REPLIES.name, key, raw, ((REDELIVERED, b"1"), named), partition=partition) for raw in seen[ck]]
         events, raws, parked = await self._deciding(state, cmd, partition, offset)
         outs = [Out(EVENTS.name, key, raw, (named,)) for raw in raws]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event

@@ -37,7 +37,7 @@ from events.base import command_key
 from events.codec import ContractError
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.sealing import KeyDestroyed, KeyMissing
-from events.topics import EVENTS, REDELIVERED, VECTORS, vector_partitions
+from events.topics import EVENTS, REDELIVERED, REPLIES, VECTORS, vector_partitions
 from projections.embedding_port import embedder_model_id
 from projections.qdrant_index import EdgeIndex, RecordKey, indexable, read_checkpoint, write_checkpoint
 from projections.records import Erasure
@@ -122,6 +122,14 @@ class QdrantProjection:
         self._answering: set[asyncio.Task] = set()
         self.waiters: dict[str, list[asyncio.Future]] = {}
         self.done_commands: OrderedDict[str, list[LeanEvent]] = OrderedDict()
+        # The ledger's answers to a command it had decided before (`REPLIES`), each with the
+        # event offset of its partition the projection must have applied first: (events' partition
+        # key, that offset, the answer's event).
+        self.replies: list[tuple[str, int, LeanEvent]] = []
+        self.replying: set[str] = set()  # commands an answer, not their first events, is answering
+        # Per events partition, the position every message before which is applied here; unlike
+        # a checkpoint, it moves past transactions' commit markers, as a partition's end does.
+        self.applied_to: dict[str, int] = {}
         self.applied = 0
         self.stopping = asyncio.Event()
         self.caught_up = asyncio.Event()
@@ -146,6 +154,7 @@ class QdrantProjection:
         else:
             self.waiters.pop(cid, None)
             self.done_commands.pop(cid, None)
+            self.replying.discard(cid)
 
     def _complete(self, cid: str) -> bool:
         """A command is done once its last event is in and none of its events is parked."""
@@ -169,6 +178,42 @@ class QdrantProjection:
             for fut in futs:
                 if not fut.done():
                     fut.set_result(events)
+
+    async def _take_replies(self, c: TopicReader, tp: TopicPartition, msgs: list[Any]) -> None:
+        """The ledger's answers read: each waits until this projection has applied every event
+        committed when the answer was read (its command's first events among them: committed in
+        the same transaction or before), so an answer never comes before what it says was written."""
+        events_tp = TopicPartition(self.settings.topic(EVENTS.name), tp.partition)
+        waited = []
+        for m in msgs:
+            try:
+                event = decode_lean(m.value)
+            except ContractError as err:
+                log.warning("projection_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
+                continue
+            if command_key(event.tenant, event.agent, event.command_id) in self.waiters:
+                waited.append(event)
+        if waited:
+            need = (await c.ends([events_tp]))[events_tp]  # asked now: a position fetched earlier may be older
+            self.replies += [(tp_key(events_tp), need, e) for e in waited]
+
+    def _answer_replies(self) -> None:
+        """Answers whose events are applied here resolve their waiters, as the events themselves
+        would have; a waiter the first events already answer (it waited before they came) keeps
+        theirs."""
+        left = []
+        for part, need, event in self.replies:
+            cid = command_key(event.tenant, event.agent, event.command_id)
+            if cid not in self.waiters or (cid in self.done_commands and cid not in self.replying):
+                continue  # nobody waits, or the command's first events are answering
+            if self.applied_to.get(part, 0) < need or self.parked_commands[cid]:
+                left.append((part, need, event))
+                continue
+            self.replying.add(cid)
+            self._command_done(event)
+            if cid not in self.waiters:
+                self.replying.discard(cid)
+        self.replies = left
 
     def _answer_later(self, done: list[LeanEvent], futs: list[asyncio.Future], err: Exception) -> None:
         """A waiter's events sealed under a key this process has not learned yet: caught up on
@@ -500,6 +545,9 @@ class QdrantProjection:
         s = self.settings
         etps = [TopicPartition(s.topic(EVENTS.name), p) for p in self.partitions]
         vtps = [TopicPartition(s.topic(VECTORS.name), p) for p in vector_partitions(self.partitions)]
+        # Serving, the ledger's answers to retried commands too: from where they end now (an
+        # answer before this process started has no one waiting here).
+        rtps = [] if until_caught_up else [TopicPartition(s.topic(REPLIES.name), p) for p in self.partitions]
         c = TopicReader(s, max_poll_records=2000)
         self.running = True
         try:
@@ -510,7 +558,10 @@ class QdrantProjection:
                     # already went by. Afterwards vectors trail their events and a cache will do.
                     self._bound, self.vector_cache = self.vector_cache, None
                     await self._follow(c, vtps, until_caught_up=True, progress=None)
-                await self._follow(c, etps + vtps, until_caught_up, progress, events=etps, stop=stop)
+                if rtps:
+                    ends = await c.ends(rtps)
+                    self.ckpt.update({tp_key(tp): end for tp, end in ends.items() if tp_key(tp) not in self.ckpt})
+                await self._follow(c, etps + vtps + rtps, until_caught_up, progress, events=etps, stop=stop)
         finally:
             self.running = False
             purges, self.purges = self.purges, []
@@ -518,12 +569,12 @@ class QdrantProjection:
 
     async def _follow(self, c: TopicReader, tps, until_caught_up, progress, events=None, stop=None) -> None:
         s = self.settings
-        vectors_topic = s.topic(VECTORS.name)
+        vectors_topic, replies_topic = s.topic(VECTORS.name), s.topic(REPLIES.name)
         await c.assign(tps, self.ckpt)
         watch = events or tps
         end = await c.ends(watch, {tp: stop[tp.partition] for tp in watch if stop and tp.partition in stop})
         total = sum(end.values())
-        vector_tps = [tp for tp in tps if tp not in watch]
+        vector_tps = [tp for tp in tps if tp.topic == vectors_topic and tp not in watch]
         dirty, last_flush = False, time.monotonic()
         inflight: tuple[asyncio.Task | None, _Batch] | None = None
 
@@ -539,6 +590,8 @@ class QdrantProjection:
                 self.applied += len(done_batch.upserts) + len(done_batch.deletes)
                 for e in done_batch.done:
                     self._command_done(e)
+                self.applied_to.update(done_batch.read_to)
+                self._answer_replies()
                 for fut, n in done_batch.heals:
                     if not fut.done():
                         fut.set_result(n)
@@ -551,6 +604,10 @@ class QdrantProjection:
             batch = _Batch()
             for tp, msgs in (await c.poll(timeout_ms=200, max_records=2000)).items():
                 part = tp_key(tp)
+                if tp.topic == replies_topic:
+                    await self._take_replies(c, tp, msgs)
+                    batch.positions[part] = msgs[-1].offset + 1
+                    continue
                 is_vector = tp.topic == vectors_topic
                 for m in msgs:
                     try:
@@ -584,8 +641,15 @@ class QdrantProjection:
                     self._write(batch)
                     inflight = (None, batch)
             if events and self.vector_cache is not None:
-                await self._pace_vectors(c, [tp for tp in tps if tp not in events], events)
+                await self._pace_vectors(c, vector_tps, events)
             pos = await c.positions(watch)
+            if events:
+                read_to = {tp_key(tp): at for tp, at in pos.items()}
+                if inflight is None:  # nothing read this time waits to be written
+                    self.applied_to.update(read_to)
+                    self._answer_replies()
+                else:
+                    inflight[1].read_to = read_to
             done = reached(pos, end)
             if done or not batch.seen:
                 await land()
@@ -695,6 +759,7 @@ class _Batch:
         self.purges: list[Erasure] = []  # applied before the upserts
         self.purge_futs: list[asyncio.Future] = []  # peers' purges: resolved once flushed
         self.positions: dict[str, int] = {}
+        self.read_to: dict[str, int] = {}  # events' positions after this batch, commit markers and all
         self.events: list[LeanEvent] = []  # for `also`
         self.event_positions: list[tuple[str, int]] = []
         self.seen = 0

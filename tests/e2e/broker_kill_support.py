@@ -102,7 +102,7 @@ class KillResult:
     lost: list[str] = field(default_factory=list)  # acknowledged turns with no record
     duplicated: list[str] = field(default_factory=list)  # turns with more than one record
     doubled_events: list[str] = field(default_factory=list)  # event ids logged twice, unmarked
-    redelivered: int = 0  # marked copies the ledger wrote again (projections skip them)
+    redelivered: int = 0  # marked copies in the event log (0: a redelivery's answer goes to the replies topic)
     view_differs: list[str] = field(default_factory=list)  # where Redis and the fold disagree
     burst_s: float = 0.0  # first turn published to every record in Redis
     pause_s: float = 0.0  # the longest the event log went without a new event (the failover)
@@ -249,8 +249,9 @@ async def broker_kill_round(cluster: Cluster, bootstrap: str, stack: Stack, redi
         # The log as the surviving brokers hold it.
         msgs = await read_log(bootstrap, events_topic, EVENTS.partitions)
         await caught_up()
-        # A copy the ledger wrote again for a redelivered command is marked, and projections
-        # skip it; an unmarked event id seen twice would be applied twice.
+        # The ledger answers a redelivered command on the replies topic; a marked copy here would
+        # come from an older ledger, and projections skip it. An unmarked event id seen twice
+        # would be applied twice.
         unmarked = [m for m in msgs if (REDELIVERED, b"1") not in (m.headers or ())]
         events = [decode(EVENTS.name, m.value) for m in unmarked]
         res.redelivered = len(msgs) - len(unmarked)

@@ -146,38 +146,49 @@ async def test_poison_event_goes_to_the_dlq_and_the_redis_projection_keeps_going
         assert [r["id"] for r in listed["records"]] == [added["id"]]
 
 
-async def test_a_redelivered_command_gets_its_events_again_marked_as_such(stack, settings, publisher, new_agent):
-    """Same ids, same bytes, and the header projections use to skip what they applied."""
+async def test_a_redelivered_command_is_answered_on_the_replies_topic_and_logged_once(stack, settings, publisher,
+                                                                                      new_agent):
+    """The event log holds the command's event once; the second delivery's answer, same id and
+    bytes, marked as a copy, goes to `memlane.memory.replies` for whoever waits on the id."""
     from events import AddMemory, encode
-    from events.topics import COMMANDS, EVENTS, REDELIVERED
+    from events.topics import COMMANDS, EVENTS, REDELIVERED, REPLIES
 
     tenant, agent, _ = await new_agent()
     cmd = AddMemory(command_id=str(uuid.uuid4()), tenant=tenant, agent=agent, issued_at=datetime.now(UTC),
                     summary="Sent twice, stored once", session="s1")
     for _ in range(2):  # an API retry after a timeout reuses the command id
         await publisher.producer.send_and_wait(settings.topic(COMMANDS.name), encode(cmd), key=COMMANDS.key_bytes(cmd))
-    consumer = AIOKafkaConsumer(settings.topic(EVENTS.name), bootstrap_servers=settings.kafka_bootstrap,
-                                auto_offset_reset="earliest", group_id=None, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(settings.topic(EVENTS.name), settings.topic(REPLIES.name),
+                                bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest", group_id=None,
+                                isolation_level="read_committed")
     await consumer.start()
     try:
-        copies = []
+        seen: dict[str, list] = {EVENTS.name: [], REPLIES.name: []}
 
-        async def both_copies():
-            for ms in (await consumer.getmany(timeout_ms=500)).values():
-                copies.extend(m for m in ms if cmd.command_id.encode() in m.value)
-            return len(copies) >= 2
+        async def answered():
+            for tp, ms in (await consumer.getmany(timeout_ms=500)).items():
+                seen[tp.topic.removeprefix(settings.topic_prefix)].extend(
+                    m for m in ms if cmd.command_id.encode() in m.value)
+            return bool(seen[REPLIES.name])
 
-        await eventually(both_copies)
-        first, second = copies
-        assert first.value == second.value
-        assert (REDELIVERED, b"1") not in first.headers and (REDELIVERED, b"1") in second.headers
+        # The answer is committed after the first decision: once it is read, so is every event
+        # the command made (read to the events' end as of then).
+        await eventually(answered)
+        tps = [tp for tp in consumer.assignment() if tp.topic == settings.topic(EVENTS.name)]
+        ends = await consumer.end_offsets(tps)
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            await answered()
+        [first], [again] = seen[EVENTS.name], seen[REPLIES.name]
+        assert first.value == again.value and first.partition == again.partition
+        assert (REDELIVERED, b"1") not in first.headers and (REDELIVERED, b"1") in again.headers
     finally:
         await consumer.stop()
 
 
 async def test_a_redelivered_block_change_does_not_roll_the_block_back(stack, settings, publisher, new_agent):
-    """A block's event carries no version: the copy the ledger writes again for a redelivered
-    command must not overwrite the newer text in Redis."""
+    """A block's event carries no version: a redelivered command's answer (or, in a log written
+    before answers went to their own topic, its copy among the events) must not overwrite the
+    newer text in Redis."""
     from events import CurateBlock, encode
     from events.topics import COMMANDS
 
@@ -201,9 +212,9 @@ async def test_a_redelivered_block_change_does_not_roll_the_block_back(stack, se
         await send(curate("notes", "b"))
         await eventually(partial(blocks, {"notes": "a\nb"}))
         await send(first)  # an API retry after a timeout reuses the command id
-        await send(curate("other", "x"))  # later in the same partition: once it shows, the copy was read
+        await send(curate("other", "x"))  # later in the same partition: once it shows, the retry was decided
         await eventually(partial(blocks, {"notes": "a\nb", "other": "x"}))
-        # A rebuild folds the log again, copy included, into a new generation: the same blocks.
+        # A rebuild folds the log again into a new generation: the same blocks.
         old_gen = httpx.get(f"{stack.api_url}/health").json()["projection"]["generation"]
         proc = subprocess.run([sys.executable, "-m", "services.cli", "rebuild", "--target", "all"],
                               env=stack.env, capture_output=True, text=True, timeout=300)

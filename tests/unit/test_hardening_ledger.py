@@ -138,3 +138,27 @@ async def test_a_wait_for_one_agents_command_is_not_resolved_by_anothers(tmp_pat
         assert [e.tenant for e in await asyncio.wait_for(mine, 1)] == ["ta"]
     finally:
         proj.index.close()
+
+
+async def test_a_reply_answers_its_waiter_only_once_the_events_before_it_are_applied(tmp_path):
+    """The ledger's answer to a retried command (`REPLIES`) waits until the projection has read
+    and applied its events partition up to where it ended when the answer was read: the
+    command's own events, committed with it or before, are then searchable."""
+    from projections.qdrant_index import EdgeIndex
+    from workers.qdrant_projection import QdrantProjection
+
+    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
+    try:
+        waiter = proj.wait_for("idem", "ta", "a")
+        answer = decode_lean(encode(CommandRejected(event_id="e", command_id="idem", tenant="ta", agent="a",
+                                                    occurred_at=NOW, code="X", reason="r")))
+        proj.replies.append(("events:0", 10, answer))
+        proj.applied_to["events:0"] = 9  # the partition's last commit marker not passed yet
+        proj._answer_replies()
+        await asyncio.sleep(0)
+        assert not waiter.done() and proj.replies
+        proj.applied_to["events:0"] = 10
+        proj._answer_replies()
+        assert [e.command_id for e in await asyncio.wait_for(waiter, 1)] == ["idem"] and not proj.replies
+    finally:
+        proj.index.close()

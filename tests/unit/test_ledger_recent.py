@@ -1,4 +1,4 @@
-"""The ledger re-sends a redelivered command's events from a byte-bounded memory."""
+"""The ledger answers a redelivered command with its events, from a byte-bounded memory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from events import AddMemory
 from events.rules.ledger import LedgerState
-from events.topics import REDELIVERED
+from events.topics import EVENTS, REDELIVERED, REPLIES
 from settings import Settings
 from workers.ledger import LedgerProcessor, RecentCommands
 
@@ -39,5 +39,7 @@ async def test_a_redelivered_command_gets_its_first_events_back():
     first = await ledger.process("memlane.memory.commands", 0, 0, cmd)
     again = await ledger.process("memlane.memory.commands", 0, 1, cmd)
     assert [o.value for o in again] == [o.value for o in first] and first
+    # An answer on the replies topic, in the command's partition: the event log keeps the first only.
+    assert {o.topic for o in first} == {EVENTS.name} and {(o.topic, o.partition) for o in again} == {(REPLIES.name, 0)}
     assert all((REDELIVERED, b"1") in o.headers for o in again)
     assert len(ledger.states[0].records) == 1
