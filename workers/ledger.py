@@ -14,6 +14,7 @@ keeps. A recovery skips, and counts, the events it can no longer open.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -58,9 +59,15 @@ from workers.runtime import DeadLetter, Out, Processor, Stopping
 
 log = structlog.get_logger()
 
-# The events of recent commands, per partition, re-sent as they were when a command is
-# redelivered (API retries reuse ids). Bounded by bytes, not by count (why: docs/ledger-state.md).
+# The idempotency window: a command redelivered (API retries reuse ids) within this time of its
+# first decision gets its first events back. The events of the most recent commands are held,
+# up to PROCESSED_BYTES per partition; of the older ones only when they were decided, their
+# events read back from the log when one comes again. At most OLDER_MOST older commands per
+# partition (about 250 bytes each): past that the window is cut short, and logged
+# (docs/ledger-state.md).
+IDEMPOTENCY_S = 24 * 3600
 PROCESSED_BYTES = 32 * 1024 * 1024
+OLDER_MOST = 1_000_000
 # How long a revoked partition's state is kept for its return (a rebalance that hands it
 # back folds only what another owner wrote meanwhile); past this, memory wins.
 KEPT_S = 600.0
@@ -71,54 +78,91 @@ KEPT_S = 600.0
 CALLER = "memlane-caller"
 
 
-class RecentCommands:
-    """Command key (`command_key`: tenant, agent and command id) -> the raw events it
-    produced, oldest evicted first past `budget` bytes, and who gave it (`callers`, the
-    rules' `caller`). A command's events are kept or evicted together. Keyed by the id
-    alone, one agent's command id answered another's; answered without the caller, another
-    member (or an operator) reusing a known id got the first caller's record back."""
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
-    def __init__(self, budget: int = PROCESSED_BYTES) -> None:
-        self.budget = budget
+
+class RecentCommands:
+    """The ledger's memory of the commands it decided within the idempotency window, per
+    partition. Command key (`command_key`: tenant, agent and command id) -> the raw events it
+    produced (`events`, oldest evicted first past `budget` bytes, a command's events kept or
+    evicted together), who gave it (`callers`, the rules' `caller`) and when (`at`, ms). A
+    command whose events were evicted stays in `older` (key -> (caller, when)) until `window_s`
+    after it was decided. Keyed by the id alone, one agent's command id answered another's;
+    answered without the caller, another member (or an operator) reusing a known id got the
+    first caller's record back."""
+
+    def __init__(self, budget: int = PROCESSED_BYTES, window_s: float = IDEMPOTENCY_S,
+                 most: int = OLDER_MOST) -> None:
+        self.budget, self.window_ms, self.most = budget, int(window_s * 1000), most
         self.events: OrderedDict[str, list[bytes]] = OrderedDict()
         # None: not known (events logged before callers were): matches no caller.
         self.callers: dict[str, str | None] = {}
+        self.at: dict[str, int] = {}
+        self.older: OrderedDict[str, tuple[str | None, int]] = OrderedDict()
         self.size = 0
+        self.cut_ms = 0  # how far back the window reached when OLDER_MOST last cut it
 
     def __contains__(self, key: str) -> bool:
-        return key in self.events
+        return key in self.events or key in self.older
 
     def __getitem__(self, key: str) -> list[bytes]:
+        """The events held for a recent command (an older one's are on the log: `when`)."""
         return self.events[key]
 
     def caller(self, key: str) -> str | None:
-        return self.callers.get(key)
+        return self.callers[key] if key in self.events else self.older[key][0]
 
-    def add(self, key: str, raw: bytes, caller: str | None = None) -> None:
-        """The first event a key gets names its caller. A recovery may file a later event
-        under a key it did not start (a turn's outcome applies writes staged under their own
-        command ids): that event's caller does not replace the key's."""
+    def when(self, key: str) -> int:
+        return self.at[key] if key in self.events else self.older[key][1]
+
+    def add(self, key: str, raw: bytes, caller: str | None = None, at_ms: int | None = None) -> None:
+        """The first event a key gets names its caller and time. A recovery may file a later
+        event under a key it did not start (a turn's outcome applies writes staged under their
+        own command ids): that event's caller does not replace the key's."""
         if key not in self.events:
             self.callers[key] = caller
+            self.at[key] = _now_ms() if at_ms is None else at_ms
+            self.older.pop(key, None)
         self.events.setdefault(key, []).append(raw)
         self.size += len(raw)
 
     @classmethod
-    def restored(cls, items: list[tuple[str, str | None, list[bytes]]]) -> RecentCommands:
-        """From a snapshot's list of (key, caller, events), oldest first."""
+    def restored(cls, items: list[tuple[str, str | None, list[bytes]]], at: dict[str, int] | None = None,
+                 older: list[tuple[str, str | None, int]] | None = None) -> RecentCommands:
+        """From a snapshot's list of (key, caller, events), oldest first, and its window."""
         recent = cls()
+        now = _now_ms()
+        for key, who, when in older or ():
+            recent.older[key] = (who, when)
         for key, who, raws in items:
             recent.events[key] = raws
             recent.callers[key] = who
+            recent.at[key] = (at or {}).get(key, now)
             recent.size += sum(len(r) for r in raws)
         return recent
 
-    def evict(self) -> None:
+    def evict(self, now_ms: int | None = None) -> None:
         """Called between commands, so the newest command is never cut in half."""
+        now_ms = _now_ms() if now_ms is None else now_ms
         while self.size > self.budget and len(self.events) > 1:
             key, raws = self.events.popitem(last=False)
-            self.callers.pop(key, None)
+            self.older[key] = (self.callers.pop(key, None), self.at.pop(key))
             self.size -= sum(len(r) for r in raws)
+        since = now_ms - self.window_ms
+        while self.older and next(iter(self.older.values()))[1] < since:
+            self.older.popitem(last=False)
+        if len(self.older) > self.most:
+            while len(self.older) > self.most:
+                self.older.popitem(last=False)
+            reach = next(iter(self.older.values()))[1]
+            if reach - self.cut_ms > 60_000:  # logged at most once a minute of reach
+                self.cut_ms = reach
+                log.warning("ledger_idempotency_window_cut", commands=self.most, window_s=round((now_ms - reach) / 1000))
+
+    def window(self) -> list[tuple[str, str | None, int]]:
+        """The older commands, oldest first, for a snapshot."""
+        return [(k, who, at) for k, (who, at) in self.older.items()]
 
 
 class _Envelope(msgspec.Struct):
@@ -309,6 +353,7 @@ class LedgerProcessor(Processor):
                 await self.keys.catch_up()  # a key it does not know after this was destroyed
             try:
                 loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+                window = await asyncio.to_thread(snapshot_file.decode_window, snap.state)
             except ContractError as e:
                 log.warning("ledger_snapshot_ignored", partition=partition, reason=str(e))
         elif snap:
@@ -322,7 +367,7 @@ class LedgerProcessor(Processor):
             self.unreadable += dropped
             log.info("ledger_snapshot_entries_erased", partition=partition, entries=dropped)
         c.seek(tp, snap.next_offset)
-        return state, RecentCommands.restored(recent), snap.next_offset, snap.last_sha
+        return state, RecentCommands.restored(recent, *window), snap.next_offset, snap.last_sha
 
     async def _recover(self, partition: int) -> int:
         """Folds the partition's events, after its snapshot when there is a good one, and
@@ -371,7 +416,8 @@ class LedgerProcessor(Processor):
                         event = _ENVELOPE.decode(m.value)
                     else:
                         evolve(state, event)
-                    seen.add(command_key(event.tenant, event.agent, event.command_id), m.value, caller_of(m.headers))
+                    seen.add(command_key(event.tenant, event.agent, event.command_id), m.value, caller_of(m.headers),
+                             m.timestamp)
                 seen.evict()
                 settle_heap()
                 if n >= next_report:
@@ -385,7 +431,8 @@ class LedgerProcessor(Processor):
             # installed: once it is, commands change it.
             pending = {r.kid for r in self.keys.keyring.pending} if self.keys is not None else set()
             try:
-                body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers)
+                body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers, seen.at,
+                                               seen.window())
                 if self.keys is not None and any(r.kid not in pending for r in self.keys.keyring.pending):
                     # It sealed under a key not published yet: written now, a crash before the next
                     # commit publishes the key would leave a snapshot whose entries never open.
@@ -438,10 +485,15 @@ class LedgerProcessor(Processor):
                             offset=offset)
                 return [Out(REPLIES.name, key, encode(e), ((REDELIVERED, b"1"), named), partition=partition)
                         for e in reused(cmd)]
-            # Effectively once: a redelivered command is answered with its stored events, same
+            # Effectively once: a redelivered command is answered with its first events, same
             # ids, on the replies topic; the event log keeps the first decision only.
-            log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
-            return [Out(REPLIES.name, key, raw, ((REDELIVERED, b"1"), named), partition=partition) for raw in seen[ck]]
+            raws = seen[ck] if ck in seen.events else await self._logged(partition, ck, seen.when(ck))
+            if raws:
+                log.info("command_redelivered", command_id=cmd.command_id, partition=partition, offset=offset)
+                return [Out(REPLIES.name, key, raw, ((REDELIVERED, b"1"), named), partition=partition) for raw in raws]
+            # Not found where it was logged (it cannot be, short of a log cut by hand): decided as
+            # new, which refuses an id that made a record.
+            log.warning("command_redelivered_events_missing", command_id=cmd.command_id, partition=partition)
         events, raws, parked = await self._deciding(state, cmd, partition, offset)
         outs = [Out(EVENTS.name, key, raw, (named,)) for raw in raws]
         # Per command at debug level, and a summary per batch (`batch_done`): a line per event
@@ -473,6 +525,37 @@ class LedgerProcessor(Processor):
         self.snapshots.sent(partition, outs)
         self.erasures.sent(partition, events)
         return [*outs, *parked]
+
+    async def _logged(self, partition: int, ck: str, at_ms: int) -> list[bytes]:
+        """An older command's events, read back from the log: from the first message stamped a
+        second before its decision, on until a minute past it (its events commit in one
+        transaction, with that batch's other commands)."""
+        c = reader(self.settings, max_poll_records=500)
+        await c.start()
+        try:
+            tp = TopicPartition(self.settings.topic(EVENTS.name), partition)
+            c.assign([tp])
+            found = (await c.offsets_for_times({tp: max(0, at_ms - 1000)}))[tp]
+            end = (await c.end_offsets([tp]))[tp]
+            if found is None:
+                return []
+            c.seek(tp, found.offset)
+            raws: list[bytes] = []
+            while await c.position(tp) < end:
+                for m in (await c.getmany(tp, timeout_ms=1000, max_records=500)).get(tp, []):
+                    if m.timestamp > at_ms + 60_000:
+                        return raws
+                    if (REDELIVERED, b"1") in (m.headers or ()):
+                        continue
+                    try:
+                        e = _ENVELOPE.decode(m.value)
+                    except msgspec.MsgspecError:  # not an event the ledger wrote
+                        continue
+                    if command_key(e.tenant, e.agent, e.command_id) == ck:
+                        raws.append(m.value)
+            return raws
+        finally:
+            await c.stop()
 
     async def _deciding(self, state: LedgerState, cmd: Any, partition: int,
                         offset: int) -> tuple[list[Any], list[bytes], list[DeadLetter]]:
@@ -636,7 +719,7 @@ class Snapshots:
                 continue
             recent = self.ledger.processed[p]
             try:
-                body = snapshot_file.encode_state(state, recent.events, recent.callers)
+                body = snapshot_file.encode_state(state, recent.events, recent.callers, recent.at, recent.window())
             except Exception as e:  # a snapshot only saves time: never stop the ledger for one
                 log.error("ledger_snapshot_failed", partition=p, error=f"{type(e).__name__}: {e}")
                 self.since[p] = 0

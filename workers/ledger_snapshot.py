@@ -87,6 +87,18 @@ class _State(msgspec.Struct):
     profiles: dict[str, tuple[int, str, datetime]] = {}
     # Tenant and platform memory's ids and statuses (no text): empty in a snapshot from before it.
     shared: dict[str, dict[str, str]] = {}
+    # The idempotency window (`workers.ledger.RecentCommands`): when each recent command was
+    # decided (ms since the epoch), and the older commands of the window, whose events are no
+    # longer held: (key, caller, when). Empty in a snapshot from before the window was a time.
+    recent_at: dict[str, int] = {}
+    older: list[tuple[str, str | None, int]] = []
+
+
+class _Window(msgspec.Struct):
+    """A snapshot's idempotency window alone (the rest of its fields are skipped)."""
+
+    recent_at: dict[str, int] = {}
+    older: list[tuple[str, str | None, int]] = []
 
 
 class Snapshot(msgspec.Struct):
@@ -169,9 +181,10 @@ def _seal_staged(c: Cipher, key: str, i: int, raw: str) -> str:
 
 
 def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
-                 callers: Mapping[str, str | None] | None = None) -> bytes:
+                 callers: Mapping[str, str | None] | None = None, recent_at: Mapping[str, int] | None = None,
+                 older: list[tuple[str, str | None, int]] | None = None) -> bytes:
     """The state as it is now: called between batches, when it folds every event sent so far.
-    `recent` and `callers` are `RecentCommands.events` and `.callers`. A subject with no key
+    `recent`, `callers`, `recent_at` and `older` are `RecentCommands`'. A subject with no key
     yet gets one (`Keyring.pending`): the caller publishes it before writing the snapshot."""
     callers = callers or {}
     c = cipher()
@@ -203,6 +216,8 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
             configs={k: cfg.model_dump_json().encode() for k, cfg in state.configs.items()},
             stats={k: dict(v) for k, v in state.stats.items()},
             recent=[(k, callers.get(k), v) for k, v in recent.items()],
+            recent_at=dict(recent_at or {}),
+            older=list(older or []),
             blocks=blocks,
             consent=dict(state.consent),
             granted_at=dict(state.granted_at),
@@ -226,6 +241,12 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
             sealed_records=sealed_records,
         )
     )
+
+
+def decode_window(data: bytes) -> tuple[dict[str, int], list[tuple[str, str | None, int]]]:
+    """A snapshot's idempotency window: when its recent commands were decided, and the older ones."""
+    w = msgspec.msgpack.decode(data, type=_Window)
+    return w.recent_at, [(k, who, at) for k, who, at in w.older]
 
 
 def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]], int]:

@@ -43,3 +43,39 @@ async def test_a_redelivered_command_gets_its_first_events_back():
     assert {o.topic for o in first} == {EVENTS.name} and {(o.topic, o.partition) for o in again} == {(REPLIES.name, 0)}
     assert all((REDELIVERED, b"1") in o.headers for o in again)
     assert len(ledger.states[0].records) == 1
+
+
+def test_a_command_past_the_byte_budget_stays_in_the_window_until_its_time_is_up():
+    recent = RecentCommands(budget=10, window_s=3600)
+    recent.add("old", b"x" * 8, "alice", at_ms=1_000)
+    recent.add("new", b"y" * 8, "bob", at_ms=2_000)
+    recent.evict(now_ms=2_000)
+    # Its events gave way to the newer command's; its caller and time stay for the window.
+    assert list(recent.events) == ["new"] and "old" in recent
+    assert (recent.caller("old"), recent.when("old")) == ("alice", 1_000)
+    recent.evict(now_ms=1_000 + 3_600_000)
+    assert "old" in recent  # an hour to the millisecond: still in
+    recent.evict(now_ms=1_001 + 3_600_000)
+    assert "old" not in recent and "new" in recent  # the newest command's events are always held
+
+
+def test_the_window_keeps_at_most_its_bound_of_older_commands():
+    recent = RecentCommands(budget=1, window_s=3600, most=3)
+    for i in range(6):
+        recent.add(f"c{i}", b"xx", at_ms=1_000 + i)
+        recent.evict(now_ms=2_000)
+    assert list(recent.older) == ["c2", "c3", "c4"] and list(recent.events) == ["c5"]
+
+
+def test_a_snapshot_keeps_the_window():
+    from collections import OrderedDict
+
+    from workers.ledger_snapshot import decode_state, decode_window, encode_state
+
+    recent = RecentCommands(budget=10, window_s=3600)
+    recent.add("old", b"x" * 8, "alice", at_ms=1_000)
+    recent.add("new", b"y" * 8, "bob", at_ms=2_000)
+    recent.evict(now_ms=2_000)
+    body = encode_state(LedgerState(), OrderedDict(recent.events), recent.callers, recent.at, recent.window())
+    again = RecentCommands.restored(decode_state(body)[1], *decode_window(body))
+    assert again.window() == [("old", "alice", 1_000)] and (again.caller("new"), again.when("new")) == ("bob", 2_000)
