@@ -131,7 +131,7 @@ def jobs_stack(fake, infra, settings, tmp_path_factory):
 # before a module that runs the embedding worker (the readiness test's 30,000 records do, so it
 # goes last), and the supervisor's `memlane start` finds nothing left to catch up on.
 BARE_ORDER = ("test_history_rebuild", "test_qdrant_server_mode", "test_crash_recovery", "test_erasure_ledger",
-              "test_redis_outage", "test_supervisor", "test_readiness")
+              "test_redis_outage", "test_redis_wiped", "test_supervisor", "test_readiness")
 
 
 @dataclass

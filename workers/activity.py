@@ -30,7 +30,7 @@ from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.activity import ActivityView
 from settings import Settings
-from workers.topic_reader import TopicReader, checkpoint_key, reached, tp_key
+from workers.topic_reader import VIEW_CHECK_S, TopicReader, checkpoint_key, reached, tp_key
 
 log = structlog.get_logger()
 SOURCES = (TURNS, EVENTS, USAGE)
@@ -108,7 +108,14 @@ class ActivityFollower:
         async with TopicReader(s) as c:
             await c.assign(tps, await self._starts(c, tps))
             end = await c.ends(tps)
+            applied, looked = False, time.monotonic()
             while not self.stopping.is_set():
+                if applied and time.monotonic() - looked > VIEW_CHECK_S:
+                    looked = time.monotonic()
+                    if not await self.view.checkpoints():  # Redis lost the view
+                        log.warning("activity_view_lost_refolding")
+                        await c.assign(tps, await self._starts(c, tps))
+                        applied = False
                 ticks: list[Tick] = []
                 recalls: list[Recalled] = []
                 positions: dict[str, int] = {}
@@ -125,6 +132,7 @@ class ActivityFollower:
                 if positions:
                     await self._apply(ticks, recalls, positions)
                     self.counted += len(ticks)
+                    applied = True
                 if not self.caught_up.is_set() and reached(await c.positions(tps), end):
                     self.caught_up.set()
                     log.info("activity_caught_up", counted=self.counted, skipped=self.skipped)

@@ -28,7 +28,7 @@ from events.turns import MembershipChanged, TurnCommitted
 from projections.records import Erasure
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
-from workers.topic_reader import checkpoint_key, seek_to_checkpoints
+from workers.topic_reader import VIEW_CHECK_S, checkpoint_key, seek_to_checkpoints
 
 log = structlog.get_logger()
 ERASED_MARK = b'"SubjectErased"'
@@ -70,6 +70,7 @@ def membership_of(e: MembershipChanged, offset: int) -> tuple[str, str, int, boo
 class HistoryProjector(Processor):
     name = "history"
     sources = (TURNS.name, EVENTS.name)
+    tick_every = VIEW_CHECK_S  # a view Redis lost is folded again (`view_lost`)
 
     def __init__(self, settings, generation: int = 1) -> None:
         super().__init__(settings)
@@ -78,6 +79,8 @@ class HistoryProjector(Processor):
         self.erasures: list[tuple[Erasure, int]] = []
         self.memberships: list[tuple[str, str, int, bool, int]] = []
         self.positions: dict[str, int] = {}
+        self.consumer: Any = None
+        self.applied = False  # since the assignment: a checkpoint of ours should be there
 
     async def start(self) -> None:
         self.store.keys = self.keys
@@ -89,8 +92,16 @@ class HistoryProjector(Processor):
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         ckpts = await self.store.checkpoints()
+        self.consumer, self.applied = consumer, False
         await seek_to_checkpoints(consumer, consumer.assignment(), ckpts)
         log.info("history_projection_seeked", checkpoints=len(ckpts))
+
+    async def tick(self) -> list[Out]:
+        if self.applied and not await self.store.checkpoints():  # Redis lost the view
+            log.warning("history_view_lost_refolding")
+            await seek_to_checkpoints(self.consumer, self.consumer.assignment(), {})
+            self.applied = False
+        return []
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         if isinstance(event, TurnCommitted):
@@ -105,6 +116,7 @@ class HistoryProjector(Processor):
     async def batch_done(self) -> list[Out]:
         if self.positions:
             await self.store.apply(self.pending, self.positions, self.erasures, self.memberships)
+            self.applied = True
             if self.pending:
                 log.info("history_events_kept", events=len(self.pending))
             if self.erasures:

@@ -2,7 +2,9 @@
 what `SubjectErased` and `RecordsPurged` name (`RedisRecords.purge`).
 
 The checkpoint lives in Redis with the view, written by the same Lua call, so on
-assignment the worker seeks to its own checkpoint rather than trusting group offsets.
+assignment the worker seeks to its own checkpoint rather than trusting group offsets. A view
+whose checkpoints are gone while the worker runs (Redis lost its data) is folded again from
+the start of the log.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from events.topics import EVENTS
 from projections.redis_records import RedisRecords
 from workers import metrics
 from workers.runtime import Out, Processor
-from workers.topic_reader import checkpoint_key, seek_to_checkpoints, tp_key
+from workers.topic_reader import VIEW_CHECK_S, checkpoint_key, seek_to_checkpoints, tp_key
 
 log = structlog.get_logger()
 
@@ -26,6 +28,7 @@ class RedisProjection(Processor):
     name = "redis-projection"
     sources = (EVENTS.name,)
     catch_up_on_start = True  # /ready: once the view holds what the log held when assigned
+    tick_every = VIEW_CHECK_S
 
     def __init__(self, settings, generation: int | None = None) -> None:
         super().__init__(settings)
@@ -36,6 +39,8 @@ class RedisProjection(Processor):
         self.assignment: set[TopicPartition] = set()
         self.generation: int | None = None
         self.topic = settings.topic(EVENTS.name)
+        self.consumer: Any = None
+        self.applied = False  # since the assignment: a checkpoint of ours should be there
 
     async def start(self) -> None:
         # Block texts are sealed in the view, and records under destroyed keys left out.
@@ -46,6 +51,7 @@ class RedisProjection(Processor):
 
     async def assigned(self, consumer, partitions: set[TopicPartition]) -> None:
         self.assignment = set(consumer.assignment())
+        self.consumer, self.applied = consumer, False
         self.generation = await self.store.generation()
         ckpts = await self.store.checkpoints(self.generation)
         await seek_to_checkpoints(consumer, self.assignment, ckpts)
@@ -60,8 +66,16 @@ class RedisProjection(Processor):
     async def batch_done(self) -> list[Out]:
         if self.positions:  # a batch of skipped copies still moves the checkpoint on
             await self.store.apply(self.pending, self.positions)
+            self.applied = True
             metrics.PROJECTION_APPLIED.labels("redis").inc(len(self.pending))
             self.pending, self.positions = [], []
+        return []
+
+    async def tick(self) -> list[Out]:
+        if self.applied and not await self.store.checkpoints(self.generation):  # Redis lost the view
+            log.warning("redis_view_lost_refolding", generation=self.generation)
+            await seek_to_checkpoints(self.consumer, self.assignment, {})
+            self.applied = False
         return []
 
     async def sample(self, ends: dict[TopicPartition, int]) -> None:

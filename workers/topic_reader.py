@@ -54,6 +54,12 @@ async def seek_to_checkpoints(c: AIOKafkaConsumer, tps: Iterable[TopicPartition]
             c.seek(tp, nxt)
 
 
+# How often a projection whose checkpoint lives in Redis with its view looks for it: a view
+# that has applied something and then holds no checkpoint lost its data (Redis was wiped, or
+# restored from an empty copy), and its projection reads the log again from the start.
+VIEW_CHECK_S = 1.0
+
+
 class TopicReader:
     """A group-less consumer over partitions the caller owns, resuming at checkpoints.
 
