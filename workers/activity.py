@@ -108,14 +108,15 @@ class ActivityFollower:
         async with TopicReader(s) as c:
             await c.assign(tps, await self._starts(c, tps))
             end = await c.ends(tps)
-            applied, looked = False, time.monotonic()
+            applied, looked, empty = False, time.monotonic(), 0
             while not self.stopping.is_set():
                 if applied and time.monotonic() - looked > VIEW_CHECK_S:
                     looked = time.monotonic()
-                    if not await self.view.checkpoints():  # Redis lost the view
+                    empty = 0 if await self.view.checkpoints() else empty + 1
+                    if empty >= 2:  # gone twice in a row, a second apart: Redis lost the view
                         log.warning("activity_view_lost_refolding")
                         await c.assign(tps, await self._starts(c, tps))
-                        applied = False
+                        applied, empty = False, 0
                 ticks: list[Tick] = []
                 recalls: list[Recalled] = []
                 positions: dict[str, int] = {}

@@ -81,6 +81,7 @@ class HistoryProjector(Processor):
         self.positions: dict[str, int] = {}
         self.consumer: Any = None
         self.applied = False  # since the assignment: a checkpoint of ours should be there
+        self.empty_looks = 0
 
     async def start(self) -> None:
         self.store.keys = self.keys
@@ -97,10 +98,11 @@ class HistoryProjector(Processor):
         log.info("history_projection_seeked", checkpoints=len(ckpts))
 
     async def tick(self) -> list[Out]:
-        if self.applied and not await self.store.checkpoints():  # Redis lost the view
+        self.empty_looks = self.empty_looks + 1 if self.applied and not await self.store.checkpoints() else 0
+        if self.empty_looks >= 2:  # gone twice in a row, a second apart: Redis lost the view
             log.warning("history_view_lost_refolding")
             await seek_to_checkpoints(self.consumer, self.consumer.assignment(), {})
-            self.applied = False
+            self.applied, self.empty_looks = False, 0
         return []
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:

@@ -41,6 +41,7 @@ class RedisProjection(Processor):
         self.topic = settings.topic(EVENTS.name)
         self.consumer: Any = None
         self.applied = False  # since the assignment: a checkpoint of ours should be there
+        self.empty_looks = 0
 
     async def start(self) -> None:
         # Block texts are sealed in the view, and records under destroyed keys left out.
@@ -72,10 +73,13 @@ class RedisProjection(Processor):
         return []
 
     async def tick(self) -> list[Out]:
-        if self.applied and not await self.store.checkpoints(self.generation):  # Redis lost the view
+        # The live generation's: a rebuild swaps generations under a running projection.
+        self.empty_looks = self.empty_looks + 1 if self.applied and not await self.store.checkpoints() else 0
+        if self.empty_looks >= 2:  # gone twice in a row, a second apart: Redis lost the view
+            self.generation = await self.store.generation()
             log.warning("redis_view_lost_refolding", generation=self.generation)
             await seek_to_checkpoints(self.consumer, self.assignment, {})
-            self.applied = False
+            self.applied, self.empty_looks = False, 0
         return []
 
     async def sample(self, ends: dict[TopicPartition, int]) -> None:

@@ -24,6 +24,7 @@ GROUPS = {
     "scale": "tests.bench.bench_scale",
     "apikeys": "tests.bench.bench_api_keys",
     "fairness": "tests.bench.bench_fairness",
+    "redisloss": "tests.bench.bench_redis_loss",
 }
 
 
