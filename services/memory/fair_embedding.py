@@ -1,9 +1,9 @@
 """Query embedding shared fairly between tenants: a search's or a batch's texts wait in their
 tenant's queue, in chunks, and `slots` workers take the next chunk from each tenant in turn (a
-tenant with nothing waiting goes first). A tenant sending 100-item batches of long queries then
-delays another tenant's one-line search by at most a chunk per slot, not by its whole backlog;
-past `queued` texts waiting, its next request is refused with 429 and how long to wait
-(docs/fairness.md)."""
+tenant with nothing waiting goes first), a tenant holding at most half the slots. A tenant
+sending 100-item batches of long queries then leaves another tenant's one-line search a free
+slot, instead of its whole backlog to wait behind; past `queued` texts waiting, its next
+request is refused with 429 and how long to wait (docs/fairness.md)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ CHUNK_TEXTS = 8
 
 @dataclass
 class _Job:
+    tenant: str
     texts: list[str]
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -45,8 +46,11 @@ def chunks(texts: Sequence[str], chars: int = CHUNK_CHARS, most: int = CHUNK_TEX
 class FairEmbedding:
     def __init__(self, embedder: Embedder, slots: int = 2, queued: int = 256) -> None:
         self.embedder, self.slots, self.queued = embedder, slots, queued
+        # One tenant holds at most half the slots: another tenant's query finds one free.
+        self.per_tenant = max(1, slots // 2)
         self.waiting: OrderedDict[str, deque[_Job]] = OrderedDict()  # tenant -> its chunks, in turn order
         self.texts: dict[str, int] = {}  # tenant -> texts queued or being embedded
+        self.running: dict[str, int] = {}  # tenant -> its chunks being embedded
         self.per_text_s = 0.02  # moving average, for the Retry-After estimate
         self._wake: asyncio.Event | None = None
         self._workers: list[asyncio.Task] = []
@@ -61,7 +65,7 @@ class FairEmbedding:
                            f"this tenant already has {held} queries waiting to be embedded (at most {self.queued}); "
                            f"retry after {wait} s", 429, retry_after=wait)
         self._start()
-        jobs = [_Job(c) for c in chunks(texts)]
+        jobs = [_Job(tenant, c) for c in chunks(texts)]
         self.texts[tenant] = held + len(texts)
         EMBED_QUEUED.inc(len(texts))
         if tenant not in self.waiting:
@@ -88,16 +92,24 @@ class FairEmbedding:
         self._workers = [asyncio.create_task(self._work(), name=f"fair-embedding-{i}") for i in range(self.slots)]
 
     def _next(self) -> _Job | None:
-        """The first chunk of the tenant whose turn it is; the tenant then goes to the back."""
-        while self.waiting:
-            tenant, jobs = next(iter(self.waiting.items()))
+        """The first chunk of the first tenant in turn with a slot to spare; that tenant then
+        goes to the back."""
+        for tenant in list(self.waiting):
+            if self.running.get(tenant, 0) >= self.per_tenant:
+                continue
+            jobs = self.waiting[tenant]
+            while jobs and jobs[0].done.cancelled():
+                jobs.popleft()
+            if not jobs:
+                del self.waiting[tenant]
+                continue
             job = jobs.popleft()
             if jobs:
                 self.waiting.move_to_end(tenant)
             else:
                 del self.waiting[tenant]
-            if not job.done.cancelled():
-                return job
+            self.running[tenant] = self.running.get(tenant, 0) + 1
+            return job
         return None
 
     async def _work(self) -> None:
@@ -116,6 +128,13 @@ class FairEmbedding:
                 if not job.done.done():
                     job.done.set_exception(e)
                 continue
+            finally:
+                left = self.running[job.tenant] - 1
+                if left:
+                    self.running[job.tenant] = left
+                else:
+                    del self.running[job.tenant]
+                self._wake.set()  # a slot of that tenant's is free: a worker may take its next chunk
             self.per_text_s = 0.9 * self.per_text_s + 0.1 * (loop.time() - t0) / len(job.texts)
             if not job.done.done():
                 job.done.set_result(vecs)

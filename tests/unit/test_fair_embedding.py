@@ -75,3 +75,18 @@ async def test_past_its_bound_a_tenant_is_refused_with_retry_after_and_another_i
         assert fair.texts == {}  # nothing left counted against either tenant
     finally:
         await fair.aclose()
+
+
+async def test_a_tenant_holds_at_most_half_the_slots_so_another_finds_one_free():
+    from collections import deque
+
+    from services.memory.fair_embedding import _Job
+
+    fair = FairEmbedding(HashEmbedder(), slots=2)
+    fair.waiting["hostile"] = deque([_Job("hostile", ["a"]), _Job("hostile", ["b"])])
+    first = fair._next()
+    assert first is not None and first.texts == ["a"] and fair.running == {"hostile": 1}
+    assert fair._next() is None  # its second chunk waits though a slot is free
+    fair.waiting["victim"] = deque([_Job("victim", ["q"])])
+    taken = fair._next()
+    assert taken is not None and taken.tenant == "victim" and fair.running == {"hostile": 1, "victim": 1}
