@@ -63,7 +63,7 @@ log = structlog.get_logger()
 # first decision gets its first events back. The events of the most recent commands are held,
 # up to PROCESSED_BYTES per partition; of the older ones only when they were decided, their
 # events read back from the log when one comes again. At most OLDER_MOST older commands per
-# partition (about 250 bytes each): past that the window is cut short, and logged
+# partition (about 300 bytes each, measured): past that the window is cut short, and logged
 # (docs/ledger-state.md).
 IDEMPOTENCY_S = 24 * 3600
 PROCESSED_BYTES = 32 * 1024 * 1024
