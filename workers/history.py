@@ -70,7 +70,7 @@ def membership_of(e: MembershipChanged, offset: int) -> tuple[str, str, int, boo
 class HistoryProjector(Processor):
     name = "history"
     sources = (TURNS.name, EVENTS.name)
-    tick_every = VIEW_CHECK_S  # a view Redis lost is folded again (`view_lost`)
+    tick_every = VIEW_CHECK_S  # a view Redis lost is folded again
 
     def __init__(self, settings, generation: int = 1) -> None:
         super().__init__(settings)
