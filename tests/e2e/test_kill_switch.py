@@ -51,7 +51,8 @@ async def test_the_kill_switch_refuses_calls_recalls_nothing_and_extracts_nothin
         [planted] = await eventually(listed)
         assert planted.pinned and (await op.blocks())[0]["text"] == "Deploys go out on Tuesdays"
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
-        for call in (c.search_memory("anything"), c.add_memory("a fact")):
+        for call in (c.search_memory("anything"), c.add_memory("a fact"), c.search_history("anything"),
+                     c.message_history()):
             await refused(call, 403, "MEMORY_DISABLED", "AGENT_MEMORY_KILL_SWITCH")
         recalled = await c.recall("conv-1", "when does the release train leave?")
         assert recalled["pinned"] == recalled["workspaceEntries"] == recalled["blocks"] == []

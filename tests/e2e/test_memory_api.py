@@ -102,20 +102,24 @@ async def test_no_other_session_and_no_sessionless_call_changes_a_session_record
 
 
 async def test_memory_off_refuses_the_agents_calls_but_not_the_operators(stack, new_agent, settings):
-    tenant, agent, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
+    with_history = {**BOTH_SCOPES, "history": {"index": "messages"}}
+    tenant, agent, key = await new_agent(AgentConfig.model_validate(with_history))
     async with MemlaneClient(stack.api_url, key, session="s1") as c, MemlaneClient(
         stack.api_url, settings.operator_key, tenant=tenant, agent=agent, session="s1"
     ) as op:
         kept = await c.add_memory("Dana's favourite colour is teal")
-        await op.configure(AgentConfig.model_validate({**BOTH_SCOPES, "memory": {**BOTH_SCOPES["memory"], "enabled": False}}))
+        assert (await c.search_history("colour"))["events"] == []  # history on: answered
+        await op.configure(AgentConfig.model_validate({**with_history, "memory": {**BOTH_SCOPES["memory"], "enabled": False}}))
 
         async def off():  # the API reads configurations from the Redis view
             return not (await op.config()).memory.enabled
 
         await eventually(off)
         # With memory off, calls are refused at once.
+        # Session history and notes are memory too.
         for call in (c.search_memory("colour"), c.search_memory(None), c.read_memory(kept["id"]), c.history(kept["id"]),
-                     c.add_memory("another fact"), c.delete_memory(kept["id"]), c.pin(kept["id"])):
+                     c.add_memory("another fact"), c.delete_memory(kept["id"]), c.pin(kept["id"]),
+                     c.search_history("colour"), c.message_history(), c.search_notes("colour")):
             await refused(call, 403, "MEMORY_DISABLED", "memory.enabled")
         assert (await c.recall("conv-off", "colour"))["workspaceEntries"] == []
         async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}) as http:

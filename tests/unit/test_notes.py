@@ -322,6 +322,13 @@ def test_mcp_offers_the_note_tools_with_memory_and_history_and_a_helper_only_the
     assert not _tools(AgentConfig.model_validate({"history": {}, "memory": {"enabled": False}})) & NOTE_TOOLS
 
 
+def test_with_memory_off_mcp_offers_no_history_tools_either():
+    """Session history is memory too: with memory off a new run gets none of its tools."""
+    history_tools = {"search_history", "message_history"}
+    assert history_tools <= _tools(AgentConfig.model_validate({"history": {}}))
+    assert not _tools(AgentConfig.model_validate({"history": {}, "memory": {"enabled": False}})) & history_tools
+
+
 @pytest.mark.parametrize("pos", [-1, -10**6, 1.5, float("inf"), "3", True, None, [1]])
 def test_an_offset_cursor_is_a_whole_number_from_zero(pos):
     from events.rules.history import decode_offset, encode_cursor

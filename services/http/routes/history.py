@@ -60,7 +60,7 @@ from services.http.deps import Ctx
 from services.http.history_access import admitted
 from services.http.models import Body
 from services.memory import Context
-from services.memory.rules import NOT_MEMBER, check_across, check_role, refused
+from services.memory.rules import NOT_MEMBER, check_across, check_enabled, check_role, refused
 from settings import Settings
 from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
@@ -128,8 +128,10 @@ class HistoryExtension:
     async def _config(self, who: Context, what: str) -> AgentConfig:
         """The agent's configuration, once the caller may read its history at all."""
         check_role(who, NOT_MEMBER, what)
-        assert self.app is not None  # `start` set it before the routes were served
+        assert self.app is not None and self.settings is not None  # `start` set them before the routes were served
         cfg = await self.app.state.service.config(who.tenant, who.agent)
+        # Session history is memory too: with memory off, the agent's calls are refused at once.
+        check_enabled(who, cfg, self.settings.memory_kill_switch)
         await self._check_subject(who, cfg)
         if cfg.history is None:
             raise ApiError(
