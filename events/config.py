@@ -77,6 +77,11 @@ class MemoryConfig(_Strict):
     # The longest fact text (summary and content together) in characters; None: only the
     # record's byte limits.
     fact_chars: Annotated[int, Field(ge=1, le=16_000)] | None = None
+    # How many days a write lives at most, unless it sets an earlier expiry; None: until it is
+    # deleted. A member's facts (user scope) expire after 180 days by default; the agent's own
+    # memory (session and agent scope, episodes and procedures) is durable.
+    member_fact_days: Annotated[int, Field(ge=1, le=3_650)] | None = 180
+    workspace_days: Annotated[int, Field(ge=1, le=36_500)] | None = None
     recall: RecallConfig = RecallConfig()
     scope: ScopeConfig = ScopeConfig()
     kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = list(DEFAULT_KINDS)

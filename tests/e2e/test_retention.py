@@ -39,9 +39,7 @@ async def test_the_ledger_purges_tombstones_past_the_retention_period(rstack):
     new = _cmd(AddMemory, tenant, agent, lately, summary="Retention recent fact", scope="AGENT")
     live = _cmd(AddMemory, tenant, agent, now, summary="Retention live fact", scope="AGENT")
     old_id, new_id = (record_id_for(tenant, agent, c.command_id) for c in (old, new))
-    # A fact written 200 days ago has expired by now (expiry is capped at 180 days), so a
-    # retention run between its write and its deletion would sweep it first: the write and
-    # the deletions go in one transaction.
+    # The writes and the deletions go in one transaction: no retention run falls between them.
     await send_atomically(settings, old, new, live,
                           _cmd(DeleteMemory, tenant, agent, long_ago + timedelta(days=1), record_id=old_id),
                           _cmd(DeleteMemory, tenant, agent, lately + timedelta(days=1), record_id=new_id))

@@ -62,7 +62,7 @@ def test_add_creates_an_active_session_record_with_provenance():
     e = only(Ledger().add(), "RecordAdded")
     r = e.record
     assert (r.status, r.scope.value, r.session, r.version) == (Status.ACTIVE, "SESSION", "s1", 1)
-    assert r.expires_at == NOW + timedelta(days=180)
+    assert r.expires_at is None  # the agent's own memory is durable unless the write sets an expiry
     assert e.command_id and e.provenance.source.value == "TOOL"
 
 
@@ -108,11 +108,22 @@ def test_session_scope_needs_a_session():
     assert e.field == "session" and e.reason == "session scope requires a session"
 
 
-def test_expiry_is_clamped_to_180_days():
+def test_a_members_fact_expires_within_180_days_and_the_agents_own_memory_when_the_write_says():
+    """The two rules of expiry: a member's fact (user scope) lives at most
+    `memory.member_fact_days` (180), whatever the write asks; the agent's own memory (session
+    and agent scope) is durable by default, and expires only when the write or
+    `memory.workspace_days` says so."""
+    user = {"scope": {"read": ["user"], "write": ["user"]}}
+    for asked, kept in ((None, 180), (400, 180), (3, 3)):
+        expires = NOW + timedelta(days=asked) if asked else None
+        r = only(Ledger(**user).add(expires_at=expires, user="u1"), "RecordAdded").record
+        assert (r.scope.value, r.expires_at) == ("USER", NOW + timedelta(days=kept))
     r = only(Ledger().add(expires_at=NOW + timedelta(days=400)), "RecordAdded").record
-    assert r.expires_at == NOW + timedelta(days=180)
-    r = only(Ledger().add(expires_at=NOW + timedelta(days=3)), "RecordAdded").record
-    assert r.expires_at == NOW + timedelta(days=3)
+    assert r.expires_at == NOW + timedelta(days=400)
+    r = only(Ledger(workspace_days=30).add(), "RecordAdded").record
+    assert r.expires_at == NOW + timedelta(days=30)
+    r = only(Ledger(**user, member_fact_days=None).add(user="u1"), "RecordAdded").record
+    assert r.expires_at is None
 
 
 def test_replace_supersedes_with_links_both_ways():
@@ -715,8 +726,8 @@ def test_a_sweep_tombstones_exactly_the_expired_live_records_it_names():
     assert (e.record.id, e.record.status, e.record.version) == (short.id, Status.DELETED, 2)
     assert e.record.valid_to == short.expires_at
     assert sweep(led, NOW + timedelta(days=8), short.id) == []  # already a tombstone
-    assert [x.record.id for x in sweep(led, NOW + timedelta(days=181), *both)] == [long.id]
-    assert led.state.stats["t/a"]["live"] == 0
+    assert sweep(led, NOW + timedelta(days=10_000), *both) == []  # durable: no expiry of its own
+    assert led.state.stats["t/a"]["live"] == 1
 
 
 def test_ids_derive_from_tenant_agent_and_command_id():

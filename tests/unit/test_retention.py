@@ -56,9 +56,9 @@ def test_superseded_rows_past_the_period_become_tombstones():
     _, events = _night(led, NOW + timedelta(days=10))
     assert events == []
     night, events = _night(led, NOW + RETENTION + timedelta(days=1))
-    # The successor, past its default expiry (180 days) by then, is tombstoned the same night.
-    assert (night.superseded, night.expired) == (1, 1)
-    assert sorted(e.type for e in events) == ["RecordDeleted", "RecordExpired"]
+    # The successor is the agent's own memory, durable: it stays live.
+    assert (night.superseded, night.expired) == (1, 0)
+    assert [e.type for e in events] == ["RecordDeleted"]
     assert get_record(led.state, "t/a", rid).status is Status.DELETED
 
 

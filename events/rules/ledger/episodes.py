@@ -20,7 +20,7 @@ from events.commands import AddMemory
 from events.memory import EpisodeLinked, RecordAdded
 from events.record import LIVE, MemoryRecord
 from events.rules import procedures
-from events.rules.ledger.state import MAX_EXPIRY, LedgerState, _base, get_record
+from events.rules.ledger.state import LedgerState, _base, config_of, expiry_of, get_record
 
 
 def _run_keys(ak: str, session: str | None, execution_id: str | None) -> list[str]:
@@ -68,5 +68,5 @@ def confirmed(state: LedgerState, ak: str, cmd: AddMemory, existing: MemoryRecor
     events.append(_base(RecordAdded, cmd, record=merged or existing, merged=True))
     if merged is None or not procedures.promotes(merged) or get_record(state, ak, procedures.procedure_id(merged)):
         return
-    proc = procedures.procedure_of(merged, cmd.issued_at, cmd.issued_at + MAX_EXPIRY)
+    proc = procedures.procedure_of(merged, cmd.issued_at, expiry_of(config_of(state, ak), merged.scope, cmd.issued_at))
     events.append(_base(RecordAdded, cmd, record=proc))

@@ -18,12 +18,12 @@ from events.rules.ledger import episodes
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.state import (
     LIVE_FACT_CAP,
-    MAX_EXPIRY,
     RESERVED_KINDS,
     LedgerState,
     Rejected,
     _base,
     config_of,
+    expiry_of,
     get_record,
     normalized_hash,
     record_id_for,
@@ -83,8 +83,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
                        "shorten it or split it into several facts")
     if cmd.pinned and cfg.memory.pinned is None:
         raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
-    latest = cmd.issued_at + MAX_EXPIRY
-    expires = min(cmd.expires_at, latest) if cmd.expires_at else latest
+    expires = expiry_of(cfg, scope, cmd.issued_at, cmd.expires_at)
     rid = cmd.record_id or record_id_for(cmd.tenant, cmd.agent, cmd.command_id)
     p = cmd.provenance
     return MemoryRecord(

@@ -18,10 +18,10 @@ from events.base import command_key
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.memory import CommandRejected
-from events.record import MemoryRecord
+from events.record import MemoryRecord, Scope
 
 NAMESPACE = uuid.UUID("5b0c2f57-3c2e-4a43-9d63-0f1d8f3a9a11")
-MAX_EXPIRY = timedelta(days=180)
+MAX_EXPIRY = timedelta(days=180)  # the longest a member's fact lives by default (`MemoryConfig.member_fact_days`)
 LIVE_FACT_CAP = 200
 RESERVED_KINDS = ("episode", "procedure")  # written by consolidation only (events.rules.consolidation)
 MAX_BLOCKS = 10  # labels per agent: blocks come with every recall, so they stay few
@@ -201,3 +201,14 @@ class _Overlay(dict):
     def __delitem__(self, k):
         self._gone.add(k)
         super().pop(k, None)
+
+
+def expiry_of(cfg: AgentConfig, scope: Scope, issued_at: datetime, asked: datetime | None = None) -> datetime | None:
+    """When a record written at `issued_at` in `scope` expires: the write's own expiry (`asked`),
+    capped at the configuration's limit for its scope (a member's facts, or the agent's own
+    memory); None: it lives until deleted."""
+    days = cfg.memory.member_fact_days if scope is Scope.USER else cfg.memory.workspace_days
+    latest = issued_at + timedelta(days=days) if days is not None else None
+    if asked is None or latest is None:
+        return asked or latest
+    return min(asked, latest)
