@@ -20,7 +20,7 @@ from events.commands import WORKSPACE, block_of_field
 from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord, Scope
-from events.rules.ledger import RESERVED_KINDS
+from events.rules.ledger import LIVE_FACT_CAP, RESERVED_KINDS
 from events.rules.procedures import is_anti_pattern
 from events.rules.procedures import rank as procedures_rank
 from events.rules.recall_render import Entry, fit, fit_facts, pinned_within_budget, render, render_fitted
@@ -465,15 +465,18 @@ class MemoryReads:
             if cfg.memory.recall.recalled == "omit":
                 fresh = [x for x in fresh if x[0].id not in again]
         blocks = await self._blocks(ctx, application)
-        facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS][: cfg.memory.search.max_results]
+        facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS]
         if cfg.memory.recall.format == "facts":
-            # Seed 004's block: pins and facts, one line each; no blocks, episodes or procedures.
+            # The facts block: pins and every live fact, one line each, the most relevant first,
+            # a fact that does not fit the block's 8,000 characters left out whole; no blocks,
+            # episodes or procedures.
             kept, rendered = fit_facts(pinned + facts)
             kept_ids = {r.id for r in kept}
             shown_pins = [r for r in pinned if r.id in kept_ids]
             records, episodes, procedures, avoid = [r for r in facts if r.id in kept_ids], [], [], []
             shared = {}
         else:
+            facts = facts[: cfg.memory.search.max_results]
             shown = {r.id for r in facts}
             entries = [e for e in entries if e.record_id not in shown]  # a fact the recall shows already
             shown_blocks = [(_block_title(scope, label, app), text) for scope, label, text, app in blocks]
@@ -506,16 +509,22 @@ class MemoryReads:
         procedures) and those two kinds, which seed 004's facts format leaves out. In one list,
         hundreds of episodes that match a query word for word take every place ahead of a fact
         found by meaning: the fused score ranks them so (docs/recall-sections.md)."""
-        limit = cfg.memory.search.max_results * 2
+        every = cfg.memory.recall.format == "facts"  # the facts block shows every live fact
+        limit = LIVE_FACT_CAP if every else cfg.memory.search.max_results * 2
         if not text.strip():
             return await self._search(ctx, cfg, query=text, limit=limit)
         dense = None if cfg.memory.search.mode == "lexical" else await self._embed_query(ctx, text)
         parts = [{"not_kinds": RESERVED_KINDS}]
-        if cfg.memory.recall.format != "facts":
+        if not every:
             parts.append({"kinds": RESERVED_KINDS})
         found = await self._run(ctx, [self._ranked(ctx, cfg, text, None, None, limit, None, None, dense, **kinds)
                                       for kinds in parts])
-        return SearchResult([x for part in found for x in part.records], None)
+        ranked = [x for part in found for x in part.records]
+        if every:  # then the facts no search ranked, newest first
+            seen = {r.id for r, _ in ranked}
+            listed = await self._search(ctx, cfg, query=None, limit=limit)
+            ranked += [(r, None) for r, _ in listed.records if r.id not in seen and r.kind not in RESERVED_KINDS]
+        return SearchResult(ranked, None)
 
     async def _shared_layers(self, ask: RecallAsk) -> dict[str, list[Entry]]:
         """Every layer source's entries, by layer heading; seed 004's facts format has none."""

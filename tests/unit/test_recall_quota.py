@@ -57,3 +57,18 @@ async def test_the_facts_format_searches_facts_only(s, monkeypatch):
     res = await s.reads.recall(agent(None), "conv", "deploy freeze")
     assert [r.id for r, _ in res.records] == ["f1"] and res.episodes == []
     assert searches == [("episode", "procedure")]
+
+
+async def test_the_facts_block_shows_every_live_fact_the_most_relevant_first(s):
+    """The facts format renders every live fact, not `search.max_results` of them: the ones the
+    query ranks first, then the rest, newest first; a fact that does not fit is left out whole."""
+    s.configure(AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]},
+                                                       "search": {"mode": "lexical", "max_results": 2},
+                                                       "recall": {"format": "facts"}}}))
+    await s.put(*[rec(f"f{i}", f"Unrelated fact number {i}", None, i) for i in range(8)],
+                rec("match", "The deploy freeze starts Friday", None, 1))
+    res = await s.reads.recall(agent(None), "conv", "deploy freeze")
+    ids = [r.id for r, _ in res.records]
+    assert ids[0] == "match" and sorted(ids[1:]) == [f"f{i}" for i in range(8)]
+    assert ids[1:] == [f"f{i}" for i in reversed(range(8))]  # newest first
+    assert all(f"Unrelated fact number {i}" in res.rendered for i in range(8))
