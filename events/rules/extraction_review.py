@@ -108,9 +108,7 @@ def parse_answer(text: str) -> ReviewAnswer:
         err = e.errors()[0]
         path = ".".join(str(p) for p in err["loc"])
         raise Malformed(f"{path}: {err['msg']}") from None
-    if len(answer.candidates) > MAX_CANDIDATES:
-        raise Malformed(f"candidates: {len(answer.candidates)} given; the limit is {MAX_CANDIDATES}")
-    return answer
+    return answer  # past MAX_CANDIDATES, `to_commands` refuses the rest, one by one
 
 
 # --------------------------------------------------------------------------- window
@@ -320,6 +318,12 @@ def to_commands(
     fallback = default_scope(scopes, turn.session, turn.user)
     accepted: list[tuple[int, Candidate]] = []
     for i, c in enumerate(answer.candidates):
+        if i >= MAX_CANDIDATES:
+            # The first ones stand; the rest are refused, each with its usage record, and
+            # the answer is not thrown away.
+            out.refused.append(Refused(i, c.decision, "limit", f"candidate {i + 1}: an answer gives at most "
+                                       f"{MAX_CANDIDATES} candidates, the first {MAX_CANDIDATES} were kept", c.summary))
+            continue
         if c.decision == "skip":
             out.skipped += 1
             continue

@@ -52,8 +52,7 @@ def test_cadence():
 def test_parse_answer_names_the_bad_field_and_the_limit():
     with pytest.raises(Malformed, match="candidates.0.decision"):
         r.parse_answer('{"candidates": [{"decision": "maybe"}]}')
-    with pytest.raises(Malformed, match="the limit is 10"):
-        r.parse_answer('{"candidates": [' + ",".join(['{"decision": "skip"}'] * 11) + "]}")
+    assert len(r.parse_answer('{"candidates": [' + ",".join(['{"decision": "skip"}'] * 11) + "]}").candidates) == 11
     with pytest.raises(Malformed, match="not JSON"):
         r.parse_answer("{oops")
 
@@ -298,3 +297,14 @@ def test_a_proposal_naming_no_scope_gets_the_scope_the_ledger_would_give_it(writ
     else:
         # Neither can be written (user scope without a user, say): both are refused.
         assert proposed.value.lower() not in r.allowed_scopes(cfg, session, user)
+
+
+def test_past_ten_candidates_the_first_ten_stand_and_each_of_the_rest_is_refused():
+    """An answer with 12 candidates is not thrown away (to the dead letters) whole: the first 10
+    become commands, the 11th and 12th are refused, each with its usage record."""
+    answer = r.parse_answer('{"candidates": [' + ",".join(
+        f'{{"decision": "add", "summary": "fact {i}"}}' for i in range(12)) + "]}")
+    d = r.to_commands(TURN, AgentConfig(), answer, [msg(0)], r.Handles(), "m")
+    assert [c.summary for c in d.commands] == [f"fact {i}" for i in range(10)]
+    assert [(x.index, x.reason, x.summary) for x in d.refused] == [(10, "limit", "fact 10"), (11, "limit", "fact 11")]
+    assert "at most 10 candidates" in d.refused[0].detail
