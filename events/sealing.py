@@ -131,6 +131,9 @@ PERSONAL: dict[str, Personal] = {
     "SaveNote": Personal({"topic": "", "summary": ""}, _member_subject, _command_aad),
     "NoteSaved": Personal({"topic": "", "summary": ""}, _member_subject, _event_aad),
     "CandidateRefused": Personal({"summary_preview": ""}, _member_subject, lambda m: m["usage_id"].encode()),
+    # Why the platform rolled a turn back: its own free text, which may retell the member's words.
+    "TurnOutcome": Personal({"reason": ""}, _member_subject, _command_aad),
+    "WriteDiscarded": Personal({"reason": ""}, _member_subject, _event_aad),
 }
 
 

@@ -63,6 +63,23 @@ def test_commands_are_sealed_too(keyring):
     assert codec.decode("memlane.memory.commands", data) == cmd
 
 
+def test_a_rolled_back_turns_reason_is_sealed_under_its_members_key(keyring):
+    from events.commands import TurnOutcome
+
+    cmd = TurnOutcome(command_id="c2", tenant="t", agent="a", issued_at=NOW, user="u1", committed=False,
+                      reason=f"the member said {CANARY}")
+    data = codec.encode(cmd)
+    assert CANARY.encode() not in data and subject_of("t", "a", "u1") in keyring.subjects()
+    assert codec.decode("memlane.memory.commands", data) == cmd
+    from events.memory import WriteDiscarded
+    from events.record import Provenance
+
+    discarded = WriteDiscarded(event_id="e2", command_id="c3", tenant="t", agent="a", occurred_at=NOW,
+                               turn_ref="s1/1/1", reason=cmd.reason, provenance=Provenance(user="u1"))
+    data = codec.encode(discarded)
+    assert CANARY.encode() not in data and codec.decode("memlane.memory.events", data) == discarded
+
+
 def test_destroyed_key_is_unreadable_and_unknown_key_is_missing(keyring, tmp_path):
     data = codec.encode(_event(_record()))
     other = Keyring(LocalKeyFile(tmp_path / "memlane.key"))
