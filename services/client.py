@@ -202,8 +202,15 @@ class MemlaneClient:
         return MemoryRecord.model_validate(await self._call("GET", f"/v1/memory/{rid}", params=params))
 
     async def history(self, rid: str) -> list[MemoryRecord]:
-        data = await self._call("GET", f"/v1/memory/{rid}/history")
-        return [MemoryRecord.model_validate(v) for v in data["versions"]]
+        """Every version, newest first (the API pages them: this reads every page)."""
+        out: list[MemoryRecord] = []
+        params: dict[str, Any] = {"first": 100}
+        while True:
+            data = await self._call("GET", f"/v1/memory/{rid}/history", params=params)
+            out += [MemoryRecord.model_validate(v) for v in data["versions"]]
+            if not data.get("next_cursor"):
+                return out
+            params["after"] = data["next_cursor"]
 
     async def delete_memory(self, rid: str, expected_version: int | None = None) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/memory/{rid}", params=_expected(expected_version))

@@ -535,3 +535,25 @@ async def test_read_memory_needs_the_tool(stack, new_agent):
         await refused(c.read_memory(rid), 403, "TOOL_NOT_ALLOWED", "tool")
         await refused(c.history(rid), 403, "TOOL_NOT_ALLOWED", "tool")
         assert [f.record.id for f in (await c.search_memory(None, ids=[rid]))[0]] == [rid]  # search reads by id
+
+
+async def test_a_records_versions_are_paged_newest_first(stack, new_agent):
+    """`GET /v1/memory/{id}/history` pages with `first` and `after` (the page's `next_cursor`);
+    the client's `history` reads every page."""
+    _, _, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        rid = (await c.add_memory("Version 1 of the plan"))["id"]
+        for v in range(2, 6):
+            await c.edit_memory(rid, summary=f"Version {v} of the plan")
+        pages, after = [], None
+        while True:
+            page = await c._call("GET", f"/v1/memory/{rid}/history",
+                                 params={"first": 2, **({"after": after} if after else {})})
+            pages.append([v["version"] for v in page["versions"]])
+            after = page["next_cursor"]
+            if after is None:
+                break
+        assert pages == [[5, 4], [3, 2], [1]]
+        assert [r.version for r in await c.history(rid)] == [5, 4, 3, 2, 1]
+        await refused(c._call("GET", f"/v1/memory/{rid}/history", params={"after": "x"}), 422, "VALIDATION_FAILED",
+                      "after")

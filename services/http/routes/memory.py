@@ -15,7 +15,9 @@ from fastapi import APIRouter, Query, Request
 # for a command is refused where it is parsed, with the limit.
 from events.base import RunId
 from events.commands import Labels, Metadata
+from events.errors import ErrorCode
 from events.record import Scope
+from services.errors import ApiError
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
 from services.http.responses import record_out
@@ -93,8 +95,19 @@ async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None,
 
 
 @router.get("/v1/memory/{rid}/history")
-async def memory_history(rid: str, ctx: Ctx, s: Svc):
-    return {"versions": [record_out(r) for r in await s.reads.history(ctx, rid)]}
+async def memory_history(rid: str, ctx: Ctx, s: Svc, first: Annotated[int, Query(ge=1, le=100)] = 20,
+                         after: Annotated[str | None, Query(max_length=20)] = None):
+    """A record's versions, newest first, a page of `first` at a time; `after`: the page's
+    `next_cursor` (the last version it showed)."""
+    below = None
+    if after is not None:
+        if not after.isdigit() or not 1 <= int(after) <= 2**31:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "after", "after: pass the next_cursor of the page before", 422)
+        below = int(after)
+    versions = [r for r in await s.reads.history(ctx, rid) if below is None or r.version < below]
+    page = versions[:first]
+    more = len(versions) > first
+    return {"versions": [record_out(r) for r in page], "next_cursor": str(page[-1].version) if more else None}
 
 
 @router.get("/v1/memory/{rid}/recalls")
