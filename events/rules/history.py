@@ -102,9 +102,10 @@ def kept_events(turn: TurnCommitted) -> list[KeptEvent]:
     projections a function of the turns topic alone, so a replay rebuilds them exactly,
     whatever the agent's configuration was when the turn went by.
     Never kept: skill loads and the agent's own retrievals (memory it read back), system
-    instructions (not something a turn said), and anything of an agent without sessions.
+    instructions (not something a turn said), anything of an agent without sessions, and
+    anything of a turn that ended `failed`: only what a turn commits is kept.
     """
-    if not turn.session:
+    if not turn.session or turn.status == "failed":
         return []
     out: list[KeptEvent] = []
     ms = int(turn.occurred_at.timestamp() * 1000)

@@ -59,6 +59,13 @@ def test_an_agent_without_sessions_keeps_nothing():
     assert kept_events(turn([Message(id="u", role="user", content="hi")], session=None)) == []
 
 
+def test_a_turn_that_ended_failed_keeps_nothing_and_the_others_keep_what_they_said():
+    said = [Message(id="u", role="user", content="hi")]
+    assert kept_events(turn(said, status="failed")) == []
+    for status in ("completed", "stopped", "output_restricted"):
+        assert [e.id for e in kept_events(turn(said, status=status))] == ["u"]
+
+
 def test_index_setting_decides_which_kinds_are_found():
     assert kinds_for("messages") == ("message",)
     assert set(kinds_for("messages_and_tools")) == {"message", "tool_result", "tool_error"}
