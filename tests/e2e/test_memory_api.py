@@ -542,9 +542,9 @@ async def test_a_records_versions_are_paged_newest_first(stack, new_agent):
     the client's `history` reads every page."""
     _, _, key = await new_agent(AgentConfig.model_validate(BOTH_SCOPES))
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
-        rid = (await c.add_memory("Version 1 of the plan"))["id"]
-        for v in range(2, 6):
-            await c.edit_memory(rid, summary=f"Version {v} of the plan")
+        rid = (await c.add_memory("Short plan"))["id"]
+        for v in range(2, 6):  # pinned and unpinned in turn: a new version of the one record each time
+            await (c.pin(rid) if v % 2 == 0 else c.unpin(rid))
         pages, after = [], None
         while True:
             page = await c._call("GET", f"/v1/memory/{rid}/history",
