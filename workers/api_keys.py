@@ -25,7 +25,7 @@ from events.api_keys import KeyBook, KeyRecord, key_id
 from events.topics import API_KEYS
 from projections.redis_api_keys import ApiKeyView
 from settings import Settings
-from workers.kafka_io import ensure_log_topic, log_clients
+from workers.kafka_io import ensure_log_topic, log_clients, stop_log_follower
 
 log = structlog.get_logger()
 CHECK_EVERY_S = 1.0  # how often the follower looks for the view's mark
@@ -59,17 +59,7 @@ class ApiKeyLog:
             self._task.add_done_callback(_report)
 
     async def stop(self) -> None:
-        # Asked, not cancelled: a cancel that lands in the consumer's poll can leave it waiting.
-        if self._task is not None:
-            self.stopping.set()
-            done, _ = await asyncio.wait({self._task}, timeout=5)
-            if not done:
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        await stop_log_follower(self._task, self.stopping, self._producer, self._consumer)
 
     @property
     def running(self) -> bool:

@@ -84,6 +84,21 @@ async def ensure_log_topic(settings: Settings, topic: Topic) -> None:
         await admin.close()
 
 
+async def stop_log_follower(task: asyncio.Task | None, stopping: asyncio.Event, producer: Any, consumer: Any) -> None:
+    """Stops what `log_clients` opened and the task following it. The task is asked (`stopping`),
+    not cancelled: a cancel that lands in the consumer's poll can leave it waiting."""
+    if task is not None:
+        stopping.set()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if consumer is not None:
+        await consumer.stop()
+    if producer is not None:
+        await producer.stop()
+
+
 async def log_clients(settings: Settings, tp: TopicPartition) -> tuple[AIOKafkaProducer, Any]:
     """A started producer, and a reader assigned to `tp` from its beginning: what a follower
     of a one-partition log (the data keys, the API keys) opens."""

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from events.topics import WEB_SESSIONS
 from events.web_sessions import SessionBook, SessionRecord
 from settings import Settings
-from workers.kafka_io import ensure_log_topic, log_clients
+from workers.kafka_io import ensure_log_topic, log_clients, stop_log_follower
 
 log = structlog.get_logger()
 RETRY_S = 1.0
@@ -42,16 +42,7 @@ class WebSessionLog:
         self._task = asyncio.create_task(self._follow(), name="web-sessions-follower")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self.stopping.set()
-            done, _ = await asyncio.wait({self._task}, timeout=5)
-            if not done:
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        await stop_log_follower(self._task, self.stopping, self._producer, self._consumer)
 
     async def append(self, name: str, rec: SessionRecord | None) -> None:
         """The session's record (None: it ended) on the log, acknowledged, and in this book."""
