@@ -260,10 +260,13 @@ class RemoveAgent(_CommandBase):
 
 
 class RemoveUser(_CommandBase):
-    """The member (`user`) is deleted from the tenant: sent under the workspace agent, as it
-    holds for every agent; none serves that member's memory again."""
+    """The member (`user`) leaves the tenant: sent under the workspace agent, as it holds for
+    every agent; none serves that member's memory until they are restored. `erase`: the user is
+    deleted, and their memory wiped at once on every agent, consent included; without it the
+    member is only removed from the tenant and their facts are kept."""
 
     type: Literal["RemoveUser"] = "RemoveUser"
+    erase: bool = True
 
 
 class RemoveTenant(_CommandBase):

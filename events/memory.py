@@ -149,10 +149,12 @@ class AgentRemoved(_EventBase):
 
 
 class UserRemoved(_EventBase):
-    """A member was deleted from the tenant (under the workspace agent): no agent serves their memory."""
+    """A member left the tenant (under the workspace agent): no agent serves their memory until
+    they are restored. `erased`: the user was deleted, and a `SubjectErased` follows."""
 
     type: Literal["UserRemoved"] = "UserRemoved"
     user: Ident
+    erased: bool = True
 
 
 class UserRestored(_EventBase):

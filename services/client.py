@@ -309,9 +309,14 @@ class MemlaneClient:
         return await self._call("DELETE", "/v1/agent")
 
     async def remove_user(self, user: str) -> dict[str, Any]:
-        """Operator keys: no agent of the tenant serves the member's memory again, and their member
-        keys are revoked (`revoked_keys`)."""
+        """Operator keys: the user is deleted: no agent of the tenant serves their memory again,
+        their member keys are revoked (`revoked_keys`) and their memory is wiped."""
         return await self._call("DELETE", f"/v1/users/{user}")
+
+    async def remove_member(self, user: str) -> dict[str, Any]:
+        """Operator keys: the member leaves the tenant: not served and their keys revoked, but their
+        facts and consent are kept until `restore_user`."""
+        return await self._call("DELETE", f"/v1/members/{user}")
 
     async def restore_user(self, user: str) -> dict[str, Any]:
         """Operator keys: a removed member may be issued keys and grant consent again."""

@@ -238,12 +238,13 @@ class MemoryCommands:
 
         return await self.submit(cmd, wait, self._state_outcome(shown, f"agent {cmd.agent} removed"))
 
-    async def remove_user(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
-        """The member is deleted from the tenant: no agent serves their memory again, and the
-        ledger destroys their data keys on every agent (sent under the workspace agent, as it
-        holds for every agent)."""
+    async def remove_user(self, ctx: Context, user: str, wait: bool = True, erase: bool = True) -> dict[str, Any]:
+        """The member leaves the tenant: no agent serves their memory until they are restored
+        (sent under the workspace agent, as it holds for every agent). `erase`: the user is
+        deleted, and the ledger destroys their data keys on every agent; without it their facts
+        are kept."""
         check_role(ctx, ("operator",), "remove a member")
-        cmd = self._command(RemoveUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user)
+        cmd = self._command(RemoveUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user, erase=erase)
 
         async def shown() -> bool:
             return (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed

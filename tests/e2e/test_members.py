@@ -597,10 +597,35 @@ async def test_a_grant_racing_a_withdrawal_is_answered_applied_each_time(members
             assert (withdrawn["status"], withdrawn["consent"]) == ("applied", "withdrawn"), withdrawn
 
 
+async def test_a_member_removed_from_the_tenant_keeps_their_facts_and_gets_them_back_when_restored(stack, settings,
+                                                                                                members):
+    """Removing a member from the tenant is not deleting the user: nothing of theirs is erased."""
+    m = await members("dana", "erin", grant=("dana", "erin"))
+    async with m.as_agent("erin") as erin_agent:
+        await erin_agent.add_memory("Erin's dog is named Pepper", kind="profile")
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
+        removed = await op.remove_member("erin")
+        assert removed["status"] == "applied" and removed["revoked_keys"]
+        assert not any(k.get("user") == "erin" for k in await op.list_keys(m.tenant))
+    async with m.as_agent("erin") as erin_agent:
+        await refused(erin_agent.search_memory("Pepper"), 403, "SUBJECT_REMOVED", "user")  # not served meanwhile
+        gone = await erin_agent.recall("c1", "what is the dog called?")
+        assert gone["skipped"]["code"] == "SUBJECT_REMOVED" and "Pepper" not in gone["rendered"]
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
+        assert (await op.restore_user("erin"))["status"] == "applied"
+        key = await op.issue_key(m.tenant, m.agent, "member", user="erin")
+    async with MemlaneClient(stack.api_url, key) as erin, m.as_agent("erin") as erin_agent:
+        assert (await erin.consent())["consent"] == "granted"  # kept: no new grant is asked
+        assert [r["summary"] for r in (await erin.list_memory())["records"]] == ["Erin's dog is named Pepper"]
+        assert "Pepper" in (await erin_agent.recall("c2", "what is the dog called?"))["rendered"]
+
+
 async def test_a_removed_member_or_tenant_stays_removed_until_an_operator_restores_it(stack, settings, members):
     m = await members("erin", grant=("erin",))
+    async with m.as_agent("erin") as erin_agent:
+        await erin_agent.add_memory("Erin's dog is named Pepper", kind="profile")
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
-        await op.remove_user("erin")
+        await op.remove_user("erin")  # the user deleted: wiped at once, consent included
         # No new key, and so no new consent, for a removed member; their erased consent stays gone.
         await refused(op.issue_key(m.tenant, m.agent, "member", user="erin"), 403, "SUBJECT_REMOVED", "user")
         await refused(op.issue_key(m.tenant, None, "member", user="erin"), 403, "SUBJECT_REMOVED", "user")
@@ -610,6 +635,7 @@ async def test_a_removed_member_or_tenant_stays_removed_until_an_operator_restor
     async with MemlaneClient(stack.api_url, key) as erin:
         assert (await erin.consent())["consent"] is None  # erased with the removal: asked again
         assert (await erin.grant_consent())["consent"] == "granted"
+        assert (await erin.list_memory())["records"] == []  # and their facts are gone
 
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=m.tenant) as op:
         assert (await op.http.delete("/v1/tenant")).status_code == 202

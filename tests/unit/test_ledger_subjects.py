@@ -572,6 +572,17 @@ def test_a_member_is_removed_under_the_workspace_agent():
     rejected(led.run(RemoveUser(**common(agent=WORKSPACE, provenance=OPERATOR))), "VALIDATION_FAILED", "user")
 
 
+def test_a_member_removed_from_the_tenant_without_erasure_keeps_their_facts_and_consent():
+    led, mine, _ = _two_members()
+    only(led.run(GrantConsent(**common(user="u1", provenance=MEMBER))), "ConsentGranted")
+    consent = dict(led.state.consent)
+    (e,) = led.run(RemoveUser(**common(agent=WORKSPACE, user="u1", provenance=OPERATOR, erase=False)))
+    assert (e.type, e.user, e.erased) == ("UserRemoved", "u1", False)
+    assert led.state.erasures == {} and led.state.removed_users == {f"t/{WORKSPACE}|u:u1": True}
+    assert get_record(led.state, "t/a", mine.id) == mine
+    assert led.state.consent == consent and True in consent.values()
+
+
 def test_a_removed_member_or_tenant_is_restored_only_by_an_operator_and_only_once_removed():
     from events import RemoveTenant, RestoreTenant, RestoreUser
 

@@ -71,8 +71,9 @@ def _remove_user(state: LedgerState, ak: str, cmd: RemoveUser, events: list) -> 
         raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
                        f"a member is removed from the whole tenant: send RemoveUser under {WORKSPACE!r}")
     user = _member(cmd)
-    events.append(_base(UserRemoved, cmd, user=user))
-    events.append(_base(SubjectErased, cmd, user=user))  # under the workspace: on every agent
+    events.append(_base(UserRemoved, cmd, user=user, erased=cmd.erase))
+    if cmd.erase:  # a deleted user is wiped; a member removed from the tenant keeps their facts
+        events.append(_base(SubjectErased, cmd, user=user))  # under the workspace: on every agent
 
 
 def _workspace_operator(cmd: RestoreUser | RestoreTenant, what: str) -> None:
@@ -84,8 +85,9 @@ def _workspace_operator(cmd: RestoreUser | RestoreTenant, what: str) -> None:
 
 
 def _restore_user(state: LedgerState, ak: str, cmd: RestoreUser, events: list) -> None:
-    """A removed member stays removed until this: an explicit act, logged. Their erased
-    memory and consent do not come back; a new grant is needed."""
+    """A removed member stays removed until this: an explicit act, logged. A deleted user's
+    erased memory and consent do not come back (a new grant is needed); a member only removed
+    from the tenant finds their facts and consent as they left them."""
     _workspace_operator(cmd, "restore a member")
     user = _member(cmd)
     if not state.removed_users.get(subject_key(ak, user)):

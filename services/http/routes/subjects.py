@@ -8,12 +8,15 @@
 - `GET /v1/subjects`: the agent's members with their fact counts and consent, never a fact (operator).
 - `DELETE /v1/subjects/{user}`: erase the member's memory on the agent (operator).
 - `DELETE /v1/agent`: remove the agent: its memory is never served again (operator).
-- `DELETE /v1/users/{user}`: remove the member from the tenant: no agent serves them, and
-  their member keys are revoked (operator). `POST /v1/users/{user}/restore` restores them;
+- `DELETE /v1/members/{user}`: remove the member from the tenant: no agent serves them and
+  their member keys are revoked, but their facts and consent are kept (operator).
+- `DELETE /v1/users/{user}`: delete the user: as a removal, and their memory on every agent is
+  wiped at once, consent included (operator). `POST /v1/users/{user}/restore` restores either;
   until then no key is issued to them and they grant no consent.
 
-Each of these, and `DELETE /v1/tenant`, also destroys the data keys of what it erases once the
-ledger has recorded it: what was written under them can no longer be read anywhere.
+Each of these but a member's removal, and `DELETE /v1/tenant`, also destroys the data keys of
+what it erases once the ledger has recorded it: what was written under them can no longer be
+read anywhere. The removal is recorded first: it holds even while the wipe is retried.
 - `DELETE /v1/tenant`: remove the whole tenant: every key of its data is destroyed, every
   projection purges it, and its API keys are revoked (the deployment's operator key only).
   `POST /v1/tenant/restore` restores it; until then no key is issued in it.
@@ -28,8 +31,9 @@ from fastapi import APIRouter, Header, Path, Request
 
 from events.base import IDENT_PATTERN
 from events.commands import WORKSPACE
+from services.auth import Principal
 from services.http.deps import Caller, Ctx, Svc, checked_user, tenant_of
-from services.memory import Context
+from services.memory import Context, MemoryService
 from services.memory.rules import check_role
 
 router = APIRouter(tags=["members"])
@@ -79,16 +83,31 @@ async def remove_agent(ctx: Ctx, s: Svc, wait: bool = True) -> dict[str, Any]:
 
 
 @router.delete("/v1/users/{user}")
-async def remove_user(user: User, p: Caller, s: Svc, request: Request, wait: bool = True,
+async def delete_user(user: User, p: Caller, s: Svc, request: Request, wait: bool = True,
                       x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
-    """Removes the member from the tenant: no agent serves their memory again, and their member
-    keys are revoked at once (operator keys; the bootstrap key names the tenant with X-Tenant).
-    Their facts' data keys are destroyed too, on every agent. `revoked_keys`: the ids of the member
-    keys revoked."""
+    """Deletes the user: no agent serves their memory again, their member keys are revoked at
+    once, and their memory on every agent is wiped, consent included: their facts' data keys are
+    destroyed (operator keys; the bootstrap key names the tenant with X-Tenant). `revoked_keys`:
+    the ids of the member keys revoked."""
+    return await _remove(user, p, s, request, wait, x_tenant, erase=True)
+
+
+@router.delete("/v1/members/{user}")
+async def remove_member(user: User, p: Caller, s: Svc, request: Request, wait: bool = True,
+                        x_tenant: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """Removes the member from the tenant without erasing them: no agent serves their memory and
+    their member keys are revoked at once, but their facts and consent are kept, served again
+    once an operator restores them (POST /v1/users/{user}/restore). Operator keys, as for
+    `DELETE /v1/users/{user}`."""
+    return await _remove(user, p, s, request, wait, x_tenant, erase=False)
+
+
+async def _remove(user: str, p: Principal, s: MemoryService, request: Request, wait: bool, x_tenant: str | None,
+                  erase: bool) -> dict[str, Any]:
     check_role(p, ("operator",), "remove a member")
     tenant = tenant_of(p, x_tenant)
     ctx = Context(dataclasses.replace(p, tenant=tenant, agent=WORKSPACE), WORKSPACE)
-    out = await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait)
+    out = await s.commands.remove_user(ctx, checked_user(user, "user"), wait=wait, erase=erase)
     revoked = await request.app.state.keys.revoke_member(tenant, user)
     return {**out, "revoked_keys": [e["id"] for e in revoked]}
 
