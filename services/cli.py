@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
@@ -347,10 +347,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         print("memlane mcp: set MEMLANE_API_KEY, or pass --key-file, to the agent's API key", file=sys.stderr)
         return 2
     api_url = args.api_url or settings.api_url
+    origin: dict[str, Any] = {"execution_id": args.execution_id or os.environ.get("MEMLANE_EXECUTION_ID") or None}
+    for name, flag, variable in (("invocation", args.invocation, "MEMLANE_INVOCATION"),
+                                 ("agent_version", args.agent_version, "MEMLANE_AGENT_VERSION")):
+        raw = flag if flag is not None else os.environ.get(variable)
+        if raw:
+            if not raw.isdigit():
+                print(f"memlane mcp: {name} (--{name.replace('_', '-')} or {variable}) is {raw!r}; give a "
+                      "whole number of 0 or more", file=sys.stderr)
+                return 2
+            origin[name] = int(raw)
     try:
         run_stdio(api_url, key, args.session or os.environ.get("MEMLANE_SESSION"),
                   args.user or os.environ.get("MEMLANE_USER") or None,
-                  args.channel or os.environ.get("MEMLANE_CHANNEL") or None)
+                  args.channel or os.environ.get("MEMLANE_CHANNEL") or None, origin)
     except StartRefused as e:
         print(f"memlane mcp: {e}", file=sys.stderr)
         return 2
@@ -469,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: MEMLANE_USER)")
     m.add_argument("--channel", default=None, help="the session's channel, sent as X-Channel "
                    "(default: MEMLANE_CHANNEL)")
+    m.add_argument("--execution-id", default=None, help="the execution the session's writes come from, "
+                   "kept in their provenance (default: MEMLANE_EXECUTION_ID)")
+    m.add_argument("--invocation", default=None, help="the invocation of that execution (default: MEMLANE_INVOCATION)")
+    m.add_argument("--agent-version", default=None, help="the agent version (default: MEMLANE_AGENT_VERSION)")
     m.add_argument("--api-url", default=None, help="memlane API (default: MEMLANE_API_URL)")
     m.set_defaults(fn=cmd_mcp)
 

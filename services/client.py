@@ -56,6 +56,9 @@ class MemlaneClient:
         agent: str | None = None,
         user: str | None = None,
         channel: str | None = None,
+        execution_id: str | None = None,
+        invocation: int | None = None,
+        agent_version: int | None = None,
         timeout: float = 40.0,
         failover_s: float | None = None,
     ) -> None:
@@ -78,9 +81,13 @@ class MemlaneClient:
             ("X-Agent", agent),
             ("X-User", user),
             ("X-Channel", channel),
+            ("X-Execution-Id", execution_id),
         ):
             if value:
                 headers[name] = value
+        for name, number in (("X-Invocation", invocation), ("X-Agent-Version", agent_version)):
+            if number is not None:
+                headers[name] = str(number)
         if preview:
             headers["X-Preview"] = "true"
         if turn is not None:

@@ -354,8 +354,9 @@ class StartRefused(Exception):
 
 
 def run_stdio(api_url: str, key: str, session: str | None, user: str | None = None,
-              channel: str | None = None) -> None:
-    headers: dict[str, Any] = dict(session=session, user=user, channel=channel)
+              channel: str | None = None, origin: dict[str, Any] | None = None) -> None:
+    """`origin`: the `execution_id`, `invocation` and `agent_version` the session's writes came from."""
+    headers: dict[str, Any] = dict(session=session, user=user, channel=channel, **(origin or {}))
 
     async def config() -> tuple[AgentConfig | None, str]:  # its own client: the server runs its own event loop
         async with MemlaneClient(api_url, key, **headers) as c:

@@ -108,7 +108,7 @@ def _member_context(p: Principal, x_agent: str | None, x_user: str | None, x_cha
 
 
 def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_turn_ref=None, x_execution_id=None,
-                    x_turn=None, x_user=None, x_channel=None) -> Context:
+                    x_turn=None, x_user=None, x_channel=None, x_invocation=None, x_agent_version=None) -> Context:
     x_user, x_channel, x_agent = checked_user(x_user), checked_channel(x_channel), checked_agent(x_agent)
     if p.role == "member":
         return _member_context(p, x_agent, x_user, x_channel)
@@ -121,7 +121,7 @@ def resolve_context(p: Principal, x_agent, x_tenant, x_session, x_preview, x_tur
         raise ApiError(ErrorCode.FORBIDDEN, "x-agent", "this key belongs to another agent", 403)
     # An agent's or helper's key names its agent, and an operator's was given X-Agent above.
     return Context(p, cast(str, p.agent), x_session, x_preview, x_turn_ref, x_execution_id, x_turn, user=x_user,
-                   channel=x_channel)
+                   channel=x_channel, invocation=x_invocation, agent_version=x_agent_version)
 
 
 async def context(
@@ -134,13 +134,17 @@ async def context(
     x_turn_ref: Annotated[str | None, Header()] = None,
     x_execution_id: Annotated[str | None, Header()] = None,
     x_turn: Annotated[int | None, Header(ge=0)] = None,
+    x_invocation: Annotated[int | None, Header(ge=0, description="the invocation of the execution the call "
+                                               "comes from (kept in a write's provenance)")] = None,
+    x_agent_version: Annotated[int | None, Header(ge=0, description="the agent version the call comes from "
+                                                  "(kept in a write's provenance)")] = None,
     x_user: Annotated[str | None, Header(description="the member the call speaks for (user-scope memory)")] = None,
     x_channel: Annotated[str | None, Header(description="the session's channel (memory.channels)")] = None,
     x_memlane_after: Annotated[str | None, Header(description="positions another replica answered with "
                                                   "(X-Memlane-Position): read what they cover")] = None,
 ) -> Context:
     ctx = resolve_context(p, x_agent, x_tenant, x_session, x_preview, x_turn_ref, x_execution_id, x_turn,
-                          x_user, x_channel)
+                          x_user, x_channel, x_invocation, x_agent_version)
     await fence(request.app.state.shards.memory, ctx.tenant, ctx.agent, x_memlane_after)
     return ctx
 

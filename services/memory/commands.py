@@ -85,6 +85,8 @@ class MemoryCommands:
         return Provenance(
             source={"operator": Source.OPERATOR, "member": Source.MEMBER}.get(role, Source.TOOL),
             execution_id=ctx.execution_id,
+            invocation=ctx.invocation,
+            agent_version=ctx.agent_version,
             session=ctx.session,
             user=ctx.user,
             turn=ctx.turn,

@@ -18,6 +18,10 @@ class Context:
     turn_ref: str | None = None
     execution_id: str | None = None
     turn: int | None = None
+    # The invocation of the execution and the agent version the call came from (X-Invocation,
+    # X-Agent-Version), kept in a write's provenance as a turn's tool writes keep theirs.
+    invocation: int | None = None
+    agent_version: int | None = None
     # The member the call speaks for (X-User, or a member key's own): the subject of user-scope memory.
     user: str | None = None
     channel: str | None = None  # the session's channel (X-Channel)

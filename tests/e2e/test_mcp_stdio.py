@@ -40,15 +40,20 @@ class Stdio:
 
 async def test_memlane_mcp_over_stdio_offers_the_tools_finds_and_stores_records(stack, new_agent):
     _, _, key = await new_agent({"memory": {"tools": ["add_memory", "read_memory"]}})
-    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+    async with MemlaneClient(stack.api_url, key, session="s1", execution_id="exec-7", invocation=3,
+                             agent_version=12) as c:
         stored = await c.add_memory("The on-call rota changes every Monday at 09:00", kind="fact")
+        # An HTTP write keeps where it came from, as a turn's tool write does.
+        origin = (await c.read_memory(stored["id"])).provenance
+        assert (origin.execution_id, origin.invocation, origin.agent_version) == ("exec-7", 3, 12)
 
         async def searchable():
             hits, _ = await c.search_memory("when does the on-call rota change?")
             return hits and hits[0].record.id == stored["id"]
 
         await eventually(searchable, timeout=60)
-        env = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_SESSION": "s1", "MEMLANE_API_KEY": key}
+        env = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_SESSION": "s1", "MEMLANE_API_KEY": key,
+               "MEMLANE_EXECUTION_ID": "exec-8", "MEMLANE_INVOCATION": "2", "MEMLANE_AGENT_VERSION": "13"}
         memlane = Path(sys.executable).with_name("memlane")  # the console script pyproject.toml installs
         proc = subprocess.Popen([str(memlane), "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
@@ -72,3 +77,5 @@ async def test_memlane_mcp_over_stdio_offers_the_tools_finds_and_stores_records(
         # Written for the key's agent, in MEMLANE_SESSION's session.
         read = await c.read_memory(record["id"])
         assert read.summary == "Incident reviews happen on Fridays" and read.session == "s1"
+        assert (read.provenance.execution_id, read.provenance.invocation, read.provenance.agent_version) == (
+            "exec-8", 2, 13)
