@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from events.base import RUN_ID_PATTERN, AppId, Ident, Message_, RunId
 from events.config import AgentConfig
-from events.limits import check_labels, check_metadata, check_turn_ref, unless_stored
+from events.limits import check_labels, check_metadata, check_one_line, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
 
 # Limited on commands, where a write enters, and not on records: events already in the
@@ -17,6 +17,7 @@ from events.record import Content, Provenance, Scope, Summary
 Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata))]
 Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
 TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
+OneLine = AfterValidator(unless_stored(check_one_line))
 # The version the writer read of the record it changes (docs/trust.md): the ledger refuses the
 # write with VERSION_CONFLICT when the record has moved on since. None: no check.
 ExpectedVersion = Annotated[int, Field(ge=0)] | None
@@ -49,7 +50,7 @@ class MergeEvidence(Message_):
 class AddMemory(_CommandBase):
     type: Literal["AddMemory"] = "AddMemory"
     record_id: Ident | None = None
-    summary: Summary
+    summary: Annotated[Summary, OneLine]
     content: Content = ""
     kind: Annotated[str, Field(min_length=1, max_length=64)] = "fact"
     labels: Labels = {}
@@ -105,7 +106,7 @@ class EditMemory(_CommandBase):
 
     type: Literal["EditMemory"] = "EditMemory"
     record_id: Ident
-    summary: Summary | None = None
+    summary: Annotated[Summary | None, OneLine] = None
     content: Content | None = None
     metadata: Metadata | None = None
     expected_version: ExpectedVersion = None

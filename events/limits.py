@@ -51,6 +51,18 @@ def unless_stored(check: Callable[[Any], Any]) -> Callable[[Any, ValidationInfo]
     return run
 
 
+def check_one_line(value: str | None) -> str | None:
+    """A summary is one line the agent can act on: a line break is refused, not folded away."""
+    if value is not None and ("\n" in value or "\r" in value):
+        raise ValueError("summary is one line; it holds a line break: put the details in content")
+    return value
+
+
+def one_line(text: str) -> str:
+    """A model's text as one line: its line breaks and runs of spaces become single spaces."""
+    return " ".join(text.split())
+
+
 def check_turn_ref(value: str | None) -> str | None:
     if value is not None and len(value) > MAX_TURN_REF_CHARS:
         raise ValueError(f"turn_ref is {len(value)} characters; the limit is {MAX_TURN_REF_CHARS}")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.commands import AddMemory, EnrichProfile
 from events.config import AgentConfig
+from events.limits import one_line
 from events.record import MAX_SUMMARY_BYTES, Provenance, Scope, Source
 from events.rules import write_filter
 from events.rules.history import KeptEvent
@@ -175,7 +176,7 @@ class Consolidated:
 
 def _clip(text: str, limit: int = MAX_SUMMARY_BYTES) -> str:
     """At most `limit` bytes of UTF-8, cut at a character boundary."""
-    return text.strip().encode()[:limit].decode(errors="ignore").strip()
+    return one_line(text).encode()[:limit].decode(errors="ignore").strip()
 
 
 def scope_of(ended: SessionEnded, cfg: AgentConfig) -> Scope:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.commands import AddMemory, DeleteMemory
 from events.config import AgentConfig
+from events.limits import one_line
 from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope, Source
 from events.rules import write_filter
 from events.rules.ledger import normalized_hash
@@ -355,7 +356,7 @@ def to_commands(
             continue
         out.commands.append(
             AddMemory(
-                summary=c.summary.strip(),
+                summary=one_line(c.summary),
                 content=c.content,
                 kind=c.kind,
                 labels=c.labels,

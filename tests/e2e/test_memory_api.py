@@ -297,6 +297,8 @@ async def test_every_refusal_names_the_field_and_the_limit(stack, new_agent, set
         assert "'opinion' is not declared" in e.message
         e = await refused(c.add_memory("é" * 300), 422, "VALIDATION_FAILED", "summary")
         assert "512" in e.message
+        e = await refused(c.add_memory("Dana's cat\nis named Miso"), 422, "VALIDATION_FAILED", "summary")
+        assert "one line" in e.message
         e = await refused(op.configure({"memory": {"labels": {"customer_id": {"number": 30}}}}), 422,
                           "VALIDATION_FAILED", "memory.labels.customer_id.number")
         assert "18" in e.message

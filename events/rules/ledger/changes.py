@@ -9,6 +9,7 @@ from typing import Any
 
 from events.commands import AddMemory, DeleteMemory, EditMemory, PinMemory, ReportOutcome, SweepExpired, UnpinMemory
 from events.errors import ErrorCode
+from events.limits import STORED
 from events.memory import RecordAdded, RecordDeleted, RecordExpired, RecordPinned, RecordRevised, RecordUnpinned
 from events.record import LIVE, MemoryRecord, Source, Status
 from events.rules.ledger import subject_rules as subjects
@@ -35,7 +36,8 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         return
     if why := subjects.consent_refusal(state, ak, cmd, config_of(state, ak)):
         raise Rejected(*why)
-    successor = AddMemory(
+    # Validated where each part entered: an old summary kept whole, before summaries were one line, still edits.
+    successor = AddMemory.model_validate(dict(
         command_id=cmd.command_id,
         tenant=cmd.tenant,
         agent=cmd.agent,
@@ -56,7 +58,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         confidence=old.confidence,
         importance=old.importance,
         expires_at=old.expires_at,
-    )
+    ), context=STORED)
     _add(state, ak, successor, events, operator=True)
 
 
