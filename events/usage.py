@@ -48,6 +48,15 @@ class Retrieved(_UsageBase):
     items: list[RetrievedItem] = []
 
 
+class PinnedListed(_UsageBase):
+    """The pinned record versions a recall put before the model, every time: pins are listed
+    each turn, so unlike `Retrieved` a version already shown in the conversation is listed again."""
+
+    type: Literal["memory.pinned"] = "memory.pinned"
+    conversation: str | None = None
+    items: list[RetrievedItem]
+
+
 class CandidateRefused(_UsageBase):
     """The write-time filter refused an extraction candidate, with its reason."""
 
@@ -67,4 +76,5 @@ class MemorySkipped(_UsageBase):
     detail: str = ""
 
 
-UsageEvent = Annotated[ModelUsage | Retrieved | CandidateRefused | MemorySkipped, Field(discriminator="type")]
+UsageEvent = Annotated[ModelUsage | Retrieved | PinnedListed | CandidateRefused | MemorySkipped,
+                       Field(discriminator="type")]

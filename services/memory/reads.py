@@ -496,6 +496,7 @@ class MemoryReads:
             summary, entries, shared = fitted.session_summary, fitted.session_entries, fitted.shared
             rendered, shown_pins = render_fitted(fitted), fitted.pinned
             records, episodes, procedures, avoid = fitted.records, fitted.episodes, fitted.procedures, fitted.avoid
+        await self.usage.pinned(ctx, shown_pins, conversation)
         new = [r for r in records + episodes + procedures + avoid if r.id not in again and r.id not in retried]
         if new:
             await self.recalled.mark(ctx.tenant, ctx.agent, conversation, new, request)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from events.base import utcnow
 from events.record import MemoryRecord
 from events.rules.tokens import estimate_tokens
-from events.usage import ModelUsage, Retrieved, RetrievedItem
+from events.usage import ModelUsage, PinnedListed, Retrieved, RetrievedItem
 from services.memory.context import Context
 from services.memory.ports import UsageRecorder
 
@@ -39,6 +39,11 @@ class UsageLog:
     async def embedded(self, ctx: Context, text: str, latency_ms: float = 0.0, turn: int | None = _UNSET) -> None:
         await self.recorder.record(ModelUsage(**self.base(ctx, turn), purpose="embed", model=self.model,
                                               input_tokens=estimate_tokens(text), latency_ms=latency_ms))
+
+    async def pinned(self, ctx: Context, records: list[MemoryRecord], conversation: str) -> None:
+        if records:
+            await self.recorder.record(PinnedListed(**self.base(ctx), conversation=conversation,
+                                                    items=[RetrievedItem(id=r.id, version=r.version) for r in records]))
 
     async def retrieved(self, ctx: Context, tool: Literal["search_memory", "recall", "search_history"],
                         records: list[MemoryRecord],

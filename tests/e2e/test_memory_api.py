@@ -353,9 +353,12 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
             last = await c.recall("conv-4", "what colour does Dana like?")  # its use is recorded after conv-3's
             assert fact["id"] in [r["id"] for r in last["workspaceEntries"]]
 
+        pins: list = []
+
         async def retrieved():
             batch = await usage.getmany(timeout_ms=500)
             out = [decode("memlane.usage", m.value) for ms in batch.values() for m in ms]
+            pins.extend(u for u in out if u.agent == agent and u.type == "memory.pinned")
             return [u for u in out if u.agent == agent and u.type == "Retrieved" and u.recall]
 
         seen: list = []
@@ -365,6 +368,10 @@ async def test_recall_renders_data_pins_and_skips_versions_already_recalled(stac
             return any(u.conversation == "conv-4" for u in seen) or None
 
         await eventually(through_conv_4)
+        # Every recall lists the pinned versions it put before the model, even in a conversation
+        # that was shown them before (the two retries of r-1 included).
+        assert [(u.conversation, [(i.id, i.version) for i in u.items]) for u in pins] == [
+            (conv, [(pin["id"], 1)]) for conv in ("conv-1", "conv-1", "conv-2", "conv-3", "conv-3", "conv-3", "conv-4")]
         assert seen[0].tool == "recall" and fact["id"] in [i.id for i in seen[0].items]
         # The retry of r-1 showed the fact again but did not count its use again.
         assert [u.conversation for u in seen if fact["id"] in [i.id for i in u.items]] == [
