@@ -257,6 +257,45 @@ async def test_message_history_through_the_client_and_mcp(one_session, stack):
         assert e.value.status == 403 and e.value.field == "conversation"
 
 
+async def test_the_mcp_history_tools_name_a_conversation_alike_and_reach_every_one_when_allowed(one_session, across,
+                                                                                                stack):
+    """memory_search with kind messages and search_history take `conversation` as message_history
+    does: a session. With history across conversations a search reaches every one the agent may see."""
+    import json
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from services.mcp_server import build_mcp
+
+    async def found(mcp, tool: str, **args) -> set[tuple[str, str]]:
+        out = json.loads((await mcp.call_tool(tool, {"query": "walrus plan", "limit": 50, **args})).content[0].text)
+        hits = {(e.get("conversation", "g1"), e["id"]) for e in out["events"]}
+        assert not {i for _, i in hits} & {"u1", "u3", "f1"}  # never what the agent could not see
+        return hits
+
+    def conversations_of(hits) -> set[str]:
+        return {c for c, _ in hits}
+
+    async with MemlaneClient(stack.api_url, across[2], session="g1") as c:
+        mcp = build_mcp(c, await c.config())
+        for tool, kind in (("memory_search", {"kind": "messages"}), ("search_history", {})):
+            everywhere = await found(mcp, tool, **kind)
+            assert {("g1", "u2"), ("s1", "p1")} <= everywhere and conversations_of(everywhere) == {"g1", "s1", "long"}
+            one = await found(mcp, tool, conversation="s1", **kind)
+            assert ("s1", "p1") in one and conversations_of(one) == {"s1"}
+            here = await found(mcp, tool, conversation="g1", **kind)
+            assert ("g1", "u2") in here and conversations_of(here) == {"g1"}
+    async with MemlaneClient(stack.api_url, one_session[2], session="g1") as c:
+        mcp = build_mcp(c, await c.config())
+        assert conversations_of(await found(mcp, "memory_search", kind="messages")) == {"g1"}
+        with pytest.raises(ToolError, match="HISTORY_DISABLED"):
+            await found(mcp, "memory_search", kind="messages", conversation="s1")
+        # The agent is told to search before guessing, and not to reveal private content it can recall.
+        assert "Before guessing" in mcp.instructions and "another player's cards" in mcp.instructions
+        assert all("Search before guessing" in t.description for t in await mcp.list_tools()
+                   if t.name in ("search_memory", "search_history", "memory_search"))
+
+
 # ------------------------------------------------------------------------------ isolation
 
 
