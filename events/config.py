@@ -85,6 +85,9 @@ class MemoryConfig(_Strict):
     recall: RecallConfig = RecallConfig()
     scope: ScopeConfig = ScopeConfig()
     kinds: list[Annotated[str, Field(min_length=1, max_length=64)]] = list(DEFAULT_KINDS)
+    # True: every write names its kind, and one not in `kinds` is refused with 400 rather than
+    # 422. False: a write without one takes the agent's default kind.
+    kinds_required: bool = False
     labels: dict[str, LabelSpec] = {}
     tools: list[str] = ["add_memory", "read_memory", "delete_memory"]
     pinned: PinnedConfig | None = None

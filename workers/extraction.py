@@ -70,14 +70,20 @@ def command_id(event_id: str, part: str) -> str:
     return str(uuid.uuid5(NAMESPACE, f"{event_id}/{part}"))
 
 
-def tool_writes(turn: TurnCommitted) -> tuple[list[AddMemory], list[CandidateRefused]]:
+def tool_writes(turn: TurnCommitted, kinds_required: bool = False) -> tuple[list[AddMemory], list[CandidateRefused]]:
     """add_memory calls the agent made during the turn, as commands staged on the turn, and
     the calls the write-time filter refused, as usage records. An agent's tool write passes
-    the same filter as a model's proposal."""
+    the same filter as a model's proposal. `kinds_required`: a call that names no kind is refused."""
     out, refused = [], []
     for msg in turn.messages:
         for call in msg.tool_calls:
             if call.name != "add_memory":
+                continue
+            if kinds_required and not call.arguments.get("kind"):
+                log.warning("tool_call_refused", call_id=call.id, field="kind", reason="kind_required",
+                            agent=turn.agent)
+                refused.append(_refused(turn, f"tool-refused/{call.id}", "invalid: kind is required on every "
+                                        "write (memory.kinds_required) (add_memory tool call, kind)", ""))
                 continue
             try:
                 cmd = AddMemory(
@@ -235,6 +241,8 @@ class ExtractionProcessor(Processor):
         # needs no configuration or subject read.
         if isinstance(turn, TurnCommitted) and self.api is not None and (self.model is not None or commands or refused):
             cfg = await self.api.config(turn.tenant, turn.agent)
+            if cfg.memory.kinds_required and (commands or refused):
+                commands, refused = tool_writes(turn, kinds_required=True)
             refusal = await self.refusal(cfg, turn)
             if refusal is not None:
                 self.tally[f"skipped_{refusal.skipped}"] += 1

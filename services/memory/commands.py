@@ -57,7 +57,15 @@ from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
-from services.memory.rules import check_operator_write, check_role, check_tool, default_kind, readable_by, refused
+from services.memory.rules import (
+    check_kind_named,
+    check_operator_write,
+    check_role,
+    check_tool,
+    default_kind,
+    readable_by,
+    refused,
+)
 from settings import Settings
 
 if TYPE_CHECKING:
@@ -144,7 +152,9 @@ class MemoryCommands:
     async def add(self, ctx: Context, wait: bool = True, **fields: Any) -> dict[str, Any]:
         """A write that names no kind is of the agent's default kind (`default_kind`)."""
         cfg = await self._check_tool(ctx, "add_memory")
-        if not fields.get("kind"):
+        if cfg.memory.kinds_required:
+            check_kind_named(cfg, fields.get("kind"))
+        elif not fields.get("kind"):
             fields["kind"] = default_kind(cfg)
         cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
         check_operator_write(ctx, cmd.scope)

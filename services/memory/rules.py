@@ -60,6 +60,17 @@ def default_kind(cfg: AgentConfig) -> str:
     return "fact" if "fact" in kinds or not kinds else kinds[0]
 
 
+def check_kind_named(cfg: AgentConfig, kind: str | None) -> None:
+    """With `memory.kinds_required`, every write names a declared kind: 400 otherwise."""
+    declared = ", ".join(cfg.memory.kinds)
+    if not kind:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", f"kind is required on every write "
+                       f"(memory.kinds_required); declared kinds: {declared}", 400)
+    if kind not in cfg.memory.kinds:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "kind", f"kind {kind!r} is not declared; declared kinds: "
+                       f"{declared}", 400)
+
+
 def check_enabled(ctx: Context, cfg: AgentConfig, kill_switch: bool) -> None:
     """With memory off, an agent's memory calls are refused at once. An operator still lists,
     reads and deletes (the dashboard, and deletion), and a member still lists, reads, edits and

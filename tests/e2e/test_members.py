@@ -562,6 +562,19 @@ async def test_history_search_on_a_members_agent_follows_the_subject_rules(membe
 # --------------------------------------------------------------------------- the default kind
 
 
+async def test_a_members_fact_holds_at_most_4000_characters_whatever_the_agents_setting(members):
+    config = AgentConfig.model_validate({"memory": {"scope": {"read": ["user", "agent"], "write": ["user", "agent"]},
+                                                    "consent": "required", "fact_chars": 16_000}})
+    m = await members("dana", grant=("dana",), config=config)
+    async with m.as_agent("dana", session="s1") as agent:
+        assert (await agent.add_memory("Dana's reading list", content="b" * 3981))["status"] == "applied"
+        e = await refused(agent.add_memory("Dana's reading list", content="b" * 3982), 409, "LIMIT_EXCEEDED",
+                          "content")
+        assert "4001 characters" in e.message
+        # The agent's own memory keeps the agent's setting.
+        assert (await agent.add_memory("The reading room", content="b" * 3982, scope="AGENT"))["status"] == "applied"
+
+
 async def test_an_add_without_a_kind_takes_the_agents_first_declared_kind(stack, members):
     """Seed 004's preset declares profile, semantic and episodic, not "fact": a write that
     names no kind is a profile, over HTTP and through the MCP add_memory tool."""

@@ -316,6 +316,19 @@ async def test_every_refusal_names_the_field_and_the_limit(stack, new_agent, set
         assert "consolidate" in e.message and "max_tokens=20" in e.message
 
 
+async def test_with_kinds_required_a_write_names_a_declared_kind_or_is_refused_400(stack, new_agent):
+    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"kinds": ["fact", "decision"],
+                                                                       "kinds_required": True}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        e = await refused(c.add_memory("Releases go out on Tuesdays"), 400, "VALIDATION_FAILED", "kind")
+        assert "required" in e.message and "fact, decision" in e.message
+        e = await refused(c.add_memory("Releases go out on Tuesdays", kind="opinion"), 400, "VALIDATION_FAILED",
+                          "kind")
+        assert "'opinion' is not declared" in e.message
+        added = await c.add_memory("Releases go out on Tuesdays", kind="decision")
+        assert added["status"] == "applied" and (await c.read_memory(added["id"])).kind == "decision"
+
+
 # --------------------------------------------------------------------------- recall
 
 

@@ -213,6 +213,20 @@ def test_a_tool_call_cannot_name_another_member():
     assert tool_writes(t) == ([], [])
 
 
+def test_with_kinds_required_a_tool_call_naming_no_kind_is_refused_with_a_usage_record():
+    from events import Message, ToolCall
+    from workers.extraction import tool_writes
+
+    t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
+        ToolCall(id="c1", name="add_memory", arguments={"summary": "Prefers tea"}),
+        ToolCall(id="c2", name="add_memory", arguments={"summary": "Owns a bike", "kind": "fact"})])]})
+    assert [c.kind for c in tool_writes(t)[0]] == ["fact", "fact"]  # without the setting: the default kind
+    kept, refused = tool_writes(t, kinds_required=True)
+    assert [c.summary for c in kept] == ["Owns a bike"]
+    assert [x.reason for x in refused] == [
+        "invalid: kind is required on every write (memory.kinds_required) (add_memory tool call, kind)"]
+
+
 def test_a_facts_key_passes_the_write_filter_on_the_tool_and_review_paths():
     from events import Message, ToolCall
     from workers.extraction import tool_writes

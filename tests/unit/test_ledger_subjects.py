@@ -615,6 +615,15 @@ def test_fact_chars_caps_summary_and_content_in_characters():
     assert get_record(led.state, "t/a", r.id).status is Status.ACTIVE
 
 
+@pytest.mark.parametrize("fact_chars", [None, 16_000])
+def test_a_members_fact_holds_at_most_4000_characters_whatever_the_agents_setting(fact_chars):
+    led = Ledger(scope=USER_SCOPES, **({} if fact_chars is None else {"fact_chars": fact_chars}))
+    added(fact(led, "a" * 100, "u1", content="b" * 3900))  # 4,000: fits
+    e = rejected(fact(led, "a" * 100, "u1", content="b" * 3901), "LIMIT_EXCEEDED", "content")
+    assert "4001 characters" in e.reason and "a member's fact=4000" in e.reason
+    added(led.add("a" * 100, scope="AGENT", content="b" * 3901))  # the agent's own memory: its own setting
+
+
 def test_fact_chars_leaves_episodes_alone():
     led = Ledger(scope=USER_SCOPES, fact_chars=20)
     made = Provenance(source=Source.CONSOLIDATION)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from events.commands import AddMemory, MergeEvidence
-from events.config import AgentConfig
+from events.config import MEMBER_FACT_CHARS, AgentConfig
 from events.errors import ErrorCode
 from events.memory import RecordAdded, RecordSuperseded
 from events.record import LIVE, MemoryRecord, Scope, Source, Status
@@ -74,12 +74,14 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         raise Rejected(ErrorCode.VALIDATION_FAILED, "session", "session scope requires a session")
     if scope is Scope.USER and not cmd.user:
         raise Rejected(ErrorCode.VALIDATION_FAILED, "user", "user scope requires a user: name the member (X-User)")
-    limit = cfg.memory.fact_chars
+    limit, setting = cfg.memory.fact_chars, "memory.fact_chars"
+    if scope is Scope.USER and (limit is None or limit > MEMBER_FACT_CHARS):
+        limit, setting = MEMBER_FACT_CHARS, "a member's fact"  # whatever the agent's own setting
     size = len(cmd.summary) + len(cmd.content)
     if limit is not None and size > limit and cmd.kind not in RESERVED_KINDS:
         # Episodes and procedures are not facts: they retell a session, and the cap counts facts only.
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "content",
-                       f"the fact holds {size} characters (summary and content), over memory.fact_chars={limit}; "
+                       f"the fact holds {size} characters (summary and content), over {setting}={limit}; "
                        "shorten it or split it into several facts")
     if cmd.pinned and cfg.memory.pinned is None:
         raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")
