@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -18,9 +18,28 @@ Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata
 Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
 TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
 OneLine = AfterValidator(unless_stored(check_one_line))
+# A time in the world; one without a zone is UTC.
+WorldTime = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=UTC))]
 # The version the writer read of the record it changes (docs/trust.md): the ledger refuses the
 # write with VERSION_CONFLICT when the record has moved on since. None: no check.
 ExpectedVersion = Annotated[int, Field(ge=0)] | None
+
+
+def _valid_to(cls: Any, v: datetime | None, info: ValidationInfo) -> datetime | None:
+    start = info.data.get("valid_from")
+    if v is not None and start is not None and v < start:
+        raise ValueError(f"valid_to ({v.isoformat()}) is before valid_from ({start.isoformat()}): a fact "
+                         "holds from valid_from until valid_to")
+    return v
+
+
+class WorldTimes(Message_):
+    """A write's world time, checked apart from the write (a model's candidate)."""
+
+    observed_at: WorldTime | None = None
+    valid_from: WorldTime | None = None
+    valid_to: WorldTime | None = None
+    _valid_interval = field_validator("valid_to")(_valid_to)
 
 
 class _CommandBase(Message_):
@@ -67,16 +86,24 @@ class AddMemory(_CommandBase):
     # Another write of the same review gives this key a different text: the
     # record is PENDING, or CONFLICT when a stored fact holds the key.
     pending: bool = False
+    # The review says this fact disagrees with the stored record of this id and cannot tell
+    # which is right: the record is CONFLICT while that one is live.
+    contradicts: Ident | None = None
     expires_at: datetime | None = None
     metadata: Metadata = {}
-    observed_at: datetime | None = None
-    valid_from: datetime | None = None
+    # World time: when it was observed, and from when until when it held (each kept on every
+    # version); left out, observed and valid from when it was written, with no end.
+    observed_at: WorldTime | None = None
+    valid_from: WorldTime | None = None
+    valid_to: WorldTime | None = None
     # The run (session memory) the write belongs to: with no `scope` it is a run entry only,
     # with one it is also stored durably at once (docs/session-memory.md).
     run: RunId | None = None
     # The API found a near duplicate of this write: the ledger merges it there if its own
     # re-check agrees, else adds the record as usual (docs/near-duplicate-merge.md).
     merge: MergeEvidence | None = None
+
+    _valid_interval = field_validator("valid_to")(_valid_to)
 
 
 class DeleteMemory(_CommandBase):

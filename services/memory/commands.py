@@ -52,6 +52,7 @@ from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
 from events.record import Provenance, Source
 from events.rules import subjects, write_filter
+from events.rules.visibility import default_scope
 from projections.applied_waiter import Key, command_key, record_key
 from projections.redis_runs import RunView
 from services.errors import ApiError
@@ -156,7 +157,15 @@ class MemoryCommands:
             check_kind_named(cfg, fields.get("kind"))
         elif not fields.get("kind"):
             fields["kind"] = default_kind(cfg)
+        layer = fields.pop("layer", None)
+        if layer == "Session" and (not fields.get("run") or fields.get("scope")):
+            field = "scope" if fields.get("run") else "run_id"
+            raise ApiError(ErrorCode.VALIDATION_FAILED, field, "layer Session keeps the write in the run's session "
+                           "memory only: name the run (run_id) and no scope, or use layer Workspace")
         cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
+        if layer == "Workspace" and cmd.run and cmd.scope is None:
+            # Stored durably at once, in the scope the agent's writes take, and recorded in the run too.
+            cmd = cmd.model_copy(update={"scope": default_scope(cfg.memory.scope.write, cmd.session, cmd.user)})
         check_operator_write(ctx, cmd.scope)
         self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
                      metadata=cmd.metadata, key=cmd.key)

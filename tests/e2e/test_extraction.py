@@ -119,6 +119,37 @@ async def test_facts_that_disagree_on_a_key_are_kept_pending_or_in_conflict(xsta
         assert [f.record.id for f in (await c.search_memory("office timezone", mode="lexical"))[0]] == [stored["id"]]
 
 
+async def test_a_candidate_keeps_its_confidence_and_world_time_and_one_the_review_says_contradicts_is_conflict(
+        xstack, fake, pub, agent):
+    """Without a key: the review's answer names the stored fact it disagrees with. A candidate
+    whose world time is wrong is refused alone; the rest of the answer stands."""
+    tenant, a, key = await agent()
+    m = marker()
+    async with MemlaneClient(xstack[0].api_url, xstack[1].operator_key, tenant=tenant, agent=a, session="s1") as op:
+        stored = await op.add_memory(f"Customer {m} lives in Lisbon")
+        async with client(xstack, key) as c:
+            await listed(c)  # searchable, so the review is shown it as handle 1
+        fake.on(m, answer(
+            cand("add", f"Customer {m} lives in Porto", contradicts=1, confidence=0.4),
+            cand("add", f"Customer {m} worked in Madrid", confidence=0.9, observed_at="2026-09-01T10:00:00Z",
+                 valid_from="2025-01-01", valid_to="2026-03-31"),
+            cand("add", f"Customer {m} studied in Rome", valid_from="2024-01-01", valid_to="2023-01-01"),
+            cand("add", f"Customer {m} has a dog", confidence=3)))
+        await pub.publish(turn(tenant, a, "s1", 1, f"{m}: I live in Porto; I worked in Madrid until March", "Noted."))
+
+        async def three():
+            rows = (await op.list_memory())["records"]
+            return {r["summary"]: r for r in rows} if len(rows) == 3 else None
+
+        rows = await eventually(three, timeout=40)
+    porto, madrid = rows[f"Customer {m} lives in Porto"], rows[f"Customer {m} worked in Madrid"]
+    assert (porto["status"], porto["confidence"]) == ("CONFLICT", 0.4)
+    assert rows[f"Customer {m} lives in Lisbon"]["status"] == "ACTIVE" and stored["status"] == "applied"
+    assert (madrid["status"], madrid["confidence"]) == ("ACTIVE", 0.9)
+    assert (madrid["observed_at"], madrid["valid_from"], madrid["valid_to"]) == (
+        "2026-09-01T10:00:00Z", "2025-01-01T00:00:00Z", "2026-03-31T00:00:00Z")
+
+
 async def test_replace_supersedes_the_handled_record_and_history_shows_it(xstack, fake, pub, agent):
     tenant, a, key = await agent()
     m = marker()

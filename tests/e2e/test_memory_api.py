@@ -316,6 +316,27 @@ async def test_every_refusal_names_the_field_and_the_limit(stack, new_agent, set
         assert "consolidate" in e.message and "max_tokens=20" in e.message
 
 
+async def test_world_time_is_written_checked_and_kept_on_every_version(stack, new_agent, settings):
+    tenant, agent, key = await new_agent(AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c, MemlaneClient(
+            stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        times = {"observed_at": "2026-09-01T10:00:00Z", "valid_from": "2026-03-01", "valid_to": "2026-08-31T00:00:00+02:00"}
+        added = await c.add_memory("Dana lived in Porto", **times)
+        r = await c.read_memory(added["id"])
+        kept = (r.observed_at, r.valid_from, r.valid_to)
+        assert [t.isoformat() for t in kept] == ["2026-09-01T10:00:00+00:00", "2026-03-01T00:00:00+00:00",
+                                                 "2026-08-31T00:00:00+02:00"]
+        e = await refused(c.add_memory("Dana lived in Rome", valid_from="2026-03-01", valid_to="2026-01-01"), 422,
+                          "VALIDATION_FAILED", "valid_to")
+        assert "before valid_from" in e.message
+        await refused(c.add_memory("Dana lived in Rome", valid_from="last march"), 422, "VALIDATION_FAILED",
+                      "valid_from")
+        edited = await op.edit_memory(added["id"], summary="Dana lived in Porto, by the river")
+        successor = await c.read_memory(edited["id"])
+        assert successor.summary == "Dana lived in Porto, by the river"
+        assert (successor.observed_at, successor.valid_from, successor.valid_to) == kept
+
+
 async def test_with_kinds_required_a_write_names_a_declared_kind_or_is_refused_400(stack, new_agent):
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"kinds": ["fact", "decision"],
                                                                        "kinds_required": True}}))

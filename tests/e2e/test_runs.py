@@ -14,7 +14,7 @@ from events.memory import RunSummarized
 from events.rules import runs
 from events.topics import EVENTS, USAGE
 from services.client import MemlaneClient
-from tests.conftest import eventually
+from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import new_agent, read_topic
 from tests.fakes.model_server import Reply
 
@@ -43,13 +43,21 @@ async def test_run_only_writes_stay_in_the_run_and_durable_writes_go_to_both(run
         rid = durable["id"]
         assert durable["run_entry"]["record_id"] == rid
         # read-your-writes: the answer comes once the run view shows the entry
+        # layer Workspace: durable at once in the scope the agent's writes take, and in the run too.
+        workspace = await c.add_memory("Durable: releases are cut on Tuesdays", run_id=run_id, layer="Workspace")
+        assert workspace["run_entry"]["record_id"] == workspace["id"]
+        assert (await c.read_memory(workspace["id"])).summary == "Durable: releases are cut on Tuesdays"
+        await refused(c.add_memory("x", run_id=run_id, layer="Session", scope="AGENT"), 422, "VALIDATION_FAILED",
+                      "scope")
+        await refused(c.add_memory("x", layer="Session"), 422, "VALIDATION_FAILED", "run_id")
         view = await _run(stack, key, run_id)
         assert [e["summary"] for e in view["sessionEntries"]] == [
-            "Run note: the build uses pnpm", "Durable: the deploy target is eu-west-1"]
-        assert [e["record_id"] for e in view["sessionEntries"]] == [None, rid]
+            "Run note: the build uses pnpm", "Durable: the deploy target is eu-west-1",
+            "Durable: releases are cut on Tuesdays"]
+        assert [e["record_id"] for e in view["sessionEntries"]] == [None, rid, workspace["id"]]
         assert view["sessionSummary"] is None and view["run_id"] == run_id and view["expires_at"]
         listed = [r["summary"] for r in (await c.list_memory())["records"]]
-        assert listed == ["Durable: the deploy target is eu-west-1"]
+        assert listed == ["Durable: releases are cut on Tuesdays", "Durable: the deploy target is eu-west-1"]
         found, _ = await c.search_memory("build pnpm deploy target")
         assert [f.record.id for f in found] == [rid]
         assert (await _run(stack, key, "another-run"))["sessionEntries"] == []

@@ -58,6 +58,9 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         confidence=old.confidence,
         importance=old.importance,
         expires_at=old.expires_at,
+        observed_at=old.observed_at,
+        valid_from=old.valid_from,
+        valid_to=old.valid_to,
     ), context=STORED)
     _add(state, ak, successor, events, operator=True)
 

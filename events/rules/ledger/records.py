@@ -113,7 +113,8 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         preview=cmd.preview,
         provenance=p,
         observed_at=cmd.observed_at or cmd.issued_at,
-        valid_from=cmd.valid_from or cmd.observed_at or cmd.issued_at,
+        valid_from=cmd.valid_from or min(cmd.observed_at or cmd.issued_at, cmd.valid_to or cmd.issued_at),
+        valid_to=cmd.valid_to,
         recorded_at=cmd.issued_at,
     )
 
@@ -209,6 +210,10 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         elif cmd.pending:
             # ... and one within a batch, with no stored fact, as PENDING.
             rec = rec.model_copy(update={"status": Status.PENDING})
+    if cmd.contradicts and not old and rec.status is Status.ACTIVE:
+        # The same for a disagreement the review names, keys or not.
+        if _addressed(state, ak, cmd, cmd.contradicts, "contradicts").status in LIVE:
+            rec = rec.model_copy(update={"status": Status.CONFLICT})
     if rec.kind == "episode" and not old:
         # An episode links the previous one. Linked here, in log order, so two
         # sessions ending together cannot both claim the same predecessor, and a replay
@@ -231,7 +236,8 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
                 "replaced_by": rec.id,
                 "modified": cmd.issued_at,
                 "superseded_at": cmd.issued_at,
-                "valid_to": rec.valid_from,
+                # It stopped holding when its successor started, unless it had ended before.
+                "valid_to": min(old.valid_to, rec.valid_from) if old.valid_to else rec.valid_from,
                 "pinned": False,
                 "provenance": cmd.provenance,
             }

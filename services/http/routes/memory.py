@@ -39,11 +39,19 @@ class AddRequest(Body):
     # With replaces: the version of the replaced record read; without, only 0 (must create).
     expected_version: int | None = None
     expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
+    # World time (kept on every version): when it was observed, and from when until when it
+    # held; valid_from at most valid_to.
+    observed_at: datetime | None = None
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
     metadata: Metadata = {}
     command_id: str | None = None
     # The run (session memory) this write belongs to: without a scope it is a run entry only
     # (docs/session-memory.md). Checked here, so a bad id is refused naming `run_id`.
     run_id: RunId | None = None
+    # With run_id: "Session" keeps the write in the run's session memory only, "Workspace" also
+    # stores it durably at once (as a scope does). Left out: durable only when a scope is named.
+    layer: Literal["Session", "Workspace"] | None = None
 
 
 class OutcomeRequest(Body):
