@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from events.base import RUN_ID_PATTERN, AppId, Ident, Message_, RunId
 from events.config import AgentConfig
-from events.limits import check_labels, check_metadata, check_one_line, check_turn_ref, unless_stored
+from events.limits import check_labels, check_metadata, check_one_line, check_tags, check_turn_ref, unless_stored
 from events.record import Content, Provenance, Scope, Summary
 
 # Limited on commands, where a write enters, and not on records: events already in the
@@ -17,6 +17,7 @@ from events.record import Content, Provenance, Scope, Summary
 Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata))]
 Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
 TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
+Tags = Annotated[list[str], AfterValidator(unless_stored(check_tags))]
 OneLine = AfterValidator(unless_stored(check_one_line))
 # A time in the world; one without a zone is UTC.
 WorldTime = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=UTC))]
@@ -73,6 +74,8 @@ class AddMemory(_CommandBase):
     content: Content = ""
     kind: Annotated[str, Field(min_length=1, max_length=64)] = "fact"
     labels: Labels = {}
+    tags: Tags = []
+    classification: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     scope: Scope | None = None
     session: Ident | None = None
     pinned: bool = False

@@ -71,6 +71,7 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     summary: str
     content: str = ""
     labels: dict[str, str] = {}
+    tags: list[str] = []
     expires_at: datetime | None = None
     status: Status = Status.ACTIVE
     pinned: bool = False

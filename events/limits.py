@@ -102,6 +102,21 @@ def unencodable(s: str) -> bool:
     return False
 
 
+MAX_TAGS = 20
+MAX_TAG_CHARS = 64
+
+
+def check_tags(value: list[str]) -> list[str]:
+    """Free-form tags: a few short words, each on one line, kept in order without repeats."""
+    if len(value) > MAX_TAGS:
+        raise ValueError(f"{len(value)} tags; the limit is {MAX_TAGS}")
+    for t in value:
+        if not 0 < len(t) <= MAX_TAG_CHARS or not t.isprintable() or "=" in t:
+            raise ValueError(f"a tag is 1 to {MAX_TAG_CHARS} printable characters without '='; "
+                             f"{t[:MAX_TAG_CHARS]!r} is not")
+    return list(dict.fromkeys(value))
+
+
 def check_labels(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_LABELS:
         raise ValueError(f"{len(value)} labels; the limit is {MAX_LABELS}")

@@ -73,6 +73,8 @@ class Provenance(Message_):
     # The episode (a consolidated session) this change came from: set on what consolidation
     # distils from a run, and on the run's extraction-made facts once its episode exists.
     episode: Ident | None = None
+    # Where the writer found it: a URL, a document or ticket id (its own words, at most 512 characters).
+    source_ref: Annotated[str, Field(max_length=512)] | None = None
 
 
 # Statuses that count toward the live-fact cap and can expire.
@@ -111,6 +113,10 @@ class MemoryRecord(Message_):
     replaced_by: Ident | None = None
     preview: bool = False
     provenance: Provenance = Provenance()
+    # Policy: free-form tags (filterable, like labels) and the writer's classification of it
+    # (say "internal" or "confidential"); who sees it is its scope.
+    tags: list[str] = []
+    classification: str | None = None
     # Bi-temporal fields: when a fact was observed and when it holds, beside when it was recorded.
     observed_at: datetime | None = None
     valid_from: datetime | None = None

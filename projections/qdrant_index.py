@@ -14,7 +14,7 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -66,6 +66,11 @@ def label_terms(labels: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(labels.items())]
 
 
+def tag_terms(tags: Iterable[str]) -> list[str]:
+    """Tags share the labels' keyword index: a tag holds no "=", which every label term does."""
+    return [f"#{t}" for t in tags]
+
+
 @dataclass(frozen=True)
 class SearchFilter:
     tenant: str
@@ -78,6 +83,7 @@ class SearchFilter:
     ids: tuple[str, ...] = ()
     user: str | None = None  # the member whose USER records the search reaches ("USER" in scopes)
     kinds: tuple[str, ...] = ()  # any of these kinds (recall's episodes and procedures)
+    tags: tuple[str, ...] = ()  # every one of these tags
     not_kinds: tuple[str, ...] = ()  # none of these (recall's facts)
 
 
@@ -116,8 +122,8 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
         "kind": r.kind,
         "record_id": r.id,
     }
-    if r.labels:
-        p["labels"] = label_terms(r.labels)
+    if r.labels or r.tags:
+        p["labels"] = label_terms(r.labels) + tag_terms(r.tags)
     if r.user is not None and r.scope.value != "USER":
         p["member"] = r.user  # made from the member's turn: their erasure finds it (a USER one by "reach")
     if r.preview:
@@ -152,7 +158,7 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
         must.append(("kind", f.kind))
     if f.kinds:
         must.append(("kind", list(f.kinds)))
-    must += [("labels", f"{k}={v}") for k, v in f.labels]
+    must += [("labels", f"{k}={v}") for k, v in f.labels] + [("labels", t) for t in tag_terms(f.tags)]
     if f.ids:
         must.append(("record_id", list(f.ids)))
     # A preview turn sees previews but not the live records they shadow; a live turn no previews.

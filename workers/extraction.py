@@ -108,7 +108,8 @@ def tool_writes(turn: TurnCommitted, kinds_required: bool = False) -> tuple[list
             except TypeError as e:
                 log.warning("tool_call_invalid", call_id=call.id, error=type(e).__name__, agent=turn.agent)
                 continue
-            hit = write_filter.check_write(cmd.summary, cmd.content, cmd.kind, cmd.labels, cmd.metadata, cmd.key)
+            hit = write_filter.check_write(cmd.summary, cmd.content, cmd.kind, cmd.labels, cmd.metadata, cmd.key,
+                                           tags=" ".join(cmd.tags), classification=cmd.classification)
             if hit is None:
                 out.append(cmd)
                 continue

@@ -89,9 +89,10 @@ class MemoryCommands:
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()
 
-    def _provenance(self, ctx: Context) -> Provenance:
+    def _provenance(self, ctx: Context, source_ref: str | None = None) -> Provenance:
         role = ctx.principal.role
         return Provenance(
+            source_ref=source_ref,
             source={"operator": Source.OPERATOR, "member": Source.MEMBER}.get(role, Source.TOOL),
             execution_id=ctx.execution_id,
             invocation=ctx.invocation,
@@ -158,17 +159,21 @@ class MemoryCommands:
         elif not fields.get("kind"):
             fields["kind"] = default_kind(cfg)
         layer = fields.pop("layer", None)
+        source_ref = fields.pop("source_ref", None)
         if layer == "Session" and (not fields.get("run") or fields.get("scope")):
             field = "scope" if fields.get("run") else "run_id"
             raise ApiError(ErrorCode.VALIDATION_FAILED, field, "layer Session keeps the write in the run's session "
                            "memory only: name the run (run_id) and no scope, or use layer Workspace")
         cmd = self._command(AddMemory, ctx, session=ctx.session, **fields)  # validated, so within its limits
+        if source_ref is not None:
+            cmd = cmd.model_copy(update={"provenance": self._provenance(ctx, source_ref)})
         if layer == "Workspace" and cmd.run and cmd.scope is None:
             # Stored durably at once, in the scope the agent's writes take, and recorded in the run too.
             cmd = cmd.model_copy(update={"scope": default_scope(cfg.memory.scope.write, cmd.session, cmd.user)})
         check_operator_write(ctx, cmd.scope)
         self._screen(ctx, summary=cmd.summary, content=cmd.content, kind=cmd.kind, labels=cmd.labels,
-                     metadata=cmd.metadata, key=cmd.key)
+                     metadata=cmd.metadata, key=cmd.key, tags=" ".join(cmd.tags), classification=cmd.classification,
+                     source_ref=cmd.provenance.source_ref)
         if self.merge is not None and (ev := await self.merge.evidence(cmd, cfg, self.memory)) is not None:
             cmd = cmd.model_copy(update={"merge": ev})  # a near duplicate: the ledger merges it if it agrees
         return await self.submit(cmd, wait, ctx=ctx)

@@ -218,20 +218,21 @@ class MemoryReads:
         min_score: float | None = None,
         dense: list[float] | None = None,
         cfg: AgentConfig | None = None,
+        tags: list[str] | None = None,
     ) -> SearchResult:
         """`dense` and `cfg`: the query's vector and the agent's configuration, when the
-        caller has them already (`search_many`)."""
+        caller has them already (`search_many`). `tags`: records holding every one of them."""
         check_role(ctx, NOT_MEMBER, "search memory")
         with Timed(SEARCH_SECONDS):
             cfg = cfg or await self.config(ctx.tenant, ctx.agent)
             self._check_enabled(ctx, cfg)
             await self._check_subject(ctx, cfg)
-            return await self._search(ctx, cfg, query, kind, labels, ids, limit, after, mode, min_score, dense)
+            return await self._search(ctx, cfg, query, kind, labels, ids, limit, after, mode, min_score, dense, tags)
 
     async def _search(self, ctx: Context, cfg: AgentConfig, query: str | None = None, kind: str | None = None,
                       labels: dict[str, str] | None = None, ids: list[str] | None = None, limit: int | None = None,
                       after: str | None = None, mode: str | None = None, min_score: float | None = None,
-                      dense: list[float] | None = None) -> SearchResult:
+                      dense: list[float] | None = None, tags: list[str] | None = None) -> SearchResult:
         """A search whose caller was checked (role, memory on, subject)."""
         limit = limit or cfg.memory.search.max_results
         scopes = self._scopes(ctx, cfg)
@@ -241,8 +242,8 @@ class MemoryReads:
             keep = [r for r in found if shown_to(ctx, r, scopes) and r.in_force(utcnow()) and r.id not in hidden]
             return SearchResult([(r, None) for r in keep], None)
         if not query:
-            return await self._list(ctx, scopes, kind, labels or {}, limit, after)
-        q = self._ranked(ctx, cfg, query, kind, labels, limit, mode, min_score, dense)
+            return await self._list(ctx, scopes, kind, labels or {}, limit, after, tags or ())
+        q = self._ranked(ctx, cfg, query, kind, labels, limit, mode, min_score, dense, tags=tuple(tags or ()))
         if q.mode != "lexical" and q.dense is None:
             q.dense = await self._embed_query(ctx, query)
         return (await self._run(ctx, [q]))[0]
@@ -257,7 +258,7 @@ class MemoryReads:
 
     def _ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,
                 limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None,
-                kinds: tuple[str, ...] = (), not_kinds: tuple[str, ...] = ()) -> _Ranked:
+                kinds: tuple[str, ...] = (), not_kinds: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> _Ranked:
         """A ranked search's filter and settings, the agent's defaults filled in."""
         scopes = self._scopes(ctx, cfg)
         f = SearchFilter(
@@ -271,6 +272,7 @@ class MemoryReads:
             user=ctx.user if Scope.USER.value in scopes else None,
             kinds=kinds,
             not_kinds=not_kinds,
+            tags=tags,
         )
         mode = mode or cfg.memory.search.mode
         return _Ranked(
@@ -353,6 +355,7 @@ class MemoryReads:
         for i, (ctx, kw) in enumerate(searches):
             if i not in refused_at and kw.get("query") and not kw.get("ids"):
                 args: dict[str, Any] = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
+                args["tags"] = tuple(kw.get("tags") or ())
                 ranked[i] = self._ranked(ctx, cfgs[(ctx.tenant, ctx.agent)], kw["query"], dense=vectors.get(i), **args)
         hits = await asyncio.to_thread(lambda: {i: q.run(cast("MemoryShards", self.memory)) for i, q in ranked.items()})
         wanted: dict[tuple[str, str], dict[str, None]] = {}
@@ -549,7 +552,7 @@ class MemoryReads:
 
     # ------------------------------------------------------------------ listing and reading
 
-    async def _list(self, ctx, scopes, kind, labels, limit, after) -> SearchResult:
+    async def _list(self, ctx, scopes, kind, labels, limit, after, tags=()) -> SearchResult:
         now = utcnow()
         hidden = await self._shadowed(ctx)
 
@@ -560,6 +563,7 @@ class MemoryReads:
                 and shown_to(ctx, r, scopes)
                 and (not kind or r.kind == kind)
                 and all(r.labels.get(k) == v for k, v in labels.items())
+                and all(t in r.tags for t in tags)
             )
 
         out: list[MemoryRecord] = []

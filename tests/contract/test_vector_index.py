@@ -98,6 +98,17 @@ def test_filters_isolate_agent_session_preview_kind_and_labels(index):
     assert search(index, "alpha", "lexical", flt(scopes=())) == []
 
 
+def test_a_tag_filter_keeps_records_holding_every_tag_and_never_matches_a_label(index):
+    put(index,
+        rec("both", "shared fact beta", tags=["billing", "q3"]),
+        rec("one", "shared fact beta", tags=["billing"]),
+        rec("label", "shared fact beta", labels={"#billing": "x"}),
+        rec("none", "shared fact beta"))
+    assert sorted(search(index, "beta", "lexical", flt(tags=("billing",)), limit=10)) == ["both", "one"]
+    assert search(index, "beta", "lexical", flt(tags=("billing", "q3")), limit=10) == ["both"]
+    assert search(index, "beta", "lexical", flt(labels=(("#billing", "x"),)), limit=10) == ["label"]
+
+
 def test_ties_at_the_cut_are_kept_and_upsert_replaces(index):
     put(index, rec("old", "alpha code red", minute=1), rec("new", "alpha code blue", minute=2))
     # Equal scores: a point keeps no age, so both come back even past the limit, and the

@@ -337,6 +337,30 @@ async def test_world_time_is_written_checked_and_kept_on_every_version(stack, ne
         assert (successor.observed_at, successor.valid_from, successor.valid_to) == kept
 
 
+async def test_tags_and_classification_are_kept_and_tags_filter_search_and_listing(stack, new_agent):
+    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        both = await c.add_memory("Invoices go out on the first", tags=["billing", "q3"], classification="internal",
+                                  source_ref="ticket OPS-12")
+        one = await c.add_memory("Invoices are in EUR", tags=["billing"])
+        await c.add_memory("Invoices are archived for ten years")
+        r = await c.read_memory(both["id"])
+        assert (r.tags, r.classification, r.provenance.source_ref) == (["billing", "q3"], "internal", "ticket OPS-12")
+
+        async def ranked(**kw):
+            found, _ = await c.search_memory("invoices", mode="lexical", **kw)
+            return sorted(f.record.id for f in found)
+
+        # Written with wait: searchable already.
+        assert await ranked(tags=["billing"]) == sorted([both["id"], one["id"]])
+        assert await ranked(tags=["billing", "q3"]) == [both["id"]]
+        listed, _ = await c.search_memory(None, tags=["q3"])
+        assert [f.record.id for f in listed] == [both["id"]]
+        await refused(c.add_memory("x", tags=["a=b"]), 422, "VALIDATION_FAILED", "tags")
+        await refused(c.add_memory("x", source_ref="r" * 513), 422, "VALIDATION_FAILED", "source_ref")
+        await refused(c.add_memory("x", tags=[f"t{i}" for i in range(21)]), 422, "VALIDATION_FAILED", "tags")
+
+
 async def test_with_kinds_required_a_write_names_a_declared_kind_or_is_refused_400(stack, new_agent):
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"kinds": ["fact", "decision"],
                                                                        "kinds_required": True}}))

@@ -49,6 +49,8 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         metadata=metadata,
         kind=old.kind,
         labels=old.labels,
+        tags=old.tags,
+        classification=old.classification,
         scope=old.scope,
         session=old.session,
         user=old.user,

@@ -103,6 +103,8 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
         content=cmd.content,
         metadata=cmd.metadata,
         labels=cmd.labels,
+        tags=cmd.tags,
+        classification=cmd.classification,
         key=cmd.key,
         confidence=cmd.confidence,
         **({"importance": cmd.importance} if cmd.importance is not None else {}),

@@ -30,6 +30,9 @@ class AddRequest(Body):
     content: str = ""
     kind: str | None = None  # left out: "fact" where the agent declares it, else its first declared kind
     labels: Labels = {}
+    tags: list[str] = []  # free-form, filterable: at most 20, each 1-64 characters without "="
+    classification: str | None = None  # the writer's, say "internal" or "confidential"
+    source_ref: str | None = None  # where the writer found it (a URL, a document or ticket id), kept in provenance
     scope: Scope | None = None
     pinned: bool = False
     replaces: str | None = None

@@ -30,6 +30,7 @@ class SearchRequest(Body):
     query: Annotated[str, Field(max_length=4000)] | None = None
     kind: str | None = None
     labels: dict[str, str] = {}
+    tags: Annotated[list[str], Field(max_length=20)] = []  # records holding every one of them
     ids: Annotated[list[str], Field(max_length=100)] = []
     limit: Annotated[int, Field(ge=1, le=100)] | None = None
     after: str | None = None
