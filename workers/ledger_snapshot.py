@@ -13,8 +13,9 @@ sealed under their subject's key (the member's for a USER record, else the agent
 events are), all of a subject's records in one token; each staged write under its member's
 key (else its agent's) and each block text under its agent's. Recent commands' events are kept
 as they were logged, sealed. An entry whose key was destroyed since (its subject was erased)
-does not open: reading the snapshot drops it, and counts it. The index holds hashes of texts
-and of record keys only.
+does not open: reading the snapshot drops it, and counts it. The uniqueness index holds hashes
+of texts and of record keys only, and is sealed too, each agent's under its key: without it no
+one can test a guessed text against a hash.
 
 Why a token per subject rather than per record: sealing each record's fields took 20 µs a
 record (2 s for a snapshot of 100,000 records, on the ledger's event loop); a token per subject
@@ -43,9 +44,10 @@ from settings import Settings
 # 3: recent commands keyed by tenant, agent and command id; 4: consent, removals, the records of
 # each subject, and stats counted per subject; 5: the caller of each recent command, when each
 # subject's grant was given and its memory erased, and index keys with length-prefixed parts;
-# 6: personal entries sealed, record keys hashed in the index, and the erasures.
+# 6: personal entries sealed, record keys hashed in the index, and the erasures; 7: a live fact's
+# index entry names its kind and key, and the index is sealed per agent.
 # Older snapshots are folded again.
-FORMAT = 6
+FORMAT = 7
 
 
 class _State(msgspec.Struct):
@@ -82,6 +84,8 @@ class _State(msgspec.Struct):
     # member's notes go as their records do. Empty in a snapshot from before notes.
     notes: dict[str, dict[str, tuple[int, datetime]]] = {}
     sealed_notes: dict[str, str] = {}
+    # agent -> the token of its index entries (a msgpack map), with a cipher; else `index`.
+    sealed_index: dict[str, str] = {}
     # agent|u:user -> (version, text, when): member profiles, the text sealed under the member's key.
     # A snapshot without it was taken before any profile existed, so empty is right.
     profiles: dict[str, tuple[int, str, datetime]] = {}
@@ -153,7 +157,36 @@ def _notes_aad(owner: str) -> str:
     return f"notes:{owner}"
 
 
+def _index_aad(ak: str) -> str:
+    return f"index:{ak}"
+
+
+def _seal_index(c: Cipher, index: Mapping[str, str]) -> dict[str, str]:
+    by_agent: dict[str, dict[str, str]] = {}
+    for k, v in index.items():
+        by_agent.setdefault(k.split("|", 1)[0], {})[k] = v
+    return {ak: seal_text(c, ak, _index_aad(ak), msgspec.msgpack.encode(entries).hex())
+            for ak, entries in by_agent.items()}
+
+
+def _opened_index(state: LedgerState, sealed: dict[str, str]) -> int:
+    """The sealed index into `state`; an agent's that does not open (the agent erased) is dropped."""
+    c = cipher()
+    if c is None:
+        raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
+    n = 0
+    for ak, token in sealed.items():
+        try:
+            state.index.update(_INDEX.decode(bytes.fromhex(open_text(c, _index_aad(ak), token))))
+        except _UNOPENED:
+            n += 1
+        except ValueError as e:
+            raise ContractError("sealed", f"a sealed entry does not open: {e}") from None
+    return n
+
+
 _NOTES = msgspec.msgpack.Decoder(dict[str, tuple[int, datetime]])
+_INDEX = msgspec.msgpack.Decoder(dict[str, str])
 
 
 def _records_aad(subject: str) -> bytes:
@@ -207,7 +240,8 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
     return msgspec.msgpack.encode(
         _State(
             records=records,
-            index=dict(state.index),
+            index=dict(state.index) if c is None else {},
+            sealed_index={} if c is None else _seal_index(c, state.index),
             staged=staged,
             open_turns={k: dict(v) for k, v in state.open_turns.items()},
             turns=dict(state.turns),
@@ -281,7 +315,9 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         profiles={k: cast("tuple[int, str, datetime]", tuple(v)) for k, v in s.profiles.items()},
         shared=cast("MutableMapping[str, Mapping[str, str]]", s.shared),
     )
-    unopened = _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
+    # The index first: records that do not open take their index entries with them.
+    unopened = _opened_index(state, s.sealed_index) if s.sealed_index else 0
+    unopened += _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
     return state, s.recent, unopened + (_opened_notes(state, s.sealed_notes) if s.sealed_notes else 0)
 
 

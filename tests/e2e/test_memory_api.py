@@ -361,6 +361,19 @@ async def test_tags_and_classification_are_kept_and_tags_filter_search_and_listi
         await refused(c.add_memory("x", tags=[f"t{i}" for i in range(21)]), 422, "VALIDATION_FAILED", "tags")
 
 
+async def test_a_live_fact_is_unique_per_kind_key_and_content(stack, new_agent):
+    _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"tools": ["add_memory", "read_memory"]}}))
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        first = await c.add_memory("Gina's answer is yes", kind="fact", key="q1")
+        assert (await c.add_memory("Gina's answer is yes", kind="fact", key="q1"))["id"] == first["id"]  # restated
+        others = [await c.add_memory("Gina's answer is yes", **kw)
+                  for kw in ({"kind": "fact", "key": "q2"}, {"kind": "fact"}, {"kind": "event", "key": "q1"})]
+        ids = {first["id"], *(o["id"] for o in others)}
+        assert len(ids) == 4 and not any(o.get("merged") for o in others)
+        assert [(r.kind, r.key) for r in [await c.read_memory(o["id"]) for o in others]] == [
+            ("fact", "q2"), ("fact", None), ("event", "q1")]
+
+
 async def test_with_kinds_required_a_write_names_a_declared_kind_or_is_refused_400(stack, new_agent):
     _, _, key = await new_agent(AgentConfig.model_validate({"memory": {"kinds": ["fact", "decision"],
                                                                        "kinds_required": True}}))

@@ -356,6 +356,9 @@ def test_a_snapshot_holds_no_plaintext_and_opens_to_the_same_state(keyring):
     state, _, dropped = decode_state(body)
     assert dropped == 0
     same(state, led.state, "opened")
+    # Nor a hash of a text: a guessed text's uniqueness hash is not found in it.
+    hashes = {k.rsplit(":", 1)[1] for k in led.state.index if "|text:" in k}
+    assert hashes and not any(h.encode() in body for h in hashes)
     codec.use_cipher(None)  # without a cipher the same state is written as it is
     assert b"CANARY-u1 likes tea" in encode_state(led.state, OrderedDict())
 

@@ -207,11 +207,16 @@ def test_keyed_facts_of_one_text_stay_apart_and_each_keeps_its_key():
     assert [e.merged for e in made] == [False, False, False]
     assert len({e.record.id for e in made}) == 3 and [e.record.key for e in made] == ["q1", "q2", "q3"]
     assert all(e.record.status is Status.ACTIVE for e in made)
-    # Restated under its own key, a fact is confirmed, not put in conflict with itself; a
-    # keyless restatement merges into the fact of that text.
+    # Restated under its own key, a fact is confirmed, not put in conflict with itself. A live
+    # fact is unique per subject, kind, key and content: without a key, or of another kind, the
+    # same words are another fact, and each is restated on its own.
     again = only(led.add("Gina's answer", content="yes", key="q2"), "RecordAdded")
     assert again.merged and again.record.id == made[1].record.id and again.record.status is Status.ACTIVE
+    keyless = only(led.add("Gina's answer", content="yes"), "RecordAdded")
+    assert not keyless.merged and keyless.record.key is None
     assert only(led.add("Gina's answer", content="yes"), "RecordAdded").merged
+    other_kind = only(led.add("Gina's answer", content="yes", kind="event"), "RecordAdded")
+    assert not other_kind.merged and other_kind.record.kind == "event"
 
 
 def test_a_disputed_key_is_pending_without_a_stored_fact_and_in_conflict_with_one():

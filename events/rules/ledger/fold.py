@@ -17,7 +17,7 @@ from events.rules.ledger import notes as notes_rules
 from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.erasure import subject_erased
 from events.rules.ledger.state import RESERVED_KINDS, TURN_MEMORY, LedgerState, agent_key, normalized_hash
-from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry
+from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, text_entry
 from events.rules.ledger.usage import _usage_recorded
 from events.rules.tokens import pin_line_chars
 
@@ -115,7 +115,7 @@ def _store(state: LedgerState, ak: str, r: MemoryRecord | LeanRecord, raw: bytes
     _count(state, count_key(ak, r), _counts_as_fact(r), pin_line_chars(r) if r.pinned else 0)
     subjects.track(state, ak, r)
     state.records[key] = raw
-    text_key = f"{ak}|text:{dup_scope(r)}:{normalized_hash(r.summary, r.content)}"
+    text_key = f"{ak}|text:{text_entry(r, normalized_hash(r.summary, r.content))}"
     key_key = f"{ak}|key:{key_entry(dup_scope(r), r.kind, r.key)}" if r.key else None
     if r.kind == "episode" and r.version == 1:
         state.index[f"{ak}|episode:{dup_scope(r)}"] = r.id  # episodes come in log order: the last is the newest

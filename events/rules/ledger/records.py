@@ -28,7 +28,7 @@ from events.rules.ledger.state import (
     normalized_hash,
     record_id_for,
 )
-from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, key_slots_seen, slot
+from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, key_slots_seen, slot, text_entry
 from events.rules.ledger.usage import check_expected, check_new
 from events.rules.tokens import CHARS_PER_TOKEN, pin_budget_chars, pin_line_chars
 from events.rules.visibility import default_scope
@@ -173,11 +173,10 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(count_key(ak, rec)) or {"live": 0, "pinned_chars": 0}
     h = normalized_hash(cmd.summary, cmd.content)
-    same = state.index.get(f"{ak}|text:{dup_scope(rec)}:{h}")
+    same = state.index.get(f"{ak}|text:{text_entry(rec, h)}")
     if same and not cmd.replaces:
         existing = get_record(state, ak, same)
-        # A keyed write restates only a fact of its own key: one of another key stays apart.
-        if existing and existing.status in LIVE and (rec.key is None or existing.key == rec.key):
+        if existing and existing.status in LIVE:
             check_new(cmd, existing)
             episodes.confirmed(state, ak, cmd, existing, events)  # a restatement from another run confirms it
             return
@@ -264,8 +263,8 @@ def _near_duplicate(state: LedgerState, ak: str, cmd: AddMemory,
         return None
     target = get_record(state, ak, ev.record_id)
     if (target is None or target.status is not Status.ACTIVE or not _visible(target, cmd)
-            or dup_scope(target) != dup_scope(rec) or target.kind != rec.kind):
-        return None
+            or dup_scope(target) != dup_scope(rec) or target.kind != rec.kind or target.key is not None):
+        return None  # a keyed fact is unique per its key: a keyless write never merges into it
     age = cmd.issued_at - target.modified
     if not near_duplicate.decide(rec.text, target.text, ev.similarity, age):
         return None

@@ -84,11 +84,20 @@ def dup_scope(r: Record) -> str:
     return slot(r.scope, _reach(r), r.preview)
 
 
+def _key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def key_entry(where: str, kind: str, key: str) -> str:
     """The uniqueness index's key part for a keyed fact of `kind` seen in `where` (a `slot`).
-    The record's key is hashed: it is personal, and the index goes to snapshots as it is."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{where}:{_part(kind)}:{digest}"
+    The record's key is hashed: it is personal (snapshots seal the index besides)."""
+    return f"{where}:{_part(kind)}:{_key_digest(key)}"
+
+
+def text_entry(r: Record, text_hash: str) -> str:
+    """The uniqueness index's key part for a live fact: one per subject (its `slot`), kind, key
+    and content hash, so the same words of another kind, or under another key, are another fact."""
+    return f"{dup_scope(r)}:{_part(r.kind)}:{_key_digest(r.key) if r.key else '-'}:{text_hash}"
 
 
 def key_slots_seen(r: Record) -> list[str]:
