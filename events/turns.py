@@ -117,4 +117,19 @@ class MembershipChanged(Message_):
     occurred_at: datetime
 
 
-TurnEvent = Annotated[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged, Field(discriminator="type")]
+class MessageDeleted(Message_):
+    """The platform (or an operator) deleted a message of a session: history keeps it no more,
+    so no search finds it and a note citing it is left out. Keyed like the session's turns, so
+    it follows the turn that said it, in a replay too."""
+
+    type: Literal["MessageDeleted"] = "MessageDeleted"
+    event_id: Ident
+    tenant: Ident
+    agent: Ident
+    session: Ident
+    message_id: Annotated[str, Field(min_length=1, max_length=256)]
+    occurred_at: datetime
+
+
+TurnEvent = Annotated[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged | MessageDeleted,
+                      Field(discriminator="type")]

@@ -168,6 +168,13 @@ class HistoryIndex:
         with self._lock:
             self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
 
+    def delete_message(self, tenant: str, agent: str, session: str, message_id: str) -> None:
+        """Removes every part of one message of a session."""
+        must = [FieldCondition(k, match=MatchValue(v))
+                for k, v in (("session", session), ("tenant", tenant), ("agent", agent), ("event_id", message_id))]
+        with self._lock:
+            self.shard.update(UpdateOperation.delete_points_by_filter(Filter(must=must)))
+
     def held(self, ids: list[str]) -> set[str]:
         """Which of these point ids the shard holds."""
         with self._lock:

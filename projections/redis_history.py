@@ -116,11 +116,13 @@ class RedisHistory:
 
     async def apply(self, events: list[KeptEvent], checkpoints: dict[str, int],
                     erasures: tuple[tuple[Erasure, int], ...] | list[tuple[Erasure, int]] = (),
-                    memberships: list[tuple[str, str, int, bool, int]] = ()) -> None:
+                    memberships: list[tuple[str, str, int, bool, int]] = (),
+                    deleted: list[tuple[str, str]] = ()) -> None:
         """Folds a batch: its erasures first (each with when it was, Unix ms), then its events
         and membership changes that no erasure reaches ((session key, change id, when, joined,
         order: its offset in the turns topic): keyed by change id, so folding one twice is a
-        no-op), then the checkpoint. A crash in between folds it all again."""
+        no-op), then the deleted messages ((session key, message id): a deletion follows the
+        turn that said it), then the checkpoint. A crash in between folds it all again."""
         markers = await self.erasures()
         for er, at in erasures:
             await self.erase(er, at)
@@ -136,6 +138,9 @@ class RedisHistory:
                 p.zadd(self._ord(e.session_key), {e.id: e.order})
             for sk, change_id, at, joined, order in changes:
                 p.hset(self._mem(sk), change_id, encode_change(at, joined, order))
+            for sk, message_id in deleted:
+                p.hdel(self._ev(sk), message_id)
+                p.zrem(self._ord(sk), message_id)
 
         def checkpoint(p) -> None:
             if checkpoints:

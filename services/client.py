@@ -16,7 +16,7 @@ from events.config import AgentConfig
 from events.errors import ErrorCode
 from events.record import MemoryRecord
 from events.topics import TURNS
-from events.turns import MembershipChanged, SessionEnded, TurnCommitted, TurnRolledBack
+from events.turns import MembershipChanged, MessageDeleted, SessionEnded, TurnCommitted, TurnRolledBack
 
 # POSTs that only read: sent again to another replica when the first did not answer.
 _READS = frozenset({"/v1/memory/search", "/v1/memory/search/batch", "/v1/recall", "/v1/history/search"})
@@ -374,10 +374,10 @@ class TurnPublisher:
     async def __aexit__(self, *exc: Any) -> None:
         await self.producer.stop()
 
-    async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged) -> None:
+    async def publish(self, event: TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged | MessageDeleted) -> None:
         await self.producer.send_and_wait(self.topic, encode(event), key=TURNS.key_bytes(event))
 
-    async def publish_many(self, events: list[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged]) -> None:
+    async def publish_many(self, events: list[TurnCommitted | TurnRolledBack | SessionEnded | MembershipChanged | MessageDeleted]) -> None:
         """Publishes in order without waiting for each acknowledgement (the idempotent
         producer keeps each partition's order), then waits for them all."""
         futs = [await self.producer.send(self.topic, encode(e), key=TURNS.key_bytes(e)) for e in events]

@@ -24,7 +24,7 @@ from events.codec import ContractError, decode
 from events.memory import SubjectErased
 from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
-from events.turns import MembershipChanged, TurnCommitted
+from events.turns import MembershipChanged, MessageDeleted, TurnCommitted
 from projections.records import Erasure
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
@@ -78,6 +78,7 @@ class HistoryProjector(Processor):
         self.pending: list[KeptEvent] = []
         self.erasures: list[tuple[Erasure, int]] = []
         self.memberships: list[tuple[str, str, int, bool, int]] = []
+        self.deleted: list[tuple[str, str]] = []  # (session key, message id)
         self.positions: dict[str, int] = {}
         self.consumer: Any = None
         self.applied = False  # since the assignment: a checkpoint of ours should be there
@@ -112,12 +113,14 @@ class HistoryProjector(Processor):
             self.erasures.append(erasure_at(event))
         elif isinstance(event, MembershipChanged):
             self.memberships.append(membership_of(event, offset))
+        elif isinstance(event, MessageDeleted):
+            self.deleted.append((f"{event.tenant}/{event.agent}/{event.session}", event.message_id))
         self.positions[checkpoint_key(self.settings.topic(source), partition)] = offset + 1
         return []
 
     async def batch_done(self) -> list[Out]:
         if self.positions:
-            await self.store.apply(self.pending, self.positions, self.erasures, self.memberships)
+            await self.store.apply(self.pending, self.positions, self.erasures, self.memberships, self.deleted)
             self.applied = True
             if self.pending:
                 log.info("history_events_kept", events=len(self.pending))
@@ -125,7 +128,9 @@ class HistoryProjector(Processor):
                 log.info("history_erased", erasures=len(self.erasures))
             if self.memberships:
                 log.info("history_memberships_kept", changes=len(self.memberships))
-            self.pending, self.erasures, self.memberships, self.positions = [], [], [], {}
+            if self.deleted:
+                log.info("history_messages_deleted", messages=len(self.deleted))
+            self.pending, self.erasures, self.memberships, self.deleted, self.positions = [], [], [], [], {}
         return []
 
     async def stop(self) -> None:

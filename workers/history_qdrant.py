@@ -42,7 +42,7 @@ from events.memory import SubjectErased
 from events.rules.history import KeptEvent, erased, erasure_marker, kept_events
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, HISTORY_VECTORS, TURNS
-from events.turns import TurnCommitted
+from events.turns import MessageDeleted, TurnCommitted
 from projections.embedding_port import embedder_model_id
 from projections.history_index import HistoryIndex, event_parts, pack
 from projections.qdrant_index import read_checkpoint, write_checkpoint
@@ -82,6 +82,7 @@ class _Part:
 class _Batch:
     rows: dict[str, tuple[dict[str, Any], str, Any]] = field(default_factory=dict)  # point id -> (payload, text, vector)
     erasures: list[tuple[Erasure, int]] = field(default_factory=list)
+    deleted: list[MessageDeleted] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
 
 
@@ -118,6 +119,17 @@ class HistoryQdrantProjection:
             for pid in [pid for pid, ps in self.parked.items() if erased(self.erased, ps[0].event)]:
                 for p in self.parked.pop(pid):
                     self._done(p, written=False)
+
+    def _delete(self, d: MessageDeleted, batch: _Batch) -> None:
+        """A deleted message's parked parts go unwritten; what the shard holds of it goes when
+        the batch is written, after its rows (a deletion follows the turn that said it)."""
+        def said(e: KeptEvent) -> bool:
+            return (e.id, e.session, e.agent, e.tenant) == (d.message_id, d.session, d.agent, d.tenant)
+
+        for pid in [pid for pid, ps in self.parked.items() if said(ps[0].event)]:
+            for p in self.parked.pop(pid):
+                self._done(p, written=False)
+        batch.deleted.append(d)
 
     def _done(self, p: _Part, written: bool = True) -> None:
         """One parked part is written (or needs no writing): its turn and event count down."""
@@ -208,6 +220,8 @@ class HistoryQdrantProjection:
         for er, _ in batch.erasures:
             self.index.purge(er)
         self.index.upsert_packed([(pid, stored, text, vec) for pid, (stored, text, vec) in batch.rows.items()])
+        for d in batch.deleted:
+            self.index.delete_message(d.tenant, d.agent, d.session, d.message_id)
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -253,6 +267,8 @@ class HistoryQdrantProjection:
             self._remember(batch.erasures[-1:])
         elif isinstance(ev, TurnCommitted):
             return self._on_turn(ev, part, m.offset)
+        elif isinstance(ev, MessageDeleted):
+            self._delete(ev, batch)
         return []
 
     async def _joining(self, pids: list[str], batch: _Batch) -> None:

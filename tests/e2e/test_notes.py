@@ -15,7 +15,7 @@ import pytest
 from events import AgentConfig, Message
 from events.config import HistoryConfig
 from events.rules.history import encode_cursor, fingerprint
-from events.turns import MembershipChanged
+from events.turns import MembershipChanged, MessageDeleted
 from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually, refused
 from tests.e2e.rebuild_support import rebuilt_redis
@@ -190,6 +190,30 @@ async def test_recall_shows_the_note_and_drops_it_once_a_source_is_no_longer_vis
                       "source_messages.0")
         # The agent can still revise it with sources it can see, or forget it.
         assert (await c.forget_note("walrus", expected_revision=1))["forgotten"]
+
+
+async def test_a_deleted_message_is_found_no_more_and_a_note_citing_it_is_left_out(stack, settings):
+    """A fresh agent of its own: the platform deletes a message of the shared fixture's."""
+    tenant, agent_id, key = await _agent(stack, settings)
+    async with client(stack, key) as c:
+        await c.save_note("review", "Review rule", "The reviewer approves the changelog", ["u2"])
+        await c.save_note("release", "Release day", "Kestrel ships on Tuesdays", ["u1"])
+
+        async def found() -> list[str]:
+            return [e["id"] for e in (await c.search_history("reviewer approve changelog", mode="lexical"))["events"]]
+
+        assert "u2" in await found()
+        async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+            await pub.publish(MessageDeleted(event_id=str(uuid.uuid4()), tenant=tenant, agent=agent_id, session="s1",
+                                             message_id="u2", occurred_at=T + timedelta(hours=1)))
+
+        async def gone() -> bool:
+            return (await c.read_note("review"))["hidden"] and "u2" not in await found()
+
+        await eventually(gone, timeout=30)
+        assert [e["id"] for e in (await c.search_history(ids=["u2", "u1"]))["events"]] == ["u1"]
+        assert [n["id"] for n in (await c.search_notes("kestrel reviewer changelog"))["notes"]] == ["release"]
+        assert not (await c.read_note("release"))["hidden"]
 
 
 async def test_switching_history_across_conversations_off_hides_notes_citing_other_sessions(stack, settings):
