@@ -19,7 +19,9 @@ import structlog
 
 from events.codec import encode
 from events.rules import runs as rules
+from events.rules import write_filter
 from events.topics import COMMANDS, EVENTS, USAGE
+from events.usage import CandidateRefused
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
 from workers.model_client import CallContext, ModelClient, ModelFailed
@@ -85,11 +87,20 @@ class RunCompression(Processor):
             log.error("run_compression_failed_dead_lettered", error=err.error, attempts=err.attempts, **ctx)
             self.tally["dead_lettered"] += 1
             return [self._usage(u) for u in err.usage] + [DeadLetter(f"run compression: {err.error}", err.attempts)]
+        used = [self._usage(u) for u in answer.usage]
+        if hit := write_filter.check_write(answer.value.summary):
+            # A summary the model writes passes the write-time filter like any write: refused, the
+            # entries stay as they are, and the next entry asks again.
+            log.warning("run_summary_refused", reason=hit.refusal.reason, **ctx)
+            self.tally["summaries_refused"] += 1
+            return used + [self._usage(CandidateRefused(
+                usage_id=f"run-refused-{e.event_id}", tenant=e.tenant, agent=e.agent, occurred_at=e.occurred_at,
+                reason=f"{hit.refusal.reason}: {hit.refusal.detail} (run summary)"))]
         cmd = rules.summarize_command(e.tenant, e.agent, e.run, [x.id for x in older], answer.value.summary,
                                       e.occurred_at, self.model.model, user=e.user)
         self.tally["runs_summarized"] += 1
         log.info("run_compressed", **ctx)
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))] + [self._usage(u) for u in answer.usage]
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))] + used
 
     async def _shown(self, partition: int, offset: int, e: Any) -> tuple[list[rules.Entry], str | None]:
         """The run as the view shows it once the redis-projection worker has folded this

@@ -91,6 +91,26 @@ async def test_a_run_past_its_size_is_compressed_into_its_summary(run_stack):
     assert [u.purpose for u in usage] == ["consolidation"]
 
 
+async def test_a_run_summary_the_write_filter_refuses_is_not_kept(run_stack):
+    stack, settings, fake = run_stack
+    tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, CONFIG)
+    run_id = f"leak-{uuid.uuid4().hex[:8]}"
+    fake.on(run_id, Reply({"summary": "Done; the key is sk-proj-0123456789abcdefABCDEF0123"}))
+    async with MemlaneClient(stack.api_url, key) as c:
+        for i in range(3):
+            await c.add_memory(f"Step {i}", content=f"{i}" * 1400, run_id=run_id)
+
+    async def refused_summary():
+        usage = [u for u, _ in await read_topic(settings, USAGE.name, USAGE.name)
+                 if getattr(u, "agent", None) == agent and u.type == "CandidateRefused"]
+        return usage or None
+
+    [refusal] = await eventually(refused_summary, timeout=20)
+    assert refusal.reason.startswith("secret") and refusal.reason.endswith("(run summary)")
+    view = await _run(stack, key, run_id)
+    assert view["sessionSummary"] is None and len(view["sessionEntries"]) == 3  # the entries stay as they were
+
+
 async def test_a_bad_run_id_is_refused_naming_the_field(run_stack):
     stack, settings, _ = run_stack
     _, _, key = await new_agent(stack.api_url, settings.operator_key, CONFIG)
