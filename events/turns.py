@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from events.base import Ident, Message_
+from events.base import Ident, Message_, RunId
 
 MAX_MESSAGE_CHARS = 200_000
 MAX_MESSAGES_PER_TURN = 500
@@ -101,6 +101,9 @@ class SessionEnded(Message_):
     execution_id: Ident | None = None
     outcome: Literal["successful", "failed", "uncertain"] = "uncertain"
     occurred_at: datetime
+    # The run (session memory) that ended with the session: consolidation distils its entries too,
+    # each one an event of the episode.
+    run: RunId | None = None
 
 
 class MembershipChanged(Message_):

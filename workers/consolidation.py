@@ -28,6 +28,7 @@ from events.turns import SessionEnded
 from events.usage import CandidateRefused, MemorySkipped
 from projections.redis_history import RedisHistory
 from projections.redis_records import RedisRecords
+from projections.redis_runs import RunView
 from workers.api_reader import ApiReader
 from workers.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime import DeadLetter, Out, Processor, until_folded
@@ -50,6 +51,7 @@ class ConsolidationProcessor(Processor):
         self.api: ApiReader | None = None
         self.history: RedisHistory | None = None
         self.records: RedisRecords | None = None  # subjects' consent and removal
+        self.runs: RunView | None = None
         self.tally: Counter[str] = Counter()
 
     async def start(self) -> None:
@@ -62,7 +64,8 @@ class ConsolidationProcessor(Processor):
         self.model = ModelClient(s)
         self.api = ApiReader(s)
         self.history = RedisHistory.from_url(s.redis_url, s.topic_prefix)
-        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
+        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix, keys=self.keys)
+        self.runs = RunView(self.records)  # an ended run's entries
         log.info("consolidation_on", model=s.model)
 
     async def stop(self) -> None:
@@ -94,21 +97,26 @@ class ConsolidationProcessor(Processor):
             limit=rules.SHOWN_EVENTS,
         )
         events = rules.shown_events(kept)
+        entries: list[Any] = []
+        if ended.run:
+            assert self.runs is not None  # made with `records`
+            entries, _ = await self.runs.session(ended.tenant, ended.agent, ended.run, ended.occurred_at, ended.user)
         ctx = dict(event_id=ended.event_id, agent=ended.agent, session=ended.session, offset=offset)
-        if not events:
+        if not events and not entries:
             self.tally["empty_sessions"] += 1
             log.info("session_not_consolidated", reason="no kept history", **ctx)
             return []
         call = CallContext(ended.tenant, ended.agent, ended.session, ended.execution_id, None, ended.event_id)
         try:
             kinds = rules.fact_kinds(cfg)
-            answer = await self.model.json_call(rules.build_messages(ended, events, kinds), rules.answer_schema(kinds),
+            answer = await self.model.json_call(rules.build_messages(ended, events, kinds, entries),
+                                                rules.answer_schema(kinds),
                                                 rules.parse_answer, call, purpose="consolidation")
         except ModelFailed as e:
             log.error("consolidation_failed_dead_lettered", error=e.error, attempts=e.attempts, **ctx)
             self.tally["dead_lettered"] += 1
             return [self._usage(u) for u in e.usage] + [DeadLetter(f"consolidation: {e.error}", e.attempts)]
-        made = rules.to_commands(ended, cfg, answer.value, events, self.model.model)
+        made = rules.to_commands(ended, cfg, answer.value, events, self.model.model, entries)
         for what, reason, detail in made.refused:
             log.warning("consolidation_refused", part=what, reason=reason, detail=detail, **ctx)
         self.tally["sessions"] += 1

@@ -28,6 +28,7 @@ from events.rules import write_filter
 from events.rules.history import KeptEvent
 from events.rules.ledger import RESERVED_KINDS, record_id_for
 from events.rules.model_answer import Malformed, parse_json_object
+from events.rules.runs import Entry
 from events.turns import SessionEnded
 
 EPISODE, PROCEDURE = RESERVED_KINDS
@@ -149,10 +150,17 @@ def fact_kinds(cfg: AgentConfig) -> list[str]:
     return [k for k in cfg.memory.kinds if k not in RESERVED_KINDS]
 
 
-def build_messages(ended: SessionEnded, events: list[KeptEvent], kinds: Sequence[str] = ()) -> list[dict[str, str]]:
+def entry_text(e: Entry) -> str:
+    return "\n".join(t for t in (e.summary, e.content) if t)[:EVENT_CHARS]
+
+
+def build_messages(ended: SessionEnded, events: list[KeptEvent], kinds: Sequence[str] = (),
+                   entries: Sequence[Entry] = ()) -> list[dict[str, str]]:
+    """The session's kept history, and the run's session-memory entries (`entries`) when the
+    session ended a run: both are what the run did."""
     lines = [
         f'<event turn="{e.turn}" role="{e.role}" kind="{e.kind}">\n{e.text[:EVENT_CHARS]}\n</event>' for e in events
-    ]
+    ] + [f'<entry kind="{e.kind}">\n{entry_text(e)}\n</entry>' for e in entries]
     return [
         {"role": "system", "content": INSTRUCTIONS},
         {
@@ -190,10 +198,12 @@ def scope_of(ended: SessionEnded, cfg: AgentConfig) -> Scope:
 
 
 def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnswer, events: list[KeptEvent],
-                model: str) -> Consolidated:
+                model: str, entries: Sequence[Entry] = ()) -> Consolidated:
     """The episode, and a procedure or an anti-pattern when the run gives one. Ids follow
     the SessionEnded event, so consolidating it again proposes the same commands. The
-    ledger links the episode to the previous one (`previous_episode`), in log order."""
+    ledger links the episode to the previous one (`previous_episode`), in log order.
+    `entries`, the ended run's session-memory entries, are events of the episode too, and a
+    procedure the run gives takes them, in order, as its steps: the run's own sequence."""
     out = Consolidated()
     ids = [e.id for e in events]
     prov = Provenance(source=Source.CONSOLIDATION, execution_id=ended.execution_id, session=ended.session,
@@ -221,15 +231,17 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
     episode = command(
         "episode", EPISODE, answer.summary,
         f"Goal: {answer.goal}\nOutcome: {answer.outcome} (success score {answer.success_score:.2f})",
-        {"goal": answer.goal, "outcome": answer.outcome, "success_score": answer.success_score, "events": ids},
+        {"goal": answer.goal, "outcome": answer.outcome, "success_score": answer.success_score, "events": ids,
+         **({"run": ended.run, "run_entries": [e.id for e in entries]} if ended.run else {})},
     )
     if episode is None:
         return out  # nothing may point back to an episode that was not kept
     episode_id = record_id_for(episode.tenant, episode.agent, episode.command_id)
     p = answer.procedure
     if p and p.approved_pattern and answer.success_score > PROCEDURE_SCORE and answer.outcome == "successful":
-        command("procedure", PROCEDURE, p.name, "\n".join(f"{i}. {s}" for i, s in enumerate(p.steps, 1)),
-                {"steps": p.steps, "episode": episode_id, "anti_pattern": False,
+        steps = [one_line(e.summary) for e in entries] or p.steps
+        command("procedure", PROCEDURE, p.name, "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1)),
+                {"steps": steps, "episode": episode_id, "anti_pattern": False,
                  "validations": 1, "successes": 1, "failures": 0})
     if answer.outcome == "failed" and answer.anti_pattern and answer.anti_pattern.strip():
         command("anti_pattern", PROCEDURE, f"Avoid: {answer.anti_pattern}", "",

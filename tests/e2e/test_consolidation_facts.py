@@ -157,3 +157,35 @@ async def test_a_run_distils_facts_links_its_own_and_a_decision_of_three_runs_be
         assert scores[shipped["id"]] > scores[proc["id"]], found  # relevance alone: the other order
         recalled = await c.recall("conv-outcomes", query)
         assert [p["id"] for p in recalled["procedures"]] == [proc["id"], shipped["id"]], recalled
+
+
+async def test_an_ended_run_s_entries_are_distilled_events_of_its_episode_and_its_procedure_s_steps(cstack, fake):
+    stack, settings = cstack
+    cfg = AgentConfig(memory=MemoryConfig(kinds=["fact", "decision"],
+                                          scope=ScopeConfig(read=["session", "agent"], write=["session", "agent"])))
+    tenant, a, key = await new_agent(stack.api_url, settings.operator_key, cfg)
+    m, run_id = marker(), f"run-{uuid.uuid4().hex[:8]}"
+    steps = ["Stop the writers", "Restore the nightly backup", "Compare the row counts"]
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        entries = [(await c.add_memory(f"{s} ({m})", run_id=run_id))["run_entry"]["id"] for s in steps]
+    fake.on(m, consolidation(m, [fact("Staging restores take about an hour")], procedure={
+        "name": "Restore staging", "steps": ["a step the model wrote"], "approved_pattern": True}))
+    async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
+        # Only the run's entries: the session said nothing history keeps.
+        await pub.publish(SessionEnded(event_id=str(uuid.uuid4()), tenant=tenant, agent=a, session="s1", run=run_id,
+                                       outcome="successful", occurred_at=datetime.now(UTC)))
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=a) as op:
+
+        async def made():
+            rows = (await op.list_memory(first=100))["records"]
+            return rows if {r["kind"] for r in rows} >= {"episode", "procedure", "decision"} else None
+
+        rows = await eventually(made, timeout=30)
+    [episode] = [r for r in rows if r["kind"] == "episode"]
+    [procedure] = [r for r in rows if r["kind"] == "procedure"]
+    [distilled] = [r for r in rows if r["kind"] == "decision"]
+    assert (episode["metadata"]["run"], episode["metadata"]["run_entries"]) == (run_id, entries)
+    assert procedure["metadata"]["steps"] == [f"{s} ({m})" for s in steps]  # the run's own sequence
+    assert distilled["provenance"]["episode"] == episode["id"]
+    [request] = fake.requests_with(m)
+    assert all(f"{s} ({m})" in request["messages"][1]["content"] for s in steps)
