@@ -189,3 +189,6 @@ async def test_an_ended_run_s_entries_are_distilled_events_of_its_episode_and_it
     assert distilled["provenance"]["episode"] == episode["id"]
     [request] = fake.requests_with(m)
     assert all(f"{s} ({m})" in request["messages"][1]["content"] for s in steps)
+    async with MemlaneClient(stack.api_url, key, session="s2") as c:  # episodes are searched directly too
+        found, _ = await c.search_memory("restore staging", kind="episode")
+        assert [f.record.id for f in found] == [episode["id"]]

@@ -81,6 +81,16 @@ def test_decisions_become_commands_with_deterministic_ids_and_handles_resolved()
     assert r.to_commands(other_attempt, AgentConfig(), answer, shown, handles, "m").commands[0].command_id != add.command_id
 
 
+def test_a_candidate_citing_a_message_outside_the_shown_window_is_refused():
+    shown = [msg(i) for i in range(3)]
+    answer = r.ReviewAnswer.model_validate({"candidates": [
+        {"decision": "add", "summary": "cites an unseen message", "source_message_ids": ["m1", "m99"]},
+        {"decision": "add", "summary": "cites what it saw", "source_message_ids": ["m1"]}]})
+    d = r.to_commands(TURN, AgentConfig(), answer, shown, r.Handles(), "m")
+    assert [(x.index, x.reason) for x in d.refused] == [(0, "citation")]
+    assert [c.summary for c in d.commands] == ["cites what it saw"]
+
+
 def test_a_fact_cites_at_most_five_source_messages():
     shown = [msg(i) for i in range(12)]
     answer = r.ReviewAnswer.model_validate({"candidates": [

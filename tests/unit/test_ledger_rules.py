@@ -201,6 +201,17 @@ def test_key_disagreement_is_stored_as_conflict():
     assert c.status is Status.CONFLICT
 
 
+def test_deleting_one_side_of_a_conflict_does_not_promote_the_other():
+    from events.commands import DeleteMemory
+
+    led = Ledger()
+    stored = only(led.add("Timezone is CET", key="timezone"), "RecordAdded").record
+    conflict = only(led.add("Timezone is PST", key="timezone"), "RecordAdded").record
+    only(led.run(DeleteMemory(command_id=nid(), tenant="t", agent="a", issued_at=NOW, record_id=stored.id,
+                              session="s1")), "RecordDeleted")
+    assert get_record(led.state, "t/a", conflict.id).status is Status.CONFLICT
+
+
 def test_keyed_facts_of_one_text_stay_apart_and_each_keeps_its_key():
     led = Ledger()
     made = [only(led.add("Gina's answer", content="yes", key=k), "RecordAdded") for k in ("q1", "q2", "q3")]
