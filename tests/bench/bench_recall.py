@@ -3,9 +3,11 @@ synthetic seeded vectors written through the normal projection path (events + ve
 topics -> Redis and Qdrant).
 
 `_user_scope` figures recall as one member of a second agent of 100,000 user-scope records
-spread over `USERS` members, configured with consent required and user scope, every
-member's consent granted (a `ConsentGranted` event in the log): the same measurement, run
-right after the agent-scope one. Every answer is checked to hold only that member's records.
+spread over `USERS` members, 200 each (the live-fact cap), configured as the member-facts
+preset is (consent required, user scope, the facts block, which renders every live fact that
+fits), every member's consent granted (a `ConsentGranted` event in the log): the same
+measurement, run right after the agent-scope one. Every answer is checked to hold only that
+member's records, and more of them than a ranked search's page.
 
 The loaded deployment (topics, Redis generation, Edge shards under .run/bench<DEPLOYMENT>) is
 kept between runs: the first run loads the log (minutes), measures the live unoptimized
@@ -25,6 +27,7 @@ import numpy as np
 
 from events import AgentConfig, ConsentGranted, Message, RecordAdded, TurnCommitted, encode
 from events.commands import WORKSPACE, NoteSource
+from events.config import SearchConfig
 from events.memory import (
     AgentConfigured,
     ConventionApproved,
@@ -37,6 +40,7 @@ from events.memory import (
     TenantFloorSet,
 )
 from events.record import MemoryRecord
+from events.rules.ledger import LIVE_FACT_CAP
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID, content_hash
@@ -50,12 +54,13 @@ from workers.rebuild import rebuild_all
 AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "1000000"))
 OTHER_AGENTS = 900
-USERS = 100  # the user-scope agent's members: 1,000 records each
+USERS = AGENT_RECORDS // LIVE_FACT_CAP  # the user-scope agent's members: 200 live facts each
 MEMBER = "u0"  # the member who recalls
 QUERIES = 200
 # v2: vectors beside their agents' partitions; a log kept from before would never join.
 # v3: a user-scope agent ("bigu", records AGENT_RECORDS..2*AGENT_RECORDS-1) beside "big".
-DEPLOYMENT = f"recall{TOTAL}v3"
+# v4: 200 facts per member of "bigu", which renders the facts block.
+DEPLOYMENT = f"recall{TOTAL}v4"
 WARMUP = 50  # a freshly started server faults its shard pages in on the first queries
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORDS = "invoice shipping refund parcel customer account password billing order delivery address contract".split()
@@ -289,6 +294,8 @@ def _check_records(records: list[dict], user: str | None) -> None:
     if user is not None:
         theirs = [r for r in records if r["user"] == user and _owner(int(r["id"][1:]))[1] == user]
         assert len(theirs) == len(records), f"a recall as {user} returned another member's or the agent's records"
+        # The facts block holds every live fact that fits its 8,000 characters, not a search's page.
+        assert len(records) > SearchConfig().max_results, f"the facts block showed only {len(records)} facts"
 
 
 async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id: str | None = None,
@@ -296,7 +303,7 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
     headers = {"Authorization": f"Bearer {key}"} | ({"X-User": user} if user else {})
     if every_layer:  # as the member whose profile and notes there are, in the session the notes cite
         headers |= {"X-User": PROFILED, "X-Session": NOTES_SESSION}
-    lat, no_embed = [], []
+    lat, no_embed, shown = [], [], []
     layered = 0  # recalls that showed an episode or a procedure beside the facts
     shown_notes = 0  # recalls that showed a note (a note is shown when it shares words with the text)
     run = uuid.uuid4().hex[:8]  # recall skips what a conversation already saw: fresh ones each run
@@ -312,6 +319,7 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
             r.raise_for_status()
             out = r.json()
             _check_records(out["workspaceEntries"], user)
+            shown.append(len(out["workspaceEntries"]))
             if run_id:
                 assert out["sessionSummary"] and out["sessionEntries"], "the run's session memory was not recalled"
                 layered += bool(out["relevantEpisodes"] or out["procedures"] or out["antiPatterns"])
@@ -324,6 +332,8 @@ async def _measure(stack, key: str, suffix: str, user: str | None = None, run_id
                 lat.append(ms)
                 no_embed.append(ms - embed_ms)
         extra = {"total_records": TOTAL}
+        if user is not None:
+            extra |= {"live_facts_per_member": AGENT_RECORDS // USERS, "facts_shown_p50": percentile(shown, 50)}
         if run_id:
             assert layered, "no recall showed an episode or a procedure"
             extra |= {"layer_records": 2 * LAYER_RECORDS, "recalls_with_episodes_or_procedures": layered}
@@ -366,8 +376,8 @@ async def run() -> None:
         async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="bigu") as op:
             user_key = await op.issue_key("bench", "bigu")
             if not kept:
-                await op.configure({"memory": {"consent": "required", "scope": {"read": ["user"], "write": ["user"]}},
-                                    "has_sessions": False})
+                await op.configure({"memory": {"consent": "required", "scope": {"read": ["user"], "write": ["user"]},
+                                               "recall": {"format": "facts"}}, "has_sessions": False})
         t0 = time.perf_counter()
         if not kept:
             await _produce(settings, _items(settings))
