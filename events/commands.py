@@ -34,8 +34,10 @@ def _valid_to(cls: Any, v: datetime | None, info: ValidationInfo) -> datetime | 
     return v
 
 
-class WorldTimes(Message_):
+class WorldTimes(BaseModel):
     """A write's world time, checked apart from the write (a model's candidate)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     observed_at: WorldTime | None = None
     valid_from: WorldTime | None = None

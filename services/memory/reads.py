@@ -566,10 +566,13 @@ class MemoryReads:
                 and all(t in r.tags for t in tags)
             )
 
+        # A caller who reads only its member's facts pages through that member's own listing, not
+        # through every member's records of the agent.
+        member = ctx.user if tuple(scopes) == (Scope.USER.value,) else None
         out: list[MemoryRecord] = []
         cursor = after
         while len(out) <= limit:
-            page = await self.records.page(ctx.tenant, ctx.agent, limit * 2, cursor)
+            page = await self.records.page(ctx.tenant, ctx.agent, limit * 2, cursor, user=member)
             out.extend(r for r in page.records if wanted(r))
             cursor = page.next_cursor
             if not cursor:
