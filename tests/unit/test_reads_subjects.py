@@ -265,6 +265,17 @@ async def test_a_members_list_and_the_counts_read_that_members_records_only(s):
     assert s.view.read == 3 + 301
 
 
+async def test_an_agent_reading_only_user_scope_lists_that_members_records_only(s):
+    # The facts block lists every live fact of the member (a listing, as here): with 300 of bob's
+    # beside, reading the agent's whole listing cost a read of every member's records each recall.
+    await s.put(*[rec(f"bob{i:03}", f"fact {i}", "bob", 400 + i) for i in range(300)])
+    s.configure(member_facts())
+    await s.event(ConsentGranted, user="ann")
+    s.view.__class__ = CountingFold
+    listed = await s.reads.search(agent("ann"), query=None, limit=50)
+    assert ids(listed) == ["ann-color"] and s.view.read == 3  # ann's three, not bob's 300 besides
+
+
 async def test_without_consent_an_agent_is_refused_and_recall_is_skipped(s):
     r = s.reads
     s.configure(USERS.model_copy(update={"memory": USERS.memory.model_copy(update={"consent": "required"})}))
