@@ -15,7 +15,9 @@ from events import AgentConfig
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, free_port, stack_env
 from settings import Settings
-from tests.e2e.extraction_support import extraction_stack
+
+# The module, not the name: it imports this one's conftest, so a bench importing it first finds it half made.
+from tests.e2e import extraction_support
 from tests.fakes.model_server import FakeModel
 from tests.private_redis import PrivateRedis
 
@@ -92,8 +94,8 @@ def model_stack(fake, infra, settings, tmp_path_factory):
     that needs the model and no settings of its own: (stack, its settings). One process per
     worker, so a test can kill one of them and start it again."""
     prefix = f"{settings.topic_prefix}model."  # deleted with the run's topics
-    stack, msettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("model"), MODEL_API_PORT,
-                                        **MODEL_PROFILE, **infra)
+    stack, msettings = extraction_support.extraction_stack(
+        fake.url, prefix, tmp_path_factory.mktemp("model"), MODEL_API_PORT, **MODEL_PROFILE, **infra)
     try:
         stack.start_all()
         yield stack, msettings
@@ -117,8 +119,8 @@ def jobs_stack(fake, infra, settings, tmp_path_factory):
     dead-letter replay modules: (stack, its settings). No worker of it is killed alone, so one
     process runs them all."""
     prefix = f"{settings.topic_prefix}jobs."  # deleted with the run's topics
-    stack, jsettings = extraction_stack(fake.url, prefix, tmp_path_factory.mktemp("jobs"), free_port(),
-                                        **JOBS_PROFILE, **infra)
+    stack, jsettings = extraction_support.extraction_stack(
+        fake.url, prefix, tmp_path_factory.mktemp("jobs"), free_port(), **JOBS_PROFILE, **infra)
     try:
         stack.start_all(together=True)
         yield stack, jsettings

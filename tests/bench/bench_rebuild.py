@@ -27,6 +27,7 @@ from projections.redis_records import RedisRecords
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from workers.kafka_io import ensure_topics
+from workers.keys import open_keys
 from workers.memory_shards import shard_paths
 
 RECORDS = 100_000
@@ -189,10 +190,15 @@ async def _ledger_throughput() -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, isolation_level="read_committed")
     await c.start()
+    keys = None
     try:
         tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
         while sum((await c.end_offsets(tps)).values()) < COMMANDS_N:  # markers add a few offsets
             await asyncio.sleep(0.5)
+        # The ledger seals what it logs: read it with the deployment's keys, those it made included.
+        keys = await open_keys(settings)
+        if keys is not None:
+            await keys.catch_up()
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         first, last, n = None, None, 0
@@ -216,7 +222,11 @@ async def _ledger_throughput() -> None:
         raise RuntimeError(f"the ledger applied {applied} of the bench's {COMMANDS_N} commands (rejected: "
                            f"{dict(rejected)}): the figure counts applied commands only")
     figure("ledger_commands_per_s", applied / secs, "commands/s", applied, rejected=sum(rejected.values()))
-    await _ledger_recovery(settings, n)
+    try:
+        await _ledger_recovery(settings, n)
+    finally:
+        if keys is not None:
+            await keys.stop()
     discard(settings)
 
 
