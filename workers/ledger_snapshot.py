@@ -14,8 +14,8 @@ events are), all of a subject's records in one token; each staged write under it
 key (else its agent's) and each block text under its agent's. Recent commands' events are kept
 as they were logged, sealed. An entry whose key was destroyed since (its subject was erased)
 does not open: reading the snapshot drops it, and counts it. The uniqueness index holds hashes
-of texts and of record keys only, and is sealed too, each agent's under its key: without it no
-one can test a guessed text against a hash.
+of texts and of record keys only, and is sealed too, each entry under the key of the record it
+names: without the key no one can test a guessed text against a hash.
 
 Why a token per subject rather than per record: sealing each record's fields took 20 µs a
 record (2 s for a snapshot of 100,000 records, on the ledger's event loop); a token per subject
@@ -84,7 +84,7 @@ class _State(msgspec.Struct):
     # member's notes go as their records do. Empty in a snapshot from before notes.
     notes: dict[str, dict[str, tuple[int, datetime]]] = {}
     sealed_notes: dict[str, str] = {}
-    # agent -> the token of its index entries (a msgpack map), with a cipher; else `index`.
+    # subject -> the token of its index entries (a msgpack map), with a cipher; else `index`.
     sealed_index: dict[str, str] = {}
     # agent|u:user -> (version, text, when): member profiles, the text sealed under the member's key.
     # A snapshot without it was taken before any profile existed, so empty is right.
@@ -157,27 +157,32 @@ def _notes_aad(owner: str) -> str:
     return f"notes:{owner}"
 
 
-def _index_aad(ak: str) -> str:
-    return f"index:{ak}"
+def _index_aad(subject: str) -> str:
+    return f"index:{subject}"
 
 
-def _seal_index(c: Cipher, index: Mapping[str, str]) -> dict[str, str]:
-    by_agent: dict[str, dict[str, str]] = {}
+def _seal_index(c: Cipher, index: Mapping[str, str], records: Mapping[str, bytes]) -> dict[str, str]:
+    """Each entry under the key of the record it names (the one its records are sealed under
+    already, so no new key is made): a member's erasure takes their entries with their records."""
+    by_subject: dict[str, dict[str, str]] = {}
     for k, v in index.items():
-        by_agent.setdefault(k.split("|", 1)[0], {})[k] = v
-    return {ak: seal_text(c, ak, _index_aad(ak), msgspec.msgpack.encode(entries).hex())
-            for ak, entries in by_agent.items()}
+        ak = k.split("|", 1)[0]
+        raw = records.get(f"{ak}/{v.split(' ', 1)[0]}")
+        user = _WHOSE.decode(raw).user if raw is not None else None
+        by_subject.setdefault(f"{ak}|u:{user}" if user else ak, {})[k] = v
+    return {subject: seal_text(c, subject, _index_aad(subject), msgspec.msgpack.encode(entries).hex())
+            for subject, entries in by_subject.items()}
 
 
 def _opened_index(state: LedgerState, sealed: dict[str, str]) -> int:
-    """The sealed index into `state`; an agent's that does not open (the agent erased) is dropped."""
+    """The sealed index into `state`; a subject's entries that do not open (erased) are dropped."""
     c = cipher()
     if c is None:
         raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
     n = 0
-    for ak, token in sealed.items():
+    for subject, token in sealed.items():
         try:
-            state.index.update(_INDEX.decode(bytes.fromhex(open_text(c, _index_aad(ak), token))))
+            state.index.update(_INDEX.decode(bytes.fromhex(open_text(c, _index_aad(subject), token))))
         except _UNOPENED:
             n += 1
         except ValueError as e:
@@ -241,7 +246,7 @@ def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
         _State(
             records=records,
             index=dict(state.index) if c is None else {},
-            sealed_index={} if c is None else _seal_index(c, state.index),
+            sealed_index={} if c is None else _seal_index(c, state.index, state.records),
             staged=staged,
             open_turns={k: dict(v) for k, v in state.open_turns.items()},
             turns=dict(state.turns),
