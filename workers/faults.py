@@ -27,6 +27,10 @@ class Faults:
             raise ValueError(f"MEMLANE_FAULT_AT: the count after @ must be 1 or more, not {n}")
         self.seen = 0
 
+    def armed(self, point: str) -> bool:
+        """Whether this process is to die at `point`: the code may hurry to reach it."""
+        return point == self.point
+
     def reached(self, point: str) -> None:
         if point != self.point:
             return

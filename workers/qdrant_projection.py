@@ -661,7 +661,8 @@ class QdrantProjection:
             live = self.caught_up.is_set()
             every = LIVE_FLUSH_S if live else 30.0
             # The vectors-first pass saves none: it holds every vector it read.
-            due = (done and (until_caught_up or not live)) or time.monotonic() - last_flush > every
+            due = (done and (until_caught_up or not live)) or time.monotonic() - last_flush > every or (
+                self.faults.armed(INDEX_CHECKPOINT_WITH_PARKED) and self.parked_count() > 0)  # a crash test's point
             if dirty and events and due and self._peers_purged():
                 await land()
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
