@@ -289,7 +289,9 @@ async def erasure(stack, settings: Settings, pub) -> tuple[float, float, float]:
     them, until their data keys are tombstoned)."""
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, ERASE_CONFIG)
     user = f"m{uuid.uuid4().hex[:6]}"
-    word = f"zq{uuid.uuid4().hex[:10]}"  # in this member's facts and message only
+    # In this member's facts and message only. Letters only: with the message's 4711, a run of
+    # digits can pass for a card number, which the write filter refuses.
+    word = "zq" + uuid.uuid4().hex[:10].translate(str.maketrans("0123456789", "ghijklmnop"))
     subject = subject_of(tenant, agent, user)
     # History search sees one session: the turn's.
     async with MemlaneClient(stack.api_url, key, user=user, session="s-api") as c, \
