@@ -11,6 +11,7 @@ tenant gets the tenant administrator's tools instead (`build_admin_mcp`: convent
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import sys
 from io import TextIOWrapper
@@ -111,7 +112,7 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
              "lands in that run's session memory, and with layer Workspace (the default) is stored durably at once "
              "too. observed_at, valid_from, valid_to: ISO 8601 times, when it was seen and from when until when "
              "it held. tags: free-form words to filter by; source_ref: where you found it.")
-    if "add_memory" in offered and ("AGENT" in writable or len(writable) > 1):
+    if "add_memory" in offered:
 
         async def add_memory(
             summary: str,
@@ -136,36 +137,17 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
                 classification=classification, source_ref=source_ref,
                 observed_at=observed_at, valid_from=valid_from, valid_to=valid_to))
 
-        # The scopes this agent may write (annotations are strings here: the choice is set as a type).
-        add_memory.__annotations__["scope"] = Literal[tuple(writable)] | None
-        server.tool(description="Save a memory record the agent has learned. scope AGENT shares it with every "
-                                "session, USER with every session of this member, SESSION keeps it in this "
-                                "session." + kinds)(add_memory)
-
-    elif "add_memory" in offered:
-
-        @server.tool(name="add_memory", description="Save a memory record the agent has learned." + kinds)
-        async def add_memory_here(
-            summary: str,
-            content: str = "",
-            kind: str | None = None,
-            labels: dict[str, str] | None = None,
-            pinned: bool = False,
-            replaces: str | None = None,
-            expected_version: int | None = None,
-            run_id: str | None = None,
-            tags: list[str] | None = None,
-            classification: str | None = None,
-            source_ref: str | None = None,
-            layer: Literal["Session", "Workspace"] = "Workspace",
-            observed_at: str | None = None,
-            valid_from: str | None = None,
-            valid_to: str | None = None,
-        ) -> str:
-            return await add(summary, content, kind, labels, None, pinned, replaces, dict(
-                expected_version=expected_version, run_id=run_id, layer=layer if run_id else None, tags=tags,
-                classification=classification, source_ref=source_ref,
-                observed_at=observed_at, valid_from=valid_from, valid_to=valid_to))
+        if "AGENT" in writable or len(writable) > 1:
+            # The scopes this agent may write (annotations are strings here: the choice is set as a type).
+            add_memory.__annotations__["scope"] = Literal[tuple(writable)] | None
+            about = ("Save a memory record the agent has learned. scope AGENT shares it with every session, USER "
+                     "with every session of this member, SESSION keeps it in this session.")
+        else:  # one scope: not offered
+            sig = inspect.signature(add_memory, eval_str=True)
+            add_memory.__signature__ = sig.replace(  # type: ignore[attr-defined]
+                parameters=[p for p in sig.parameters.values() if p.name != "scope"])
+            about = "Save a memory record the agent has learned."
+        server.tool(description=about + kinds)(add_memory)
 
     if "read_memory" in offered:
 

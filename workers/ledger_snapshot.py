@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -174,20 +174,23 @@ def _seal_index(c: Cipher, index: Mapping[str, str], records: Mapping[str, bytes
             for subject, entries in by_subject.items()}
 
 
-def _opened_index(state: LedgerState, sealed: dict[str, str]) -> int:
-    """The sealed index into `state`; a subject's entries that do not open (erased) are dropped."""
+def _opened_sealed(sealed: dict[str, str], aad: Callable[[str], str], decoder: Any) -> tuple[dict[str, Any], int]:
+    """Each entry of `sealed` (owner -> token of a msgpack value, hex) opened and decoded, and how
+    many did not open: their keys were destroyed (erased), so they are dropped."""
+    if not sealed:
+        return {}, 0
     c = cipher()
     if c is None:
         raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
-    n = 0
-    for subject, token in sealed.items():
+    out: dict[str, Any] = {}
+    for owner, token in sealed.items():
         try:
-            state.index.update(_INDEX.decode(bytes.fromhex(open_text(c, _index_aad(subject), token))))
+            out[owner] = decoder.decode(bytes.fromhex(open_text(c, aad(owner), token)))
         except _UNOPENED:
-            n += 1
+            pass
         except ValueError as e:
             raise ContractError("sealed", f"a sealed entry does not open: {e}") from None
-    return n
+    return out, len(sealed) - len(out)
 
 
 _NOTES = msgspec.msgpack.Decoder(dict[str, tuple[int, datetime]])
@@ -321,25 +324,13 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         shared=cast("MutableMapping[str, Mapping[str, str]]", s.shared),
     )
     # The index first: records that do not open take their index entries with them.
-    unopened = _opened_index(state, s.sealed_index) if s.sealed_index else 0
+    index, unopened = _opened_sealed(s.sealed_index, _index_aad, _INDEX)
+    for entries in index.values():
+        state.index.update(entries)
     unopened += _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
-    return state, s.recent, unopened + (_opened_notes(state, s.sealed_notes) if s.sealed_notes else 0)
-
-
-def _opened_notes(state: LedgerState, sealed: dict[str, str]) -> int:
-    """The sealed notes' revisions into `state`; an owner's that do not open (erased) are dropped."""
-    c = cipher()
-    if c is None:
-        raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
-    n = 0
-    for owner, token in sealed.items():
-        try:
-            state.notes[owner] = dict(_NOTES.decode(bytes.fromhex(open_text(c, _notes_aad(owner), token))))
-        except _UNOPENED:
-            n += 1
-        except ValueError as e:
-            raise ContractError("sealed", f"a sealed entry does not open: {e}") from None
-    return n
+    notes, not_opened = _opened_sealed(s.sealed_notes, _notes_aad, _NOTES)
+    state.notes.update({owner: dict(v) for owner, v in notes.items()})
+    return state, s.recent, unopened + not_opened
 
 
 def _opened(state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
