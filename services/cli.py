@@ -97,7 +97,10 @@ async def _run_worker(name: str, processor, settings) -> None:
 COMPANIONS = {"consolidation": ("workers.run_compression:RunCompression",),
               # Usage counts for the ledger (docs/trust.md): a few dict updates per batch.
               # ... and tenant convention candidates (docs/tenant-platform-memory.md): a set per fact.
-              "ledger": ("workers.trust:TrustProcessor", "workers.conventions:ConventionDetector")}
+              "ledger": ("workers.trust:TrustProcessor", "workers.conventions:ConventionDetector"),
+              # Session history's vectors: the same model, but its own group and transactions, so
+              # a turn's parts never hold up the vector of a record search waits for.
+              "embedding": ("workers.history_embedding:HistoryEmbedding",)}
 
 
 async def _with_companions(name: str, processor, settings, main) -> None:

@@ -12,14 +12,9 @@ key and its dense vector sealed under it (`events.vectors`). When a subject is e
 (`SubjectErased`), its vectors are tombstoned: found by the subject they name, in the
 vector partitions the erasure reaches.
 
-It also reads `memlane.turns` and embeds session history: each part of a committed turn's
-kept events (`events.rules.history`, the rules the history projection folds by) goes to the
-compacted `memlane.history.vectors`, named by its point id and sealed under its turn's
-subject, in its turn's partition. The API's history projection only joins and indexes
-them, so more workers in this group share history's embedding, and a history rebuild
-embeds nothing (docs/history-path.md). A rolled-back attempt keeps nothing, so it has no
-vector; an erasure tombstones the subject's history vectors too, and a turn from before an
-erasure this worker has seen is not embedded.
+Session history's vectors are `workers.history_embedding`'s, a companion in this process
+with its own consumer group and transactions: a turn's parts then never hold up the vector
+of the record it caused, which search waits for.
 """
 
 from __future__ import annotations
@@ -31,13 +26,10 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import cipher, decode, encode
+from events.codec import cipher, encode
 from events.lean import decode_lean, decode_lean_vector
 from events.record import Status
-from events.rules.history import erased, erasure_marker, kept_events, parts_of
-from events.sealing import subject_of
-from events.topics import EVENTS, HISTORY_VECTORS, TURNS, VECTORS, Topic, vector_partition
-from events.turns import TurnCommitted
+from events.topics import EVENTS, VECTORS, Topic, vector_partition
 from events.vectors import VectorComputed
 from projections.embedders import make_embedder
 from projections.records import Erasure
@@ -52,7 +44,7 @@ CACHE = 20_000  # vectors kept for texts seen lately
 
 class EmbeddingWorker(Processor):
     name = "embedding"
-    sources = (EVENTS.name, TURNS.name)
+    sources = (EVENTS.name,)
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
@@ -63,38 +55,20 @@ class EmbeddingWorker(Processor):
         self.cache: OrderedDict[str, tuple[str | None, list[float]]] = OrderedDict()
         self.todo: dict[tuple[str, int], tuple[str, str | None]] = {}  # (hash, vector partition) -> (text, subject)
         self.erased: list[tuple[Erasure, int]] = []  # (erasure, the event partition it came on)
-        # (point id, turn partition) -> (text, subject): the batch's history parts to embed.
-        self.parts: dict[tuple[str, int], tuple[str, str]] = {}
-        # Erasure markers seen (events.rules.history.erased): a turn folded after one, from
-        # before it, is not embedded again under its member's new key.
-        self.erased_at: dict[str, int] = {}
 
     def decode_message(self, source: str, message: Any) -> Any:
-        if source == TURNS.name:
-            return decode(source, message.value)  # the platform's turns are plaintext
         # Lean: the record stays sealed until it is embedded, and its token names the key
         # its vector's hash is keyed by.
         return decode_lean(message.value)
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
-        if source == TURNS.name:
-            if isinstance(event, TurnCommitted):  # a rollback or a session's end keeps nothing
-                for e in kept_events(event):
-                    if not erased(self.erased_at, e):
-                        subject = subject_of(e.tenant, e.agent, e.user)
-                        for pid, _, _, text in parts_of(e):
-                            self.parts[pid, partition] = (text, subject)
-            return []
         r = event.record
         if r is not None and r.status is Status.ACTIVE:
             # Raises KeyMissing (the runner catches up and retries) or KeyDestroyed (skipped).
             opened, h, subject = r.vector_of()
             self.todo[h, vector_partition(partition)] = (opened.text, subject)
         elif event.type == "SubjectErased":
-            er, at = erasure_at(event.full())
-            self.erased.append((er, partition))
-            marker = erasure_marker(er.tenant, er.agent, er.user)
-            self.erased_at[marker] = max(at, self.erased_at.get(marker, -1))
+            self.erased.append((erasure_at(event.full())[0], partition))
         return []
 
     async def batch_done(self) -> list[Out]:
@@ -102,8 +76,6 @@ class EmbeddingWorker(Processor):
         the tombstones of erased subjects' vectors."""
         erased = list(self.erased)
         outs = await self._tombstones() if erased else []
-        if self.parts:
-            outs += await self._history_vectors()
         # A text of a subject erased in this same batch is not embedded: sealed after the
         # erasure's tombstones, under a new key, its vector would outlive them.
         self.todo = {k: v for k, v in self.todo.items()
@@ -111,7 +83,9 @@ class EmbeddingWorker(Processor):
         if not self.todo:
             return outs
         new = {h: item for (h, _), item in self.todo.items() if h not in self.cache}
-        for (h, (_, subject)), v in zip(new.items(), self.embedder.embed([t for t, _ in new.values()])):
+        # In a thread: the history companion's runner shares this loop.
+        vecs = await asyncio.to_thread(self.embedder.embed, [t for t, _ in new.values()]) if new else []
+        for (h, (_, subject)), v in zip(new.items(), vecs):
             self.cache[h] = (subject, v)
         sent = 0
         for h, partition in self.todo:
@@ -126,56 +100,42 @@ class EmbeddingWorker(Processor):
         self.todo = {}
         return outs
 
-    async def _history_vectors(self) -> list[Out]:
-        """The batch's history parts embedded in one call, each distinct text once, in a
-        thread: a batch of long messages takes seconds, and the group's heartbeats go on."""
-        parts, self.parts = self.parts, {}
-        texts = list(dict.fromkeys(text for text, _ in parts.values()))
-        by_text = dict(zip(texts, await asyncio.to_thread(self.embedder.embed, texts), strict=True))
-        outs = []
-        for (pid, partition), (text, subject) in parts.items():
-            msg = VectorComputed.of(self.embedder.model_id, pid, by_text[text], subject, cipher())
-            outs.append(Out(HISTORY_VECTORS.name, HISTORY_VECTORS.key_bytes(msg), encode(msg), partition=partition))
-        log.info("history_vectors_sent", embedded=len(texts), sent=len(outs), model=self.embedder.model_id)
-        return outs
-
     async def _tombstones(self) -> list[Out]:
         """Tombstones for the vectors of the batch's erased subjects: the subject's own vector
-        partition (beside its agent), or all of them for an erasure of every agent; and its
-        history vectors, in every partition (a subject's sessions spread over them)."""
+        partition (beside its agent), or all of them for an erasure of every agent."""
         erased, self.erased = self.erased, []
         partitions = sorted({p for er, ep in erased
                              for p in (range(VECTORS.partitions) if er.everywhere else [vector_partition(ep)])})
         self.cache = OrderedDict((h, v) for h, v in self.cache.items()
                                  if v[0] is None or not any(er.covers_subject(v[0]) for er, _ in erased))
-        outs = await self._doomed(VECTORS, partitions, erased)
-        outs += await self._doomed(HISTORY_VECTORS, list(range(HISTORY_VECTORS.partitions)), erased)
+        outs = await doomed(self.settings, VECTORS, partitions, [er for er, _ in erased])
         if outs:
             log.info("vectors_tombstoned", vectors=len(outs), erasures=len(erased))
         return outs
 
-    async def _doomed(self, vectors: Topic, partitions: list[int], erased: list[tuple[Erasure, int]]) -> list[Out]:
-        """Tombstones for the vectors in `partitions` of `vectors` whose subject an erasure reaches."""
-        doomed: dict[tuple[bytes, int], None] = {}
-        topic = self.settings.topic(vectors.name)
-        tps = [TopicPartition(topic, p) for p in partitions]
-        async with TopicReader(self.settings, max_poll_records=5000) as c:
-            await c.assign(tps)
-            end = await c.ends(tps)
-            active = [tp for tp in tps if end[tp] > 0]
-            while active:
-                for tp, msgs in (await c.poll(*active, timeout_ms=500, max_records=5000)).items():
-                    for m in msgs:
-                        if m.offset >= end[tp] or m.key is None:
-                            continue
-                        if m.value is None:
-                            doomed.pop((m.key, tp.partition), None)  # tombstoned already
-                            continue
-                        subject = _subject_of(m.value)
-                        if subject is not None and any(er.covers_subject(subject) for er, _ in erased):
-                            doomed[m.key, tp.partition] = None
-                active = [tp for tp in active if await c.position(tp) < end[tp]]
-        return [Out(vectors.name, key, None, partition=p) for key, p in doomed]  # type: ignore[arg-type]
+
+async def doomed(settings, vectors: Topic, partitions: list[int], erased: list[Erasure]) -> list[Out]:
+    """Tombstones for the vectors in `partitions` of `vectors` whose subject an erasure reaches."""
+    found: dict[tuple[bytes, int], None] = {}
+    topic = settings.topic(vectors.name)
+    tps = [TopicPartition(topic, p) for p in partitions]
+    async with TopicReader(settings, max_poll_records=5000) as c:
+        await c.assign(tps)
+        end = await c.ends(tps)
+        active = [tp for tp in tps if end[tp] > 0]
+        while active:
+            for tp, msgs in (await c.poll(*active, timeout_ms=500, max_records=5000)).items():
+                for m in msgs:
+                    if m.offset >= end[tp] or m.key is None:
+                        continue
+                    if m.value is None:
+                        found.pop((m.key, tp.partition), None)  # tombstoned already
+                        continue
+                    subject = _subject_of(m.value)
+                    if subject is not None and any(er.covers_subject(subject) for er in erased):
+                        found[m.key, tp.partition] = None
+            active = [tp for tp in active if await c.position(tp) < end[tp]]
+    return [Out(vectors.name, key, None, partition=p) for key, p in found]  # type: ignore[arg-type]
 
 
 def _subject_of(value: bytes) -> str | None:

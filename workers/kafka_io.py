@@ -116,7 +116,7 @@ def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafk
         bootstrap_servers=settings.kafka_bootstrap,
         enable_idempotence=True,
         acks="all",
-        linger_ms=5,
+        linger_ms=0,
         transactional_id=transactional_id,
         transaction_timeout_ms=settings.transaction_timeout_ms,
         # Checked by the client before a message is sent, so an oversized one fails alone (one
@@ -125,7 +125,10 @@ def producer(settings: Settings, transactional_id: str | None = None) -> AIOKafk
     )
 
 
-def consumer(settings: Settings, *topics: str, group: str | None) -> AIOKafkaConsumer:
+def consumer(settings: Settings, *topics: str, group: str | None, gather_ms: int = 0) -> AIOKafkaConsumer:
+    """`gather_ms`: the broker holds each fetch up to that long for more input (a batch per
+    that much time under light load) instead of answering as soon as one message is there."""
+    gather = {"fetch_max_wait_ms": gather_ms, "fetch_min_bytes": 1 << 20} if gather_ms else {}
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=settings.kafka_bootstrap,
@@ -137,6 +140,7 @@ def consumer(settings: Settings, *topics: str, group: str | None) -> AIOKafkaCon
         session_timeout_ms=10_000,
         heartbeat_interval_ms=1_000,
         max_poll_interval_ms=300_000,
+        **gather,
     )
 
 

@@ -203,6 +203,10 @@ class Processor:
     # /ready waits until the worker has read, after each assignment, up to where its partitions
     # ended then (a projection's view has caught up); see `Runner.not_ready`.
     catch_up_on_start = False
+    # Milliseconds the broker may hold a fetch for more input (`workers.kafka_io.consumer`):
+    # for processors whose output is a count no one waits for, so a batch, and the
+    # transaction it costs downstream, covers that much time rather than one message.
+    gather_ms = 0
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -341,7 +345,7 @@ class Runner:
 
     async def _open_consumer(self) -> None:
         # Set before it starts: the listener reads it when the first assignment comes.
-        self.consumer = consumer(self.settings, group=self.group)
+        self.consumer = consumer(self.settings, group=self.group, gather_ms=self.processor.gather_ms)
         self.consumer.subscribe([self.settings.topic(t) for t in self.processor.sources], listener=_Listener(self))
         await self.consumer.start()
 

@@ -25,6 +25,9 @@ class TrustProcessor(Processor):
     name = "trust"
     sources = (USAGE.name,)
     transactional = True
+    # A second's retrievals in one command per agent: each is a ledger transaction, and a
+    # retrieval's count is a ranking signal no reader waits for.
+    gather_ms = 1000
 
     def __init__(self, settings) -> None:
         super().__init__(settings)

@@ -22,7 +22,7 @@ from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
-from workers.embedding import EmbeddingWorker
+from workers.history_embedding import HistoryEmbedding
 from workers.history import HistoryProjector
 from workers.history_qdrant import HistoryQdrantProjection
 from workers.kafka_io import ensure_topics
@@ -51,8 +51,8 @@ async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> N
 
 
 async def _embed_history(settings: Settings, embedder) -> list:
-    """Runs the embedding worker until every turn is read; returns the history vectors' keys."""
-    proc = EmbeddingWorker(settings, embedder)
+    """Runs the history embedding worker until every turn is read; returns the history vectors' keys."""
+    proc = HistoryEmbedding(settings, embedder)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     tps = [TopicPartition(settings.topic(TURNS.name), p) for p in range(TURNS.partitions)]
