@@ -129,6 +129,8 @@ class LeanEvent(msgspec.Struct, kw_only=True):
     tenant_wide: bool = False
     record_ids: list[str] = []
     totals: dict[str, int] = {}  # UsageRecorded: record id -> usage_count
+    merged: bool = False  # RecordAdded: a restatement merged into a live record
+    occurred_at: datetime | None = None
     raw: bytes = b""  # the bytes it was decoded from (not a field of the event)
 
     def full(self) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from events.codec import encode
+from events.lean import decode_lean
 from events.rules import conventions as rules
 from events.topics import COMMANDS, EVENTS
 from projections.redis_client import connect, tagged
@@ -53,9 +54,13 @@ class ConventionDetector(Processor):
             await self.r.aclose()
 
     def decode(self, source: str, data: bytes) -> Any:
-        # Only new records and removals matter: the rest is skipped undecoded.
+        # Only new records and removals matter: the rest is skipped undecoded, and a record
+        # is opened only once it qualifies (lean: most fields never leave the bytes).
         if b'"RecordAdded"' in data or b'"SubjectErased"' in data:
-            return super().decode(source, data)
+            e = decode_lean(data)
+            if e.record is not None and not e.merged and rules.qualifies(e.record, e.agent):
+                e.record = e.record.opened()
+            return e
         return None
 
     def _keys(self, tenant: str, key: str) -> tuple[str, str]:
@@ -71,7 +76,7 @@ class ConventionDetector(Processor):
             elif e.user is None:  # an agent's removal (a member's erasure leaves agents counted)
                 await self._forget_agent(e.tenant, e.agent)
             return []
-        if e.merged or not rules.qualifies(e.record, e.agent):
+        if e.type != "RecordAdded" or e.merged or not rules.qualifies(e.record, e.agent):
             return []
         key = rules.fact_key(e.record.summary, e.record.content)
         if key is None:

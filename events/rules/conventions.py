@@ -44,7 +44,7 @@ def qualifies(record: Any, agent: str) -> bool:
         and not record.preview
         and record.status is Status.ACTIVE
         and record.kind not in NOT_FACTS
-        and record.provenance.source is not Source.MEMBER
+        and record.provenance.source != Source.MEMBER  # a lean record's source is its string
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
+from events.ids import uuid5
 from events.turns import Message, TurnCommitted
 
 # About 500 tokens: small enough that one part is about one thing for the embedder
@@ -223,7 +224,7 @@ def event_from_payload(p: dict[str, Any]) -> KeptEvent:
 
 
 def point_id(e: KeptEvent, part: int) -> str:
-    return str(uuid.uuid5(POINT_NS, f"{e.session_key}/{e.id}/{part}"))
+    return uuid5(POINT_NS, f"{e.session_key}/{e.id}/{part}")
 
 
 def parts_of(e: KeptEvent) -> list[tuple[str, int, int, str]]:

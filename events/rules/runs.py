@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from events.base import command_key
 from events.commands import SummarizeRun
+from events.ids import uuid5
 from events.record import Provenance, Source
 from events.rules.model_answer import Malformed, parse_json_object
 
@@ -71,7 +72,7 @@ def entry_chars(summary: str, content: str) -> int:
 
 def entry_id_for(tenant: str, agent: str, command_id: str) -> str:
     """A write's entry id follows its command, so a redelivered write makes the same entry."""
-    return str(uuid.uuid5(NAMESPACE, f"run-entry:{command_key(tenant, agent, command_id)}"))
+    return uuid5(NAMESPACE, f"run-entry:{command_key(tenant, agent, command_id)}")
 
 
 def expires_at(run_last_write: datetime) -> datetime:

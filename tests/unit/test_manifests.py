@@ -163,19 +163,24 @@ def _workers(settings) -> dict[str, dict]:
     """name -> the consumer group, source topics and their partition count, as a worker started
     with these settings uses them (Runner's own naming, services/cli.py's worker table)."""
     from events.topics import TOPICS
-    from services.cli import WORKERS, _load
+    from services.cli import COMPANIONS, WORKERS, _load
     from services.stack import PIPELINE
     from settings import Settings
     from workers.runtime import Runner
 
     assert set(PIPELINE) == set(WORKERS)
+    prefixes = Settings(group_prefix=settings.group_prefix, topic_prefix=settings.topic_prefix)
+
+    def reads(cls) -> tuple[str, dict[str, int]]:
+        group = Runner(SimpleNamespace(name=cls.name, stopping=None, transactional=cls.transactional), prefixes).group
+        return group, {f"{settings.topic_prefix}{t}": TOPICS[t].partitions for t in cls.sources}
+
     out = {}
     for name in PIPELINE:
-        cls = _load(WORKERS[name])
-        prefixes = Settings(group_prefix=settings.group_prefix, topic_prefix=settings.topic_prefix)
-        group = Runner(SimpleNamespace(name=cls.name, stopping=None, transactional=cls.transactional), prefixes).group
-        topics = {f"{settings.topic_prefix}{t}": TOPICS[t].partitions for t in cls.sources}
-        out[name] = {"group": group, "topics": topics}
+        group, topics = reads(_load(WORKERS[name]))
+        # The processors that run in the worker's process, in consumer groups of their own.
+        companions = dict(reads(_load(path)) for path in COMPANIONS.get(name, ()))
+        out[name] = {"group": group, "topics": topics, "companions": companions}
     return out
 
 
@@ -381,11 +386,14 @@ def check_scaled_object(so: dict, deployments: dict[str, dict], workers: dict[st
         assert set(md) <= KAFKA_METADATA, f"{name}: unknown kafka metadata {sorted(set(md) - KAFKA_METADATA)}"
         assert all(isinstance(v, str) for v in md.values()), f"{name}: KEDA metadata values are strings: {md}"
         assert md["bootstrapServers"] == bootstrap, f"{name}: {md['bootstrapServers']} is not the workers' broker"
-        assert md["consumerGroup"] == worker["group"], f"{name}: group {md['consumerGroup']}, the worker's is {worker['group']}"
-        assert md["topic"] in worker["topics"], f"{name}: the worker does not read {md['topic']}"
+        # Its own group's lag, or a companion's that runs in its process (each on what it reads).
+        reads = {worker["group"]: worker["topics"], **worker["companions"]}
+        assert md["consumerGroup"] in reads, f"{name}: group {md['consumerGroup']}, the worker's are {sorted(reads)}"
+        assert md["topic"] in reads[md["consumerGroup"]], f"{name}: {md['consumerGroup']} does not read {md['topic']}"
         assert md["lagThreshold"].isdigit() and int(md["lagThreshold"]) > 0, f"{name}: lagThreshold {md['lagThreshold']!r}"
         assert md.get("offsetResetPolicy", "latest") == "earliest", f"{name}: memlane's consumers start at earliest"
-        topics.add(md["topic"])
+        if md["consumerGroup"] == worker["group"]:
+            topics.add(md["topic"])
     assert topics == set(worker["topics"]), f"{name}: no trigger for {sorted(set(worker['topics']) - topics)}"
     # More consumers than partitions idle.
     assert spec["maxReplicaCount"] <= max(worker["topics"].values()), f"{name}: more replicas than partitions"
@@ -417,7 +425,10 @@ def test_consumer_groups_are_memlane_dot_worker():
     assert {n: w["group"] for n, w in _workers(s).items()} == {n: f"memlane.{n}" for n in _workers(s)}
     assert Settings.model_fields["group_prefix"].default == "memlane"
     prefixed = _workers(SimpleNamespace(group_prefix="memlane", topic_prefix="t1."))
-    assert prefixed["ledger"] == {"group": "memlane.t1.ledger", "topics": {"t1.memlane.memory.commands": 8}}
+    assert prefixed["ledger"]["group"] == "memlane.t1.ledger"
+    assert prefixed["ledger"]["topics"] == {"t1.memlane.memory.commands": 8}
+    assert prefixed["embedding"]["companions"] == {"memlane.t1.history-embedding": {"t1.memlane.turns": 8,
+                                                                                     "t1.memlane.memory.events": 8}}
 
 
 # ---------------------------------------------------------------- compose

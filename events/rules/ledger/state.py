@@ -17,6 +17,7 @@ from typing import Any
 from events.base import command_key
 from events.config import AgentConfig
 from events.errors import ErrorCode
+from events.ids import uuid5
 from events.memory import CommandRejected
 from events.record import MemoryRecord, Scope
 
@@ -94,11 +95,11 @@ class Rejected(Exception):
 
 
 def event_id(tenant: str, agent: str, command_id: str, n: int) -> str:
-    return str(uuid.uuid5(NAMESPACE, f"{command_key(tenant, agent, command_id)}#{n}"))
+    return uuid5(NAMESPACE, f"{command_key(tenant, agent, command_id)}#{n}")
 
 
 def record_id_for(tenant: str, agent: str, command_id: str) -> str:
-    return str(uuid.uuid5(NAMESPACE, f"record:{command_key(tenant, agent, command_id)}"))
+    return uuid5(NAMESPACE, f"record:{command_key(tenant, agent, command_id)}")
 
 
 def agent_key(tenant: str, agent: str) -> str:
