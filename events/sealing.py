@@ -10,10 +10,11 @@ still decodes, and the projections that index only ids, statuses and times never
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
 
 from events.base import command_key
 
@@ -150,7 +151,7 @@ def seal_fields(message: dict, cipher: Cipher) -> bool:
         return False
     for f in secret:
         box[f] = spec.fields[f]
-    box[SEALED] = cipher.seal(spec.subject(message), spec.aad(message), json.dumps(secret).encode())
+    box[SEALED] = cipher.seal(spec.subject(message), spec.aad(message), msgspec.json.encode(secret))
     return True
 
 
@@ -161,7 +162,7 @@ def open_fields(message: dict, cipher: Cipher) -> bool:
     if not isinstance(box, dict) or SEALED not in box:
         return False
     token = box.pop(SEALED)
-    box.update(json.loads(cipher.open(token, spec.aad(message))))
+    box.update(msgspec.json.decode(cipher.open(token, spec.aad(message))))
     return True
 
 
@@ -171,7 +172,7 @@ def open_record(record: dict, cipher: Cipher) -> bool:
     token = record.pop(SEALED, None)
     if token is None:
         return False
-    record.update(json.loads(cipher.open(token, f"{record['id']}#{record['version']}".encode())))
+    record.update(msgspec.json.decode(cipher.open(token, f"{record['id']}#{record['version']}".encode())))
     return True
 
 
