@@ -24,7 +24,7 @@ CLUSTER_TESTS ?= tests/contract/test_record_view.py tests/integration/test_appli
 # Local development: `memlane serve` and the workers accept the default operator key (with a warning).
 export MEMLANE_DEV ?= 1
 
-.PHONY: install up down test check demo bench lint clean
+.PHONY: install up down test check demo bench bench-ab lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -73,6 +73,10 @@ demo: up
 
 bench: up
 	$(PY) -m tests.bench $(ONLY)
+
+# One bench group alternately on the code of REF and on this checkout (tests/bench/side_by_side.py).
+bench-ab: up
+	$(PY) -m tests.bench.side_by_side $(REF) $(ONLY) $(ROUNDS)
 
 lint: install
 	$(PY) -m ruff check .

@@ -39,6 +39,10 @@ log = structlog.get_logger()
 class HistoryEmbedding(Processor):
     name = "history-embedding"
     sources = (TURNS.name, EVENTS.name)  # events for the erasures alone
+    # A turn's parts wait this long for more: the record the turn causes is embedded on a core
+    # of its own meanwhile (search waits for it; history's searches come later), and under load
+    # parts of one length from several turns share a call.
+    gather_ms = 50
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
