@@ -1,7 +1,7 @@
-"""scale (history): indexing session history on long messages with 1 and 2 embedding workers
-(issue 24).
+"""scale (history): indexing session history on long messages with 1 and 2 embedding workers.
 
-History parts are embedded by the embedding worker (one consumer group, which scales) and only
+History parts are embedded by the embedding worker (its history-embedding consumer group, which
+scales) and only
 indexed by the API's history projection. Each run is a private stack (ledger and Redis
 projection for the agent's configuration, N embedding workers in one group, the API) fed
 the same deterministic turns: a user and an assistant message of about 1,000 characters each,
@@ -32,6 +32,7 @@ from events.topics import EVENTS, TURNS
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, command
 from tests.bench.common import bench_stack, figure, progress
+from workers.history_embedding import HistoryEmbedding
 
 TURN_COUNT = 240
 SESSIONS = 24  # 3 in each turns partition, so two workers get equal shares
@@ -97,7 +98,7 @@ def bench_turns(tenant: str, agent: str) -> list[TurnCommitted]:
 
 
 def start_replica(stack: Stack, n: int) -> None:
-    """One more embedding worker in the same consumer group, with a log of its own."""
+    """One more embedding worker in the same consumer groups, with a log of its own."""
     out = open(stack.log_dir / f"embedding.{n}.log", "ab")
     stack.procs[f"embedding.{n}"] = subprocess.Popen(command("embedding"), env=stack.env, stdout=out,
                                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -108,13 +109,14 @@ def worker_logs(stack: Stack, workers: int) -> list:
 
 
 def assigned(stack: Stack, workers: int) -> bool:
-    """Whether the group's workers share every partition they read (each worker's last
-    assignment, read from its log): runs of 2 start measuring once both work."""
+    """Whether the history embedding group's workers share every partition it reads (each
+    worker's last assignment in that group, read from its log): runs of 2 start measuring once
+    both work."""
     counts = []
     for path in worker_logs(stack, workers):
         last = None
         for line in path.read_text().splitlines() if path.exists() else []:
-            if '"partitions_assigned"' in line:
+            if '"partitions_assigned"' in line and json.loads(line)["worker"] == HistoryEmbedding.name:
                 last = json.loads(line)["partitions"]
         if not last:
             return False
