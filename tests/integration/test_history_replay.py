@@ -22,8 +22,8 @@ from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
-from workers.history_embedding import HistoryEmbedding
 from workers.history import HistoryProjector
+from workers.history_embedding import HistoryEmbedding
 from workers.history_qdrant import HistoryQdrantProjection
 from workers.kafka_io import ensure_topics
 from workers.runtime import Runner
