@@ -548,6 +548,9 @@ class RedisRecords:
                     expiring.add(row[0])
             elif e.type == "AgentConfigured":
                 pre.set(*_config_item(ns, e))
+                if self.announce:  # a configuration's writer reads it back at once (read-your-writes)
+                    ak = f"{e.tenant}/{e.agent}"
+                    changed.setdefault(ak, []).append((ak, None, e.command_id))
             elif e.type == "BlockChanged":
                 if (full := await self._opening(e.full)) is not None:
                     ak, label = _block_change(pre, ns, full)

@@ -225,7 +225,18 @@ class MemoryCommands:
 
     async def configure(self, ctx: Context, config: AgentConfig, wait: bool = True) -> dict[str, Any]:
         check_role(ctx, ("operator",), "change an agent's configuration")
-        return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait, ctx=ctx)
+
+        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
+            # Answered once the record view serves it: every read (search, history, recall)
+            # takes the agent's configuration from there.
+            async def shown() -> bool:
+                return await self.records.config(cmd.tenant, cmd.agent) == cmd.config
+
+            self._rejected(events)
+            await self._applied(cmd, shown, "the configuration")
+            return await self._outcome(cmd, events, ctx)
+
+        return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait, outcome)
 
     # ------------------------------------------------------------------ subjects
 

@@ -228,6 +228,40 @@ async def test_wait_true_answers_504_when_the_record_view_is_stopped(stack, new_
             assert (await c.read_memory(added["id"])).version == added["memories"][0]["version"]
 
 
+async def test_a_configuration_is_answered_once_the_record_view_serves_it(stack, new_agent, settings):
+    """Every read takes the agent's configuration from the record view: a PUT that answered
+    before the view had it let the next call see the old one (history refused as off)."""
+    from aiokafka import TopicPartition
+
+    from events.codec import decode
+    from events.config import AgentConfig, HistoryConfig
+    from events.topics import EVENTS
+    from workers.topic_reader import TopicReader
+
+    tenant, agent, key = await new_agent()
+    projection = stack.procs["redis-projection"]
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+        projection.send_signal(signal.SIGSTOP)
+        try:
+            waiting = asyncio.ensure_future(op.configure(AgentConfig(history=HistoryConfig())))
+
+            async def logged() -> bool:  # the ledger applied it: the API's own index has it at once
+                async with TopicReader(settings) as c:
+                    tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
+                    return any(e.type == "AgentConfigured" and e.agent == agent and e.config.history is not None
+                               for e in (decode(EVENTS.name, m.value) for m in await c.read_all(tps)
+                                         if agent.encode() in m.value))
+
+            await eventually(logged, timeout=30)
+            with pytest.raises(TimeoutError):  # the answer waits for the record view
+                await asyncio.wait_for(asyncio.shield(waiting), 2)
+        finally:
+            projection.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(waiting, 30)
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        assert (await c.search_history(query="anything"))["events"] == []  # history is on: no 403
+
+
 def _mcp(stack, key: str | None, *args: str, **env: str) -> subprocess.Popen:
     e = {**stack.env, "MEMLANE_API_URL": stack.api_url, "MEMLANE_SESSION": "s1", **env}
     e.pop("MEMLANE_API_KEY", None)
