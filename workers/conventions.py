@@ -54,12 +54,15 @@ class ConventionDetector(Processor):
             await self.r.aclose()
 
     def decode(self, source: str, data: bytes) -> Any:
-        # Only new records and removals matter: the rest is skipped undecoded, and a record
-        # is opened only once it qualifies (lean: most fields never leave the bytes).
-        if b'"RecordAdded"' in data or b'"SubjectErased"' in data:
-            e = decode_lean(data)
-            if e.record is not None and not e.merged and rules.qualifies(e.record, e.agent):
-                e.record = e.record.opened()
+        """A removal, a new record that counts toward a convention (opened), or None: the rest
+        is skipped, decoded lean at most (most fields never leave the bytes)."""
+        if b'"RecordAdded"' not in data and b'"SubjectErased"' not in data:
+            return None
+        e = decode_lean(data)
+        if e.type == "SubjectErased":
+            return e
+        if e.type == "RecordAdded" and e.record is not None and not e.merged and rules.qualifies(e.record, e.agent):
+            e.record = e.record.opened()
             return e
         return None
 
@@ -75,8 +78,6 @@ class ConventionDetector(Processor):
                 await self._forget(e.tenant)
             elif e.user is None:  # an agent's removal (a member's erasure leaves agents counted)
                 await self._forget_agent(e.tenant, e.agent)
-            return []
-        if e.type != "RecordAdded" or e.merged or not rules.qualifies(e.record, e.agent):
             return []
         key = rules.fact_key(e.record.summary, e.record.content)
         if key is None:

@@ -59,7 +59,8 @@ class HistoryEmbedding(Processor):
             return decode(source, message.value)  # the platform's turns are plaintext
         if b"SubjectErased" not in message.value:
             return None  # the only event this worker acts on; the rest is not decoded
-        return decode_lean(message.value)
+        e = decode_lean(message.value)
+        return e if e.type == "SubjectErased" else None
 
     async def process(self, source: str, partition: int, offset: int, event: Any) -> list[Out]:
         if isinstance(event, TurnCommitted):  # a rollback or a session's end keeps nothing
@@ -68,7 +69,7 @@ class HistoryEmbedding(Processor):
                     subject = subject_of(e.tenant, e.agent, e.user)
                     for pid, _, _, text in parts_of(e):
                         self.parts[pid, partition] = (text, subject)
-        elif event is not None and getattr(event, "type", None) == "SubjectErased":
+        elif source == EVENTS.name and event is not None:  # `decode_message` keeps erasures alone
             er, at = erasure_at(event.full())
             self.erasures.append(er)
             marker = erasure_marker(er.tenant, er.agent, er.user)
