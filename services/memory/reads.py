@@ -433,27 +433,26 @@ class MemoryReads:
                       run: str | None = None, application: str | None = None,
                       request: str | None = None) -> RecallResult:
         scopes, now = self._scopes(ctx, cfg), utcnow()
-        hidden = await self._shadowed(ctx)
-        pinned_all = [
-            r for r in await self.records.pinned(ctx.tenant, ctx.agent)
-            if r.in_force(now) and shown_to(ctx, r, scopes) and r.id not in hidden
-        ]
+        # Every read that does not depend on the search runs while it runs, each one Redis call
+        # or two: pins, blocks, the run's session memory and the shared layers. The search
+        # stays in this task: its embedding time is the request's (Server-Timing).
+        ask = RecallAsk(ctx, cfg, text, conversation, run, application)
+        aside = (asyncio.ensure_future(self._shadowed(ctx)),
+                 asyncio.ensure_future(self.records.pinned(ctx.tenant, ctx.agent)),
+                 asyncio.ensure_future(self._blocks(ctx, application)),
+                 asyncio.ensure_future(self._session(ctx, run, now, cfg)),
+                 asyncio.ensure_future(self._shared_layers(ask)))
+        try:
+            found = await self._recall_search(ctx, cfg, text)
+            hidden, pinned_all, blocks, (summary, entries), shared = await asyncio.gather(*aside)
+        except BaseException:
+            for f in aside:
+                f.cancel()
+            raise
+        pinned_all = [r for r in pinned_all if r.in_force(now) and shown_to(ctx, r, scopes) and r.id not in hidden]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         # Episodes and procedures come from the same ranked search, in sections of their own
         # (why, and the figures: docs/recall-sections.md).
-        # The run's session memory is read while the search runs: one Redis call, off the path.
-        # The search stays in this task: its embedding time is the request's (Server-Timing).
-        session = asyncio.ensure_future(self._session(ctx, run, now, cfg))
-        ask = RecallAsk(ctx, cfg, text, conversation, run, application)
-        layers = asyncio.ensure_future(self._shared_layers(ask))
-        try:
-            found = await self._recall_search(ctx, cfg, text)
-        except BaseException:
-            session.cancel()
-            layers.cancel()
-            raise
-        summary, entries = await session
-        shared = await layers
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
         # Versions this conversation's recalls showed before are never recorded again;
@@ -467,7 +466,6 @@ class MemoryReads:
             retried = {r.id for (r, _), by in zip(fresh, seen) if by == SAME}
             if cfg.memory.recall.recalled == "omit":
                 fresh = [x for x in fresh if x[0].id not in again]
-        blocks = await self._blocks(ctx, application)
         facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS]
         if cfg.memory.recall.format == "facts":
             # The facts block: pins and every live fact, one line each, the most relevant first,
