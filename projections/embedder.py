@@ -7,7 +7,6 @@ what sentence-transformers does for this model.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ class OnnxMiniLM:
     dim = DIM
 
     def __init__(self, threads: int | None = None, cache_size: int = 0) -> None:
-        self._threads = threads or int(os.environ.get("MEMLANE_EMBED_THREADS", "0")) or None
+        self._threads = threads  # None: onnxruntime's choice
         self._cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # content hash -> float32 vector
         self._computing: dict[str, Future] = {}

@@ -23,4 +23,4 @@ def make_embedder(settings, cache_size: int = 20_000) -> Embedder:
         )
     if settings.embeddings != "local":
         raise ValueError(f"embeddings: {settings.embeddings!r} is not one of 'local', 'openai'")
-    return OnnxMiniLM(cache_size=cache_size)
+    return OnnxMiniLM(threads=settings.embed_threads or None, cache_size=cache_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -22,9 +22,7 @@ from events.codec import opened
 from events.sealing import KeyDestroyed, KeyMissing
 from projections.records import Erasure, opening
 from projections.redis_client import agent_tag, scan_keys, unlink_keys
-
-if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+from projections.redis_view import ViewStore
 
 NOTE_EVENTS = ("NoteSaved", "NoteForgotten")
 PAGE = 1000
@@ -119,12 +117,12 @@ def _note(raw: bytes | str) -> Note:
 class NoteView:
     """Reads of the note view, over the record view's client and generation."""
 
-    def __init__(self, records: RedisRecords) -> None:
+    def __init__(self, records: ViewStore) -> None:
         self.records = records
 
     async def _key(self, tenant: str, agent: str, user: str | None) -> str:
         rec = self.records
-        return notes_key(rec._ns(await rec._read_generation()), tenant, agent, user)
+        return notes_key(await rec.namespace(), tenant, agent, user)
 
     async def _opened(self, raw: bytes | str) -> Note | None:
         try:

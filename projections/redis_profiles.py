@@ -12,7 +12,7 @@ rebuild after it finds the events sealed under destroyed keys and skips them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -20,9 +20,7 @@ from events.codec import decode
 from events.topics import EVENTS
 from projections.records import opening
 from projections.redis_client import agent_tag
-
-if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+from projections.redis_view import ViewStore
 
 PROFILE_EVENTS = ("ProfileChanged",)
 PROFILE_KIND = "profiles"  # the agent's key kind (`redis_records.agent_key`)
@@ -77,13 +75,13 @@ def _profile(raw: bytes | str) -> Profile:
 class ProfileView:
     """Reads of the profile view, over the record view's client and generation."""
 
-    def __init__(self, records: RedisRecords) -> None:
+    def __init__(self, records: ViewStore) -> None:
         self.records = records
 
     async def read(self, tenant: str, agent: str, user: str) -> Profile | None:
         """The member's profile, or None: none written, deleted, erased, or sealed under a destroyed key."""
         rec = self.records
-        ns = rec._ns(await rec._read_generation())
+        ns = await rec.namespace()
         raw = await rec.r.hget(profiles_key(ns, tenant, agent), user)
         if raw is None:
             return None

@@ -460,6 +460,10 @@ class RedisRecords:
     def _ns(self, gen: int) -> str:
         return f"{self.root}g{gen}"
 
+    async def namespace(self) -> str:
+        """The key namespace of the generation reads are served from (`ViewStore`)."""
+        return self._ns(await self._read_generation())
+
     def _keys(self, gen: int, tenant: str, agent: str) -> list[str]:
         ns, ak = self._ns(gen), f"{tenant}/{agent}"
         return [agent_key(ns, "rec", ak), agent_key(ns, "list", ak), agent_key(ns, "pinned", ak), f"{ns}:ckpt"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -23,9 +23,7 @@ from events.rules import runs as rules
 from events.topics import EVENTS
 from projections.records import opening
 from projections.redis_client import agent_tag, scan_keys, unlink_keys
-
-if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+from projections.redis_view import ViewStore
 
 RUN_EVENTS = ("RunEntryAdded", "RunSummarized")
 GC_GRACE = timedelta(hours=1)  # the key outlives what reads show by this much, then Redis drops it
@@ -70,7 +68,7 @@ def fold(pipe: Any, ns: str, raw: bytes | str) -> None:
         pipe.pexpireat(key, int(gc.timestamp() * 1000))
 
 
-async def purge(records: RedisRecords, ns: str, tenant: str, agent: str, user: str | None) -> None:
+async def purge(records: ViewStore, ns: str, tenant: str, agent: str, user: str | None) -> None:
     """Drops the runs of an erased member on the agent (`user`), or every run of an erased
     agent: sealed under destroyed keys, nothing in them could be read, and nothing should
     wait for the key's expiry to go."""
@@ -106,13 +104,13 @@ class RunSession:
 class RunView:
     """Reads of the run view, over the record view's client and generation."""
 
-    def __init__(self, records: RedisRecords) -> None:
+    def __init__(self, records: ViewStore) -> None:
         self.records = records
 
     async def read(self, tenant: str, agent: str, run: str, now: datetime, user: str | None = None) -> RunSession:
         """The run of `user` (None: the agent's own, written with no member named)."""
         rec = self.records
-        ns = rec._ns(await rec._read_generation())
+        ns = await rec.namespace()
         stored = await rec.r.hgetall(run_key(ns, tenant, agent, run, user))
         last = stored.get("last") or stored.get(b"last")
         last_at = datetime.fromisoformat(last.decode() if isinstance(last, bytes) else last) if last else None

@@ -16,7 +16,7 @@ leave the same hashes. Reads open the texts (`opening`), skipping what no longer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -25,9 +25,7 @@ from events.commands import WORKSPACE
 from events.topics import EVENTS
 from projections.records import opening
 from projections.redis_client import agent_tag
-
-if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+from projections.redis_view import ViewStore
 
 SHARED_EVENTS = ("ConventionProposed", "ConventionApproved", "ConventionRejected", "TenantFloorSet",
                  "TenantFloorRemoved", "PlatformEntrySet", "PlatformEntryRemoved")
@@ -116,11 +114,11 @@ def _s(v: bytes | str) -> str:
 class SharedView:
     """Reads of tenant and platform memory, over the record view's client and generation."""
 
-    def __init__(self, records: RedisRecords) -> None:
+    def __init__(self, records: ViewStore) -> None:
         self.records = records
 
     async def _ns(self) -> str:
-        return self.records._ns(await self.records._read_generation())
+        return await self.records.namespace()
 
     async def tenant(self, tenant: str, statuses: tuple[str, ...] = STATUSES) -> TenantMemory:
         """The tenant's floors, and its conventions of `statuses` (recall opens the approved only:

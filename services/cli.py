@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
+from settings.environment import ClientEnvironment
 from settings.logging import configure
 
 WORKERS = {
@@ -322,19 +323,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _mcp_key(args: argparse.Namespace) -> str | None:
     """The key from --key-file or MEMLANE_API_KEY: never from argv, which every user of the
     machine can read in the process list."""
-    import os
-
     if args.key_file:
         try:
             return open(args.key_file, encoding="utf-8").read().strip() or None
         except (OSError, UnicodeDecodeError) as e:
             raise SystemExit(f"memlane mcp: cannot read --key-file: {type(e).__name__}") from None
-    return os.environ.get("MEMLANE_API_KEY") or None
+    return ClientEnvironment().api_key or None
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    import os
-
     import httpx
 
     from services.client import MemlaneError
@@ -350,10 +347,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         print("memlane mcp: set MEMLANE_API_KEY, or pass --key-file, to the agent's API key", file=sys.stderr)
         return 2
     api_url = args.api_url or settings.api_url
-    origin: dict[str, Any] = {"execution_id": args.execution_id or os.environ.get("MEMLANE_EXECUTION_ID") or None}
+    env = ClientEnvironment()
+    origin: dict[str, Any] = {"execution_id": args.execution_id or env.execution_id or None}
     for name, flag, variable in (("invocation", args.invocation, "MEMLANE_INVOCATION"),
                                  ("agent_version", args.agent_version, "MEMLANE_AGENT_VERSION")):
-        raw = flag if flag is not None else os.environ.get(variable)
+        raw = flag if flag is not None else getattr(env, name)
         if raw:
             if not raw.isdigit():
                 print(f"memlane mcp: {name} (--{name.replace('_', '-')} or {variable}) is {raw!r}; give a "
@@ -361,9 +359,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 return 2
             origin[name] = int(raw)
     try:
-        run_stdio(api_url, key, args.session or os.environ.get("MEMLANE_SESSION"),
-                  args.user or os.environ.get("MEMLANE_USER") or None,
-                  args.channel or os.environ.get("MEMLANE_CHANNEL") or None, origin)
+        run_stdio(api_url, key, args.session or env.session or None, args.user or env.user or None,
+                  args.channel or env.channel or None, origin)
     except StartRefused as e:
         print(f"memlane mcp: {e}", file=sys.stderr)
         return 2
@@ -380,14 +377,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 def _admin_key(args: argparse.Namespace, settings) -> str:
     """An operator key from --key-file or MEMLANE_API_KEY, else the deployment's MEMLANE_OPERATOR_KEY."""
-    import os
-
     if args.key_file:
         try:
             return open(args.key_file, encoding="utf-8").read().strip()
         except (OSError, UnicodeDecodeError) as e:
             raise SystemExit(f"memlane keys: cannot read --key-file: {type(e).__name__}") from None
-    return os.environ.get("MEMLANE_API_KEY") or settings.operator_key
+    return ClientEnvironment().api_key or settings.operator_key
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

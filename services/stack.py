@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from settings.environment import child_environment
+
 PIPELINE = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 
 # The name of the one process that runs every worker of a stack started `together`.
@@ -169,10 +171,7 @@ def free_port() -> int:
 
 
 def stack_env(**overrides: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(overrides)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_environment(**overrides)
     env.setdefault("MEMLANE_EMBED_THREADS", "1")
     # Test, demo and bench stacks are development deployments: the default operator key is allowed.
     env.setdefault("MEMLANE_DEV", "1")

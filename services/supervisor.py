@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from settings.environment import child_environment
+
 if TYPE_CHECKING:
     from settings import Settings
 
@@ -477,10 +479,7 @@ def seconds(flag: str) -> Callable[[str], float]:
 def child_env() -> dict[str, str]:
     """This process's environment, with the checkout importable (like stack_env, but no
     development defaults: `memlane start` is how a machine runs memlane)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return child_environment()
 
 
 def run_from_args(args: argparse.Namespace, settings: Settings) -> int:

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # The API's query embedding (docs/fairness.md): this many embedder calls at once, taken from
     # each tenant's queue in turn; a tenant with tenant_queued_texts queries waiting gets 429.
     embed_slots: int = Field(default=2, ge=1, le=64)
+    # Threads of the local embedder in each process (0: onnxruntime's choice, every core). Test
+    # and bench stacks run one, as many processes share their machine's cores.
+    embed_threads: int = Field(default=0, ge=0, le=64)
     tenant_queued_texts: int = Field(default=256, ge=1)
     heartbeat_ttl_s: float = Field(default=10.0, gt=0)
     # A registered worker without a heartbeat for this long was stopped for good (killed
@@ -143,6 +146,8 @@ class Settings(BaseSettings):
     optimize_lock_s: float = Field(default=3600.0, gt=0)
     # Crash tests only: a named point where the process kills itself (workers.faults).
     fault_at: str | None = None
+    # Crash tests only: seconds between an erasure's commit and its keys' destruction.
+    ledger_erasure_delay_s: float = Field(default=0.0, ge=0)
 
     @field_validator("memory_kill_switch", mode="before")
     @classmethod

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -15,7 +15,32 @@ from events.rules.ledger import covers, erasure_key, erasure_of, forget
 from events.sealing import tenant_of
 
 if TYPE_CHECKING:
-    from workers.ledger import LedgerProcessor
+    from settings import Settings
+
+
+class Commits(Protocol):
+    """The ledger's snapshot bookkeeping: events sent per partition, and what commits covered."""
+
+    @property
+    def sent_n(self) -> Mapping[int, int]: ...
+
+    @property
+    def acked(self) -> Mapping[int, tuple[int, int]]: ...
+
+
+class ErasingLedger(Protocol):
+    """What erasures read of the ledger that owns them: its settings, data keys, partition
+    states, snapshot bookkeeping (what was sent and committed) and stop signal."""
+
+    settings: Settings
+    keys: Any
+    stopping: asyncio.Event
+
+    @property
+    def states(self) -> Mapping[int, Any]: ...
+
+    @property
+    def snapshots(self) -> Commits: ...
 
 log = structlog.get_logger()
 
@@ -36,13 +61,13 @@ class Erasures:
     recover next, as the events no longer open).
     """
 
-    def __init__(self, ledger: LedgerProcessor) -> None:
+    def __init__(self, ledger: ErasingLedger) -> None:
         self.ledger = ledger
         self.waiting: list[tuple[int, int, str, datetime]] = []  # (partition, events sent, erasure, when)
         self.task: asyncio.Future | None = None
         self.destroyed = 0  # keys destroyed by this process
         # Seconds between an erasure's commit and its keys' destruction: a test kills the ledger there.
-        self.delay = float(os.environ.get("MEMLANE_LEDGER_ERASURE_DELAY_S") or 0)
+        self.delay = ledger.settings.ledger_erasure_delay_s
 
     def sent(self, partition: int, events: list[Any]) -> None:
         """After `Snapshots.sent`: the erasures among a command's events, and when they are committed."""

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -40,8 +40,19 @@ from settings import Settings
 from workers.topic_reader import checkpoint_key
 
 if TYPE_CHECKING:
-    from workers.memory_shards import MemoryShards
     from workers.qdrant_projection import QdrantProjection
+
+
+class Shards(Protocol):
+    """What the reconciler reads of the shards it heals: the projection of an agent, the
+    process's data keys and embedder, and when the projections have caught up."""
+
+    keys: Any
+    embedder: Embedder | None
+
+    def of(self, tenant: str, agent: str) -> QdrantProjection: ...
+
+    async def caught_up(self) -> None: ...
 
 log = structlog.get_logger()
 RECORDS_PER_RUN = 20_000  # records compared per run, at most about
@@ -82,7 +93,7 @@ def settled(landed: int, view_at: int, started: int) -> bool:
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, shards: MemoryShards, store: RedisRecords | None = None,
+    def __init__(self, settings: Settings, shards: Shards, store: RedisRecords | None = None,
                  embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.shards = shards

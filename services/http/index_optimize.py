@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 import time
 import uuid
@@ -22,6 +21,7 @@ import structlog
 
 from projections.redis_records import connect as connect_redis
 from settings import Settings
+from settings.environment import child_environment
 from workers.index_optimize import optimize_due, read_left, shard_unindexed
 from workers.memory_shards import current_generation
 from workers.metrics import OPTIMIZE_CHECKS, OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
@@ -40,8 +40,7 @@ def lock_key(settings: Settings) -> str:
 def rebuild_env(settings: Settings) -> dict[str, str]:
     """The child's environment: this process's, with the settings the rebuild reads made
     explicit (an app built with settings of its own, as tests do, has them nowhere else)."""
-    env = dict(os.environ)
-    env.update({
+    return child_environment(**{
         "MEMLANE_DATA_DIR": str(settings.data_dir),
         "MEMLANE_TOPIC_PREFIX": settings.topic_prefix,
         "MEMLANE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -51,7 +50,6 @@ def rebuild_env(settings: Settings) -> dict[str, str]:
         "MEMLANE_ENCRYPTION": "true" if settings.encryption else "false",
         "MEMLANE_METRICS_PORT": "0",  # the API's port is this process's
     })
-    return env
 
 
 class IndexOptimizer:
