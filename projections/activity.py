@@ -26,7 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from events.rules.activity import KEEP_MINUTES, KINDS, Recalled, Tick
-from projections.redis_client import agent_tag, connect, retag_once, write_then
+from projections.redis_client import agent_tag, retag_once, write_then
 
 
 def _iso(ms: float | None) -> str | None:
@@ -44,10 +44,6 @@ class ActivityView:
         self.r = client  # decode_responses=True
         self.root = f"{root}act:"
         self._retagged = False
-
-    @classmethod
-    def from_url(cls, url: str, root: str) -> ActivityView:
-        return cls(connect(url), root)
 
     async def aclose(self) -> None:
         await self.r.aclose()

@@ -1,8 +1,8 @@
-"""How every memlane process connects to Redis: one server, or a Redis Cluster.
+"""How every memlane process uses Redis: one server, or a Redis Cluster.
 
-`MEMLANE_REDIS_CLUSTER=1` makes `connect` return a `redis.asyncio.cluster.RedisCluster`
-(REDIS_URL then names any one node; the client learns the rest). On a cluster every
-multi-key command, MULTI/EXEC and script must keep its keys in one hash slot, so every
+`MEMLANE_REDIS_CLUSTER=1` makes the composition root's `Connect` open a
+`redis.asyncio.cluster.RedisCluster` (REDIS_URL then names any one node; the client learns the rest).
+On a cluster every multi-key command, MULTI/EXEC and script must keep its keys in one hash slot, so every
 key of one agent carries the agent as a hash tag (`agent_tag`), and what spans agents
 (a batch's checkpoint, a scan over agents, dropping a generation) goes through the
 helpers here, which do it per slot or per primary. docs/redis-cluster.md has the layout.
@@ -11,49 +11,20 @@ helpers here, which do it per slot or per primary. docs/redis-cluster.md has the
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot as _key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-# Connections one process opens at most (per node on a cluster). On one server a burst of
-# requests beyond it waits for a free connection (up to POOL_WAIT_S) instead of failing with
-# "Too many connections"; redis-py's cluster client has no waiting pool, so it gets more.
-POOL_SIZE = 128
-POOL_WAIT_S = 20.0
-CLUSTER_POOL_SIZE = 1024
 
+class Connect(Protocol):
+    """Opens a client of the deployment's Redis (one server, or a cluster): built once by the
+    composition root (`services.bootstrap.RedisAt`) and passed to whatever reads or writes Redis.
+    `pooled`: a bounded pool that reconnects and retries a few times when Redis restarts under
+    it (the API's and the projections' clients)."""
 
-def cluster_configured() -> bool:
-    """What the deployment's settings say (MEMLANE_REDIS_CLUSTER), read when a client is made."""
-    from settings import Settings
-
-    return Settings().redis_cluster
-
-
-def connect(url: str, *, cluster: bool | None = None, pooled: bool = False, decode_responses: bool = True,
-            **kwargs: Any) -> Any:
-    """A client for `url`: a cluster client when `cluster` (None: the settings say). `pooled`:
-    one server's client gets a bounded pool that reconnects and retries a few times when
-    Redis restarts under it (the API's and the projection's clients)."""
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError, TimeoutError
-
-    if cluster is None:
-        cluster = cluster_configured()
-    retry = {"retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
-             "retry_on_error": [ConnectionError, TimeoutError]} if pooled else {}
-    if cluster:
-        return RedisCluster.from_url(url, decode_responses=decode_responses, max_connections=CLUSTER_POOL_SIZE,
-                                     **retry, **kwargs)
-    if not pooled:
-        return aioredis.from_url(url, decode_responses=decode_responses, **kwargs)
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, decode_responses=decode_responses, **retry, **kwargs)
-    return aioredis.Redis.from_pool(pool)
+    def __call__(self, *, pooled: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any: ...
 
 
 def is_cluster(client: Any) -> bool:

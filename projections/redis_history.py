@@ -38,7 +38,7 @@ from events.rules.history import (
 )
 from events.sealing import open_text, seal_text, subject_of
 from projections.records import Erasure, Keys, opening
-from projections.redis_client import agent_tag, connect, retag_once, scan_keys, write_then
+from projections.redis_client import agent_tag, retag_once, scan_keys, write_then
 
 PAGE = 1000
 
@@ -97,10 +97,6 @@ class RedisHistory:
         self.unreadable = 0  # events left out: sealed under destroyed keys
         self._erased: dict[str, int] | None = None
         self._retagged = False
-
-    @classmethod
-    def from_url(cls, url: str, namespace: str = "", generation: int = 1, keys: Keys | None = None) -> RedisHistory:
-        return cls(connect(url), namespace, generation, keys)
 
     def _ev(self, session_key: str) -> str:
         return f"{self.ns}:ev:{_tagged_session(session_key)}"

@@ -46,7 +46,7 @@ from events.lean import LeanEvent, LeanRecord, as_lean, decode_lean
 from events.record import LIVE, MemoryRecord, Scope, Status
 from events.rules.subjects import SubjectState
 from events.sealing import kid_of, open_text, seal_text, subject_of
-from projections import redis_client, redis_notes, redis_profiles, redis_runs, redis_shared
+from projections import redis_notes, redis_profiles, redis_runs, redis_shared
 from projections.applied_waiter import AppliedListener
 from projections.records import (
     Erasure,
@@ -309,12 +309,6 @@ class _Stored(BaseModel):
 _STORED = TypeAdapter(_Stored)
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A client that reconnects and retries a few times when Redis restarts under it (a
-    cluster client when the settings say so: `projections.redis_client`)."""
-    return redis_client.connect(url, pooled=True)
-
-
 def agent_key(ns: str, kind: str, ak: str) -> str:
     """An agent's key of `kind` in generation namespace `ns`, tagged with the agent."""
     return f"{ns}:{kind}:{agent_tag(ak)}"
@@ -365,11 +359,6 @@ class RedisRecords:
         self._registered: set[int] = set()
         self._read_gen: tuple[int, float] | None = None
         self._filled: dict[tuple[str, str], int] = {}  # (agent hash, record id) -> version, for `fill`
-
-    @classmethod
-    def from_url(cls, url: str, generation: int | None = None, namespace: str = "", announce: bool = False,
-                 keys: Keys | None = None) -> RedisRecords:
-        return cls(connect(url), generation, namespace, announce, keys)
 
     # ------------------------------------------------------------------ opening
 

@@ -9,25 +9,11 @@ import sys
 from functools import partial
 from typing import Any, cast
 
+from services.bootstrap import COMPANIONS, WORKERS, build_processor, redis_at
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
 from settings.environment import ClientEnvironment
 from settings.logging import configure
-
-WORKERS = {
-    "extraction": "workers.extraction:ExtractionProcessor",
-    "consolidation": "workers.consolidation:ConsolidationProcessor",
-    "ledger": "workers.ledger:LedgerProcessor",
-    "embedding": "workers.embedding:EmbeddingWorker",
-    "redis-projection": "workers.redis_projection:RedisProjection",
-    "history": "workers.history:HistoryProjector",
-}
-
-
-def _load(path: str):
-    mod, _, name = path.partition(":")
-    module = __import__(mod, fromlist=[name])
-    return getattr(module, name)
 
 
 def _refuse_default_operator_key(settings, what: str) -> int | None:
@@ -58,12 +44,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from workers.heartbeat import deregister
 
         for name in names:
-            asyncio.run(deregister(settings, name))
+            asyncio.run(deregister(settings, redis_at(settings), name))
             print(f"worker {name}: deregistered; /health no longer expects it")
         return 0
     if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
         return refused
-    processors = {name: _load(WORKERS[name])(settings) for name in names}
+    processors = {name: build_processor(name, settings) for name in names}
     tune_for_service()
 
     async def run() -> None:
@@ -88,20 +74,8 @@ async def _run_worker(name: str, processor, settings) -> None:
     runner = Runner(processor, settings)
     # The heartbeat /health reads names the group the runner consumes in. The probe serves
     # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
-    async with heartbeat(settings, name, runner.group, list(processor.sources)):
+    async with heartbeat(settings, redis_at(settings), name, runner.group, list(processor.sources)):
         await WorkerProbe(runner, name).serve(settings, _with_companions(name, processor, settings, runner.run()))
-
-
-# Processors that run inside another worker's process, in consumer groups of their own: the
-# run-compression worker is rare work of the same kind (one model call, purpose consolidation),
-# so it needs no process, port or deployment of its own.
-COMPANIONS = {"consolidation": ("workers.run_compression:RunCompression",),
-              # Usage counts for the ledger (docs/trust.md): a few dict updates per batch.
-              # ... and tenant convention candidates (docs/tenant-platform-memory.md): a set per fact.
-              "ledger": ("workers.trust:TrustProcessor", "workers.conventions:ConventionDetector"),
-              # Session history's vectors: the same model, but its own group and transactions, so
-              # a turn's parts never hold up the vector of a record search waits for.
-              "embedding": ("workers.history_embedding:HistoryEmbedding",)}
 
 
 async def _with_companions(name: str, processor, settings, main) -> None:
@@ -110,8 +84,8 @@ async def _with_companions(name: str, processor, settings, main) -> None:
     from workers.runtime import Runner
 
     runners = []
-    for path in COMPANIONS.get(name, ()):
-        companion = _load(path)(settings)
+    for companion_name in COMPANIONS.get(name, ()):
+        companion = build_processor(companion_name, settings)
         companion.stopping = processor.stopping
         runners.append(Runner(companion, settings).run())
     await asyncio.gather(main, *runners)
@@ -181,7 +155,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
-            gens = await rebuild_all(settings, updates, switch=switch, optimize=args.optimize, targets=targets)
+            gens = await rebuild_all(settings, redis_at(settings), updates, switch=switch, optimize=args.optimize, targets=targets)
         for target, gen in gens.items():
             print(f"{target}: generation {gen} built{after[target]}")
 
@@ -269,7 +243,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
-    replay = replay_redis if args.target == "redis" else replay_qdrant
+    replay = partial(replay_redis, settings, redis_at(settings)) if args.target == "redis" else partial(
+        replay_qdrant, settings)
 
     async def go():
         await wait_for_broker(settings)
@@ -278,7 +253,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:
-            n = await replay(settings, args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
+            n = await replay(args.generation, _offsets(args.from_offset), _offsets(args.to_offset),
                              partial(updates, label))
         print(f"replayed {n} events into {args.target} generation {args.generation}")
 
@@ -313,7 +288,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         await wait_for_broker(settings)
         bar, updates = _progress_bars(["expired records"])
         with bar:
-            n = await sweep(settings, at, partial(updates, "expired records"))
+            n = await sweep(settings, redis_at(settings), at, partial(updates, "expired records"))
         print(f"sent expiry sweeps as of {at.isoformat()} naming {n} records; the ledger tombstones them")
 
     asyncio.run(go())

@@ -29,13 +29,14 @@ LIST_LIMIT = 50
 async def gather_status(settings: Settings) -> dict[str, Any]:
     """What `memlane status --json` prints."""
     from events.topics import TOPICS
-    from projections.redis_client import connect as connect_redis
+    from services.bootstrap import redis_at
     from services.http.health_probe import HealthProbe, assess
     from services.pipeline_status import model_config
     from workers.dlq import DeadLetters
 
-    r = connect_redis(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False, socket_timeout=5)
-    probe = HealthProbe(settings, r)
+    redis = redis_at(settings)
+    r = redis(decode_responses=False, socket_timeout=5)
+    probe = HealthProbe(settings, redis, client=r)
     try:
         seen, (dlq, dlq_errors), projection, api, processes = await asyncio.gather(
             probe.observe(), _dead_letters(DeadLetters(settings, r), [t.dlq for t in TOPICS.values()]),
@@ -245,12 +246,12 @@ def _letter_row(x: Any) -> list[str]:
 
 
 async def _with_letters(settings: Settings, fn) -> Any:
-    from projections.redis_client import connect as connect_redis
+    from services.bootstrap import redis_at
     from workers.dlq import DeadLetters
     from workers.kafka_io import wait_for_broker
 
     await wait_for_broker(settings, timeout=30)
-    r = connect_redis(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+    r = redis_at(settings)(decode_responses=False)
     try:
         return await fn(DeadLetters(settings, r))
     finally:

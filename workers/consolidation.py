@@ -26,6 +26,7 @@ from events.rules.history import HistoryFilter
 from events.topics import COMMANDS, TURNS, USAGE
 from events.turns import SessionEnded
 from events.usage import CandidateRefused, MemorySkipped
+from projections.redis_client import Connect
 from projections.redis_history import RedisHistory
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
@@ -45,8 +46,9 @@ class ConsolidationProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions end independently; each waits on its own model call
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, redis: Connect) -> None:
         super().__init__(settings)
+        self.redis = redis
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
         self.history: RedisHistory | None = None
@@ -63,8 +65,8 @@ class ConsolidationProcessor(Processor):
             return
         self.model = ModelClient(s)
         self.api = ApiReader(s)
-        self.history = RedisHistory.from_url(s.redis_url, s.topic_prefix)
-        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix, keys=self.keys)
+        self.history = RedisHistory(self.redis(), s.topic_prefix)
+        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys)
         self.runs = RunView(self.records)  # an ended run's entries
         log.info("consolidation_on", model=s.model)
 

@@ -14,7 +14,7 @@ tenant, the key and the number of agents, and the ledger ignores a proposal it h
 The sets hold ids and a hash of the fact's words, never its text; a removed tenant's sets go
 (`SubjectErased`, tenant-wide), and a removed agent leaves every set of its tenant, so it no
 longer counts toward a candidate (a candidate made before keeps its text: it is the tenant's,
-and an administrator rejects it to withdraw it). It runs inside the ledger's process (`services.cli.COMPANIONS`):
+and an administrator rejects it to withdraw it). It runs inside the ledger's process (`services.bootstrap.COMPANIONS`):
 a Redis round trip per fact written, not worth a process of its own.
 """
 
@@ -29,7 +29,7 @@ from events.codec import encode
 from events.lean import decode_lean
 from events.rules import conventions as rules
 from events.topics import COMMANDS, EVENTS
-from projections.redis_client import connect, tagged
+from projections.redis_client import Connect, tagged
 from workers.runtime import Out, Processor
 
 log = structlog.get_logger()
@@ -40,14 +40,15 @@ class ConventionDetector(Processor):
     sources = (EVENTS.name,)
     transactional = True  # a proposal commits with the offset of the fact that made it
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, redis: Connect) -> None:
         super().__init__(settings)
+        self.redis = redis
         self.r: Any = None
         self.root = settings.redis_root
         self.tally: Counter[str] = Counter()
 
     async def start(self) -> None:
-        self.r = connect(self.settings.redis_url, pooled=True)
+        self.r = self.redis(pooled=True)
 
     async def stop(self) -> None:
         if self.r is not None:

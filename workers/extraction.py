@@ -52,7 +52,7 @@ from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
-from projections.redis_client import connect as connect_redis
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from workers import metrics
 from workers.api_reader import ApiReader
@@ -171,8 +171,9 @@ class ExtractionProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions are reviewed in parallel; a session's turns in order
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, redis: Connect) -> None:
         super().__init__(settings)
+        self.redis_at = redis
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
         self.records: RedisRecords | None = None
@@ -206,7 +207,7 @@ class ExtractionProcessor(Processor):
             return
         # Even without a model: a tool write is forwarded only for a subject that may have memory.
         self.api = ApiReader(s)
-        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
+        self.records = RedisRecords(self.redis_at(pooled=True), namespace=s.topic_prefix)
         if not s.model_configured:
             log.warning(
                 "extraction_off",
@@ -215,7 +216,7 @@ class ExtractionProcessor(Processor):
             )
             return
         self.model = ModelClient(s)
-        self.redis = connect_redis(s.redis_url, cluster=s.redis_cluster, decode_responses=False)
+        self.redis = self.redis_at(decode_responses=False)
         self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
 

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 import structlog
 
-from projections.redis_client import connect
+from projections.redis_client import Connect
 from settings import Settings
 
 log = structlog.get_logger()
@@ -60,9 +60,9 @@ async def _beat(r: aioredis.Redis, settings: Settings, worker: str, body: dict) 
         await asyncio.sleep(settings.heartbeat_s)
 
 
-async def deregister(settings: Settings, worker: str) -> None:
+async def deregister(settings: Settings, redis: Connect, worker: str) -> None:
     """Forget `worker` at once, as its clean stop would: `memlane worker NAME --deregister`."""
-    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+    r = redis(decode_responses=False)
     try:
         await _forget(r, settings, worker)
     finally:
@@ -78,10 +78,10 @@ async def _forget(r: aioredis.Redis, settings: Settings, worker: str) -> None:
 
 
 @asynccontextmanager
-async def heartbeat(settings: Settings, worker: str, group: str, topics: list[str]):
+async def heartbeat(settings: Settings, redis: Connect, worker: str, group: str, topics: list[str]):
     """Beats while the body runs. A clean exit deregisters the worker; an exception keeps it
     registered, so `/health` reports it dead until it runs again."""
-    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+    r = redis(decode_responses=False)
     body = {"group": group, "topics": topics, "pid": os.getpid(), "host": socket.gethostname()}
     task = asyncio.create_task(_beat(r, settings, worker, body), name="heartbeat")
     clean = False

@@ -26,6 +26,7 @@ from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
 from events.turns import MembershipChanged, MessageDeleted, TurnCommitted
 from projections.records import Erasure
+from projections.redis_client import Connect
 from projections.redis_history import RedisHistory
 from workers.runtime import Out, Processor
 from workers.topic_reader import VIEW_CHECK_S, checkpoint_key, seek_to_checkpoints
@@ -72,9 +73,9 @@ class HistoryProjector(Processor):
     sources = (TURNS.name, EVENTS.name)
     tick_every = VIEW_CHECK_S  # a view Redis lost is folded again
 
-    def __init__(self, settings, generation: int = 1) -> None:
+    def __init__(self, settings, redis: Connect, generation: int = 1) -> None:
         super().__init__(settings)
-        self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
+        self.store = RedisHistory(redis(), settings.topic_prefix, generation)
         self.pending: list[KeptEvent] = []
         self.erasures: list[tuple[Erasure, int]] = []
         self.memberships: list[tuple[str, str, int, bool, int]] = []

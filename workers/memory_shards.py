@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from events.topics import EVENTS
 from projections.embedding_port import Embedder
 from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
+from projections.redis_client import Connect
 from settings import Settings
 from workers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.reconciler import Reconciler
@@ -141,7 +142,8 @@ class MemoryShards:
     rebuild's alias swap and this process's own swap, the alias names a generation whose
     projection this process does not run yet, so a write it reported searchable would not be."""
 
-    def __init__(self, settings: Settings, generation: int, embedder: Embedder | None = None, keys: Any = None) -> None:
+    def __init__(self, settings: Settings, generation: int, redis: Connect, embedder: Embedder | None = None,
+                 keys: Any = None) -> None:
         self.settings = settings
         self.generation = generation
         self.keys = keys  # the process's data keys (workers.keys.KeyTopic), or None
@@ -160,7 +162,7 @@ class MemoryShards:
         # The process's embedder, for points the reconciler heals whose vector is not cached
         # (it makes its own if none is given).
         self.embedder = embedder
-        self.reconciler = Reconciler(settings, self)
+        self.reconciler = Reconciler(settings, self, redis)
 
     def of(self, tenant: str, agent: str) -> QdrantProjection:
         return self.projections[shard_of(tenant, agent, len(self.projections))]

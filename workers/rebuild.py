@@ -26,6 +26,7 @@ from events.lean import decode_logged
 from events.topics import EVENTS
 from projections import edge_shard
 from projections.qdrant_index import EdgeIndex
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from settings import Settings
 from workers.heap import collected_between_batches, settle_heap
@@ -113,6 +114,7 @@ async def _apply_range(
 
 async def rebuild_redis(
     settings: Settings,
+    redis: Connect,
     progress: Progress | None = None,
     switch: bool = True,
     fill: Callable[[int], Awaitable[int]] | None = None,
@@ -122,12 +124,12 @@ async def rebuild_redis(
     `fill(generation)`, when given, does the pass from offset 0 elsewhere (the shard
     processes of `rebuild_all`) and returns the events it applied."""
     async with data_keys(settings) as keys:
-        return await _rebuild_redis(settings, progress, switch, fill, keys)
+        return await _rebuild_redis(settings, redis, progress, switch, fill, keys)
 
 
-async def _rebuild_redis(settings: Settings, progress: Progress | None, switch: bool,
+async def _rebuild_redis(settings: Settings, redis: Connect, progress: Progress | None, switch: bool,
                          fill: Callable[[int], Awaitable[int]] | None, keys: Any) -> int:
-    live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    live = RedisRecords(redis(pooled=True), namespace=settings.topic_prefix)
     dropping: asyncio.Future | None = None
     try:
         old = await live.generation()
@@ -136,7 +138,7 @@ async def _rebuild_redis(settings: Settings, progress: Progress | None, switch: 
         # one fills. The live one stays, to switch back to.
         stale = [g for g in await live.generations() if g < old] if switch else []
         dropping = asyncio.ensure_future(asyncio.gather(*(live.drop_generation(g) for g in stale)))
-        new = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix, keys=keys)
+        new = RedisRecords(redis(pooled=True), generation=gen, namespace=settings.topic_prefix, keys=keys)
         try:
             if fill is None:
                 with collected_between_batches():
@@ -168,12 +170,11 @@ async def _rebuild_redis(settings: Settings, progress: Progress | None, switch: 
 
 
 async def replay_redis(
-    settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    settings: Settings, redis: Connect, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
     async with data_keys(settings) as keys:
-        store = RedisRecords.from_url(settings.redis_url, generation=generation, namespace=settings.topic_prefix,
-                                      keys=keys)
+        store = RedisRecords(redis(pooled=True), generation=generation, namespace=settings.topic_prefix, keys=keys)
         try:
             with collected_between_batches():
                 applied = await _apply_range(settings, store, start, stop, progress)
@@ -244,7 +245,7 @@ def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
 
 
 async def _build_shard(
-    settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
+    settings: Settings, redis: Connect, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
 ) -> tuple[int, int, int]:
     """Fold shard k of generation `gen` from offset 0 until caught up, and with `redis_gen`
     the Redis records of the shard's agents into that generation in the same pass.
@@ -253,15 +254,15 @@ async def _build_shard(
     `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
     docs/qdrant-edge.md)."""
     async with data_keys(settings) as keys:
-        return await _build_shard_with(settings, gen, k, progress, optimize, redis_gen, keys)
+        return await _build_shard_with(settings, redis, gen, k, progress, optimize, redis_gen, keys)
 
 
-async def _build_shard_with(settings: Settings, gen: int, k: int, progress: Progress | None, optimize: bool,
+async def _build_shard_with(settings: Settings, redis: Connect, gen: int, k: int, progress: Progress | None, optimize: bool,
                             redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
     n = shard_count(settings, gen)
     index = open_index(settings, gen, k)
-    store = None if redis_gen is None else RedisRecords.from_url(
-        settings.redis_url, generation=redis_gen, namespace=settings.topic_prefix, keys=keys)
+    store = None if redis_gen is None else RedisRecords(
+        redis(pooled=True), generation=redis_gen, namespace=settings.topic_prefix, keys=keys)
     applied = 0
     filling: asyncio.Future | None = None
 
@@ -342,11 +343,11 @@ def _child_init(settings: Settings, queue) -> None:
     _progress_queue = queue
 
 
-def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool, redis_gen: int | None
+def _build_shard_in_child(settings: Settings, redis: Connect, gen: int, k: int, optimize: bool, redis_gen: int | None
                           ) -> tuple[int, int, int]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     points, events, unreadable = asyncio.run(
-        _build_shard(settings, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
+        _build_shard(settings, redis, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
     )
     log.info("shard_rebuilt", shard=k, points=points, redis_events=events, unreadable=unreadable,
              wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - cpu0, 2))
@@ -355,6 +356,7 @@ def _build_shard_in_child(settings: Settings, gen: int, k: int, optimize: bool, 
 
 async def rebuild_all(
     settings: Settings,
+    redis: Connect,
     progress: Callable[[str, int, int], None] | None = None,
     switch: bool = True,
     optimize: bool = False,
@@ -372,7 +374,7 @@ async def rebuild_all(
         return (lambda done, total: progress(target, done, total)) if progress else None
 
     if "qdrant" not in targets:
-        return {"redis": await rebuild_redis(settings, report("redis"), switch=switch)}
+        return {"redis": await rebuild_redis(settings, redis, report("redis"), switch=switch)}
     old, gen = _next_qdrant_generation(settings)
     n = shard_count(settings, gen)
     points = 0
@@ -386,7 +388,7 @@ async def rebuild_all(
         seen: dict[int, tuple[int, int]] = {}
         loop = asyncio.get_running_loop()
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
-            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, gen, k, optimize, redis_gen)
+            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, redis, gen, k, optimize, redis_gen)
                       for k in range(n)]
             pending = set(shards)
             while pending:
@@ -411,7 +413,7 @@ async def rebuild_all(
 
     built: dict[str, int] = {}
     if "redis" in targets:
-        built["redis"] = await rebuild_redis(settings, switch=switch, fill=run_shards)
+        built["redis"] = await rebuild_redis(settings, redis, switch=switch, fill=run_shards)
     else:
         await run_shards(None)
     _switch_qdrant(settings, old, gen, points, switch)

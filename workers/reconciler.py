@@ -35,6 +35,7 @@ from events.topics import EVENTS
 from projections.embedders import make_embedder
 from projections.embedding_port import Embedder
 from projections.qdrant_index import indexable
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from settings import Settings
 from workers.topic_reader import checkpoint_key
@@ -93,10 +94,11 @@ def settled(landed: int, view_at: int, started: int) -> bool:
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, shards: Shards, store: RedisRecords | None = None,
+    def __init__(self, settings: Settings, shards: Shards, redis: Connect, store: RedisRecords | None = None,
                  embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.shards = shards
+        self.redis = redis
         self.store = store
         self._own_store = store is None
         self.embedder = embedder
@@ -157,7 +159,7 @@ class Reconciler:
 
     def _store(self) -> RedisRecords:
         if self.store is None:
-            self.store = RedisRecords.from_url(self.settings.redis_url, namespace=self.settings.topic_prefix)
+            self.store = RedisRecords(self.redis(pooled=True), namespace=self.settings.topic_prefix)
         return self.store
 
     async def _agent(self, store: RedisRecords, gen: int, tenant: str, agent: str) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 
 from events.lean import decode_logged
 from events.topics import EVENTS
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from workers import metrics
 from workers.runtime import Out, Processor
@@ -30,10 +31,10 @@ class RedisProjection(Processor):
     catch_up_on_start = True  # /ready: once the view holds what the log held when assigned
     tick_every = VIEW_CHECK_S
 
-    def __init__(self, settings, generation: int | None = None) -> None:
+    def __init__(self, settings, redis: Connect, generation: int | None = None) -> None:
         super().__init__(settings)
         # It announces what it applies: API requests with `wait=true` wait for that.
-        self.store = RedisRecords.from_url(settings.redis_url, generation, settings.topic_prefix, announce=True)
+        self.store = RedisRecords(redis(pooled=True), generation, settings.topic_prefix, announce=True)
         self.pending: list[Any] = []
         self.positions: list[tuple[str, int]] = []
         self.assignment: set[TopicPartition] = set()

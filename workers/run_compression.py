@@ -22,6 +22,7 @@ from events.rules import runs as rules
 from events.rules import write_filter
 from events.topics import COMMANDS, EVENTS, USAGE
 from events.usage import CandidateRefused
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
 from workers.model_client import CallContext, ModelClient, ModelFailed
@@ -39,8 +40,9 @@ class RunCompression(Processor):
     transactional = True
     concurrent_keys = True  # agents compress independently; each waits on its own model call
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, redis: Connect) -> None:
         super().__init__(settings)
+        self.redis = redis
         self.model: ModelClient | None = None
         self.records: RedisRecords | None = None
         self.runs: RunView | None = None
@@ -53,7 +55,7 @@ class RunCompression(Processor):
                         "run buffers are not compressed")
             return
         self.model = ModelClient(s)
-        self.records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix, keys=self.keys)
+        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys)
         self.runs = RunView(self.records)
 
     async def stop(self) -> None:

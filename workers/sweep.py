@@ -13,6 +13,7 @@ from datetime import datetime
 from events import SweepExpired, encode
 from events.record import Provenance, Source
 from events.topics import COMMANDS
+from projections.redis_client import Connect
 from projections.redis_records import RedisRecords
 from settings import Settings
 from workers.kafka_io import producer
@@ -20,11 +21,12 @@ from workers.kafka_io import producer
 BATCH = 500
 
 
-async def sweep(settings: Settings, at: datetime, progress: Callable[[int, int], None] | None = None) -> int:
+async def sweep(settings: Settings, redis: Connect, at: datetime,
+                progress: Callable[[int, int], None] | None = None) -> int:
     """Sends sweeps as of `at` for every record the index says has expired; returns how
     many records were named. A command id names the agent, the time and the batch's first
     id, so running the same sweep twice sends the same commands."""
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis(pooled=True), namespace=settings.topic_prefix)
     try:
         expired = await store.expired(int(at.timestamp() * 1000))
     finally:

@@ -7,7 +7,7 @@ batch's counts again only if they never went out. A command is named after the s
 offsets it counts, and the ledger counts a span once (its mark per agent and usage partition),
 so a redelivered command never counts twice either.
 
-It runs inside the ledger's process (`services.cli.COMPANIONS`), in a consumer group of its
+It runs inside the ledger's process (`services.bootstrap.COMPANIONS`), in a consumer group of its
 own: the work is a few dictionary updates per batch, not worth a process and a deployment.
 """
 

@@ -14,8 +14,8 @@ from fastapi import APIRouter, FastAPI
 from projections.embedders import make_embedder
 from projections.redis_api_keys import ApiKeyView
 from projections.redis_records import RedisRecords
-from projections.redis_records import connect as connect_redis
 from services.auth import KeyStore
+from services.bootstrap import redis_at
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
@@ -82,12 +82,13 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         await wait_for_broker(settings)
         await ensure_topics(settings)
         data_keys = await open_keys(settings)
-        redis_client = connect_redis(settings.redis_url)
+        redis = redis_at(settings)
+        redis_client = redis(pooled=True)
         await redis_client.ping()
         # Read to the end before serving: the book answers for any key Redis has lost.
         api_keys = ApiKeyLog(settings, ApiKeyView(redis_client, settings.redis_root))
         await api_keys.start()
-        shards = ShardOwner(settings)
+        shards = ShardOwner(settings, redis)
         shards.keys = data_keys
         await shards.open(current_generation(settings))
         assert shards.memory is not None  # `open` set it
@@ -106,12 +107,13 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/notes.md)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
+        app.state.redis_at = redis  # for the extensions' own clients
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root, log=api_keys)
         app.state.api_keys = api_keys
         app.state.shards = shards
         app.state.data_keys = data_keys  # workers.keys.KeyTopic: the data keys, None with encryption off
-        app.state.health = HealthProbe(settings)  # its own Redis client: see HealthProbe
+        app.state.health = HealthProbe(settings, redis)  # its own Redis client: see HealthProbe
         for ext in exts:
             await ext.start(app, settings)
         log.info("api_started", url=settings.api_url, model_configured=settings.model_configured)

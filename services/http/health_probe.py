@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from events.topics import TOPICS
-from projections.redis_client import connect as connect_redis
+from projections.redis_client import Connect
 from settings import Settings
 from workers.heartbeat import heartbeat_key, registry_key, seen_key
 from workers.kafka_io import reader
@@ -65,11 +65,10 @@ def forgotten(dead: list[str], seen: dict[str, float], now: float, bound_s: floa
 
 
 class HealthProbe:
-    def __init__(self, settings: Settings, redis: Any = None) -> None:
+    def __init__(self, settings: Settings, redis: Connect, client: Any = None) -> None:
         self.settings = settings
-        self._own_redis = redis is None
-        self.r = connect_redis(settings.redis_url, cluster=settings.redis_cluster,
-                               decode_responses=False) if redis is None else redis
+        self._own_redis = client is None
+        self.r = redis(decode_responses=False) if client is None else client
         self.admin: AIOKafkaAdminClient | None = None
         self.ends: Any = None
         self.cached: tuple[float, Observed] | None = None

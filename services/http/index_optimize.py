@@ -19,7 +19,6 @@ from typing import Any
 
 import structlog
 
-from projections.redis_records import connect as connect_redis
 from settings import Settings
 from settings.environment import child_environment
 from workers.index_optimize import optimize_due, read_left, shard_unindexed
@@ -68,7 +67,7 @@ class IndexOptimizer:
         if settings.optimize_unindexed_points <= 0 or settings.qdrant_client_mode:
             return  # a Qdrant server optimises its collections itself (docs/qdrant-server.md)
         self.settings, self.owner = settings, app.state.shards
-        self.redis = connect_redis(settings.redis_url)
+        self.redis = app.state.redis_at(pooled=True)
         self.task = asyncio.create_task(self.run(), name="index-optimize")
 
     async def stop(self, app: Any) -> None:

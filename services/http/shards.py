@@ -19,6 +19,7 @@ from workers.memory_shards import MemoryShards, current_generation
 
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
+    from projections.redis_client import Connect
     from workers.keys import KeyTopic
 
 log = structlog.get_logger()
@@ -31,8 +32,9 @@ class ShardOwner:
     the owner then opens the new shards, lets their projections catch up, and swaps.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, redis: Connect) -> None:
         self.settings = settings
+        self.redis = redis
         self.generation = 0
         self.memory: MemoryShards | None = None
         self.task: asyncio.Task | None = None
@@ -42,7 +44,7 @@ class ShardOwner:
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
-        memory = MemoryShards(self.settings, generation, self.embedder, self.keys)
+        memory = MemoryShards(self.settings, generation, self.redis, self.embedder, self.keys)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:

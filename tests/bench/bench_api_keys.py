@@ -24,10 +24,11 @@ import time
 import uuid
 
 from projections.redis_api_keys import ApiKeyView
-from projections.redis_client import connect, scan_keys, unlink_keys
+from projections.redis_client import scan_keys, unlink_keys
 from services.auth import KeyStore
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, progress
+from tests.redis_at import redis_at
 from workers.api_keys import ApiKeyLog
 
 KEYS = int(os.environ.get("MEMLANE_BENCH_APIKEYS", "10000"))
@@ -62,7 +63,7 @@ async def _check(s: Settings, r, live: list[tuple[str, dict]], revoked: list[str
 async def run() -> None:
     run_id = f"benchapikeys{uuid.uuid4().hex[:6]}"
     s = Settings(topic_prefix=f"{run_id}.", data_dir=ROOT / ".run" / run_id, encryption=False)
-    r = connect(s.redis_url, pooled=True)  # as the API connects: a bounded pool that waits
+    r = redis_at(s.redis_url)(pooled=True)  # as the API connects: a bounded pool that waits
     try:
         log, store = await _process(s, r)
         t0 = time.monotonic()

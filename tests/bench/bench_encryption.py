@@ -93,6 +93,7 @@ from tests.bench.bench_rebuild import redis_records as rebuild_redis_records
 from tests.bench.common import bench_stack, discard, figure, median, percentile, progress
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 from workers.keys import open_keys
 
@@ -417,11 +418,12 @@ def rebuild_once(settings: Settings, keyring) -> tuple[float, float]:
 import asyncio, json, resource, sys, time
 from settings import Settings
 from workers.rebuild import rebuild_all
+from tests.redis_at import redis_at
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 s = Settings(topic_prefix={settings.topic_prefix!r}, data_dir={str(settings.data_dir)!r},
              redis_url={settings.redis_url!r}, encryption={settings.encryption!r})
-c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s)); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
+c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url))); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
 print(json.dumps({{"built": built, "secs": secs, "cpu_s": cpu_s}}), flush=True)
 sys.stdin.readline()
 """
@@ -507,7 +509,7 @@ async def rebuild() -> None:
 
 async def wait_loaded(stack, settings: Settings, timeout: float = 300) -> None:
     """Until Qdrant holds every point and Redis lists every record of the agent."""
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     deadline = time.monotonic() + timeout
     try:
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:

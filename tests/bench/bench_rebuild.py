@@ -26,6 +26,7 @@ from projections.qdrant_index import EdgeIndex
 from projections.redis_records import RedisRecords
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 from workers.keys import open_keys
 from workers.memory_shards import shard_paths
@@ -94,9 +95,10 @@ def _rebuild_child(prefix: str, data_dir: str) -> dict:
 import asyncio, json, sys, time
 from settings import Settings
 from workers.rebuild import rebuild_all
+from tests.redis_at import redis_at
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 def timed(targets):
-    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, targets=targets)); secs = time.perf_counter() - t0
+    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), targets=targets)); secs = time.perf_counter() - t0
     print(json.dumps({{"built": built}}), flush=True)
     sys.stdin.readline()
     return secs
@@ -158,7 +160,7 @@ def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
 
 async def redis_records(settings: Settings, gen: int, records: int = RECORDS, agents: int = AGENTS) -> int:
     """Records listed in Redis generation `gen`, after reading a few back whole."""
-    store = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=settings.topic_prefix)
     try:
         for i in (0, records // 2, records - 1):
             agent = f"agent{i % agents}"

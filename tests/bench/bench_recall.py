@@ -48,6 +48,7 @@ from services.client import MemlaneClient, TurnPublisher
 from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
+from tests.redis_at import redis_at
 from workers.memory_shards import current_generation
 from workers.rebuild import rebuild_all
 
@@ -148,7 +149,7 @@ async def _with_layers(stack, settings) -> None:
     from projections.redis_records import RedisRecords
     from projections.redis_runs import RunView
 
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         now = datetime.now(UTC)
         if await store.get("bench", "big", "L0") is None:
@@ -212,7 +213,7 @@ async def _with_every_layer(stack, settings) -> None:
     from projections.redis_records import RedisRecords
     from projections.redis_runs import RunView
 
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         now = datetime.now(UTC)
         cfg = await store.config("bench", "big")
@@ -271,7 +272,7 @@ async def _wait_loaded(stack, settings) -> None:
     (Counted, not compared with end offsets: transaction markers take offsets too.)"""
     from projections.redis_records import RedisRecords
 
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:
             while True:
@@ -392,7 +393,7 @@ async def run() -> None:
             await _measure(stack, user_key, "_unoptimized_user_scope", MEMBER)
             # Build the per-agent HNSW graphs offline in the next generation; the server swaps to it.
             t1 = time.perf_counter()
-            await rebuild_all(settings, optimize=True, targets=("qdrant",))
+            await rebuild_all(settings, redis_at(settings.redis_url), optimize=True, targets=("qdrant",))
             async with httpx.AsyncClient(base_url=stack.api_url) as h:
                 while (await h.get("/health", timeout=30)).json()["projection"]["generation"] < 2:
                     await asyncio.sleep(2)

@@ -29,6 +29,7 @@ from events.topics import COMMANDS
 from projections.redis_records import RedisRecords
 from tests.bench.common import bench_stack, figure, progress
 from tests.private_redis import PrivateRedis
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 
 RECORDS = int(os.environ.get("MEMLANE_BENCH_REDISLOSS_RECORDS", "100000"))
@@ -83,7 +84,7 @@ async def run() -> None:
             await ensure_topics(settings)
             t0 = time.monotonic()
             await _commands(settings.kafka_bootstrap, settings.topic(COMMANDS.name))
-            view = RedisRecords.from_url(redis.url, namespace=settings.topic_prefix)
+            view = RedisRecords(redis_at(redis.url)(pooled=True), namespace=settings.topic_prefix)
             try:
                 before = await _until_whole(view, timeout=60)
                 progress(f"{RECORDS} records decided and folded in {time.monotonic() - t0:.1f} s")

@@ -6,6 +6,7 @@ import pytest
 
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
+from tests.redis_at import redis_at
 
 _gen = itertools.count(1000)
 
@@ -25,7 +26,7 @@ async def view(request, settings):
         return
     gen = int(settings.topic_prefix.strip("t.")[-6:], 16) % 10_000_000 * 1000 + next(_gen)
     cls = FilledRecords if request.param == "redis-fill" else RedisRecords
-    store = cls.from_url(settings.redis_url, generation=gen)
+    store = cls(redis_at(settings.redis_url)(pooled=True), generation=gen)
     yield store
     keys = [k async for k in store.r.scan_iter(f"ml:g{gen}:*", count=10_000)]
     if keys:

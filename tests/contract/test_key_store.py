@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from projections.redis_api_keys import ApiKeyView
-from projections.redis_client import connect
 from services.auth import KeyStore, KeyStorePort, Principal
 from settings import Settings
 from tests.fakes.keys import InMemoryKeyStore
+from tests.redis_at import redis_at
 from workers.api_keys import ApiKeyLog
 
 BOOT = "the-deployments-own-key"
@@ -23,7 +23,7 @@ async def store(request, settings):
         yield InMemoryKeyStore(BOOT)
         return
     s = Settings(topic_prefix=f"{settings.topic_prefix}keystore{uuid.uuid4().hex[:6]}.", encryption=False)
-    client = connect(s.redis_url, cluster=s.redis_cluster)
+    client = redis_at(s.redis_url, s.redis_cluster)()
     log = None
     if request.param == "logged":
         log = ApiKeyLog(s, ApiKeyView(client, s.redis_root), check_every_s=0.2)

@@ -32,6 +32,7 @@ from services.stack import Stack, free_port, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import turn
+from tests.redis_at import redis_at
 from workers.keys import open_keys
 from workers.topic_reader import TopicReader
 
@@ -197,7 +198,7 @@ async def broker_kill_round(cluster: Cluster, bootstrap: str, stack: Stack, redi
         victim = led[0]  # the controller leads no event partition: take a partition's leader instead
     res = KillResult(victim=victim, controller=victim == controller, turns=turns,
                      victim_led=sorted(p for p, n in led.items() if n == victim))
-    redis = RedisRecords.from_url(redis_url, namespace=prefix)
+    redis = RedisRecords(redis_at(redis_url)(pooled=True), namespace=prefix)
     # Records and events are sealed under the agents' keys, which the ledger makes as it goes
     # (and publishes before anything sealed under them): each read below catches up first.
     keys = await open_keys(Settings(topic_prefix=prefix, kafka_bootstrap=bootstrap), follow=False)

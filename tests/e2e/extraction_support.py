@@ -22,6 +22,7 @@ from services.stack import Stack, stack_env
 from settings import Settings
 from tests.conftest import eventually
 from tests.fakes.model_server import Reply
+from tests.redis_at import redis_at
 from workers.keys import open_keys
 from workers.topic_reader import TopicReader
 
@@ -166,7 +167,7 @@ async def set_consent(settings: Settings, tenant: str, agent: str, user: str, gr
 async def set_consents(settings: Settings, subjects: list[tuple[str, str, str]], grant: bool = True) -> None:
     """`set_consent` for many (tenant, agent, user) subjects at once."""
     await send_commands(settings, *(consent_command(t, a, u, grant) for t, a, u in subjects))
-    records = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    records = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     want = "granted" if grant else "withdrawn"
     try:
         async def held():

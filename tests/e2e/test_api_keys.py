@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import uuid
 
-from projections.redis_client import connect, scan_keys, unlink_keys
+from projections.redis_client import scan_keys, unlink_keys
 from services.auth import key_digest
 from services.client import MemlaneClient
 from tests.conftest import eventually, refused
+from tests.redis_at import redis_at
 
 
 async def test_keys_keep_working_and_revoked_ones_stay_refused_when_redis_loses_the_key_store(stack, settings):
@@ -24,7 +25,7 @@ async def test_keys_keep_working_and_revoked_ones_stay_refused_when_redis_loses_
         helper_id = next(k["id"] for k in listed if k["role"] == "helper")
         await op.revoke_key(helper_id)
 
-    r = connect(settings.redis_url)
+    r = redis_at(settings.redis_url)()
     try:
         store = [k async for k in scan_keys(r, f"{settings.redis_root}apikey*")]
         assert f"{settings.redis_root}apikey:{key_digest(agent_key)}" in store

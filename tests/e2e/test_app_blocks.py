@@ -11,6 +11,7 @@ from projections.redis_records import RedisRecords
 from services.client import MemlaneClient
 from services.mcp_server import build_mcp
 from tests.e2e.rebuild_support import rebuilt_redis
+from tests.redis_at import redis_at
 
 CFG = AgentConfig.model_validate({"memory": {"tools": ["add_memory", "curate_block"]}})
 
@@ -60,7 +61,7 @@ async def test_application_blocks_are_recalled_only_for_their_application_and_su
         assert labels(await c.blocks(application="chat")) == labels(await c.blocks())
 
     # A rebuild fills a new generation from the log alone: the same blocks, kept apart.
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         fields = await store.r.hkeys(f"{store._ns(await rebuilt_redis(stack, store))}:blocks:{{{tenant}/{agent}}}")
         assert sorted(f.decode() if isinstance(f, bytes) else f for f in fields) == [

@@ -21,6 +21,7 @@ from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from services.memory import Context
 from tests.conftest import eventually
 from tests.e2e.test_history import History, turn
+from tests.redis_at import redis_at
 
 T = datetime(2026, 9, 20, 8, 0, tzinfo=UTC)
 LONG_TURNS = 15  # two messages each
@@ -111,7 +112,7 @@ async def visible(settings, tenant, agent, refs, user=None, role="agent", sessio
 
     before = codec.cipher()
     keys = await open_keys(settings, follow=False)
-    store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, keys=keys)
+    store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, keys=keys)
     try:
         ctx = Context(principal=Principal(tenant, agent, role), agent=agent, session=session, user=user)
         return set(await visible_messages(store, ctx, refs))
@@ -357,7 +358,7 @@ async def test_a_replay_gives_the_membership_windows_back(settings):
     ctx = Context(principal=Principal(tenant, agent, "agent"), agent=agent, session="g1")
     for gen in (911, 912):  # two replays into fresh generations: the same windows, the same visibility
         await _fold_redis(settings, gen)
-        store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen)
+        store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, gen)
         try:
             windows = await store.windows(tenant, agent, ["g1", "s1"])
             got = set(await visible_messages(store, ctx, refs))
@@ -397,7 +398,7 @@ async def test_removing_an_agent_or_tenant_drops_its_membership_windows_for_good
     stores: list[RedisHistory] = []
 
     def store(gen: int) -> RedisHistory:
-        stores.append(RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen))
+        stores.append(RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, gen))
         return stores[-1]
 
     try:

@@ -20,6 +20,7 @@ from services.client import MemlaneClient, MemlaneError, TurnPublisher
 from tests.conftest import eventually, refused
 from tests.e2e.rebuild_support import rebuilt_redis
 from tests.e2e.test_history import turn
+from tests.redis_at import redis_at
 
 T = datetime(2026, 9, 21, 9, 0, tzinfo=UTC)
 
@@ -312,11 +313,11 @@ async def test_a_rebuild_gives_the_notes_back(stack, settings):
     from projections.redis_notes import NoteView
     from projections.redis_records import RedisRecords
 
-    live = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    live = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         rebuilt = await rebuilt_redis(stack, live)
         # The new generation holds the notes at their revisions, filled from the log alone.
-        view = NoteView(RedisRecords.from_url(settings.redis_url, generation=rebuilt, namespace=settings.topic_prefix))
+        view = NoteView(RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=rebuilt, namespace=settings.topic_prefix))
         try:
             assert [await view.revision(tenant, agent_id, user, n) for user, n in
                     ((None, "release"), (None, "gone"), ("fay", "fay-cards"))] == [2, 0, 1]

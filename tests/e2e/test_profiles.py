@@ -19,6 +19,7 @@ from tests.e2e.extraction_support import answer, turn
 from tests.e2e.extraction_support import new_agent as stack_agent
 from tests.e2e.rebuild_support import rebuilt_redis
 from tests.fakes.model_server import Reply
+from tests.redis_at import redis_at
 
 CFG = AgentConfig.model_validate({"memory": {"consent": "required", "tools": ["add_memory", "profile_write"],
                                              "scope": {"read": ["user"], "write": ["user"]}}})
@@ -147,7 +148,7 @@ async def stored_profiles(settings, tenant: str, agent: str) -> set[str]:
     """The members whose profile the live Redis generation holds for the agent."""
     from projections.redis_records import RedisRecords
 
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         fields = await store.r.hkeys(profiles_key(store._ns(await store.generation()), tenant, agent))
         return {f.decode() if isinstance(f, bytes) else f for f in fields}
@@ -160,7 +161,7 @@ async def rebuild_redis(stack, settings, tenant: str, agent: str) -> dict[str, b
     to. Returns the agent's profile hash in the new generation, as stored (user -> raw event)."""
     from projections.redis_records import RedisRecords
 
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         stored = await store.r.hgetall(profiles_key(store._ns(await rebuilt_redis(stack, store)), tenant, agent))
         return {(k.decode() if isinstance(k, bytes) else k): (v.encode() if isinstance(v, str) else v)

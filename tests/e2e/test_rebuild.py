@@ -13,6 +13,7 @@ from events.config import member_facts
 from services.client import MemlaneClient
 from services.stack import stack_env
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 
 
 def no_embedding_env(env: dict[str, str], tmp_path) -> tuple[dict[str, str], object]:
@@ -126,7 +127,7 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
         proc = subprocess.run(cmd, env=stack.env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f'"start_method": "{method}"' in proc.stderr
-    store = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         live = await store.generation()
         assert live >= 3

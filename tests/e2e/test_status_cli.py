@@ -15,10 +15,10 @@ from functools import partial
 import pytest
 
 from events.topics import COMMANDS, TOPICS
-from projections.redis_client import connect
 from services.stack import PIPELINE
 from tests.conftest import ROOT, eventually
 from tests.e2e.extraction_support import send_poison_command
+from tests.redis_at import redis_at
 from workers.heartbeat import heartbeat_key
 
 SECRET = "sk-status-secret-4242"
@@ -115,7 +115,7 @@ async def test_status_reports_workers_dead_letters_generations_and_the_model_wit
 
 async def beating(settings, worker: str, pid: int) -> bool:
     """Whether the worker's heartbeat in Redis is the process `pid`'s."""
-    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+    r = redis_at(settings.redis_url, settings.redis_cluster)(decode_responses=False)
     try:
         beat = await r.get(heartbeat_key(settings, worker))
     finally:
@@ -125,7 +125,7 @@ async def beating(settings, worker: str, pid: int) -> bool:
 
 async def lapse(settings, worker: str) -> None:
     """Moves the worker's heartbeat to the end of its TTL, as the time after its last beat would."""
-    r = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+    r = redis_at(settings.redis_url, settings.redis_cluster)(decode_responses=False)
     try:
         await r.pexpire(heartbeat_key(settings, worker), 1)
     finally:

@@ -21,6 +21,7 @@ from events.rules.activity import minute_of
 from events.sealing import SEALED_MARK
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.activity import ActivityView
+from tests.redis_at import redis_at
 from tests.unit.test_activity_rules import record_event, refused, retrieved, turn
 from workers.activity import ActivityFollower
 from workers.kafka_io import ensure_topics
@@ -35,7 +36,7 @@ async def deployment(settings, tmp_path):
     keys = await open_keys(s)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
-    view = ActivityView.from_url(s.redis_url, s.redis_root)
+    view = ActivityView(redis_at(s.redis_url)(), s.redis_root)
     try:
         yield s, keys, producer, view
     finally:

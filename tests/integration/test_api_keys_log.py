@@ -15,12 +15,12 @@ from aiokafka import TopicPartition
 from events.topics import API_KEYS
 from events.web_sessions import session_hash
 from projections.redis_api_keys import ApiKeyView
-from projections.redis_client import connect
 from services.auth import KeyStore, key_digest
 from services.http.sessions import SESSION_TTL_S, WebSessions
 from settings import Settings
 from tests.conftest import eventually
 from tests.private_redis import PrivateRedis
+from tests.redis_at import redis_at
 from workers.api_keys import ApiKeyLog
 from workers.topic_reader import TopicReader
 from workers.web_sessions import WebSessionLog
@@ -34,7 +34,7 @@ async def redis(tmp_path):
     server.start()
     try:
         await eventually(server.ping, timeout=10)
-        client = connect(server.url, cluster=False)
+        client = redis_at(server.url, False)()
         yield client
         await client.aclose()
     finally:

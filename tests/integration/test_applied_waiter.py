@@ -13,6 +13,7 @@ from events import BlockChanged, RecordAdded
 from projections.applied_waiter import block_key, record_key
 from projections.redis_records import RedisRecords
 from tests.contract.test_record_view import T0, ev, rec
+from tests.redis_at import redis_at
 
 _gen = itertools.count(1)
 
@@ -23,9 +24,9 @@ async def views(settings):
     generation of their own."""
     gen = int(settings.topic_prefix.strip("t.")[-6:], 16) % 10_000_000 * 1000 + 500 + next(_gen)
     ns = settings.topic_prefix
-    worker = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=ns, announce=True)
-    api = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=ns)
-    silent = RedisRecords.from_url(settings.redis_url, generation=gen, namespace=ns)
+    worker = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=ns, announce=True)
+    api = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=ns)
+    silent = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=ns)
     yield worker, api, silent
     keys = [k async for k in worker.r.scan_iter(f"ml:{ns}g{gen}:*", count=10_000)]
     if keys:

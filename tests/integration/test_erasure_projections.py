@@ -30,6 +30,7 @@ from projections.embedding_port import MODEL_ID
 from projections.qdrant_index import SearchFilter
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.embedding import EmbeddingWorker
 from workers.kafka_io import ensure_topics
 from workers.keys import open_keys
@@ -182,7 +183,7 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
         v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, codec.cipher())
         await producer.send_and_wait(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),
                                      partition=vector_partition(md.partition))
-    shards = MemoryShards(s, 1, keys=keys)
+    shards = MemoryShards(s, 1, redis_at(s.redis_url), keys=keys)
     task = asyncio.create_task(shards.run())
     try:
         await eventually(lambda: points(shards, a) == {"ann-a", "bob-a"} and points(shards, b) == {"ann-b", "team-b"},
@@ -203,7 +204,7 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
     # Ann's keys destroyed: a generation built from the log skips her records, and counts them.
     for agent in (a, b):
         await keys.destroy(subject_of("t", agent, "ann"))
-    fresh = MemoryShards(s, 2, keys=keys)
+    fresh = MemoryShards(s, 2, redis_at(s.redis_url), keys=keys)
     task = asyncio.create_task(fresh.run())
     try:
         await fresh.caught_up()
@@ -223,7 +224,7 @@ async def test_the_record_view_holds_no_plaintext_and_leaves_out_what_it_cannot_
                          text=f"Tabs, says {canary}")
     events = [as_lean(added(ann)), as_lean(added(team)), as_lean(block)]
     await keys.flush()
-    view = RedisRecords.from_url(s.redis_url, generation=1, namespace=s.topic_prefix, keys=keys)
+    view = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=1, namespace=s.topic_prefix, keys=keys)
     try:
         await view.apply(events, [("ev:0", 3)])
         stored = [v for k in [k async for k in view.r.scan_iter(f"ml:{s.topic_prefix}*")]
@@ -236,7 +237,7 @@ async def test_the_record_view_holds_no_plaintext_and_leaves_out_what_it_cannot_
         assert await view.get("t", "a", "ann1") is None and view.unreadable == 1
         assert [r.id for r in (await view.page("t", "a", 10)).records] == ["team1"]
         # A generation filled afterwards stores nothing of ann's.
-        again = RedisRecords.from_url(s.redis_url, generation=2, namespace=s.topic_prefix, keys=keys)
+        again = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=2, namespace=s.topic_prefix, keys=keys)
         try:
             await again.fill(events, [("ev:0", 3)])
             assert again.unreadable == 1

@@ -19,6 +19,7 @@ from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID
 from services.http.shards import ShardOwner
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -28,7 +29,7 @@ async def test_a_command_answered_after_the_swap_reaches_its_caller(settings, tm
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}swap{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path})
     await ensure_topics(s)
-    owner = ShardOwner(s)
+    owner = ShardOwner(s, redis_at(s.redis_url))
     await owner.open(1)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()

@@ -22,6 +22,7 @@ from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
+from tests.redis_at import redis_at
 from workers.history import HistoryProjector
 from workers.history_embedding import HistoryEmbedding
 from workers.history_qdrant import HistoryQdrantProjection
@@ -32,10 +33,10 @@ from workers.runtime import Runner
 async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> None:
     """`memlane worker history` into `generation` until it has read `topics` to their ends
     (a fresh generation: from offset 0, a replay)."""
-    proc = HistoryProjector(settings, generation=generation)
+    proc = HistoryProjector(settings, redis_at(settings.redis_url), generation=generation)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.replay.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
-    store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, generation)
+    store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, generation)
     tps = [TopicPartition(settings.topic(t.name), p) for t in topics for p in range(t.partitions)]
     end = await runner_end_offsets(settings, tps)
     try:
@@ -103,7 +104,7 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
     # Redis: two replays into fresh generations agree with the pure fold.
     for gen in (901, 902):
         await _fold_redis(settings, gen)
-        store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, gen)
+        store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, gen)
         got = await store.get_many(tenant, agent, "s1", list(expected) + ["never"])
         await store.r.delete(*[k async for k in store.r.scan_iter(f"{store.ns}:*", count=10_000)])
         await store.aclose()

@@ -20,6 +20,7 @@ from events.rules.ledger.notes import owner_key, revision_of
 from projections.redis_notes import NoteView
 from projections.redis_records import RedisRecords
 from tests.integration.views import applied_and_filled, dropped
+from tests.redis_at import redis_at
 
 T0 = datetime(2026, 12, 2, tzinfo=UTC)
 NOTES = ["n1", "n2", "n.3"]
@@ -73,8 +74,8 @@ async def shown(store: RedisRecords) -> dict:
 @given(ops=st.lists(op, min_size=1, max_size=25), data=st.data())
 async def test_incremental_and_rebuilt_note_views_agree_with_the_ledger(settings, ops, data):
     events, state = ledger_events(ops)
-    inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
-    rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    inc = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
+    rebuilt = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         await applied_and_filled(inc, rebuilt, events, data)
         expected = await shown(rebuilt)
@@ -101,7 +102,7 @@ async def test_an_agents_removal_drops_every_note_of_the_agent_and_only_its(sett
         for e in decide(state, cmd):
             evolve(state, e)
             events.append(e)
-    view = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    view = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         await view.apply(events)
         notes = NoteView(view)

@@ -17,6 +17,7 @@ from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, decide, evolve
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
+from tests.redis_at import redis_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _gens = itertools.count(5_000_000)
@@ -114,8 +115,8 @@ async def test_incremental_rebuild_and_fold_agree(settings, ops, data):
             log.append(events[data.draw(st.integers(0, i))])
     fold = MemoryFold()
     await fold.apply(events)
-    inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
-    rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    inc = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
+    rebuilt = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         for batch in deliveries:
             await inc.apply(batch)

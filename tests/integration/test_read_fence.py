@@ -18,6 +18,7 @@ from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import SearchFilter
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 from workers.memory_shards import MemoryShards
 
@@ -28,7 +29,7 @@ async def test_a_position_is_reached_once_the_agents_records_are_searchable(sett
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}fence{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path, "encryption": False})
     await ensure_topics(s)
-    shards = MemoryShards(s, 1)
+    shards = MemoryShards(s, 1, redis_at(s.redis_url))
     task = asyncio.create_task(shards.run())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()

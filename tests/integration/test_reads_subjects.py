@@ -30,6 +30,7 @@ from services.errors import ApiError
 from services.memory import Context, MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from tests.private_redis import PrivateRedis
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics, producer
 from workers.memory_shards import MemoryShards
 
@@ -46,8 +47,8 @@ class Subjects:
         self.settings = settings.model_copy(update={"data_dir": tmp_path})
         self.tenant = f"subj{uuid.uuid4().hex[:8]}"
         self.ns = f"{settings.topic_prefix}subj{uuid.uuid4().hex[:6]}."
-        self.view = RedisRecords.from_url(redis_url or settings.redis_url, namespace=self.ns)
-        self.shards = MemoryShards(self.settings, 1)
+        self.view = RedisRecords(redis_at(redis_url or settings.redis_url)(pooled=True), namespace=self.ns)
+        self.shards = MemoryShards(self.settings, 1, redis_at(self.settings.redis_url))
         self.n = 0
 
     async def __aenter__(self) -> Subjects:

@@ -20,6 +20,7 @@ from projections.embedding_port import MODEL_ID
 from projections.qdrant_index import SearchFilter
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 from workers.memory_shards import MemoryShards
 
@@ -46,7 +47,7 @@ class Stack:
         await ensure_topics(self.s)
         self.producer = AIOKafkaProducer(bootstrap_servers=self.s.kafka_bootstrap)
         await self.producer.start()
-        self.view = RedisRecords.from_url(self.s.redis_url, namespace=self.s.topic_prefix)
+        self.view = RedisRecords(redis_at(self.s.redis_url)(pooled=True), namespace=self.s.topic_prefix)
         self.shards: MemoryShards | None = None
         return self
 
@@ -77,7 +78,7 @@ class Stack:
 
     async def serve(self) -> MemoryShards:
         # The first pass at once: a served process waits a minute before it.
-        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1)
+        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1, redis_at(self.s.redis_url))
         self.task = asyncio.create_task(self.shards.run())
         await self.shards.caught_up()
         # The run at start has nothing to heal.

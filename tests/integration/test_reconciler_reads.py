@@ -10,6 +10,7 @@ from events import RecordAdded
 from events.lean import as_lean, decode_lean
 from events.record import MemoryRecord
 from projections.redis_records import RedisRecords
+from tests.redis_at import redis_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -22,7 +23,7 @@ def added(agent: str, rid: str, version: int = 1):
 
 
 async def test_the_reconcilers_reads_of_the_view(settings):
-    view = RedisRecords.from_url(settings.redis_url, namespace=f"{settings.topic_prefix}reads.")
+    view = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=f"{settings.topic_prefix}reads.")
     try:
         gen = await view.generation()
         await view.apply([added("a", "r1"), added("a", "r2"), added("b", "r3")], [("ev:0", 3), ("ev:0", 4), ("ev:0", 5)])

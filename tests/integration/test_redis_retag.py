@@ -10,13 +10,14 @@ import pytest
 
 from events.rules.history import HistoryFilter, KeptEvent
 from projections.activity import ActivityView
-from projections.redis_client import connect, is_cluster
+from projections.redis_client import is_cluster
 from projections.redis_history import RedisHistory, seal_event
+from tests.redis_at import redis_at
 
 
 @pytest.fixture
 async def redis(settings):
-    r = connect(settings.redis_url)
+    r = redis_at(settings.redis_url)()
     if is_cluster(r):
         await r.aclose()
         pytest.skip("a cluster never held the layout before hash tags")

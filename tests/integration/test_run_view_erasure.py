@@ -14,6 +14,7 @@ from events import SubjectErased
 from events.memory import RunEntryAdded
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView, run_key
+from tests.redis_at import redis_at
 
 NOW = datetime.now(UTC)
 _gen = itertools.count(1)
@@ -22,7 +23,7 @@ _gen = itertools.count(1)
 @pytest.fixture(params=["apply", "fill"])
 async def view(request, settings):
     gen = 9_000_000_000 + int(uuid.uuid4().hex[:6], 16) * 10 + next(_gen) % 10
-    store = RedisRecords.from_url(settings.redis_url, generation=gen)
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen)
     write = store.apply if request.param == "apply" else store.fill
     yield store, write
     keys = [k async for k in store.r.scan_iter(f"ml:g{gen}:*", count=10_000)]

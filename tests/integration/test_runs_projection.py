@@ -19,6 +19,7 @@ from events.rules.ledger.runs import run_of
 from projections.redis_records import RedisRecords
 from projections.redis_runs import RunView
 from tests.integration.views import applied_and_filled, dropped
+from tests.redis_at import redis_at
 
 # Near now: the view's keys expire (collected by Redis) 49 hours after a run's last write.
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
@@ -61,8 +62,8 @@ async def shown(view: RunView) -> dict:
 @given(ops=st.lists(op, min_size=1, max_size=20), data=st.data())
 async def test_incremental_and_rebuilt_run_views_agree_with_the_ledger(settings, ops, data):
     events, state = ledger_events(ops)
-    inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
-    rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    inc = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
+    rebuilt = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         await applied_and_filled(inc, rebuilt, events, data)
         expected = await shown(RunView(rebuilt))
@@ -88,7 +89,7 @@ async def test_a_run_written_again_after_it_expired_shows_only_its_new_entries(s
         for e in decide(state, cmd):
             evolve(state, e)
             events.append(e)
-    view = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    view = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         await view.apply(events[:2])
         await view.apply(events[2:])

@@ -23,6 +23,7 @@ from events.rules import conventions
 from events.rules.ledger import LedgerState, decide, evolve
 from projections.redis_records import RedisRecords
 from projections.redis_shared import SharedView
+from tests.redis_at import redis_at
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 OP = Provenance(source=Source.OPERATOR)
@@ -85,8 +86,8 @@ EXPECTED = {
 
 async def test_incremental_with_redeliveries_and_a_rebuild_show_what_the_ledger_decided(settings):
     events = ledger_events()
-    inc = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
-    rebuilt = RedisRecords.from_url(settings.redis_url, generation=next(_gens))
+    inc = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
+    rebuilt = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=next(_gens))
     try:
         for i in range(0, len(events), 2):
             await inc.apply(events[i:i + 2])

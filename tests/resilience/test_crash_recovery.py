@@ -24,6 +24,7 @@ from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
 from settings import Settings
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.keys import open_keys
 from workers.topic_reader import TopicReader
 
@@ -94,7 +95,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
     commands_topic, events_topic = prefix + COMMANDS.name, prefix + EVENTS.name
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, linger_ms=20)
     await producer.start()
-    redis = RedisRecords.from_url(settings.redis_url, namespace=prefix)
+    redis = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=prefix)
     keys = None
     watcher = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
                                isolation_level="read_committed")

@@ -30,6 +30,7 @@ from services.stack import Stack
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic_at
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 from workers.kafka_io import producer as kafka_producer
 from workers.keys import open_keys
@@ -217,7 +218,7 @@ async def test_only_the_deployments_key_removes_a_tenant_and_its_api_keys_go_at_
     the workspace agent and revokes every key the tenant was issued."""
     s = Settings(topic_prefix=f"{settings.topic_prefix}tenant{uuid.uuid4().hex[:4]}.", encryption=False)
     await ensure_topics(s)
-    records = RedisRecords.from_url(s.redis_url, namespace=s.topic_prefix)
+    records = RedisRecords(redis_at(s.redis_url)(pooled=True), namespace=s.topic_prefix)
     store = KeyStore(records.r, "the-deployments-own-key", f"ml:{s.topic_prefix}")
     prod = kafka_producer(s)
     await prod.start()

@@ -21,6 +21,7 @@ from events.topics import COMMANDS, EVENTS
 from projections.redis_records import RedisRecords
 from services.stack import free_port
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.kafka_io import reader
 from workers.topic_reader import tp_key
 
@@ -129,7 +130,7 @@ async def test_ready_waits_for_ledger_recovery_and_projection_catch_up(bare_stac
     start("redis-projection")
     seen = await _watch(projection)
     assert [r for s, rs in seen if s == 503 for r in rs if r.startswith("catching up")], seen
-    records = RedisRecords.from_url(settings.redis_url, namespace=settings.topic_prefix)
+    records = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
         ckpt = await records.checkpoints()
     finally:

@@ -14,6 +14,7 @@ from events.topics import EVENTS
 from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
+from tests.redis_at import redis_at
 from workers.kafka_io import ensure_topics
 
 T0 = datetime(2026, 2, 1, tzinfo=UTC)
@@ -42,7 +43,7 @@ async def test_projection_survives_a_redis_outage(bare_stack):
     await ensure_topics(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
     await producer.start()
-    view = RedisRecords.from_url(redis.url, namespace=prefix)
+    view = RedisRecords(redis_at(redis.url)(pooled=True), namespace=prefix)
     group = f"{settings.group_prefix}.{prefix}redis-projection"
     before = await _ends(settings.kafka_bootstrap, topic)  # the earlier modules' events
     try:

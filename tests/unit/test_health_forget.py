@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.http.health_probe import HealthProbe, forgotten
 from settings import Settings
+from tests.redis_at import redis_at
 
 
 def test_a_worker_without_a_beat_past_the_bound_is_forgotten_and_an_untimed_one_starts_timing():
@@ -14,7 +15,7 @@ def test_a_worker_without_a_beat_past_the_bound_is_forgotten_and_an_untimed_one_
 
 
 async def test_the_probe_does_not_share_the_apis_connection_pool():
-    probe = HealthProbe(Settings())
+    probe = HealthProbe(Settings(), redis_at())
     try:
         pool = probe.r.connection_pool
         assert probe.r is not None and type(pool).__name__ == "ConnectionPool"

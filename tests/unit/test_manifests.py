@@ -161,9 +161,9 @@ def _settings_from(configmap: dict):
 
 def _workers(settings) -> dict[str, dict]:
     """name -> the consumer group, source topics and their partition count, as a worker started
-    with these settings uses them (Runner's own naming, services/cli.py's worker table)."""
+    with these settings uses them (Runner's own naming, services/bootstrap.py's worker table)."""
     from events.topics import TOPICS
-    from services.cli import COMPANIONS, WORKERS, _load
+    from services.bootstrap import COMPANIONS, WORKERS, processor_class
     from services.stack import PIPELINE
     from settings import Settings
     from workers.runtime import Runner
@@ -177,9 +177,9 @@ def _workers(settings) -> dict[str, dict]:
 
     out = {}
     for name in PIPELINE:
-        group, topics = reads(_load(WORKERS[name]))
+        group, topics = reads(processor_class(name))
         # The processors that run in the worker's process, in consumer groups of their own.
-        companions = dict(reads(_load(path)) for path in COMPANIONS.get(name, ()))
+        companions = dict(reads(processor_class(c)) for c in COMPANIONS.get(name, ()))
         out[name] = {"group": group, "topics": topics, "companions": companions}
     return out
 

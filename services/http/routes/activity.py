@@ -29,7 +29,7 @@ class ActivityExtension:
     async def start(self, app: FastAPI, settings: Settings) -> None:
         # Its own Redis client, as the health probe has: a burst of chart reads never waits
         # behind the memory service's pool, nor the other way round.
-        self.view = ActivityView.from_url(settings.redis_url, settings.redis_root)
+        self.view = ActivityView(app.state.redis_at(), settings.redis_root)
         self.follower = ActivityFollower(settings, self.view, getattr(app.state, "data_keys", None))
         self.task = asyncio.create_task(self.follower.run(), name="activity-follower")
         self.task.add_done_callback(_report)

@@ -107,7 +107,7 @@ class HistoryExtension:
         self.index = HistoryIndex(history_shard_path(settings))
         self.projection = HistoryQdrantProjection(settings, self.index, keys)  # it never embeds: vectors come joined
         self.task = asyncio.create_task(self.projection.run(), name="history-projection")
-        self.store = RedisHistory.from_url(settings.redis_url, settings.topic_prefix, keys=keys)
+        self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys)
         app.state.history = self
 
     async def stop(self, app: FastAPI) -> None:

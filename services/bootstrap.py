@@ -1,0 +1,92 @@
+"""The composition root: where settings become adapters and processors.
+
+Every process builds what it runs here, and hands each processor, job and view the adapters it
+uses through its constructor: nothing below this module opens a connection from a URL or reads
+the environment. Test stacks build through the same functions."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from settings import Settings
+
+# Connections one process opens at most (per node on a cluster). On one server a burst of
+# requests beyond it waits for a free connection (up to POOL_WAIT_S) instead of failing with
+# "Too many connections"; redis-py's cluster client has no waiting pool, so it gets more.
+POOL_SIZE = 128
+POOL_WAIT_S = 20.0
+CLUSTER_POOL_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class RedisAt:
+    """The deployment's Redis (`projections.redis_client.Connect`): a URL, and whether it names
+    a node of a cluster. A value, so a rebuild's child processes get it pickled."""
+
+    url: str
+    cluster: bool = False
+
+    def __call__(self, *, pooled: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
+        import redis.asyncio as aioredis
+        from redis.asyncio.cluster import RedisCluster
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        retry = {"retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
+                 "retry_on_error": [ConnectionError, TimeoutError]} if pooled else {}
+        if self.cluster:
+            return RedisCluster.from_url(self.url, decode_responses=decode_responses, max_connections=CLUSTER_POOL_SIZE,
+                                         **retry, **kwargs)
+        if not pooled:
+            return aioredis.from_url(self.url, decode_responses=decode_responses, **kwargs)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, decode_responses=decode_responses, **retry,
+            **kwargs)
+        return aioredis.Redis.from_pool(pool)
+
+
+def redis_at(settings: Settings) -> RedisAt:
+    return RedisAt(settings.redis_url, settings.redis_cluster)
+
+
+# The stream processors `memlane worker NAME` runs, and the processors that run inside another
+# worker's process in consumer groups of their own. The run-compression worker is rare work of
+# the same kind as consolidation (one model call), usage counts and tenant convention candidates
+# are a few dict updates per batch for the ledger, and session history's vectors use the
+# embedding worker's model in a group of their own, so a turn's parts never hold up the vector
+# of a record search waits for.
+PROCESSORS = {
+    "extraction": "workers.extraction:ExtractionProcessor",
+    "consolidation": "workers.consolidation:ConsolidationProcessor",
+    "ledger": "workers.ledger:LedgerProcessor",
+    "embedding": "workers.embedding:EmbeddingWorker",
+    "redis-projection": "workers.redis_projection:RedisProjection",
+    "history": "workers.history:HistoryProjector",
+    "run-compression": "workers.run_compression:RunCompression",
+    "trust": "workers.trust:TrustProcessor",
+    "conventions": "workers.conventions:ConventionDetector",
+    "history-embedding": "workers.history_embedding:HistoryEmbedding",
+}
+WORKERS = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
+COMPANIONS = {"consolidation": ("run-compression",), "ledger": ("trust", "conventions"),
+              "embedding": ("history-embedding",)}
+# The processors that read or write Redis: they get the deployment's `RedisAt`.
+USE_REDIS = {"extraction", "consolidation", "redis-projection", "history", "run-compression", "conventions"}
+
+
+def processor_class(name: str) -> Any:
+    """The class of processor `name`, imported only when asked for: a worker's process loads
+    only its own processors' dependencies."""
+    if name not in PROCESSORS:
+        raise ValueError(f"worker: {name!r} is not one of {', '.join(WORKERS)}")
+    module, _, cls = PROCESSORS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_processor(name: str, settings: Settings) -> Any:
+    """The processor `name` (a worker of `WORKERS` or a companion), with its adapters."""
+    cls = processor_class(name)
+    return cls(settings, redis_at(settings)) if name in USE_REDIS else cls(settings)
