@@ -27,7 +27,7 @@ _opened = False
 
 def opened_in_this_process() -> bool:
     """Whether this process has opened a shard, and so started Edge's native threads
-    (forking it is then unsafe: see `workers.rebuild`)."""
+    (forking it is then unsafe: see `workers.jobs.rebuild`)."""
     return _opened
 
 

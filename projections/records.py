@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
+from events.codec import ContractError, decode
 from events.commands import WORKSPACE, block_field
 from events.memory import (
     RECORD_EVENTS,
@@ -42,7 +45,7 @@ from events.sealing import KeyDestroyed, KeyMissing
 
 
 class Keys(Protocol):
-    """The process's data keys (`workers.keys.KeyTopic`), as a view uses them."""
+    """The process's data keys (`workers.runtime.data_keys.KeyTopic`), as a view uses them."""
 
     async def catch_up(self) -> None:
         """Learns every key published so far."""
@@ -315,3 +318,32 @@ class MemoryFold:
 
     async def consents(self, tenant, agent):
         return dict(self.consent.get((tenant, agent), {}))
+
+
+# The memory events' erasures, for followers of that topic that need only them.
+ERASED_MARK = b'"SubjectErased"'
+
+
+class _Type(msgspec.Struct):
+    type: str = ""
+
+
+_TYPE = msgspec.json.Decoder(_Type)
+
+
+def erasure_of(source: str, value: bytes) -> Any:
+    """A `SubjectErased` of the memory events, or None for any other event (not decoded:
+    most are sealed, and history needs none of them). The mark only pre-filters: a record
+    whose kind or label reads "SubjectErased" is still not opened (its key may be unknown
+    here, or destroyed)."""
+    if ERASED_MARK not in value:
+        return None
+    try:
+        kind = _TYPE.decode(value).type
+    except msgspec.DecodeError as e:
+        raise ContractError("$", str(e)) from None
+    return decode(source, value) if kind == "SubjectErased" else None
+
+
+def erasure_at(e: SubjectErased) -> tuple[Erasure, int]:
+    return Erasure.of(e), int(e.occurred_at.timestamp() * 1000)

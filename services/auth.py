@@ -13,7 +13,7 @@ as it is for memory: `memlane.apikeys` holds every key and every revocation (eve
 and Redis holds a view of it under the deployment's root (`ml:<topic prefix>`, so two
 deployments sharing one Redis never accept each other's keys; projections/redis_api_keys.py).
 Issuing and revoking write the log first (acks=all), then Redis, and answer after both; the
-API process's follower (workers/api_keys.py) restores the view when Redis loses it, and until
+API process's follower (workers/followers/api_keys_follower.py) restores the view when Redis loses it, and until
 then its book answers for a key Redis lacks (docs/api-keys.md). The bootstrap operator key
 comes from settings and is never stored.
 """
@@ -33,7 +33,7 @@ from events.base import utcnow
 from projections.redis_api_keys import ApiKeyView
 
 if TYPE_CHECKING:
-    from workers.api_keys import ApiKeyLog
+    from workers.followers.api_keys_follower import ApiKeyLog
 
 Role = Literal["agent", "helper", "operator", "member"]
 

@@ -59,16 +59,16 @@ def redis_at(settings: Settings) -> RedisAt:
 # embedding worker's model in a group of their own, so a turn's parts never hold up the vector
 # of a record search waits for.
 PROCESSORS = {
-    "extraction": "workers.extraction:ExtractionProcessor",
-    "consolidation": "workers.consolidation:ConsolidationProcessor",
-    "ledger": "workers.ledger:LedgerProcessor",
-    "embedding": "workers.embedding:EmbeddingWorker",
-    "redis-projection": "workers.redis_projection:RedisProjection",
-    "history": "workers.history:HistoryProjector",
-    "run-compression": "workers.run_compression:RunCompression",
-    "trust": "workers.trust:TrustProcessor",
-    "conventions": "workers.conventions:ConventionDetector",
-    "history-embedding": "workers.history_embedding:HistoryEmbedding",
+    "extraction": "workers.processors.extraction.processor:ExtractionProcessor",
+    "consolidation": "workers.processors.consolidation:ConsolidationProcessor",
+    "ledger": "workers.processors.ledger.processor:LedgerProcessor",
+    "embedding": "workers.processors.embedding:EmbeddingProcessor",
+    "redis-projection": "workers.processors.redis_projection:RedisProjectionProcessor",
+    "history": "workers.processors.history_projection:HistoryProcessor",
+    "run-compression": "workers.processors.run_compression:RunCompressionProcessor",
+    "trust": "workers.processors.trust:TrustProcessor",
+    "conventions": "workers.processors.conventions:ConventionsProcessor",
+    "history-embedding": "workers.processors.history_embedding:HistoryEmbeddingProcessor",
 }
 WORKERS = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 COMPANIONS = {"consolidation": ("run-compression",), "ledger": ("trust", "conventions"),

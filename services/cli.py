@@ -35,13 +35,13 @@ def _refuse_default_operator_key(settings, what: str) -> int | None:
 def cmd_worker(args: argparse.Namespace) -> int:
     import uvloop
 
-    from workers.heap import tune_for_service
+    from workers.runtime.heap import tune_for_service
 
     settings = get_settings()
     names = list(WORKERS) if args.name == ALL else [args.name]
     configure(settings.log_level, service=f"worker.{args.name}")
     if args.deregister:
-        from workers.heartbeat import deregister
+        from workers.runtime.heartbeat import deregister
 
         for name in names:
             asyncio.run(deregister(settings, redis_at(settings), name))
@@ -67,9 +67,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 async def _run_worker(name: str, processor, settings) -> None:
     """One worker as its own process runs it: its runner (own consumer group, own transactional
     producer), heartbeat, probe and companions. `worker all` runs each of them in one loop."""
-    from workers.heartbeat import heartbeat
-    from workers.probe import WorkerProbe
-    from workers.runtime import Runner
+    from workers.runtime.heartbeat import heartbeat
+    from workers.runtime.probe import WorkerProbe
+    from workers.runtime.runner import Runner
 
     runner = Runner(processor, settings)
     # The heartbeat /health reads names the group the runner consumes in. The probe serves
@@ -81,7 +81,7 @@ async def _run_worker(name: str, processor, settings) -> None:
 async def _with_companions(name: str, processor, settings, main) -> None:
     """`main` (the worker's runner), and a runner for each companion processor. They share the
     worker's stop signal: one loop may hold only one handler per signal."""
-    from workers.runtime import Runner
+    from workers.runtime.runner import Runner
 
     runners = []
     for companion_name in COMPANIONS.get(name, ()):
@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from services.http import build_app
     from services.web.pages import WebExtension
-    from workers.heap import tune_for_service
+    from workers.runtime.heap import tune_for_service
 
     settings = get_settings()
     configure(settings.log_level, service="api")
@@ -112,7 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from workers.kafka_io import ensure_topics, wait_for_broker
+    from workers.runtime.kafka_io import ensure_topics, wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -137,8 +137,8 @@ def _progress_bars(labels: list[str]):
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
-    from workers.kafka_io import require_topics, wait_for_broker
-    from workers.rebuild import rebuild_all
+    from workers.jobs.rebuild import rebuild_all
+    from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -165,7 +165,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 async def _data_keys(settings):
     """Loads the data keys and installs the cipher, for a command that opens sealed events."""
-    from workers.keys import open_keys
+    from workers.runtime.data_keys import open_keys
 
     keys = await open_keys(settings, follow=False)
     if keys is not None:
@@ -189,8 +189,8 @@ def cmd_kek(args: argparse.Namespace) -> int:
     ciphertexts stay as they are); `retire` wraps again what is still under older versions and
     drops them, once every process was restarted on the new file (docs/encryption.md)."""
     from projections.keys import LocalKeyFile
-    from workers.kafka_io import wait_for_broker
-    from workers.keys import KeyTopic, open_keys
+    from workers.runtime.data_keys import KeyTopic, open_keys
+    from workers.runtime.kafka_io import wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -238,8 +238,8 @@ def _offsets(spec: str | None) -> dict[int, int] | None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
-    from workers.kafka_io import require_topics, wait_for_broker
-    from workers.rebuild import replay_qdrant, replay_redis
+    from workers.jobs.rebuild import replay_qdrant, replay_redis
+    from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
@@ -269,8 +269,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from events.base import utcnow
-    from workers.kafka_io import wait_for_broker
-    from workers.sweep import sweep
+    from workers.jobs.sweep import sweep
+    from workers.runtime.kafka_io import wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")

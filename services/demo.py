@@ -103,7 +103,7 @@ async def _log_bytes(settings: Settings, text: str) -> tuple[int, int]:
     from aiokafka import TopicPartition
 
     from events.topics import EVENTS
-    from workers.topic_reader import TopicReader
+    from workers.runtime.topic_reader import TopicReader
 
     async with TopicReader(settings) as c:
         msgs = await c.read_all([TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)])

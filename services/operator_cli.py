@@ -32,7 +32,7 @@ async def gather_status(settings: Settings) -> dict[str, Any]:
     from services.bootstrap import redis_at
     from services.http.health_probe import HealthProbe, assess
     from services.pipeline_status import model_config
-    from workers.dlq import DeadLetters
+    from workers.runtime.dlq import DeadLetters
 
     redis = redis_at(settings)
     r = redis(decode_responses=False, socket_timeout=5)
@@ -93,7 +93,7 @@ async def _projection(settings: Settings, r: Any) -> dict[str, Any]:
     """The Redis record view's generation (the one readers use) and those kept; the Qdrant
     generation the API serves from (its data directory: this host's), with when it was made
     current. A rebuild keeps the previous generation of each."""
-    from workers.memory_shards import current_generation, generation_path, qdrant_root
+    from workers.followers.memory_shards import current_generation, generation_path, qdrant_root
 
     errors: list[str] = []
     out: dict[str, Any] = {"redis": None, "qdrant": None}
@@ -126,13 +126,13 @@ async def _api(settings: Settings) -> dict[str, Any]:
 
 
 async def _processes(settings: Settings) -> dict[str, Any]:
-    """Each process's own `/ready` on its metrics port (workers.probe), on this host: `status`
+    """Each process's own `/ready` on its metrics port (workers.runtime.probe), on this host: `status`
     None when nothing answers there (not on this host, another port, or metrics off), which
     the heartbeats above already judge. An answer from another kind of process at that port
     is not taken."""
     try:
-        from workers import metrics
-        from workers.probe import metrics_port
+        from workers.runtime import metrics
+        from workers.runtime.probe import metrics_port
     except ImportError:  # a deployment without per-process probes
         return {}
     import httpx
@@ -247,8 +247,8 @@ def _letter_row(x: Any) -> list[str]:
 
 async def _with_letters(settings: Settings, fn) -> Any:
     from services.bootstrap import redis_at
-    from workers.dlq import DeadLetters
-    from workers.kafka_io import wait_for_broker
+    from workers.runtime.dlq import DeadLetters
+    from workers.runtime.kafka_io import wait_for_broker
 
     await wait_for_broker(settings, timeout=30)
     r = redis_at(settings)(decode_responses=False)
@@ -260,7 +260,7 @@ async def _with_letters(settings: Settings, fn) -> Any:
 
 def cmd_dlq(args: argparse.Namespace) -> int:
     from events.topics import TOPICS
-    from workers.dlq import dlq_name
+    from workers.runtime.dlq import dlq_name
 
     settings = get_settings()
     configure("WARNING", service="cli")
@@ -331,7 +331,7 @@ def _opened_value(settings: Settings, x: Any) -> str:
 
 
 async def _load_keys(settings: Settings) -> None:
-    from workers.keys import open_keys
+    from workers.runtime.data_keys import open_keys
 
     keys = await open_keys(settings, follow=False)
     if keys is not None:

@@ -24,13 +24,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from events.topics import TOPICS
 from projections.embedding_port import MODEL_ID
 from settings import Settings
-from workers.kafka_io import reader
-from workers.memory_shards import current_generation
+from workers.followers.memory_shards import current_generation
+from workers.runtime.kafka_io import reader
 
 TIMEOUT_S = 3.0
 CACHE_S = 1.0
 PEEK = 5
-# The dead-letter headers shown (workers.kafka_io.dlq_headers, and the runtime's consumer group).
+# The dead-letter headers shown (workers.runtime.kafka_io.dlq_headers, and the runtime's consumer group).
 DLQ_HEADERS = ("error", "source_topic", "source_partition", "source_offset", "attempt", "consumer_group")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -152,8 +152,8 @@ def readiness(children: list[Child], health: dict[str, Any] | None, status_code:
     """What keeps the run from being ready (empty: ready). `health`: the API's /health body
     (None: no answer); without an API child, only the children's own state counts.
 
-    A child with a probe port must also answer 200 on its own `/ready` (workers.probe,
-    services.http.probe)."""
+    A child with a probe port must also answer 200 on its own `/ready` (workers.runtime.probe,
+    services.http.readiness)."""
     waiting = [f"{c.name}: {c.state}" for c in children if c.state != "running"]
     for c in children:
         if c.state != "running":
@@ -219,7 +219,7 @@ class Child:
     restarts: int = 0
     restart_at: float = 0.0
     last_exit: str | None = None
-    # Its own /ready (workers.probe) on this port, set in its environment; None: not probed.
+    # Its own /ready (workers.runtime.probe) on this port, set in its environment; None: not probed.
     probe_port: int | None = None
     probe: tuple[int, list[str]] | None = None  # the last answer: (HTTP status, reasons)
     # Its MEMLANE_WORKER_INSTANCE, the same at each start (`instances`); None: not a worker.
@@ -483,7 +483,7 @@ def child_env() -> dict[str, str]:
 
 
 def run_from_args(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.metrics import PORT_INDEX
+    from workers.runtime.metrics import PORT_INDEX
 
     try:
         workers = [w.strip() for w in args.workers.split(",") if w.strip()] if args.workers else None

@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     worker_forget_s: float = Field(default=3600.0, gt=0)
     health_max_lag: int = Field(default=10_000, ge=0)
     # The serving process compares the record view with the memory index this often and
-    # heals what differs (`workers.reconciler`); 0 turns the periodic pass off.
+    # heals what differs (`workers.followers.reconciler`); 0 turns the periodic pass off.
     reconcile_every_s: float = Field(default=300.0, ge=0)
     # The first pass waits this long after the shards catch up: a process just started (or
     # just swapped generations) serves its first requests while parked records join their
@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     optimize_unindexed_points: int = Field(default=20_000, ge=0)
     optimize_check_s: float = Field(default=60.0, gt=0)
     optimize_lock_s: float = Field(default=3600.0, gt=0)
-    # Crash tests only: a named point where the process kills itself (workers.faults).
+    # Crash tests only: a named point where the process kills itself (workers.runtime.faults).
     fault_at: str | None = None
     # Crash tests only: seconds between an erasure's commit and its keys' destruction.
     ledger_erasure_delay_s: float = Field(default=0.0, ge=0)

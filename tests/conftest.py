@@ -61,7 +61,7 @@ def infra():
 @pytest.fixture(autouse=True)
 def _own_cipher():
     """A test that runs a worker in this process installs its keys as the process's cipher
-    (`workers.keys.open_keys`); the next test starts with the cipher it had before, whatever
+    (`workers.runtime.data_keys.open_keys`); the next test starts with the cipher it had before, whatever
     suite it is in (an e2e test that left one behind once sealed every later test's messages)."""
     from events import codec
 
@@ -89,7 +89,7 @@ def settings(infra, run_id, tmp_path_factory):
     yield s
     from concurrent.futures import ThreadPoolExecutor
 
-    from workers.kafka_io import delete_prefixed_topics
+    from workers.runtime.kafka_io import delete_prefixed_topics
 
     with ThreadPoolExecutor(1) as pool:  # its own loop, whatever loop this thread has
         pool.submit(asyncio.run, delete_prefixed_topics(s, run_id)).result()

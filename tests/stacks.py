@@ -24,7 +24,7 @@ from tests.private_redis import PrivateRedis
 # The session stack's API port; the model stack's ports sit beside it (clear of the ephemeral range).
 API_PORT = int(os.environ.get("MEMLANE_TEST_API_PORT", "28181"))
 MODEL_API_PORT = API_PORT + 1
-MODEL_METRICS_BASE = API_PORT + 1100  # + workers.metrics.PORT_INDEX for each process
+MODEL_METRICS_BASE = API_PORT + 1100  # + workers.runtime.metrics.PORT_INDEX for each process
 # The test profile of the model stack: short model timeouts and retries, fresh configuration
 # within half a second, debug logs (checked for personal data), every process's metrics, and
 # the ledger's retention pass every 2 s instead of nightly (tests/e2e/test_retention.py; it

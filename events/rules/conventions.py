@@ -1,6 +1,6 @@
 """Tenant conventions: which facts count, when two facts are "the same", and the command a
 candidate makes (docs/tenant-platform-memory.md). Pure; the conventions worker
-(`workers.conventions`) keeps the agents seen per fact key in Redis and sends the commands.
+(`workers.processors.conventions`) keeps the agents seen per fact key in Redis and sends the commands.
 
 Which facts count: a fact an agent established for itself, live, of agent scope, written with
 no member named and not in a preview. A member's user-scope facts and session-scope records

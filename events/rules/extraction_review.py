@@ -1,6 +1,6 @@
 """The review's pure parts: the window, the prompt, the answer schema, and decisions to commands.
 
-Nothing here does I/O, so each rule is testable alone. The worker (`workers.extraction`)
+Nothing here does I/O, so each rule is testable alone. The worker (`workers.processors.extraction.processor`)
 fetches the configuration and the similar memories, calls the model, and sends what
 `to_commands` returns.
 """
@@ -31,7 +31,7 @@ SIMILAR_PER_MESSAGE = 3
 MAX_HANDLES = 20
 MAX_SOURCES = 5  # source messages one fact may cite
 MAX_KEY_CHARS = 256
-NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")  # same as workers.extraction
+NAMESPACE = uuid.UUID("0e3b7f0c-4f4e-4d0b-8d8a-7f7d0f6a5b21")  # same as workers.processors.extraction.processor
 SCOPES = ("session", "user", "agent")  # a proposal naming none takes `visibility.default_scope` of the allowed
 
 DEFAULT_INSTRUCTIONS = """You maintain an AI agent's long-term memory. Read the conversation and decide

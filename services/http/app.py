@@ -32,11 +32,11 @@ from services.http.shards import ShardOwner
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
-from workers.api_keys import ApiKeyLog
-from workers.kafka_io import ensure_topics, producer, wait_for_broker
-from workers.keys import open_keys
-from workers.memory_shards import MemoryShards, current_generation
-from workers.metrics import MeteredEmbedder
+from workers.followers.api_keys_follower import ApiKeyLog
+from workers.followers.memory_shards import MemoryShards, current_generation
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics, producer, wait_for_broker
+from workers.runtime.metrics import MeteredEmbedder
 
 log = structlog.get_logger()
 
@@ -64,7 +64,7 @@ class Extension(Protocol):
 def extensions() -> list[Extension]:
     """The extensions every API process serves. Add new features here."""
     from services.http.index_optimize import IndexOptimizer
-    from services.http.probe import ProbeExtension
+    from services.http.readiness import ProbeExtension
     from services.http.routes.activity import ActivityExtension
     from services.http.routes.history import HistoryExtension
 
@@ -112,7 +112,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root, log=api_keys)
         app.state.api_keys = api_keys
         app.state.shards = shards
-        app.state.data_keys = data_keys  # workers.keys.KeyTopic: the data keys, None with encryption off
+        app.state.data_keys = data_keys  # workers.runtime.data_keys.KeyTopic: the data keys, None with encryption off
         app.state.health = HealthProbe(settings, redis)  # its own Redis client: see HealthProbe
         for ext in exts:
             await ext.start(app, settings)

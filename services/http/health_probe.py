@@ -21,8 +21,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from events.topics import TOPICS
 from projections.redis_client import Connect
 from settings import Settings
-from workers.heartbeat import heartbeat_key, registry_key, seen_key
-from workers.kafka_io import reader
+from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key
+from workers.runtime.kafka_io import reader
 
 PROBE_TIMEOUT_S = 3.0
 CACHE_S = 1.0

@@ -1,6 +1,6 @@
 """The index optimise policy, run by the API process that owns the memory shards.
 
-Every `optimize_check_s` it reads each shard's unindexed points (`workers.index_optimize`);
+Every `optimize_check_s` it reads each shard's unindexed points (`workers.jobs.optimize_policy`);
 once one has `optimize_unindexed_points` more than its last optimise left, it takes a Redis
 lock and runs `memlane rebuild --target qdrant --optimize` as a child process: a new
 generation, folded from the log and optimised beside the live one, which the shard owner's
@@ -21,9 +21,9 @@ import structlog
 
 from settings import Settings
 from settings.environment import child_environment
-from workers.index_optimize import optimize_due, read_left, shard_unindexed
-from workers.memory_shards import current_generation
-from workers.metrics import OPTIMIZE_CHECKS, OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
+from workers.followers.memory_shards import current_generation
+from workers.jobs.optimize_policy import optimize_due, read_left, shard_unindexed
+from workers.runtime.metrics import OPTIMIZE_CHECKS, OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
 
 log = structlog.get_logger()
 

@@ -27,7 +27,7 @@ from events.web_sessions import SessionRecord, session_hash
 from services.auth import KeyStore, Principal, key_digest
 
 if TYPE_CHECKING:
-    from workers.web_sessions import WebSessionLog
+    from workers.followers.web_sessions_follower import WebSessionLog
 
 COOKIE = "memlane_session"
 CSRF_HEADER = "x-csrf-token"

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, cast
 import structlog
 
 from settings import Settings
-from workers.memory_shards import MemoryShards, current_generation
+from workers.followers.memory_shards import MemoryShards, current_generation
 
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
     from projections.redis_client import Connect
-    from workers.keys import KeyTopic
+    from workers.runtime.data_keys import KeyTopic
 
 log = structlog.get_logger()
 
@@ -40,7 +40,7 @@ class ShardOwner:
         self.task: asyncio.Task | None = None
         self.on_swap: Callable[[ShardOwner], None] | None = None
         self.embedder: Embedder | None = None  # the process's, for the points the shards' reconciler heals
-        self.keys: KeyTopic | None = None  # the process's data keys (workers.keys.KeyTopic), for what the shards open
+        self.keys: KeyTopic | None = None  # the process's data keys (workers.runtime.data_keys.KeyTopic), for what the shards open
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:

@@ -72,7 +72,7 @@ from settings import Settings
 if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
     from services.memory.merge import MergeCheck
-    from workers.memory_shards import MemoryShards
+    from workers.followers.memory_shards import MemoryShards
 
 
 class MemoryCommands:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from events.errors import ErrorCode
 from projections.embedding_port import Embedder
 from services.errors import ApiError
-from workers.metrics import EMBED_QUEUED
+from workers.runtime.metrics import EMBED_QUEUED
 
 # A chunk holds texts until this many characters (or CHUNK_TEXTS texts): a few short queries
 # share one embedder call, a long one goes alone.

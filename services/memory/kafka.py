@@ -15,8 +15,8 @@ from events.limits import MESSAGE_LIMIT, largest_field, too_large
 from events.topics import COMMANDS, USAGE
 from services.errors import ApiError
 from settings import Settings
-from workers.kafka_io import producer as kafka_producer
-from workers.keys import KeyTopic
+from workers.runtime.data_keys import KeyTopic
+from workers.runtime.kafka_io import producer as kafka_producer
 
 log = structlog.get_logger()
 

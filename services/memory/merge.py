@@ -24,7 +24,7 @@ from projections.qdrant_index import SearchFilter
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
     from projections.redis_records import RedisRecords
-    from workers.memory_shards import MemoryShards
+    from workers.followers.memory_shards import MemoryShards
 
 log = structlog.get_logger()
 

@@ -38,12 +38,12 @@ from services.memory.recalled import OTHER, SAME, RecalledVersions
 from services.memory.rules import NOT_MEMBER, check_enabled, check_role, readable_by, refused, shown_to
 from services.memory.usage import UsageLog
 from settings import Settings
-from workers.metrics import RECALL_SECONDS, SEARCH_SECONDS, Timed
+from workers.runtime.metrics import RECALL_SECONDS, SEARCH_SECONDS, Timed
 
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
     from projections.redis_records import RedisRecords
-    from workers.memory_shards import MemoryShards
+    from workers.followers.memory_shards import MemoryShards
 
 
 @dataclass

@@ -24,7 +24,7 @@ from settings import Settings
 if TYPE_CHECKING:
     from projections.embedding_port import Embedder
     from projections.redis_records import RedisRecords
-    from workers.memory_shards import MemoryShards
+    from workers.followers.memory_shards import MemoryShards
 
 
 class MemoryService:

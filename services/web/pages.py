@@ -26,7 +26,7 @@ from services.http.sessions import COOKIE, SESSION_TTL_S, WebSession, WebSession
 from services.memory import overview
 from services.memory.member_reads import MEMBER_LIST
 from settings import Settings
-from workers.web_sessions import WebSessionLog
+from workers.followers.web_sessions_follower import WebSessionLog
 
 HERE = Path(__file__).parent
 # What a page may load and do: its own script and style only, so text that slipped past

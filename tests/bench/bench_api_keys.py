@@ -1,7 +1,7 @@
 """apikeys: how soon API keys are served again after Redis loses them (docs/api-keys.md).
 
 `redis_loss_recovery_s`: `MEMLANE_BENCH_APIKEYS` keys (default 10,000; one in ten revoked)
-issued through the API's key store and follower (workers/api_keys.py) on the local broker and
+issued through the API's key store and follower (workers/followers/api_keys_follower.py) on the local broker and
 Redis. Then the deployment's key-store keys are deleted (`ml:<prefix>apikey*`; the local Redis
 may be shared, so no FLUSHALL), and the figure runs from the end of that delete until the
 Redis view holds every key again:
@@ -29,7 +29,7 @@ from services.auth import KeyStore
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, progress
 from tests.redis_at import redis_at
-from workers.api_keys import ApiKeyLog
+from workers.followers.api_keys_follower import ApiKeyLog
 
 KEYS = int(os.environ.get("MEMLANE_BENCH_APIKEYS", "10000"))
 REVOKE_EVERY = 10

@@ -94,8 +94,8 @@ from tests.bench.common import bench_stack, discard, figure, median, percentile,
 from tests.e2e.extraction_support import extraction_stack, new_agent, turn
 from tests.fakes.model_server import FakeModel
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
-from workers.keys import open_keys
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
 
 # A keys topic just made is "not found in cluster metadata" a few times: noise among the progress.
 logging.getLogger("aiokafka.cluster").addFilter(
@@ -417,7 +417,7 @@ def rebuild_once(settings: Settings, keyring) -> tuple[float, float]:
     code = f"""
 import asyncio, json, resource, sys, time
 from settings import Settings
-from workers.rebuild import rebuild_all
+from workers.jobs.rebuild import rebuild_all
 from tests.redis_at import redis_at
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))

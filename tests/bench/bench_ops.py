@@ -5,7 +5,7 @@
   figure runs from the kill to the Kafka timestamp of that turn's fact on the event log (the
   survivor reviewed it and the ledger applied it); `outcome_s` to its `TurnResolved`. The dead
   worker leaves the group only when the broker misses its heartbeats for the consumer's
-  `session_timeout_ms` (`workers/kafka_io.py`), which the figure mostly is. Median of 3, the
+  `session_timeout_ms` (`workers/runtime/kafka_io.py`), which the figure mostly is. Median of 3, the
   killed worker started again (and the group shared again) between runs.
 - `ledger_ready_s_1m_events`: a ledger started on an event log of MEMLANE_BENCH_OPS_EVENTS
   events (default 1,000,000 RecordAdded, 200 per agent, as `bench_rebuild` writes them),
@@ -56,9 +56,9 @@ from tests.resilience.test_rebalance import (
     group_assignment,
     two_workers_share,
 )
-from workers import ledger_snapshot
-from workers.kafka_io import consumer, ensure_topics
-from workers.keys import open_keys
+from workers.processors.ledger import snapshot_file as ledger_snapshot
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import consumer, ensure_topics
 
 TAKEOVER_RUNS = 3
 EVENTS_N = int(os.environ.get("MEMLANE_BENCH_OPS_EVENTS", "1000000"))
@@ -374,7 +374,7 @@ async def _snapshots_in_process(settings: Settings) -> None:
     """Snapshots as a recovering ledger writes them, for a log whose partitions hold fewer events
     than a ledger waits for before it writes one (`LedgerProcessor.snapshot_every`)."""
     from settings.logging import configure
-    from workers.ledger import LedgerProcessor
+    from workers.processors.ledger.processor import LedgerProcessor
 
     configure("WARNING")
     ledger = LedgerProcessor(settings)

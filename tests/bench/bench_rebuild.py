@@ -27,9 +27,9 @@ from projections.redis_records import RedisRecords
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
-from workers.keys import open_keys
-from workers.memory_shards import shard_paths
+from workers.followers.memory_shards import shard_paths
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
 
 RECORDS = 100_000
 AGENTS = 500
@@ -94,7 +94,7 @@ def _rebuild_child(prefix: str, data_dir: str) -> dict:
     code = f"""
 import asyncio, json, sys, time
 from settings import Settings
-from workers.rebuild import rebuild_all
+from workers.jobs.rebuild import rebuild_all
 from tests.redis_at import redis_at
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 def timed(targets):
@@ -238,7 +238,7 @@ async def _ledger_recovery(settings: Settings, events: int) -> None:
     partitions of the event log from the start, so this rate and the log's length set how
     long a restarted or rebalanced ledger takes to start."""
     from settings.logging import configure
-    from workers.ledger import LedgerProcessor
+    from workers.processors.ledger.processor import LedgerProcessor
 
     configure("WARNING")  # the per-partition lines would go to stderr among the progress
     ledger = LedgerProcessor(settings)

@@ -49,8 +49,8 @@ from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
 from tests.redis_at import redis_at
-from workers.memory_shards import current_generation
-from workers.rebuild import rebuild_all
+from workers.followers.memory_shards import current_generation
+from workers.jobs.rebuild import rebuild_all
 
 AGENT_RECORDS = 100_000
 TOTAL = int(os.environ.get("MEMLANE_BENCH_RECALL_TOTAL", "1000000"))

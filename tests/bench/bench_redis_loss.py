@@ -30,7 +30,7 @@ from projections.redis_records import RedisRecords
 from tests.bench.common import bench_stack, figure, progress
 from tests.private_redis import PrivateRedis
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
+from workers.runtime.kafka_io import ensure_topics
 
 RECORDS = int(os.environ.get("MEMLANE_BENCH_REDISLOSS_RECORDS", "100000"))
 AGENTS = 500  # 200 each: an agent holds at most 200 live facts

@@ -32,7 +32,7 @@ from events.topics import EVENTS, TURNS
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import Stack, command
 from tests.bench.common import bench_stack, figure, progress
-from workers.history_embedding import HistoryEmbedding
+from workers.processors.history_embedding import HistoryEmbeddingProcessor
 
 TURN_COUNT = 240
 SESSIONS = 24  # 3 in each turns partition, so two workers get equal shares
@@ -116,7 +116,7 @@ def assigned(stack: Stack, workers: int) -> bool:
     for path in worker_logs(stack, workers):
         last = None
         for line in path.read_text().splitlines() if path.exists() else []:
-            if '"partitions_assigned"' in line and json.loads(line)["worker"] == HistoryEmbedding.name:
+            if '"partitions_assigned"' in line and json.loads(line)["worker"] == HistoryEmbeddingProcessor.name:
                 last = json.loads(line)["partitions"]
         if not last:
             return False

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from services.stack import Stack, free_port, stack_env
 from settings import ROOT, Settings
-from workers.kafka_io import delete_prefixed_topics
+from workers.runtime.kafka_io import delete_prefixed_topics
 
 
 def figure(name: str, value: float, unit: str, n: int, **extra) -> None:

@@ -12,7 +12,7 @@ from services.auth import KeyStore, KeyStorePort, Principal
 from settings import Settings
 from tests.fakes.keys import InMemoryKeyStore
 from tests.redis_at import redis_at
-from workers.api_keys import ApiKeyLog
+from workers.followers.api_keys_follower import ApiKeyLog
 
 BOOT = "the-deployments-own-key"
 

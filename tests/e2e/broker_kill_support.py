@@ -33,8 +33,8 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import turn
 from tests.redis_at import redis_at
-from workers.keys import open_keys
-from workers.topic_reader import TopicReader
+from workers.runtime.data_keys import open_keys
+from workers.runtime.topic_reader import TopicReader
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local" / "kafka-cluster.sh"

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.stack import Stack
-from workers.keys import ROLL_KEY
+from workers.runtime.data_keys import ROLL_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -347,7 +347,7 @@ async def dlq_still_opens(settings, canary: Canary) -> list[str]:
     the keys topic holds now still open to text holding the canary."""
     from events import codec
     from events.sealing import KeyDestroyed
-    from workers.keys import open_keys
+    from workers.runtime.data_keys import open_keys
 
     msgs = await read_all(settings.kafka_bootstrap, [settings.topic("memlane.turns.dlq")])
     keys = await open_keys(settings, follow=False)
@@ -591,7 +591,7 @@ class Scan:
 if __name__ == "__main__":
     if sys.argv[1] == "ledger":
         # The ledger worker, snapshotting as often as its rule allows.
-        from workers.ledger import LedgerProcessor
+        from workers.processors.ledger.processor import LedgerProcessor
 
         LedgerProcessor.snapshot_every = 1
         from services.cli import main

@@ -177,7 +177,7 @@ async def chaos_round(stack: Stack, operator_key: str, bootstrap: str, topic_pre
                       settle_s: float = 90.0, progress=None, fault: str | None = None) -> ChaosResult:
     """One burst of `writes` HTTP writes and `turns` turns; `victim` is killed (SIGKILL)
     once `kill_after` of the HTTP writes are acknowledged, and started again. With `fault` (a
-    MEMLANE_FAULT_AT value, workers.faults) the victim is started again before the burst with
+    MEMLANE_FAULT_AT value, workers.runtime.faults) the victim is started again before the burst with
     that fault point, and kills itself there instead."""
     res, t0 = ChaosResult(victim), time.monotonic()
     n_agents = max(1, -(-(writes + turns) // PER_AGENT))

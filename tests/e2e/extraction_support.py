@@ -23,8 +23,8 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.fakes.model_server import Reply
 from tests.redis_at import redis_at
-from workers.keys import open_keys
-from workers.topic_reader import TopicReader
+from workers.runtime.data_keys import open_keys
+from workers.runtime.topic_reader import TopicReader
 
 
 def extraction_stack(fake_url: str, prefix: str, data_dir: Path, port: int, embeddings: str = "openai",

@@ -31,7 +31,7 @@ from tests.e2e.extraction_support import (
 )
 from tests.fakes.model_server import Held
 from tests.stacks import MODEL_PROFILE
-from workers import extraction
+from workers.processors.extraction import processor as extraction
 
 # The model stack's calls: one and its retries (MEMLANE_MODEL_RETRIES), each given up on after
 # MEMLANE_MODEL_TIMEOUT_S (1.5 s): a review in flight is held by the fake, not by a long timeout.

@@ -12,7 +12,7 @@ from pathlib import Path
 from services.demo import CONVERSATION
 from services.stack import free_port, stack_env
 from settings import ROOT, Settings
-from workers.kafka_io import delete_prefixed_topics
+from workers.runtime.kafka_io import delete_prefixed_topics
 
 
 def test_memlane_demo_stores_the_committed_turns_and_finds_them(settings, infra):

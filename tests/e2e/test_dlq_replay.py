@@ -24,7 +24,7 @@ from tests.conftest import ROOT, eventually
 from tests.e2e.extraction_support import new_agent, turn
 from tests.fakes.model_server import Delay, Reply
 from tests.stacks import JOBS_PROFILE
-from workers.dlq import REPLAY_COUNT, REPLAY_FOR, REPLAY_OF
+from workers.runtime.dlq import REPLAY_COUNT, REPLAY_FOR, REPLAY_OF
 
 TIMEOUT_S = float(JOBS_PROFILE["MEMLANE_MODEL_TIMEOUT_S"])  # the fake answers a Delay far later
 LATE = Delay(TIMEOUT_S * 4)

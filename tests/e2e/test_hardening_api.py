@@ -236,7 +236,7 @@ async def test_a_configuration_is_answered_once_the_record_view_serves_it(stack,
     from events.codec import decode
     from events.config import AgentConfig, HistoryConfig
     from events.topics import EVENTS
-    from workers.topic_reader import TopicReader
+    from workers.runtime.topic_reader import TopicReader
 
     tenant, agent, key = await new_agent()
     projection = stack.procs["redis-projection"]

@@ -16,7 +16,7 @@ from events.limits import MAX_METADATA_BYTES
 from events.topics import COMMANDS
 from services.client import MemlaneClient
 from tests.conftest import eventually
-from workers.memory_shards import shard_of
+from workers.followers.memory_shards import shard_of
 
 AGENT_SCOPE = {"memory": {"scope": {"read": ["session", "agent"], "write": ["session", "agent"]}}}
 

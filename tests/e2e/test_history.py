@@ -358,7 +358,7 @@ def redis_values(prefix: str) -> list[tuple[str, str]]:
 async def history_vectors(settings) -> dict[str, bytes | None]:
     """The latest value (None: a tombstone) of each part's vector on `memlane.history.vectors`, by point id."""
     from events.topics import HISTORY_VECTORS
-    from workers.topic_reader import TopicReader
+    from workers.runtime.topic_reader import TopicReader
 
     tps = [TopicPartition(settings.topic(HISTORY_VECTORS.name), p) for p in range(HISTORY_VECTORS.partitions)]
     async with TopicReader(settings) as c:
@@ -387,7 +387,7 @@ async def test_history_holds_no_plaintext_and_an_erased_members_history_goes(new
     from events.topics import EVENTS
     from services.client import TurnPublisher
     from tests.e2e.extraction_support import send_to
-    from workers.history_qdrant import history_shard_path
+    from workers.followers.history_qdrant import history_shard_path
 
     tenant, agent, key = await new_agent(AgentConfig.model_validate({"history": {"index": "messages"}}))
     canary = f"zq{uuid.uuid4().hex}"

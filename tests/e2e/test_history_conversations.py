@@ -108,7 +108,7 @@ async def visible(settings, tenant, agent, refs, user=None, role="agent", sessio
     from events import codec
     from projections.redis_history import RedisHistory
     from services.http.history_access import visible_messages
-    from workers.keys import open_keys
+    from workers.runtime.data_keys import open_keys
 
     before = codec.cipher()
     keys = await open_keys(settings, follow=False)
@@ -337,7 +337,7 @@ async def test_no_other_agent_member_or_operator_gets_a_members_messages(across,
 async def _published(settings, tag: str):
     """Topics of the test's own (a replay of the shared ones would fold every other test's
     turns) holding the fixture's turns of a new agent: (settings, tenant, agent)."""
-    from workers.kafka_io import ensure_topics
+    from workers.runtime.kafka_io import ensure_topics
 
     settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}{tag}{uuid.uuid4().hex[:4]}."})
     await ensure_topics(settings)

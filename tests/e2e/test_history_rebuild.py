@@ -23,7 +23,7 @@ from projections.history_index import event_parts
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
-from workers.history_qdrant import history_shard_path
+from workers.followers.history_qdrant import history_shard_path
 
 QUERIES = ("When is the kestrel deployment window?", "migration runbook rollback steps", "giraffe codename",
            "who owns the runbook", "budget in euros")

@@ -49,7 +49,7 @@ async def test_an_agent_never_sees_another_agents_memory(stack, agent_pair):
 
 
 async def test_each_memory_shard_serves_its_own_agents(stack, settings, new_agent):
-    from workers.memory_shards import shard_of
+    from workers.followers.memory_shards import shard_of
 
     assert httpx.get(f"{stack.api_url}/health").json()["projection"]["shards"] == settings.memory_shards == 2
     by_shard: dict[int, tuple] = {}

@@ -26,10 +26,10 @@ from tests.e2e.extraction_support import answer, new_agent, send_commands, send_
 from tests.fakes.model_server import Raw, Reply
 from tests.fakes.model_server import Status as HttpStatus
 from tests.stacks import MODEL_API_PORT, MODEL_METRICS_BASE
-from workers.metrics import PORT_INDEX
+from workers.runtime.metrics import PORT_INDEX
 
 API_PORT = MODEL_API_PORT  # the model stack's API serves its own /metrics
-METRICS_BASE = MODEL_METRICS_BASE  # the model stack's processes: METRICS_BASE + workers.metrics.PORT_INDEX
+METRICS_BASE = MODEL_METRICS_BASE  # the model stack's processes: METRICS_BASE + workers.runtime.metrics.PORT_INDEX
 
 
 def port(name: str, base: int = METRICS_BASE) -> int:

@@ -23,7 +23,7 @@ from services.client import MemlaneClient
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent
-from workers.memory_shards import collections_of, qdrant_root
+from workers.followers.memory_shards import collections_of, qdrant_root
 
 AGENT_SCOPE = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})
 FACTS = (

@@ -112,7 +112,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
 
 async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, settings, new_agent):
     from projections.redis_records import RedisRecords
-    from workers.memory_shards import qdrant_root
+    from workers.followers.memory_shards import qdrant_root
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -143,7 +143,7 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
 
 async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settings, new_agent):
     from projections.qdrant_index import EdgeIndex
-    from workers.memory_shards import shard_paths
+    from workers.followers.memory_shards import shard_paths
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -196,7 +196,7 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
     from events.sealing import subject_of
     from events.topics import EVENTS
     from tests.e2e.extraction_support import send_to
-    from workers.keys import open_keys
+    from workers.runtime.data_keys import open_keys
 
     tenant, agent, key = await new_agent(member_facts())
     async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:

@@ -20,8 +20,8 @@ from services.client import MemlaneClient
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent, read_topic, send_to
 from tests.stacks import JOBS_PROFILE
-from workers.index_optimize import read_left
-from workers.memory_shards import current_generation, shard_of, shard_paths
+from workers.followers.memory_shards import current_generation, shard_of, shard_paths
+from workers.jobs.optimize_policy import read_left
 
 THRESHOLD = int(JOBS_PROFILE["MEMLANE_OPTIMIZE_UNINDEXED_POINTS"])
 AGENT_SCOPE = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})

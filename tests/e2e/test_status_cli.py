@@ -19,7 +19,7 @@ from services.stack import PIPELINE
 from tests.conftest import ROOT, eventually
 from tests.e2e.extraction_support import send_poison_command
 from tests.redis_at import redis_at
-from workers.heartbeat import heartbeat_key
+from workers.runtime.heartbeat import heartbeat_key
 
 SECRET = "sk-status-secret-4242"
 

@@ -1,4 +1,4 @@
-"""The activity view from real Kafka topics into real Redis (workers.activity, projections.activity).
+"""The activity view from real Kafka topics into real Redis (workers.followers.activity_follower, projections.activity).
 
 Sealed messages (the codec with this test's own data keys) of the three topics are followed
 into per-minute counts and per-record recall stats; poison is skipped and counted; and a
@@ -23,9 +23,9 @@ from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.activity import ActivityView
 from tests.redis_at import redis_at
 from tests.unit.test_activity_rules import record_event, refused, retrieved, turn
-from workers.activity import ActivityFollower
-from workers.kafka_io import ensure_topics
-from workers.keys import open_keys
+from workers.followers.activity_follower import ActivityFollower
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.private_redis import PrivateRedis
 from tests.redis_at import redis_at
-from workers.api_keys import ApiKeyLog
-from workers.topic_reader import TopicReader
-from workers.web_sessions import WebSessionLog
+from workers.followers.api_keys_follower import ApiKeyLog
+from workers.followers.web_sessions_follower import WebSessionLog
+from workers.runtime.topic_reader import TopicReader
 
 BOOT = "the-deployments-own-key"
 

@@ -19,7 +19,7 @@ from events.topics import COMMANDS
 from services.errors import ApiError
 from services.memory.commands import MemoryCommands
 from services.memory.kafka import KafkaCommandPublisher
-from workers.kafka_io import ensure_topics, producer, reader
+from workers.runtime.kafka_io import ensure_topics, producer, reader
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -31,11 +31,11 @@ from projections.qdrant_index import SearchFilter
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.embedding import EmbeddingWorker
-from workers.kafka_io import ensure_topics
-from workers.keys import open_keys
-from workers.memory_shards import MemoryShards, shard_of
-from workers.runtime import Runner
+from workers.followers.memory_shards import MemoryShards, shard_of
+from workers.processors.embedding import EmbeddingProcessor
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.runner import Runner
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EMBEDDER = OnnxMiniLM()
@@ -122,7 +122,7 @@ async def test_a_vector_belongs_to_its_subject_and_goes_with_it(deployment):
                record("shared", "a", text)]
     await publish(s, keys, producer, *map(added, records))
     embedder = Counting()
-    runner = Runner(EmbeddingWorker(s, embedder), s, group=f"{s.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
+    runner = Runner(EmbeddingProcessor(s, embedder), s, group=f"{s.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     try:
         async def three_subjects():

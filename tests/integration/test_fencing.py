@@ -16,8 +16,8 @@ from events.topics import COMMANDS, EVENTS
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
-from workers.kafka_io import ensure_topics, producer
-from workers.runtime import Out, Processor, Runner
+from workers.runtime.kafka_io import ensure_topics, producer
+from workers.runtime.runner import Out, Processor, Runner
 
 N = 30
 # The orphan's own timeout: far longer than the tests wait, so only a fence can end it in time.

@@ -20,7 +20,7 @@ from projections.embedding_port import MODEL_ID
 from services.http.shards import ShardOwner
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
+from workers.runtime.kafka_io import ensure_topics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ from redis import asyncio as aioredis
 
 from services.http.health_probe import HealthProbe
 from tests.redis_at import redis_at
-from workers.heartbeat import heartbeat_key, registry_key, seen_key
+from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key
 
 
 async def test_a_worker_gone_past_the_bound_is_forgotten_and_a_recent_one_is_reported_dead(settings):
@@ -33,7 +33,7 @@ async def test_a_worker_gone_past_the_bound_is_forgotten_and_a_recent_one_is_rep
 
 
 async def test_deregister_forgets_a_worker_at_once(settings):
-    from workers.heartbeat import deregister
+    from workers.runtime.heartbeat import deregister
 
     settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}hd{uuid.uuid4().hex[:6]}."})
     r = aioredis.from_url(settings.redis_url, decode_responses=True)

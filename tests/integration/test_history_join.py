@@ -25,8 +25,8 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import turn
 from tests.integration.test_history_replay import _embed_history
-from workers.history_qdrant import READ, HistoryQdrantProjection
-from workers.kafka_io import ensure_topics, producer
+from workers.followers.history_qdrant import READ, HistoryQdrantProjection
+from workers.runtime.kafka_io import ensure_topics, producer
 
 
 async def test_a_parked_turn_holds_the_checkpoint_and_a_restart_waits_for_it_alone(settings: Settings, tmp_path):

@@ -23,17 +23,17 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation
 from tests.redis_at import redis_at
-from workers.history import HistoryProjector
-from workers.history_embedding import HistoryEmbedding
-from workers.history_qdrant import HistoryQdrantProjection
-from workers.kafka_io import ensure_topics
-from workers.runtime import Runner
+from workers.followers.history_qdrant import HistoryQdrantProjection
+from workers.processors.history_embedding import HistoryEmbeddingProcessor
+from workers.processors.history_projection import HistoryProcessor
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.runner import Runner
 
 
 async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> None:
     """`memlane worker history` into `generation` until it has read `topics` to their ends
     (a fresh generation: from offset 0, a replay)."""
-    proc = HistoryProjector(settings, redis_at(settings.redis_url), generation=generation)
+    proc = HistoryProcessor(settings, redis_at(settings.redis_url), generation=generation)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.replay.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, generation)
@@ -53,7 +53,7 @@ async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> N
 
 async def _embed_history(settings: Settings, embedder) -> list:
     """Runs the history embedding worker until every turn is read; returns the history vectors' keys."""
-    proc = HistoryEmbedding(settings, embedder)
+    proc = HistoryEmbeddingProcessor(settings, embedder)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     tps = [TopicPartition(settings.topic(TURNS.name), p) for p in range(TURNS.partitions)]
@@ -71,7 +71,7 @@ async def _embed_history(settings: Settings, embedder) -> list:
     finally:
         runner.stopping.set()
         await task
-    from workers.topic_reader import TopicReader
+    from workers.runtime.topic_reader import TopicReader
 
     async with TopicReader(settings) as c:
         return [m.key.decode() for m in await c.read_all(vtps)]

@@ -21,11 +21,11 @@ from events.topics import COMMANDS, EVENTS
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
-from workers import ledger_snapshot
-from workers.kafka_io import ensure_topics
-from workers.keys import open_keys
-from workers.ledger import LedgerProcessor, caller_of
-from workers.runtime import Runner
+from workers.processors.ledger import snapshot_file as ledger_snapshot
+from workers.processors.ledger.processor import LedgerProcessor, caller_of
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.runner import Runner
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "stats")

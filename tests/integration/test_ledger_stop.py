@@ -13,9 +13,9 @@ from events import AddMemory, encode
 from events.rules.ledger import LedgerState, decide, evolve
 from events.topics import COMMANDS, EVENTS
 from settings import Settings
-from workers.kafka_io import ensure_topics
-from workers.ledger import LedgerProcessor
-from workers.runtime import Stopping
+from workers.processors.ledger.processor import LedgerProcessor
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.runner import Stopping
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 

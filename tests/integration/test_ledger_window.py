@@ -13,8 +13,8 @@ from events import AddMemory
 from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS, REPLIES
 from settings import Settings
-from workers.kafka_io import ensure_topics
-from workers.ledger import LedgerProcessor, RecentCommands
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
+from workers.runtime.kafka_io import ensure_topics
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -22,9 +22,9 @@ from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import EdgeIndex
 from tests.conftest import eventually
-from workers import qdrant_projection
-from workers.kafka_io import ensure_topics
-from workers.qdrant_projection import QdrantProjection
+from workers.followers import qdrant_projection
+from workers.followers.qdrant_projection import QdrantProjection
+from workers.runtime.kafka_io import ensure_topics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

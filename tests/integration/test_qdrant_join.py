@@ -18,8 +18,8 @@ from events.vectors import VectorComputed
 from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import EdgeIndex, SearchFilter
 from tests.conftest import eventually
-from workers.kafka_io import ensure_topics
-from workers.qdrant_projection import QdrantProjection
+from workers.followers.qdrant_projection import QdrantProjection
+from workers.runtime.kafka_io import ensure_topics
 
 N = 3000
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -19,8 +19,8 @@ from projections.embedding_port import MODEL_ID, content_hash
 from projections.qdrant_index import SearchFilter
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
-from workers.memory_shards import MemoryShards
+from workers.followers.memory_shards import MemoryShards
+from workers.runtime.kafka_io import ensure_topics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

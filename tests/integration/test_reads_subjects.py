@@ -31,8 +31,8 @@ from services.memory import Context, MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from tests.private_redis import PrivateRedis
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics, producer
-from workers.memory_shards import MemoryShards
+from workers.followers.memory_shards import MemoryShards
+from workers.runtime.kafka_io import ensure_topics, producer
 
 T0 = datetime(2026, 4, 1, tzinfo=UTC)
 EMBEDDER = OnnxMiniLM()

@@ -11,7 +11,7 @@ import uuid
 import redis.asyncio as aioredis
 
 from events.config import EveryMessages, ExtractionConfig
-from workers.extraction_state import ReviewState
+from workers.processors.extraction.cadence import ReviewState
 
 EVERY_3 = ExtractionConfig(every=EveryMessages(messages=3))
 

@@ -9,7 +9,7 @@ import uuid
 
 from events import codec
 from projections.keys import Keyring, LocalKeyFile
-from workers.keys import KeyTopic, open_keys
+from workers.runtime.data_keys import KeyTopic, open_keys
 
 
 async def test_two_users_of_a_process_share_the_keys_the_codec_opens_with(settings):

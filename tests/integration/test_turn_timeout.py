@@ -17,9 +17,9 @@ from events.topics import COMMANDS, EVENTS
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
-from workers.kafka_io import ensure_topics
-from workers.ledger import LedgerProcessor
-from workers.runtime import Runner
+from workers.processors.ledger.processor import LedgerProcessor
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.runner import Runner
 
 
 async def test_a_quiet_agents_overdue_turn_is_discarded_and_an_answered_one_is_kept(settings):

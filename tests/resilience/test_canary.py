@@ -53,7 +53,7 @@ from tests.e2e import canary_support as cs
 from tests.e2e.canary_support import Canary, CanaryStack, Finding, Scan
 from tests.e2e.extraction_support import turn
 from tests.fakes.model_server import Raw, Reply
-from workers import ledger_snapshot
+from workers.processors.ledger import snapshot_file as ledger_snapshot
 
 USER = "dana"
 TOOLS = ["add_memory", "read_memory", "delete_memory", "curate_block"]

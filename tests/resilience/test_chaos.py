@@ -1,4 +1,4 @@
-"""Kill -9 each process at a named point of a write burst (workers.faults): every acknowledged
+"""Kill -9 each process at a named point of a write burst (workers.runtime.faults): every acknowledged
 write stays readable exactly once and searchable, and every acknowledged turn reaches history."""
 
 from __future__ import annotations

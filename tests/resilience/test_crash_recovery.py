@@ -25,8 +25,8 @@ from projections.redis_records import RedisRecords
 from settings import Settings
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.keys import open_keys
-from workers.topic_reader import TopicReader
+from workers.runtime.data_keys import open_keys
+from workers.runtime.topic_reader import TopicReader
 
 AGENTS = 100
 PER_AGENT = 100  # 10,000 commands in all

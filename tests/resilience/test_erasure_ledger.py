@@ -31,9 +31,9 @@ from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic_at
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
-from workers.kafka_io import producer as kafka_producer
-from workers.keys import open_keys
+from workers.runtime.data_keys import open_keys
+from workers.runtime.kafka_io import ensure_topics
+from workers.runtime.kafka_io import producer as kafka_producer
 
 AGENT = "eraser"
 MEMORY = {"scope": {"read": ["session", "user"], "write": ["session", "user"]}}

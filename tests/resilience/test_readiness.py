@@ -22,8 +22,8 @@ from projections.redis_records import RedisRecords
 from services.stack import free_port
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.kafka_io import reader
-from workers.topic_reader import tp_key
+from workers.runtime.kafka_io import reader
+from workers.runtime.topic_reader import tp_key
 
 
 async def _ready(p: int) -> tuple[int, list[str]]:

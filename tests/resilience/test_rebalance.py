@@ -42,7 +42,7 @@ SETTLE_S = 180
 
 
 def extraction_group(settings: Settings) -> str:
-    """The extraction worker's consumer group (`workers.runtime.Runner`)."""
+    """The extraction worker's consumer group (`workers.runtime.runner.Runner`)."""
     return f"{settings.group_prefix}.{settings.topic_prefix}extraction"
 
 

@@ -15,7 +15,7 @@ from projections.records import MemoryFold
 from projections.redis_records import RedisRecords
 from tests.conftest import eventually
 from tests.redis_at import redis_at
-from workers.kafka_io import ensure_topics
+from workers.runtime.kafka_io import ensure_topics
 
 T0 = datetime(2026, 2, 1, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 
 from projections.applied_waiter import Waiters, announcement, block_key, command_key, record_key
-from workers.topic_reader import checkpoint_key, key_partition, of_topic, reached, read_so_far
+from workers.runtime.topic_reader import checkpoint_key, key_partition, of_topic, reached, read_so_far
 
 
 async def test_a_record_waiter_wakes_only_at_its_version_or_later():

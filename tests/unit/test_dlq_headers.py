@@ -1,4 +1,4 @@
-"""The replay headers of `memlane dlq replay` (workers/dlq.py): which group a replay is for,
+"""The replay headers of `memlane dlq replay` (workers/runtime/dlq.py): which group a replay is for,
 where it first was, what a repeat keeps, and the topic names an operator may type."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from settings import Settings
-from workers.dlq import (
+from workers.runtime.dlq import (
     REPLAY_COUNT,
     REPLAY_FOR,
     REPLAY_OF,

@@ -13,7 +13,7 @@ from events.config import EveryMessages, ExtractionConfig, MemoryConfig, ScopeCo
 from events.record import MemoryRecord, Scope
 from events.rules import extraction_review as r
 from events.rules.model_answer import Malformed
-from workers.extraction_state import decide_due
+from workers.processors.extraction.cadence import decide_due
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TURN = TurnCommitted(event_id="ev1", tenant="t", agent="a", session="s1", turn=3, attempt=2, execution_id="x", occurred_at=NOW)
@@ -199,7 +199,7 @@ def test_proposals_carry_the_turns_user_and_default_to_user_scope():
 
 def test_the_end_user_never_splits_memory():
     from events import Message, ToolCall
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     call = ToolCall(id="c1", name="add_memory", arguments={"summary": "Prefers tea", "scope": "USER"})
     answer = r.ReviewAnswer.model_validate({"candidates": [{"decision": "add", "summary": "Prefers tea"}]})
@@ -216,7 +216,7 @@ def test_the_end_user_never_splits_memory():
 
 def test_a_tool_call_cannot_name_another_member():
     from events import Message, ToolCall
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
         ToolCall(id="c1", name="add_memory", arguments={"summary": "Owes money", "user": "u2"})])]})
@@ -225,7 +225,7 @@ def test_a_tool_call_cannot_name_another_member():
 
 def test_with_kinds_required_a_tool_call_naming_no_kind_is_refused_with_a_usage_record():
     from events import Message, ToolCall
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
         ToolCall(id="c1", name="add_memory", arguments={"summary": "Prefers tea"}),
@@ -239,7 +239,7 @@ def test_with_kinds_required_a_tool_call_naming_no_kind_is_refused_with_a_usage_
 
 def test_a_facts_key_passes_the_write_filter_on_the_tool_and_review_paths():
     from events import Message, ToolCall
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     key = "openai_key sk-proj-0123456789abcdefABCDEF"
     t = USER_TURN.model_copy(update={"messages": [Message(id="m1", role="assistant", tool_calls=[
@@ -267,7 +267,7 @@ def test_messages_a_found_fact_cites_are_not_shown_again():
 
 
 def test_a_message_sent_again_is_passed_to_a_review_once():
-    from workers.extraction_state import SessionFacts
+    from workers.processors.extraction.cadence import SessionFacts
 
     facts = SessionFacts()
 

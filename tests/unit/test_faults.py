@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from workers.faults import Faults
+from workers.runtime.faults import Faults
 
 SCRIPT = """
 import sys
-from workers.faults import Faults
+from workers.runtime.faults import Faults
 f = Faults(sys.argv[1])
 for i in range(5):
     f.reached("other.point")

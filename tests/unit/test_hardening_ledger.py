@@ -19,9 +19,9 @@ from events.limits import EVENT_LIMIT, MESSAGE_LIMIT
 from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS
 from settings import Settings
-from workers import ledger as ledger_mod
-from workers.ledger import LedgerProcessor, RecentCommands
-from workers.runtime import DeadLetter, Out, Processor, Runner, fits
+from workers.processors.ledger import processor as ledger_mod
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
+from workers.runtime.runner import DeadLetter, Out, Processor, Runner, fits
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -121,7 +121,7 @@ async def test_outputs_that_fit_go_out_unchanged():
 
 async def test_a_wait_for_one_agents_command_is_not_resolved_by_anothers(tmp_path):
     from projections.qdrant_index import EdgeIndex
-    from workers.qdrant_projection import QdrantProjection
+    from workers.followers.qdrant_projection import QdrantProjection
 
     proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
     try:
@@ -145,7 +145,7 @@ async def test_a_reply_answers_its_waiter_only_once_the_events_before_it_are_app
     and applied its events partition up to where it ended when the answer was read: the
     command's own events, committed with it or before, are then searchable."""
     from projections.qdrant_index import EdgeIndex
-    from workers.qdrant_projection import QdrantProjection
+    from workers.followers.qdrant_projection import QdrantProjection
 
     proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
     try:

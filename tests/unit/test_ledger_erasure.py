@@ -40,7 +40,7 @@ from events.rules.ledger import LedgerState, covers, decide, erasure_key, evolve
 from events.sealing import seal_fields
 from projections.keys import Keyring, LocalKeyFile
 from tests.unit.test_ledger_rules import NOW, Ledger, nid
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 OPERATOR = Provenance(source=Source.OPERATOR)
 MEMBER = Provenance(source=Source.MEMBER)

@@ -11,7 +11,7 @@ from events import AddMemory
 from events.rules.ledger import LedgerState
 from events.topics import EVENTS, REDELIVERED, REPLIES
 from settings import Settings
-from workers.ledger import LedgerProcessor, RecentCommands
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -70,7 +70,7 @@ def test_the_window_keeps_at_most_its_bound_of_older_commands():
 def test_a_snapshot_keeps_the_window():
     from collections import OrderedDict
 
-    from workers.ledger_snapshot import decode_state, decode_window, encode_state
+    from workers.processors.ledger.snapshot_file import decode_state, decode_window, encode_state
 
     recent = RecentCommands(budget=10, window_s=3600)
     recent.add("old", b"x" * 8, "alice", at_ms=1_000)

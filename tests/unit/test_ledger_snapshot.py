@@ -16,8 +16,8 @@ from events.rules.ledger import LedgerState, caller, command_key
 from events.topics import COMMANDS, EVENTS
 from settings import Settings
 from tests.unit.test_ledger_rules import NOW, Ledger, _outcome_at, nid
-from workers.ledger import LedgerProcessor, RecentCommands, caller_of
-from workers.ledger_snapshot import FORMAT, Snapshot, decode_state, encode_state, read, write
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands, caller_of
+from workers.processors.ledger.snapshot_file import FORMAT, Snapshot, decode_state, encode_state, read, write
 
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats", "consent",
           "granted_at", "erased_at", "removed_agents", "removed_users", "subject_records", "erasures")

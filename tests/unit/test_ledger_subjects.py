@@ -27,7 +27,7 @@ from events.rules.ledger import LIVE_FACT_CAP, LedgerState, caller, decide, evol
 from events.topics import EVENTS, REDELIVERED
 from settings import Settings
 from tests.unit.test_ledger_rules import NOW, Ledger, nid, only
-from workers.ledger import LedgerProcessor, RecentCommands, caller_of
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands, caller_of
 
 USER_SCOPES = {"read": ["session", "user", "agent"], "write": ["session", "user", "agent"]}
 OPERATOR = Provenance(source=Source.OPERATOR)

@@ -8,7 +8,7 @@ from events import AddMemory
 from events.codec import decode
 from events.rules.ledger import LedgerState
 from settings import Settings
-from workers.ledger import LedgerProcessor, RecentCommands
+from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 COMMANDS = "memlane.memory.commands"

@@ -64,7 +64,7 @@ def test_standard_library_lines_and_their_tracebacks_are_scrubbed():
 
 
 def test_a_bad_tool_call_is_logged_by_field_never_by_value():
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     turn = TurnCommitted(event_id="ev", tenant="t", agent="a", session="s1", turn=1, attempt=1, execution_id="e",
                          occurred_at=datetime.now(UTC), messages=[Message(id="m1", role="assistant", tool_calls=[

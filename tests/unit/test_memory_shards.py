@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events.topics import EVENTS
-from workers.memory_shards import shard_of, shard_partitions
+from workers.followers.memory_shards import shard_of, shard_partitions
 
 
 @given(tenant=st.text(min_size=1, max_size=20), agent=st.text(min_size=1, max_size=40), shards=st.integers(1, 8))

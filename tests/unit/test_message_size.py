@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from workers.runtime import Out, message_size
+from workers.runtime.runner import Out, message_size
 
 
 @pytest.mark.parametrize(("key", "value", "headers"), [

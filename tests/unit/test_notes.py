@@ -20,7 +20,7 @@ from events.record import Provenance, Source
 from events.rules import notes as rules
 from events.rules.ledger import LedgerState, decide, evolve, forget
 from events.rules.ledger.notes import MAX_NOTES, owner_key, revision_of
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
 _ids = count()

@@ -34,7 +34,7 @@ from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.profiles import check_access, layer_entries
 from tests.unit.test_ledger_rules import NOW, Ledger, nid, only
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 MEMBER, AGENT, OPERATOR = (Provenance(source=s) for s in (Source.MEMBER, Source.TOOL, Source.OPERATOR))
 CONSOLIDATION = Provenance(source=Source.CONSOLIDATION)

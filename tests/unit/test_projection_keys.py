@@ -14,7 +14,7 @@ from events.lean import decode_lean
 from events.record import MemoryRecord
 from projections.qdrant_index import EdgeIndex
 from settings import Settings
-from workers.qdrant_projection import QdrantProjection, _Batch
+from workers.followers.qdrant_projection import QdrantProjection, _Batch
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -65,7 +65,7 @@ import pytest  # noqa: E402
 from projections.redis_client import key_slot, tagged  # noqa: E402
 from projections.redis_history import RedisHistory  # noqa: E402
 from projections.redis_records import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key  # noqa: E402
-from workers.heartbeat import heartbeat_key, registry_key, seen_key  # noqa: E402
+from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key  # noqa: E402
 
 AGENTS = ["acme/bot", "acme/helpdesk", "t/a", "tenant.x@y/agent:1-2", "b/bot"]
 

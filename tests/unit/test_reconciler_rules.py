@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 from events.lean import LeanRecord
 from events.record import Scope, Status
-from workers.qdrant_projection import PARKED, READ, safe_checkpoint
-from workers.reconciler import gaps, settled
+from workers.followers.qdrant_projection import PARKED, READ, safe_checkpoint
+from workers.followers.reconciler import gaps, settled
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -16,7 +16,7 @@ from events.rules import runs
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.model_answer import Malformed
 from services.http.routes.memory import AddRequest
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 H = timedelta(hours=1)

@@ -15,7 +15,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from settings import Settings
-from workers.runtime import Out, Processor, Runner
+from workers.runtime.runner import Out, Processor, Runner
 
 
 class Echo(Processor):

@@ -9,7 +9,7 @@ from events.record import Status
 from events.rules.ledger import get_record
 from events.rules.ledger.sweep import MODIFIED_BY, due, is_due, next_sweep
 from tests.unit.test_ledger_rules import NOW, Ledger, nid, only
-from workers.index_optimize import optimize_due, unindexed_points
+from workers.jobs.optimize_policy import optimize_due, unindexed_points
 
 
 def _sweep(ledger: Ledger, now, asked=frozenset(), batch=500):

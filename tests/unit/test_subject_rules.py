@@ -11,7 +11,7 @@ from events import AgentConfig, Message, ToolCall, TurnCommitted
 from events.config import MemoryConfig, channel_allowed, member_facts
 from events.errors import ErrorCode
 from events.rules.subjects import SubjectState, refusal
-from workers.extraction import tool_writes
+from workers.processors.extraction.processor import tool_writes
 
 GRANTED = SubjectState(consent="granted")
 

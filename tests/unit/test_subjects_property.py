@@ -22,7 +22,7 @@ from events.rules.ledger import RESERVED_KINDS, LedgerState, decide, evolve
 from events.rules.ledger.subject_rules import count_key
 from events.rules.tokens import pin_line_chars
 from tests.unit.test_ledger_rules import NOW
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 USERS = ("u1", "u2", "u3")
 TURNS = ("x:1:1", "x:2:1", "x:3:1", "x:4:1")

@@ -29,7 +29,7 @@ from events.rules import conventions
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.tenant import MAX_FLOORS, MAX_PLATFORM, convention
 from events.rules.recall_render import SHARED, Entry, fit
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 OP = Provenance(source=Source.OPERATOR, modified_by="operator:k")

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from events.topics import EVENTS, keys_topic
 from settings import Settings
-from workers.kafka_io import new_topic
+from workers.runtime.kafka_io import new_topic
 
 
 def test_the_single_broker_default_is_one_replica_and_the_brokers_min_isr():
@@ -35,7 +35,7 @@ async def test_transactional_producers_ask_for_the_deployments_transaction_timeo
     # A killed worker's open transaction blocks read_committed readers until it times out:
     # aiokafka's own default (60 s) stalled the pipeline a minute after a kill -9 of the ledger.
     # The client keeps the value on its transaction manager, which it sends to the coordinator.
-    from workers.kafka_io import producer
+    from workers.runtime.kafka_io import producer
 
     p = producer(Settings(transaction_timeout_ms=7_000), transactional_id="t")
     try:

@@ -20,7 +20,7 @@ from aiokafka.errors import (
 
 from services.supervisor import Child, env_of, instance_base, instances, plan
 from settings import Settings
-from workers.runtime import (
+from workers.runtime.runner import (
     REJOIN_LIMIT,
     REJOIN_WINDOW_S,
     Fenced,

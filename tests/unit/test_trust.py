@@ -18,7 +18,7 @@ from events.rules import trust
 from events.rules.ledger import LedgerState, decide, evolve, get_record
 from events.usage import Retrieved, RetrievedItem
 from projections.records import MemoryFold
-from workers.ledger_snapshot import decode_state, encode_state
+from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 _ids = count()

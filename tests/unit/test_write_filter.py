@@ -113,7 +113,7 @@ def _turn(*calls: ToolCall) -> TurnCommitted:
 
 
 def test_tool_calls_in_a_turn_pass_the_filter():
-    from workers.extraction import tool_writes
+    from workers.processors.extraction.processor import tool_writes
 
     ok = ToolCall(id="c1", name="add_memory", arguments={"summary": "The user prefers tabs"})
     secret = ToolCall(id="c2", name="add_memory", arguments={"summary": "Deploy", "metadata": {"k": KEY}})

@@ -7,7 +7,7 @@ commands, which the ledger sends to its own input: decided like any other comman
 their own `issued_at`, so a replay decides the same and the log shows who swept
 (`Provenance.modified_by = "schedule"`). `next_sweep` says when the next one is due.
 
-Pure: no clock, no I/O. The worker (`workers.ledger`) reads the clock and sends.
+Pure: no clock, no I/O. The worker (`workers.processors.ledger.processor`) reads the clock and sends.
 """
 
 from __future__ import annotations

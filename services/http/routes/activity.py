@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from projections.activity import ActivityView
 from settings import Settings
-from workers.activity import ActivityFollower
+from workers.followers.activity_follower import ActivityFollower
 
 log = structlog.get_logger()
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.http.health_probe import assess
-from services.http.probe import not_ready
-from workers import metrics
+from services.http.readiness import not_ready
+from workers.runtime import metrics
 
 router = APIRouter()
 

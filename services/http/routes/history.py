@@ -62,7 +62,7 @@ from services.http.models import Body
 from services.memory import Context
 from services.memory.rules import NOT_MEMBER, check_across, check_enabled, check_role, refused
 from settings import Settings
-from workers.history_qdrant import HistoryQdrantProjection, history_shard_path
+from workers.followers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
 log = structlog.get_logger()
 

@@ -1,0 +1,1 @@
+"""How processors call out: the chat model, and the memlane API as an operator."""

@@ -1,0 +1,1 @@
+"""The extraction worker: reviews committed turns and proposes memory commands."""

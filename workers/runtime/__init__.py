@@ -1,0 +1,2 @@
+"""The runtime every worker and follower shares: the runner, Kafka I/O, dead letters,
+heartbeats, probes, metrics and the data keys topic."""

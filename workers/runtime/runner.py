@@ -1,0 +1,663 @@
+"""One consume-process-produce loop that every worker runs.
+
+- Messages that break the contract, or that keep failing, go to `<topic>.dlq` with headers,
+  and the loop goes on. So does a message whose outputs the broker would refuse as too
+  large: no output over the message limit ever reaches a transaction.
+- Transient failures (Redis, Qdrant or Kafka unreachable) are retried with backoff. No
+  offset is committed past the failure, so the worker catches up once the store is back.
+- A transactional processor's outputs and its input offsets commit in one Kafka
+  transaction: a crash anywhere leaves either all of a batch's effects or none.
+- A poll's commit runs while the next poll is processed, and ends before that poll's own
+  commit begins: batches still commit one at a time and in order, and a failed commit
+  stops the worker before anything after it commits.
+- A commit refused because the worker no longer owns its work (its producer fenced, its
+  group moved on) drops what was not committed and rejoins the group, which resumes from the
+  committed offsets; a worker refused again and again gives up (`too_many_rejoins`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import signal
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import structlog
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    InvalidProducerEpoch,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    ProducerFenced,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from events.codec import ContractError, decode, park
+from events.limits import MESSAGE_LIMIT
+from events.sealing import KeyDestroyed, KeyMissing, subject_of
+from events.topics import TOPICS, TURNS
+from settings import Settings
+from workers.runtime import metrics
+from workers.runtime.data_keys import KeyTopic, open_keys
+from workers.runtime.dlq import kept_on_repeat, replay_group
+from workers.runtime.faults import AFTER_COMMIT, BEFORE_COMMIT, Faults
+from workers.runtime.heap import settle_heap
+from workers.runtime.kafka_io import consumer, dlq_headers, ensure_topics, producer
+
+PLAINTEXT_SOURCES = (TURNS.name,)
+
+log = structlog.get_logger()
+
+TRANSIENT = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+POISON_ATTEMPTS = 3
+
+# Errors that say a commit was refused because this worker no longer owns what it committed:
+# a newer producer took its transactional id (or the coordinator timed its transaction out),
+# or its consumer group rebalanced without it. Another try, from the committed offsets, is due.
+FENCES = (ProducerFenced, InvalidProducerEpoch)
+LOST_OWNERSHIP = (*FENCES, CommitFailedError, IllegalGenerationError, UnknownMemberIdError, RebalanceInProgressError)
+# A worker rejoins at most this many times within the window, then exits: a second live process
+# with the same transactional id fences it on every try, and the two would take turns forever.
+REJOIN_LIMIT = 3
+REJOIN_WINDOW_S = 300.0
+
+
+def transactional_id(group: str, instance: str, fresh: Callable[[], str] = lambda: uuid.uuid4().hex[:8]) -> str:
+    """A transactional worker's id: its consumer group, which carries the deployment's group and
+    topic prefixes, and its instance, so that a restart of the same instance fences its dead
+    predecessor and aborts the transaction it left open. No instance: a `fresh` random one, which
+    fences nothing and is never shared."""
+    return f"{group}.{instance or fresh()}"
+
+
+def lost_ownership(e: BaseException | None) -> BaseException | None:
+    """The ownership error in `e` or in what caused it (the producer wraps some), if any."""
+    while e is not None:
+        if isinstance(e, LOST_OWNERSHIP):
+            return e
+        e = e.__cause__
+    return None
+
+
+def too_many_rejoins(earlier: Sequence[float], now: float, limit: int = REJOIN_LIMIT,
+                     window_s: float = REJOIN_WINDOW_S) -> bool:
+    """Whether a worker that rejoined at the `earlier` times should give up instead at `now`."""
+    return sum(now - t < window_s for t in earlier) >= limit
+
+
+class Fenced(RuntimeError):
+    """The worker kept losing its commits' ownership: it exits rather than take turns with whatever
+    takes it (a live duplicate of its transactional id, most likely)."""
+
+
+# Set by the runner while a `concurrent_keys` processor handles a message: calling it lets
+# the key's next message start (see `release_key`).
+_RELEASE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("release_key", default=None)
+
+
+def release_key() -> None:
+    """Called by a `concurrent_keys` processor once the order-sensitive part of a message is
+    done: the key's next message may start while this one finishes (its outputs still go
+    out in offset order). Only for work that gives the same result if the message is then
+    retried after its successors started (idempotent, offset-indexed state)."""
+    release = _RELEASE.get()
+    if release is not None:
+        release()
+
+
+class Transient(Exception):
+    """Raised by a processor when a dependency is down and the message must wait."""
+
+
+class Stopping(Exception):
+    """Raised by a processor that gave up on a message because the worker is stopping:
+    the batch stays uncommitted, for the partition's next owner."""
+
+
+async def until_folded(checkpoints: Callable[[], Any], field: str, offset: int, stopping: asyncio.Event,
+                       timeout_s: float, worker: str, inclusive: bool = False) -> None:
+    """Until another worker's view (its `checkpoints()`, next offset by partition field) has
+    folded `field` up to `offset` (through it, when `inclusive`). `Stopping` when the worker
+    stops meanwhile; `Transient`, so the message is tried again, after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await checkpoints()).get(field, -1) < offset + inclusive:
+        if stopping.is_set():
+            raise Stopping(f"stopping while the {worker} worker catches up")
+        if asyncio.get_running_loop().time() > deadline:
+            raise Transient(f"the {worker} worker has not folded {field} up to offset {offset}; is it running?")
+        await asyncio.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class Out:
+    topic: str  # registry name, without the settings prefix
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None  # None: the key's
+
+
+# A record batch's own header (61 bytes in format v2) and one record's varints (lengths,
+# offset and timestamp deltas, attributes), each at its widest: what a message takes on top
+# of its key, value and headers, rounded up.
+MESSAGE_OVERHEAD = 100
+HEADER_OVERHEAD = 10  # one header's two length varints
+
+
+def message_size(o: Out) -> int:
+    """An upper bound of the size the producer checks against its `max_request_size` (the
+    message limit): at least what the Kafka client's own estimate says, by at most ~40 bytes."""
+    headers = sum(len(k.encode()) + len(v) + HEADER_OVERHEAD for k, v in o.headers)
+    return len(o.key or b"") + len(o.value or b"") + headers + MESSAGE_OVERHEAD
+
+
+def fits(o: Out) -> bool:
+    return message_size(o) <= MESSAGE_LIMIT
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Returned among a processor's outputs: park the input message in `<topic>.dlq`.
+
+    Unlike raising, the processor's other outputs still go out, in the same transaction:
+    it can give up on part of its work (a model that keeps failing) and still finish the
+    rest (forwarding the turn's outcome).
+    """
+
+    error: str
+    attempt: int = 1
+
+
+class Processor:
+    """Base class: subclasses name their sources and implement `process`."""
+
+    name = "processor"
+    sources: tuple[str, ...] = ()
+    transactional = False
+    # Messages of different keys may be processed concurrently (in key order within a
+    # key), across all the partitions one poll returned; their outputs and offsets then
+    # commit together. For processors that wait on I/O per message, such as model calls.
+    # A key's next message may start early when the processor calls `release_key()`.
+    concurrent_keys = False
+    # Seconds between calls of `tick`, polls with messages or not; None: never.
+    tick_every: float | None = None
+    # The process's keys (`workers.runtime.data_keys`), set by the runner before `start`; None with encryption off.
+    keys: KeyTopic | None = None
+    # /ready waits until the worker has read, after each assignment, up to where its partitions
+    # ended then (a projection's view has caught up); see `Runner.not_ready`.
+    catch_up_on_start = False
+    # Milliseconds the broker may hold a fetch for more input (`workers.runtime.kafka_io.consumer`):
+    # for processors whose output is a count no one waits for, so a batch, and the
+    # transaction it costs downstream, covers that much time rather than one message.
+    gather_ms = 0
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        # Set on SIGTERM/SIGINT (shared with the runner): long work such as a recovery
+        # checks it and gives up, and what it had not committed goes to the next owner.
+        self.stopping = asyncio.Event()
+
+    def decode(self, source: str, data: bytes) -> Any:
+        """The message as `process` takes it; raises `ContractError` for the DLQ."""
+        return decode(source, data)
+
+    def decode_message(self, source: str, message: Any) -> Any:
+        """`decode` of a consumed message, for processors that read its headers too."""
+        return self.decode(source, message.value)
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None: ...
+
+    async def revoked(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def process(self, source: str, partition: int, offset: int, value: Any) -> Sequence[Out | DeadLetter]:
+        raise NotImplementedError
+
+    async def batch_done(self) -> list[Out]:
+        """Called after a partition batch (for `concurrent_keys` processors: a poll's
+        batches) is processed and before its offsets commit.
+
+        Returns more outputs to send with the batch (for processors that work in batches).
+        """
+        return []
+
+    def committed(self, written: list[Any]) -> None:
+        """Called once a batch's outputs are committed, with the `RecordMetadata` (topic,
+        partition, offset) of each, in the order they were sent."""
+
+    async def tick(self) -> list[Out]:
+        """Called every `tick_every` seconds between polls, even when no message comes: for
+        work that time alone makes due. Its outputs commit like a batch's, with no offsets."""
+        return []
+
+    def not_ready(self, partitions: set[int]) -> list[str]:
+        """Why the worker cannot serve its assigned `partitions` yet (for /ready); empty: it can."""
+        return []
+
+    async def sample(self, ends: dict[TopicPartition, int]) -> None:
+        """Sets the processor's own gauges (docs/metrics.md), every few seconds; `ends`: its
+        assigned partitions' end offsets."""
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked):
+        # What was processed before the revocation commits first, so the partitions' next
+        # owner starts after it instead of doing it again.
+        await self.runner.settle(quiet=True)
+        await self.runner.processor.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        log.info("partitions_assigned", worker=self.runner.processor.name, partitions=sorted(p.partition for p in assigned))
+        self.runner.assignments += 1
+        self.runner.catch_up_to, self.runner.caught_up = None, False
+        await self.runner.processor.assigned(self.runner.consumer, set(assigned))
+        await self.runner.took(set(assigned))
+
+
+class Runner:
+    def __init__(self, processor: Processor, settings: Settings, group: str | None = None) -> None:
+        self.processor = processor
+        self.settings = settings
+        self.group = group or f"{settings.group_prefix}.{settings.topic_prefix}{processor.name}"
+        self.stopping = processor.stopping
+        self.consumer: Any = None
+        self.producer: Any = None
+        self.processed = 0
+        self.unreadable = 0  # messages sealed under destroyed keys, skipped
+        self.keys: KeyTopic | None = None
+        self.committing: asyncio.Task | None = None  # the previous poll's commit, in flight
+        self.commit_error: Exception | None = None
+        self.faults = Faults(settings.fault_at)
+        self.before_commit, self.after_commit = (f"{processor.name}.{p}" for p in (BEFORE_COMMIT, AFTER_COMMIT))
+        # For /ready (`not_ready`): assignments so far, where the partitions ended when taken
+        # (catch_up_on_start processors), whether the worker has read that far since, and
+        # whether a poll's messages are being processed (positions then run ahead of the view).
+        self.assignments = 0
+        self.catch_up_to: dict[TopicPartition, int] | None = None
+        self.caught_up = False
+        self.in_batch = False
+        self.transactional_id = (transactional_id(self.group, settings.worker_instance)
+                                 if processor.transactional else None)
+        self.rejoined: list[float] = []  # loop times of its rejoins, for `too_many_rejoins`
+
+    def _registry_name(self, topic: str) -> str:
+        p = self.settings.topic_prefix
+        return topic[len(p) :] if p and topic.startswith(p) else topic
+
+    async def run(self) -> None:
+        s = self.settings
+        await ensure_topics(s)
+        self.keys = await open_keys(s)
+        self.processor.keys = self.keys
+        await self._open_producer()
+        await self.processor.start()
+        try:
+            await self._open_consumer()
+            log.info("worker_started", worker=self.processor.name, group=self.group, pid=os.getpid())
+            while True:
+                try:
+                    await self._poll()
+                    break
+                except Exception as e:
+                    if (lost := lost_ownership(e)) is None:
+                        raise
+                    if self.stopping.is_set():  # what it did not commit is the next owner's
+                        log.info("commit_refused_while_stopping", worker=self.processor.name, reason=type(lost).__name__)
+                        break
+                    await self._rejoin(lost)
+        finally:
+            await self.settle(quiet=True)  # a batch processed in full still commits
+            if self.consumer is not None:
+                await self.consumer.stop()
+            await self.processor.stop()
+            await self.producer.stop()
+            if self.keys is not None:
+                await self.keys.stop()
+            log.info("worker_stopped", worker=self.processor.name, processed=self.processed)
+
+    async def _open_producer(self) -> None:
+        # A transactional id's InitProducerId aborts the transaction its last holder left open.
+        self.producer = producer(self.settings, transactional_id=self.transactional_id)
+        await self.producer.start()
+
+    async def _open_consumer(self) -> None:
+        # Set before it starts: the listener reads it when the first assignment comes.
+        self.consumer = consumer(self.settings, group=self.group, gather_ms=self.processor.gather_ms)
+        self.consumer.subscribe([self.settings.topic(t) for t in self.processor.sources], listener=_Listener(self))
+        await self.consumer.start()
+
+    async def _poll(self) -> None:
+        """Polls and processes until the worker stops; raises what a commit raised."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + (self.processor.tick_every or 0)
+        while not self.stopping.is_set():
+            batches = {tp: msgs for tp, msgs in (await self.consumer.getmany(timeout_ms=300, max_records=500)).items() if msgs}
+            if self.stopping.is_set():
+                break  # stopped during the poll (a rebalance, a recovery): leave it uncommitted
+            if self.committing is not None and self.committing.done():
+                await self.settle()  # a failed commit is acted on now, not when the next batch comes
+            self.in_batch = bool(batches)
+            try:
+                if self.processor.concurrent_keys:
+                    # Partitions one after another would leave a processor that waits on I/O
+                    # idle behind the slowest key of each partition; a key lives in one
+                    # partition, so all of a poll's keys can run at once.
+                    if batches:
+                        await self._handle(batches)
+                else:
+                    for tp, msgs in batches.items():
+                        await self._handle({tp: msgs})
+            except Stopping:
+                break
+            self.in_batch = False
+            if batches:
+                settle_heap()
+            if self.processor.tick_every is not None and loop.time() >= next_tick:
+                next_tick = loop.time() + self.processor.tick_every
+                await self._tick()
+
+    async def _rejoin(self, lost: BaseException) -> None:
+        """After a commit refused for ownership (`LOST_OWNERSHIP`): what was processed and not
+        committed is dropped, the processor forgets its partitions as on a revocation, and a new
+        producer (same transactional id) and a new group membership take over from the committed
+        offsets, as a restart of the process would. Raises `Fenced` when refused too often."""
+        now = asyncio.get_running_loop().time()
+        reason = type(lost).__name__
+        self.rejoined = [t for t in self.rejoined if now - t < REJOIN_WINDOW_S]
+        if too_many_rejoins(self.rejoined, now):
+            log.error("worker_fenced_too_often", worker=self.processor.name, group=self.group, reason=reason,
+                      rejoins=len(self.rejoined), transactional_id=self.transactional_id)
+            raise Fenced(self._fenced_text(lost)) from lost
+        self.rejoined.append(now)
+        await self.settle(quiet=True)  # a commit still in flight ends first (refused too, most likely)
+        self.commit_error = None
+        partitions = set(self.consumer.assignment())
+        log.warning("worker_rejoining", worker=self.processor.name, group=self.group, reason=reason,
+                    partitions=sorted(p.partition for p in partitions), rejoin=len(self.rejoined),
+                    of=REJOIN_LIMIT, transactional_id=self.transactional_id)
+        consumer, self.consumer = self.consumer, None
+        await consumer.stop()  # leaves the group: its partitions go to whoever joins, from their offsets
+        self.in_batch, self.catch_up_to, self.caught_up = False, None, False
+        await self.processor.revoked(partitions)  # its state of the uncommitted work goes too
+        if self.processor.transactional:
+            await self.producer.stop()  # a fenced producer is done for: aiokafka cannot start it again
+            await self._open_producer()
+        await self._open_consumer()
+
+    def _fenced_text(self, lost: BaseException) -> str:
+        head = (f"worker {self.processor.name}: commits refused {len(self.rejoined) + 1} times within "
+                f"{REJOIN_WINDOW_S:g} s ({type(lost).__name__})")
+        if not isinstance(lost, FENCES):
+            return f"{head}: its consumer group keeps rebalancing without it (does its group session expire?)"
+        if self.settings.worker_instance:
+            return (f"{head}: another live process likely uses its transactional id {self.transactional_id!r}; "
+                    "give each replica its own MEMLANE_WORKER_INSTANCE")
+        return f"{head}: the coordinator keeps aborting its transactions (do they outlast MEMLANE_TRANSACTION_TIMEOUT_MS?)"
+
+    async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Processes the batches, then commits their outputs and next offsets at once.
+
+        Several partitions in one Kafka transaction are still all-or-nothing. `max_records`
+        bounds the whole poll, so no partition's uncommitted span grows past it.
+        """
+        msgs = [m for ms in batches.values() for m in ms]
+        results: list[list[Out]] = [[] for _ in msgs]
+        t0 = asyncio.get_running_loop().time()
+        if self.processor.concurrent_keys and len(msgs) > 1:
+            by_key: dict[tuple[str, int, bytes], list[int]] = {}
+            for i, m in enumerate(msgs):
+                by_key.setdefault((m.topic, m.partition, m.key or b""), []).append(i)
+
+            async def one(i: int, released: asyncio.Event) -> None:
+                _RELEASE.set(released.set)
+                try:
+                    results[i] = await self._one(msgs[i])
+                finally:
+                    released.set()
+
+            async def one_key(idx: list[int]) -> None:
+                # In key order: each message starts once the previous one released the key
+                # (or finished); a key's messages then overlap on their slow, order-free part.
+                tasks = []
+                for i in idx:
+                    released = asyncio.Event()
+                    tasks.append(asyncio.create_task(one(i, released)))
+                    await released.wait()
+                await asyncio.gather(*tasks)
+
+            await asyncio.gather(*(one_key(idx) for idx in by_key.values()))
+        else:
+            for i, m in enumerate(msgs):
+                results[i] = await self._one(m)
+        outs = [o for r in results for o in r]
+        outs.extend(self._fitting(await self._retrying(self.processor.batch_done, "batch_done") or [], "batch_done"))
+        metrics.BATCH_SECONDS.labels(self.processor.name).observe(asyncio.get_running_loop().time() - t0)
+        metrics.MESSAGES.labels(self.processor.name).inc(len(msgs))
+        # Committed in the background: the worker polls and processes the next batch
+        # meanwhile. A commit is mostly round trips to the broker (the outputs, the offsets,
+        # the end of the transaction), during which the worker had nothing else to do.
+        await self.settle()
+        self.committing = asyncio.create_task(self._commit({tp: ms[-1].offset + 1 for tp, ms in batches.items()}, outs))
+        self.processed += len(msgs)
+
+    async def _tick(self) -> None:
+        outs = self._fitting(await self._retrying(self.processor.tick, "tick") or [], "tick")
+        if outs:
+            await self.settle()
+            self.committing = asyncio.create_task(self._commit({}, outs))
+
+    async def settle(self, quiet: bool = False) -> None:
+        """Waits for the commit in flight, and raises what it raised.
+
+        `quiet` (a rebalance, or stopping) only logs the failure and keeps it: the next
+        `settle` raises it, so no later batch commits past the failed one.
+        """
+        task, self.committing = self.committing, None
+        if task is not None:
+            try:
+                await task
+            except Exception as e:
+                self.commit_error = e
+                if quiet and lost_ownership(e) is None:
+                    log.exception("commit_failed", worker=self.processor.name)
+                elif quiet:  # no trace: the rejoin that follows says what happened
+                    log.info("commit_refused", worker=self.processor.name, reason=type(lost_ownership(e)).__name__)
+        if self.commit_error is not None and not quiet:
+            raise self.commit_error
+
+    async def _one(self, m: Any) -> list[Out]:
+        source = self._registry_name(m.topic)
+        ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
+        if (group := replay_group(getattr(m, "headers", None))) is not None and group != self.group:
+            return []  # an operator's replay (`memlane dlq replay`) is for the group that parked it
+        try:
+            value = await self._opening(self.processor.decode_message, source, m)
+        except ContractError as e:
+            log.warning("poison_message", error=str(e), field=e.field, **ctx)
+            return [self._dlq(source, m, str(e), 1)]
+        except KeyDestroyed:
+            return self._unreadable(ctx)
+        attempt = 0
+        while True:
+            try:
+                try:
+                    result = await self.processor.process(source, m.partition, m.offset, value)
+                except KeyMissing:
+                    # A cast, not an assert: a KeyMissing with no keys (encryption off) fails as it did.
+                    await cast(KeyTopic, self.keys).catch_up()
+                    result = await self.processor.process(source, m.partition, m.offset, value)
+                outs = [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
+                return outs if all(map(fits, outs)) else self._oversized(source, m, outs, ctx)
+            except Stopping:
+                raise
+            except (KeyDestroyed, KeyMissing):
+                return self._unreadable(ctx)
+            except (Transient, *TRANSIENT) as e:
+                await self._backoff(attempt, e, ctx)
+                attempt += 1
+            except Exception as e:  # a message this code cannot handle: park it, keep going
+                attempt += 1
+                log.exception("message_failed", attempt=attempt, **ctx)
+                if attempt >= POISON_ATTEMPTS:
+                    return [self._dlq(source, m, f"{type(e).__name__}: {e}", attempt)]
+
+    async def _opening(self, fn, *args):
+        return fn(*args) if self.keys is None else await self.keys.opening(fn, *args)
+
+    def _unreadable(self, ctx: dict) -> list[Out]:
+        """A message sealed under a destroyed key (its subject was erased): nothing to do."""
+        self.unreadable += 1
+        log.info("sealed_message_unreadable", **ctx)
+        return []
+
+    def _parked(self, source: str, m: Any) -> bytes:
+        """The platform writes turns in plaintext: memlane's copy in the DLQ is sealed under the
+        agent's key (named by the message key), so an erasure reaches it (docs/encryption.md)."""
+        value = m.value or b""
+        if source not in PLAINTEXT_SOURCES or not value:
+            return value
+        tenant, _, rest = (m.key or b"").decode(errors="replace").partition("/")
+        agent = rest.partition("/")[0]
+        if not (tenant and agent):
+            return b""  # no subject to seal it under: the headers name the source offset
+        return park(subject_of(tenant, agent), f"{m.topic}/{m.partition}/{m.offset}", value)
+
+    def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
+        out = Out(
+            topic=TOPICS[source].dlq,
+            key=m.key or b"",
+            value=self._parked(source, m),
+            # Each consumer group parks what it cannot handle, so the header says which one did.
+            # A replay parked again keeps its replay headers: `memlane dlq list` shows it is a repeat.
+            headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode()),
+                     *kept_on_repeat(getattr(m, "headers", None))),
+        )
+        if fits(out):
+            return out
+        # A message near the limit no longer fits with the headers: park the headers alone.
+        # They name the source offset, where the message itself stays for its retention.
+        return Out(out.topic, out.key, b"", (*out.headers, ("value_dropped", str(len(out.value)).encode())))
+
+    def _oversized(self, source: str, m: Any, outs: list[Out], ctx: dict) -> list[Out]:
+        """A message with an output over the message limit is parked instead: sent, the output
+        would fail the transaction on every restart, and the worker would never get past it."""
+        big = max(outs, key=message_size)
+        error = f"an output to {big.topic} is {message_size(big)} bytes, over the message limit of {MESSAGE_LIMIT} bytes"
+        log.error("output_too_large", output_topic=big.topic, bytes=message_size(big), limit=MESSAGE_LIMIT, **ctx)
+        return [self._dlq(source, m, error, 1)]
+
+    def _fitting(self, outs: list[Out], what: str) -> list[Out]:
+        """Outputs of no input message (a batch's, a tick's) have nowhere to be parked: one
+        over the limit is dropped, loudly, rather than failing every commit after it."""
+        for o in outs:
+            if not fits(o):
+                log.error("output_too_large_dropped", step=what, output_topic=o.topic, bytes=message_size(o),
+                          limit=MESSAGE_LIMIT)
+        return [o for o in outs if fits(o)]
+
+    async def _retrying(self, fn, what: str) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await fn()
+            except (Transient, *TRANSIENT) as e:
+                await self._backoff(attempt, e, {"step": what})
+                attempt += 1
+
+    async def _backoff(self, attempt: int, e: Exception, ctx: dict) -> None:
+        delay = min(0.2 * 2**attempt, 5.0)
+        log.warning("dependency_unavailable_retrying", error=f"{type(e).__name__}: {e}", delay_s=delay, **ctx)
+        await asyncio.sleep(delay)
+
+    async def _send_all(self, outs: Iterable[Out]) -> list[Any]:
+        futs = [
+            await self.producer.send(
+                self.settings.topic(o.topic), o.value, key=o.key, headers=list(o.headers), partition=o.partition
+            )
+            for o in outs
+        ]
+        # gather: when one fails (a fenced producer fails them all), the others' errors count as
+        # seen, instead of each logging "Future exception was never retrieved".
+        return list(await asyncio.gather(*futs))
+
+    async def _commit(self, offsets: dict[TopicPartition, int], outs: list[Out]) -> None:
+        if self.keys is not None:
+            await self.keys.flush()  # the keys first: nothing sealed under a key that could be lost
+        if self.processor.transactional:
+            async with self.producer.transaction():
+                written = await self._send_all(outs)
+                if offsets:
+                    await self.producer.send_offsets_to_transaction(offsets, self.group)
+                    self.faults.reached(self.before_commit)
+        else:
+            written = await self._send_all(outs)
+            if offsets:
+                self.faults.reached(self.before_commit)
+                await self.consumer.commit(offsets)
+        if offsets:
+            self.faults.reached(self.after_commit)
+        for o in outs:
+            if o.topic.endswith(".dlq"):
+                metrics.DLQ_MESSAGES.labels(o.topic).inc()
+        self.processor.committed(written)
+
+    async def took(self, partitions: set[TopicPartition]) -> None:
+        """After the processor took an assignment: where a `catch_up_on_start` worker must read to."""
+        self.catch_up_to = await self.consumer.end_offsets(list(partitions)) if (
+            self.processor.catch_up_on_start and partitions) else {}
+
+    async def not_ready(self) -> list[str]:
+        """Why the worker is not ready (docs/metrics.md): not in its group yet, the processor's
+        own reasons (the ledger recovering), or not yet read up to where its partitions ended
+        when it took them. Empty once ready; caught up stays so until the next assignment."""
+        c = self.consumer
+        if c is None or not self.assignments:
+            return ["no partitions assigned yet (joining the consumer group)"]
+        reasons = self.processor.not_ready({tp.partition for tp in c.assignment()})
+        if reasons:
+            return reasons
+        if self.catch_up_to is None:
+            return ["taking its partitions"]
+        if not self.caught_up:
+            assignment = self.assignments
+            behind = 0
+            for tp, end in self.catch_up_to.items():
+                behind += max(0, end - await c.position(tp))
+            if behind or self.in_batch or assignment != self.assignments:
+                return [f"catching up: {behind} messages behind where its partitions ended when assigned"]
+            self.caught_up = True
+        return []
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+
+
+async def run_processor(processor: Processor, settings: Settings) -> None:
+    runner = Runner(processor, settings)
+    runner.install_signal_handlers()
+    await runner.run()
