@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# memlane's image: one image for `memlane serve` and every `memlane worker NAME` (docs/deployment.md).
+# memlane's image: one image for `memlane serve` and every `memlane worker NAME` (docs/operations/deploy.md).
 #   docker build -t memlane:local .
 #   docker run --rm memlane:local --help
 # Linted by tests/unit/test_manifests.py (hadolint, default level, no ignores).
@@ -44,7 +44,7 @@ LABEL org.opencontainers.image.title="memlane" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # A fixed numeric id, so Kubernetes' runAsNonRoot can check it and a host can own files for it
-# (the compose key file: docs/deployment.md).
+# (the compose key file: docs/operations/deploy.md).
 RUN groupadd --system --gid 10001 memlane \
  && useradd --system --uid 10001 --gid memlane --home-dir /var/lib/memlane --no-create-home \
       --shell /usr/sbin/nologin memlane \

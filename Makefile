@@ -9,9 +9,9 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
 # Run on their own after the rest: a 3-broker cluster's failover starved of CPU by the other test
-# process outlasts the workers' group sessions (docs/testing.md).
+# process outlasts the workers' group sessions (docs/reference/testing.md).
 ALONE := tests/resilience/test_broker_kill.py
-# Run again on a 3-master Redis Cluster after the main suite (docs/redis-cluster.md); empty: skipped.
+# Run again on a 3-master Redis Cluster after the main suite (docs/operations/redis-cluster.md); empty: skipped.
 # The projection suites and the memory and history API suites: what fits make test's time budget
 # (add tests/e2e/test_members.py and test_rebuild.py for a longer run; they pass there too).
 CLUSTER_TESTS ?= tests/contract/test_record_view.py tests/integration/test_applied_waiter.py \

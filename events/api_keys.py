@@ -1,4 +1,4 @@
-"""API keys as `memlane.apikeys` holds them (docs/api-keys.md): one record per key, under the
+"""API keys as `memlane.apikeys` holds them (docs/features/api-keys.md): one record per key, under the
 key's digest (SHA-256), holding its public entry and, once revoked, when. Never the key.
 
 A revocation is a value, not a tombstone: compaction keeps only the last record of each

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 # Identifiers travel in Kafka keys and Redis keys, so they stay short and printable.
 IDENT_PATTERN = r"^[A-Za-z0-9._:@\-]+$"
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENT_PATTERN)]
-# A run's id (session memory, docs/session-memory.md): narrower than an Ident, as the
+# A run's id (session memory, docs/features/session-memory.md): narrower than an Ident, as the
 # product it stands in for names runs with letters, digits, ".", "_" and "-" only.
 RUN_ID_PATTERN = r"^[A-Za-z0-9._\-]+$"
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]

@@ -21,7 +21,7 @@ Tags = Annotated[list[str], AfterValidator(unless_stored(check_tags))]
 OneLine = AfterValidator(unless_stored(check_one_line))
 # A time in the world; one without a zone is UTC.
 WorldTime = Annotated[datetime, AfterValidator(lambda t: t if t.tzinfo else t.replace(tzinfo=UTC))]
-# The version the writer read of the record it changes (docs/trust.md): the ledger refuses the
+# The version the writer read of the record it changes (docs/features/trust.md): the ledger refuses the
 # write with VERSION_CONFLICT when the record has moved on since. None: no check.
 ExpectedVersion = Annotated[int, Field(ge=0)] | None
 
@@ -86,7 +86,7 @@ class AddMemory(_CommandBase):
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
     importance: Annotated[float, Field(ge=0, le=1)] | None = None  # None: the record's default
     # With `replaces`, the replaced record's version; without, only 0: the write must make a
-    # new record, not merge into a live one that states the same (docs/trust.md).
+    # new record, not merge into a live one that states the same (docs/features/trust.md).
     expected_version: ExpectedVersion = None
     # Another write of the same review gives this key a different text: the
     # record is PENDING, or CONFLICT when a stored fact holds the key.
@@ -102,10 +102,10 @@ class AddMemory(_CommandBase):
     valid_from: WorldTime | None = None
     valid_to: WorldTime | None = None
     # The run (session memory) the write belongs to: with no `scope` it is a run entry only,
-    # with one it is also stored durably at once (docs/session-memory.md).
+    # with one it is also stored durably at once (docs/features/session-memory.md).
     run: RunId | None = None
     # The API found a near duplicate of this write: the ledger merges it there if its own
-    # re-check agrees, else adds the record as usual (docs/near-duplicate-merge.md).
+    # re-check agrees, else adds the record as usual (docs/features/near-duplicate-merge.md).
     merge: MergeEvidence | None = None
 
     _valid_interval = field_validator("valid_to")(_valid_to)
@@ -202,7 +202,7 @@ BlockLine = Annotated[str, Field(min_length=1, max_length=BLOCK_CHARS, pattern=r
 def block_field(label: str, application: str | None = None) -> str:
     """Where a block is kept among its agent's (the ledger's state, the views): its label, or
     `<application>:<label>` for an application-scoped one. No label or application holds ":",
-    so the two never collide (docs/recall-layers.md, "Application blocks")."""
+    so the two never collide (docs/features/recall.md, "Application blocks")."""
     return f"{application}:{label}" if application else label
 
 
@@ -237,7 +237,7 @@ class CurateBlock(_CommandBase):
         return v
 
 
-# A member's profile on an agent (docs/profiles.md): one document, at most this many characters.
+# A member's profile on an agent (docs/features/profiles.md): one document, at most this many characters.
 PROFILE_CHARS = 4000
 ProfileText = Annotated[str, Field(min_length=1, max_length=PROFILE_CHARS)]
 ProfileLine = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\r\n]+$")]
@@ -304,7 +304,7 @@ class RemoveUser(_CommandBase):
 
 class RemoveTenant(_CommandBase):
     """The whole tenant is deleted: sent under the workspace agent; every agent's keys are
-    destroyed and every projection purges the tenant (docs/encryption.md)."""
+    destroyed and every projection purges the tenant (docs/features/encryption-and-erasure.md)."""
 
     type: Literal["RemoveTenant"] = "RemoveTenant"
 
@@ -347,7 +347,7 @@ class ConfigureAgent(_CommandBase):
     config: AgentConfig
 
 
-# Tenant and platform memory (docs/tenant-platform-memory.md). A tenant's conventions and floors
+# Tenant and platform memory (docs/features/tenant-platform-memory.md). A tenant's conventions and floors
 # live under its workspace agent (`WORKSPACE`); platform entries under the platform's own
 # pseudo tenant, which no key is issued for (services/http/routes/keys.py refuses the name).
 PLATFORM = "@platform"
@@ -404,7 +404,7 @@ class RemovePlatformEntry(_CommandBase):
     entry: EntryId
 
 
-# Notes (docs/notes.md): written by the agent itself, each citing 1 to `NOTE_SOURCES` messages
+# Notes (docs/features/notes.md): written by the agent itself, each citing 1 to `NOTE_SOURCES` messages
 # of its history. A note's id is the caller's, stable across revisions.
 NOTE_SOURCES = 32
 NoteId = Annotated[str, Field(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]

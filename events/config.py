@@ -64,7 +64,7 @@ class RecallConfig(_Strict):
 
 class ProfileConfig(_Strict):
     # Consolidation appends the preference facts it finds about a member (facts of kind
-    # "preference" or "profile") to that member's profile (docs/profiles.md).
+    # "preference" or "profile") to that member's profile (docs/features/profiles.md).
     enrich: bool = False
 
 

@@ -172,7 +172,7 @@ class TenantRestored(_EventBase):
 
 class SubjectErased(_EventBase):
     """A subject's data keys are to be destroyed and every projection purges what it holds
-    of it (docs/encryption.md). No personal data: the ids name the subject.
+    of it (docs/features/encryption-and-erasure.md). No personal data: the ids name the subject.
 
     `user` set, `agent` an agent: one member on one agent (EraseSubject). `user` set under
     the workspace agent: the member on every agent of the tenant (RemoveUser). `user` None:
@@ -193,7 +193,7 @@ class RecordsPurged(_EventBase):
 
 
 class RunEntryAdded(_EventBase):
-    """A write landed in a run's session memory (docs/session-memory.md). `record_id` names the
+    """A write landed in a run's session memory (docs/features/session-memory.md). `record_id` names the
     durable record a write with a scope was also stored as. The counts are the run's entries not
     yet summarized after this one, so the run-compression worker needs no state of its own."""
 
@@ -289,7 +289,7 @@ class PlatformEntryRemoved(_EventBase):
 
 class NoteSaved(_EventBase):
     """A note of the identity (the agent, and `user` or none) at `revision` (1 when made), whole:
-    its topic, summary and sources (docs/notes.md). `session`: the session it was saved from."""
+    its topic, summary and sources (docs/features/notes.md). `session`: the session it was saved from."""
 
     type: Literal["NoteSaved"] = "NoteSaved"
     note_id: str

@@ -100,7 +100,7 @@ class MemoryRecord(Message_):
     labels: dict[str, str] = {}
     key: str | None = None
     confidence: Annotated[float, Field(ge=0, le=1)] | None = None
-    # Trust inputs (docs/trust.md). `importance` is the writer's; `usage_count` (times the
+    # Trust inputs (docs/features/trust.md). `importance` is the writer's; `usage_count` (times the
     # record reached the model) and `utility` (reported outcomes) are learned. Usage changes
     # them without a new version: usage is not content (`events.rules.ledger.usage`).
     importance: Annotated[float, Field(ge=0, le=1)] = 0.5

@@ -1,6 +1,6 @@
 """Which fields of a message are personal, whose key seals them, and how a message's JSON
 carries them sealed. The cipher is a port (`Cipher`); `projections.keys` holds the AES-GCM
-one with its keys. The choices: docs/encryption.md.
+one with its keys. The choices: docs/features/encryption-and-erasure.md.
 
 A sealed container (a message, or the record inside a record event) keeps its other fields
 as they were, its personal fields blanked, and one more member, `sealed`: the token of the
@@ -118,7 +118,7 @@ PERSONAL: dict[str, Personal] = {
     "RunSummarized": Personal({"summary": ""}, _member_subject, _event_aad),
     "SummarizeRun": Personal({"summary": ""}, _member_subject, _command_aad),
     # A member's profile is their data, sealed under their key like their USER records: their
-    # erasure makes every version unreadable (docs/profiles.md).
+    # erasure makes every version unreadable (docs/features/profiles.md).
     "SetProfile": Personal({"text": ""}, _member_subject, _command_aad),
     "EnrichProfile": Personal({"lines": []}, _member_subject, _command_aad),
     "ProfileChanged": Personal({"text": ""}, _member_subject, _event_aad),
@@ -128,7 +128,7 @@ PERSONAL: dict[str, Personal] = {
     "ConventionProposed": Personal({"text": ""}, _agent_subject, _event_aad),
     "SetTenantFloor": Personal({"text": ""}, _agent_subject, _command_aad),
     "TenantFloorSet": Personal({"text": ""}, _agent_subject, _event_aad),
-    # A note's text is its identity's: its member's key (else its agent's) seals it (docs/notes.md).
+    # A note's text is its identity's: its member's key (else its agent's) seals it (docs/features/notes.md).
     "SaveNote": Personal({"topic": "", "summary": ""}, _member_subject, _command_aad),
     "NoteSaved": Personal({"topic": "", "summary": ""}, _member_subject, _event_aad),
     "CandidateRefused": Personal({"summary_preview": ""}, _member_subject, lambda m: m["usage_id"].encode()),

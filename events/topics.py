@@ -1,4 +1,4 @@
-"""The topic registry: names, keys and partition counts (the choices: docs/topics.md)."""
+"""The topic registry: names, keys and partition counts (the choices: docs/reference/topics.md)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def keys_topic(segment_ms: int = 3_600_000) -> Topic:
     in (compaction never touches the open one), `max.compaction.lag.ms` makes the cleaner take
     it within that time, and `delete.retention.ms` is how long the tombstone itself stays for
     a reader that is behind. A destroyed key is physically gone within about
-    segment.ms + max.compaction.lag.ms (docs/encryption.md)."""
+    segment.ms + max.compaction.lag.ms (docs/features/encryption-and-erasure.md)."""
     return Topic("memlane.keys", 1, lambda k: f"{k.subject}#{k.kid}", compacted=True, config={
         "cleanup.policy": "compact",
         "segment.ms": str(segment_ms),
@@ -119,7 +119,7 @@ def keys_topic(segment_ms: int = 3_600_000) -> Topic:
     })
 
 
-# API keys by digest (events/api_keys.py, docs/api-keys.md). Compacted, and never tombstoned:
+# API keys by digest (events/api_keys.py, docs/features/api-keys.md). Compacted, and never tombstoned:
 # a revocation is the key's last value, so the cleaner can never forget it. One partition: one
 # order over every key, and one position for a follower to be caught up to.
 API_KEYS = Topic("memlane.apikeys", 1, lambda r: r.topic_key.decode(), compacted=True,

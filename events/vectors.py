@@ -70,7 +70,7 @@ def keyed_hash(text: str, kid: str | None, cipher: Any) -> str:
 
 def float32_array(little_endian: bytes) -> array.array:
     """A vector as a compact float32 array, which Qdrant Edge takes faster than a list
-    (docs/qdrant-edge.md), with no numpy round trip."""
+    (docs/decisions/0004-qdrant-edge-embedded-index.md), with no numpy round trip."""
     a = array.array("f", little_endian)
     if sys.byteorder == "big":
         a.byteswap()

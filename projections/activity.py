@@ -1,5 +1,5 @@
 """Redis adapter of the activity view: per-minute counts of turns, extraction decisions and
-recalls, and each record's recalls (what is counted: events.rules.activity; docs/activity.md).
+recalls, and each record's recalls (what is counted: events.rules.activity; docs/features/activity.md).
 
 Under the deployment's root (`settings.redis_root`), ids, counts and times only:
 - `act:<scope>:<minute>:<kind>`: a set of the ids (8-byte digests) counted in that minute, for the scopes

@@ -20,7 +20,7 @@ from qdrant_edge import (
 
 DENSE, SPARSE = "dense", "bm25"
 # A search runs on the thread that asks, not on a pool of Edge's own: searches already run
-# concurrently, one per API worker thread (figures: docs/qdrant-edge.md).
+# concurrently, one per API worker thread (figures: docs/decisions/0004-qdrant-edge-embedded-index.md).
 SEARCH_THREADS = 1
 _opened = False
 

@@ -52,7 +52,7 @@ class OnnxMiniLM:
         opts.log_severity_level = 3
         # Idle pool threads would otherwise spin for work after each call: on a machine whose
         # cores the other workers share, that doubled the CPU per short text and took cores
-        # they needed (docs/embedder-batching.md).
+        # they needed (docs/decisions/0007-embedder-batches-by-token-length.md).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         return ort.InferenceSession(
@@ -164,7 +164,7 @@ BATCH_TOKENS = 64  # longer texts are embedded alone: their own work dwarfs a ca
 def length_batches(lengths: Sequence[int], max_size: int = BATCH_MAX, spread: float = BATCH_SPREAD) -> list[list[int]]:
     """Indexes of texts to embed together, by token count: similar lengths only, shortest first.
 
-    Similar lengths, because a batch pads every text to its longest one (figures: docs/embedder-batching.md).
+    Similar lengths, because a batch pads every text to its longest one (figures: docs/decisions/0007-embedder-batches-by-token-length.md).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []

@@ -47,7 +47,7 @@ from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts: the dense list's depth
-LEXICAL_DEPTH = 200  # the lexical list's: 50 tied on tuning but lost @25 on validation (docs/history-ranking.md)
+LEXICAL_DEPTH = 200  # the lexical list's: 50 tied on tuning but lost @25 on validation (docs/decisions/0019-history-ranking-score-fusion.md)
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
 TIEBREAK_BITS = (1 << 63) - 1  # of a point id, to settle ties in an int64
 # Given the candidates' places, a test of whether the caller may see one (called where the search runs).
@@ -85,7 +85,7 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
 
 
 # Payload keys search filters or sorts on. The rest of a part's payload is one JSON string
-# under `doc`, which Edge writes far faster than separate keys (docs/qdrant-edge.md). A
+# under `doc`, which Edge writes far faster than separate keys (docs/decisions/0004-qdrant-edge-embedded-index.md). A
 # point written before `doc` existed reads as it was.
 FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id",
             "user", "sequence", "part")
@@ -262,7 +262,7 @@ class HistoryIndex:
         """Both lists to fixed depths (so the order is the same on every page), ranked by
         `projections.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
-        # that does not (docs/history-ranking.md).
+        # that does not (docs/decisions/0019-history-ranking-score-fusion.md).
         lexical = QueryRequest(limit=LEXICAL_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
                                filter=flt, with_payload=False)
         nearest = QueryRequest(limit=HYBRID_DEPTH, query=Query.Nearest(dense, using=DENSE), filter=flt,
@@ -270,7 +270,7 @@ class HistoryIndex:
         with self._lock:
             found_lex, found_den = self.shard.query_batch(QueryBatchRequest([lexical, nearest]))
         # Points are keyed by their id as an int: Edge makes a UUID at every read of `id`, and
-        # a string of each would cost as much again (docs/history-ranking.md).
+        # a string of each would cost as much again (docs/decisions/0019-history-ranking-score-fusion.md).
         lex = {p.id.int: p.score for p in found_lex}
         den = {p.id.int: p.score for p in found_den}
         with self._lock:

@@ -1,4 +1,4 @@
-"""Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (the choices: docs/embeddings.md).
+"""Embeddings from an OpenAI-compatible `/v1/embeddings` endpoint (the choices: docs/decisions/0003-local-onnx-embeddings.md).
 
 The model id names the served model and its dimension, so vectors of another model or
 size never join records in a collection bound to this one. The index is 384-dimensional:

@@ -8,7 +8,7 @@ names the live generation and is swapped for every shard in one call. Local mode
 storage directory to one process, while `serve` and a rebuild's shard processes each hold
 collections at once, so there each collection has a directory of its own and a catalog
 directory stands in for the server's namespace: an empty stand-in collection per memory
-collection, and the aliases, opened only for the moment of a call (docs/qdrant-server.md).
+collection, and the aliases, opened only for the moment of a call (docs/operations/qdrant-server.md).
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
 def fuse(lexical: list[Hit], dense: list[Hit]) -> list[Hit]:
     """A hybrid search's two lists as one, fused by score (`projections.ranking.fused`; a
     record stands alone, so no neighbour lifts it). Rank-only RRF buried a record far ahead in
-    one list: see docs/history-ranking.md for both on LoCoMo."""
+    one list: see docs/decisions/0019-history-ranking-score-fusion.md for both on LoCoMo."""
     scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense})
     return [Hit(k, v) for k, v in scores.items()]
 

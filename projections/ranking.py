@@ -9,7 +9,7 @@ history, each candidate lifted by its neighbours in the conversation.
   its neighbours' fused scores. A memory record stands alone: it is fused only (`fused_keys`).
 
 The rules work on arrays, one row per candidate: a history search ranks a few hundred, and
-loops over them in Python cost more than the engine's search (docs/history-ranking.md).
+loops over them in Python cost more than the engine's search (docs/decisions/0019-history-ranking-score-fusion.md).
 `ranked_keys` applies them to mappings keyed by anything. The weights were chosen on LoCoMo's
 tuning conversations alone.
 """

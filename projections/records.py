@@ -79,7 +79,7 @@ def listed(r: MemoryRecord) -> bool:
 
 def with_usage(r: MemoryRecord, usage_count: int) -> MemoryRecord:
     """The current version as read: its usage count is the latest the view holds, which usage
-    events move without a new version (docs/trust.md)."""
+    events move without a new version (docs/features/trust.md)."""
     return r.model_copy(update={"usage_count": usage_count}) if usage_count > r.usage_count else r
 
 
@@ -201,7 +201,7 @@ class MemoryFold:
     removed_agents: set[tuple[str, str]] = field(default_factory=set)
     removed_users: set[tuple[str, str]] = field(default_factory=set)
     removed_tenants: set[str] = field(default_factory=set)
-    # Each record's usage_count, kept beside its versions: usage makes no version (docs/trust.md).
+    # Each record's usage_count, kept beside its versions: usage makes no version (docs/features/trust.md).
     usage: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     async def apply(self, events: list[Any]) -> None:

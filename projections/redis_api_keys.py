@@ -1,4 +1,4 @@
-"""API keys' Redis view, a projection of `memlane.apikeys` (docs/api-keys.md). Under the
+"""API keys' Redis view, a projection of `memlane.apikeys` (docs/features/api-keys.md). Under the
 deployment's root (`ml:<topic prefix>`):
 
 - `apikey:<digest>`: the key's public entry while it works, the entry with `revoked` after.

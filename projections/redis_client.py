@@ -5,7 +5,7 @@
 On a cluster every multi-key command, MULTI/EXEC and script must keep its keys in one hash slot, so every
 key of one agent carries the agent as a hash tag (`agent_tag`), and what spans agents
 (a batch's checkpoint, a scan over agents, dropping a generation) goes through the
-helpers here, which do it per slot or per primary. docs/redis-cluster.md has the layout.
+helpers here, which do it per slot or per primary. docs/operations/redis-cluster.md has the layout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Redis adapter of the note view (docs/notes.md).
+"""Redis adapter of the note view (docs/features/notes.md).
 
 Each identity's notes are one hash in the record view's generation namespace,
 `notes:{<tenant>/<agent>}|<user>` (`<user>` empty for the agent's own notes; the agent's hash tag,

@@ -1,4 +1,4 @@
-"""Redis adapter of the profile view: each member's profile on an agent (docs/profiles.md).
+"""Redis adapter of the profile view: each member's profile on an agent (docs/features/profiles.md).
 
 One hash per agent in the record view's generation namespace, `profiles:{<tenant>/<agent>}`
 (the agent's hash tag, so it shares the agent's slot): field `<user>` holds the member's last

@@ -4,7 +4,7 @@ Keys live under a generation namespace `ml:g<N>:`, and `ml:generation` points at
 one readers use, so a rebuild can fill a new generation and switch over atomically.
 Every key of an agent carries the agent as a hash tag, `{<tenant>/<agent>}`, so an
 agent's keys share one Redis Cluster slot and one script or MULTI/EXEC may touch them all
-(`projections.redis_client`; docs/redis-cluster.md). Generations written before hash tags
+(`projections.redis_client`; docs/operations/redis-cluster.md). Generations written before hash tags
 (before 2026-12-02) read as empty: rebuild.
 An agent's records share one hash, `rec:{<tenant>/<agent>}`: field `<record id>` holds the
 current version and `<record id>#<version>` each version. Per-record keys cost Redis
@@ -138,7 +138,7 @@ return applied
 
 
 # A `UsageRecorded`'s totals into the agent's `usage` hash, beside the versions: usage makes no
-# version (docs/trust.md). KEYS[1]: the hash; ARGV: record id, total, ... A total only grows, so
+# version (docs/features/trust.md). KEYS[1]: the hash; ARGV: record id, total, ... A total only grows, so
 # a redelivered older event changes nothing, as a version guard would.
 USAGE = """
 for i = 1, #ARGV, 2 do
@@ -557,7 +557,7 @@ class RedisRecords:
             elif e.type in redis_runs.RUN_EVENTS:
                 redis_runs.fold(pre, ns, e.raw)  # session memory: before the checkpoint, as blocks
             elif e.type in redis_notes.NOTE_EVENTS:
-                redis_notes.fold(pre, ns, e.raw)  # notes (docs/notes.md), likewise
+                redis_notes.fold(pre, ns, e.raw)  # notes (docs/features/notes.md), likewise
             elif e.type in redis_profiles.PROFILE_EVENTS:
                 redis_profiles.fold(pre, ns, e.raw)  # member profiles: before the checkpoint, as blocks
             elif e.type in redis_shared.SHARED_EVENTS:
@@ -825,7 +825,7 @@ class RedisRecords:
         key = self._keys(gen, tenant, agent)[0]
         pipe = self.r.pipeline(transaction=False)
         pipe.hmget(key, rids)
-        pipe.hmget(self._agent(gen, "usage", tenant, agent), rids)  # the usage counts (docs/trust.md)
+        pipe.hmget(self._agent(gen, "usage", tenant, agent), rids)  # the usage counts (docs/features/trust.md)
         currents, counts = await pipe.execute()
         fields = [f"{rid}#{cur}" for rid, cur in zip(rids, currents) if cur is not None]
         raws = await self.r.hmget(key, fields) if fields else []

@@ -1,4 +1,4 @@
-"""Redis adapter of the run view: session memory (docs/session-memory.md).
+"""Redis adapter of the run view: session memory (docs/features/session-memory.md).
 
 Each run of an agent is one hash in the record view's generation namespace,
 `run:{<tenant>/<agent>}|<user>|<run>` (a run is one member's, or the agent's own with no

@@ -1,4 +1,4 @@
-"""Redis adapter of tenant and platform memory (docs/tenant-platform-memory.md).
+"""Redis adapter of tenant and platform memory (docs/features/tenant-platform-memory.md).
 
 In the record view's generation namespace, so a rebuild fills it from the log like the rest:
 

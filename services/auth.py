@@ -14,7 +14,7 @@ and Redis holds a view of it under the deployment's root (`ml:<topic prefix>`, s
 deployments sharing one Redis never accept each other's keys; projections/redis_api_keys.py).
 Issuing and revoking write the log first (acks=all), then Redis, and answer after both; the
 API process's follower (workers/followers/api_keys_follower.py) restores the view when Redis loses it, and until
-then its book answers for a key Redis lacks (docs/api-keys.md). The bootstrap operator key
+then its book answers for a key Redis lacks (docs/features/api-keys.md). The bootstrap operator key
 comes from settings and is never stored.
 """
 

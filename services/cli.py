@@ -73,7 +73,7 @@ async def _run_worker(name: str, processor, settings) -> None:
 
     runner = Runner(processor, settings)
     # The heartbeat /health reads names the group the runner consumes in. The probe serves
-    # the worker's /metrics, /health and /ready on its own port (docs/metrics.md).
+    # the worker's /metrics, /health and /ready on its own port (docs/reference/metrics.md).
     async with heartbeat(settings, redis_at(settings), name, runner.group, list(processor.sources)):
         await WorkerProbe(runner, name).serve(settings, _with_companions(name, processor, settings, runner.run()))
 
@@ -187,7 +187,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_kek(args: argparse.Namespace) -> int:
     """KEK rotation: `rotate` adds a master key and wraps every data key again under it (the log's
     ciphertexts stay as they are); `retire` wraps again what is still under older versions and
-    drops them, once every process was restarted on the new file (docs/encryption.md)."""
+    drops them, once every process was restarted on the new file (docs/features/encryption-and-erasure.md)."""
     from projections.keys import LocalKeyFile
     from workers.runtime.data_keys import KeyTopic, open_keys
     from workers.runtime.kafka_io import wait_for_broker

@@ -29,7 +29,7 @@ class MemlaneError(Exception):
 
 
 def _expected(version: int | None) -> dict[str, int]:
-    """`expected_version` when the caller names the version it read (docs/trust.md)."""
+    """`expected_version` when the caller names the version it read (docs/features/trust.md)."""
     return {} if version is None else {"expected_version": version}
 
 
@@ -247,7 +247,7 @@ class MemlaneClient:
         return await self._call("POST", f"/v1/blocks/{label}", params=params, json=body)
 
     async def read_profile(self, user: str) -> dict[str, Any]:
-        """A member's profile on the agent (docs/profiles.md): text and version."""
+        """A member's profile on the agent (docs/features/profiles.md): text and version."""
         return await self._call("GET", f"/v1/profiles/{user}")
 
     async def write_profile(self, user: str, text: str, expected_version: int | None = None,
@@ -258,7 +258,7 @@ class MemlaneClient:
     async def delete_profile(self, user: str, expected_version: int | None = None) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/profiles/{user}", params=_expected(expected_version))
 
-    # Tenant and platform memory (docs/tenant-platform-memory.md): operator keys.
+    # Tenant and platform memory (docs/features/tenant-platform-memory.md): operator keys.
     async def conventions(self, status: str | None = None) -> list[dict[str, Any]]:
         params = {"status": status} if status else {}
         return (await self._call("GET", "/v1/tenant/conventions", params=params))["conventions"]
@@ -334,7 +334,7 @@ class MemlaneClient:
         return await self._call("POST", "/v1/tenant/restore")
 
 
-    # ------------------------------------------------------------------ notes (docs/notes.md)
+    # ------------------------------------------------------------------ notes (docs/features/notes.md)
 
     async def save_note(self, note_id: str, topic: str, summary: str, source_messages: list[str | dict[str, str]],
                         expected_revision: int = 0) -> dict[str, Any]:

@@ -96,8 +96,8 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
     async def add(summary: str, content: str, kind: str | None, labels: dict[str, str] | None, scope: str | None,
                   pinned: bool, replaces: str | None, extra: dict[str, Any]) -> str:
         # Without a kind the API gives the agent's default: "fact" where declared, else its first kind.
-        # `extra`: expected_version (the version read of `replaces`, or 0: must create, docs/trust.md),
-        # run_id and layer (session memory, docs/session-memory.md), and world time.
+        # `extra`: expected_version (the version read of `replaces`, or 0: must create, docs/features/trust.md),
+        # run_id and layer (session memory, docs/features/session-memory.md), and world time.
         fields: dict[str, Any] = {"content": content, "labels": labels or {}, "pinned": pinned,
                                   **{k: v for k, v in extra.items() if v is not None}}
         for name, value in (("kind", kind), ("scope", scope), ("replaces", replaces)):
@@ -191,7 +191,7 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
             return json.dumps({"block": out.get("block"), "status": out["status"]})
 
     # The profile of the member the session belongs to (MEMLANE_USER, sent as X-User): the only
-    # one these tools reach (docs/profiles.md). No member named: no profile tools.
+    # one these tools reach (docs/features/profiles.md). No member named: no profile tools.
     member = client.http.headers.get("X-User")
     if cfg.memory.enabled and member:
 
@@ -226,7 +226,7 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
             return {}
         return {"scope": "agent", "session": conversation}  # refused (HISTORY_DISABLED) unless across
 
-    # Notes (docs/notes.md): the agent's own, citing messages of its history it can see; offered
+    # Notes (docs/features/notes.md): the agent's own, citing messages of its history it can see; offered
     # with memory and history on. A helper's key reads and searches them only.
     if cfg.memory.enabled and cfg.history is not None:
         if role != "helper":
@@ -301,7 +301,7 @@ def build_mcp(client: MemlaneClient, cfg: AgentConfig, role: str = "agent") -> M
 
 def build_admin_mcp(client: MemlaneClient) -> MCPServer:
     """The tools for a tenant administrator (an operator key of the tenant): review the tenant's
-    convention candidates (docs/tenant-platform-memory.md). No agent's memory tools: an operator
+    convention candidates (docs/features/tenant-platform-memory.md). No agent's memory tools: an operator
     key acts for no agent here."""
     server = MCPServer("memlane-admin", instructions="Review this tenant's convention candidates: facts established "
                        "in two or more of its agents. Approved ones reach every agent's recall.")

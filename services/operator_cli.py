@@ -1,5 +1,5 @@
 """`memlane status` and `memlane dlq list|show|replay`: the operator's view of a deployment
-and its dead letters, from the shell (docs/operator-cli.md).
+and its dead letters, from the shell (docs/reference/cli.md).
 
 Both read Kafka and Redis directly, with the same code as `GET /v1/admin/pipeline` and
 `/health` (services.pipeline_status, services.http.health_probe): an operator reaches for them

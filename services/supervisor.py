@@ -10,7 +10,7 @@ Readiness is the whole run's: every child running and the API's `/health` answer
 its projection caught up and every supervised worker's heartbeat alive. The supervisor prints
 a `ready` line when that first holds (and again after it was lost), and keeps a status file
 (JSON: each child's pid, state, restarts and log) that tools and tests read.
-See docs/supervisor.md.
+See docs/operations/supervisor.md.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def plan(workers: list[str] | None, replicas: dict[str, int]) -> list[tuple[str,
 def probe_ports(children: list[tuple[str, str]], base: int | None, index: dict[str, int]) -> dict[str, int]:
     """Each child's /metrics and /ready port (child name -> port), handed to it as
     MEMLANE_METRICS_PORT: a kind's first process gets its usual port (`base` + its index, as
-    docs/metrics.md lists them), further replicas `base` + 20, 21, ... None base: no probes."""
+    docs/reference/metrics.md lists them), further replicas `base` + 20, 21, ... None base: no probes."""
     if base is None:
         return {}
     ports: dict[str, int] = {}

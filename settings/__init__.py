@@ -23,10 +23,10 @@ class Settings(BaseSettings):
     # REDIS_URL (no prefix: the name Redis hosts and tools set) wins; MEMLANE_REDIS_URL works too.
     redis_url: str = Field(default="", validation_alias="REDIS_URL")
     # REDIS_URL names a node of a Redis Cluster: every process connects with redis-py's
-    # cluster client (projections.redis_client; docs/redis-cluster.md).
+    # cluster client (projections.redis_client; docs/operations/redis-cluster.md).
     redis_cluster: bool = False
     data_dir: Path = ROOT / ".run" / "data"
-    # The memory index on a Qdrant server or cluster through qdrant-client (docs/qdrant-server.md):
+    # The memory index on a Qdrant server or cluster through qdrant-client (docs/operations/qdrant-server.md):
     # QDRANT_URL (no prefix, the name Qdrant's tools use) wins; MEMLANE_QDRANT_URL works too, and
     # QDRANT_API_KEY likewise. Unset: the embedded Qdrant Edge shards in the data directory.
     # MEMLANE_QDRANT_LOCAL_PATH instead runs qdrant-client's local mode in that directory: a
@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     # Replicas of every topic memlane creates (DLQs and memlane.keys included), and its
     # min.insync.replicas (unset: the broker's default). 1 suits the local single broker; on a
     # cluster 3 and 2 keep every acknowledged write through one broker's death
-    # (docs/kafka-replication.md). Existing topics keep what they were created with.
+    # (docs/operations/kafka-replication.md). Existing topics keep what they were created with.
     topic_replication_factor: int = Field(default=1, ge=1)
     topic_min_insync_replicas: int | None = Field(default=None, ge=1)
     # A transactional worker killed mid-transaction leaves it open, and every read_committed
@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # This process's name among its worker's replicas, set by whatever starts it (`memlane
     # start` gives each child one): the same across its restarts and never shared by two live
     # processes, so a restart's transactional producer fences its dead predecessor at once.
-    # Unset: a random transactional id each start (docs/kafka-replication.md).
+    # Unset: a random transactional id each start (docs/operations/kafka-replication.md).
     worker_instance: str = ""
     group_prefix: str = "memlane"
     log_level: str = "INFO"
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # /health: each worker writes a heartbeat this often, kept this long; a worker without
     # one is dead. A consumer group further behind than health_max_lag messages is lagging.
     heartbeat_s: float = Field(default=2.0, gt=0)
-    # The API's query embedding (docs/fairness.md): this many embedder calls at once, taken from
+    # The API's query embedding (docs/features/fairness.md): this many embedder calls at once, taken from
     # each tenant's queue in turn; a tenant with tenant_queued_texts queries waiting gets 429.
     embed_slots: int = Field(default=2, ge=1, le=64)
     # Threads of the local embedder in each process (0: onnxruntime's choice, every core). Test
@@ -115,27 +115,27 @@ class Settings(BaseSettings):
     # just swapped generations) serves its first requests while parked records join their
     # vectors on their own, and a pass then would only compete with both.
     reconcile_delay_s: float = Field(default=60.0, ge=0)
-    # Envelope encryption (docs/encryption.md): the local key provider's master-key file,
+    # Envelope encryption (docs/features/encryption-and-erasure.md): the local key provider's master-key file,
     # made on first start (or by `memlane init`) and never committed. Off only for the
     # benches that measure what encryption costs.
     key_file: Path = ROOT / ".run" / "keys" / "memlane.key"
     encryption: bool = True
     # memlane.keys rolls a segment this often: a destroyed key is physically gone within
-    # about twice this (docs/encryption.md).
+    # about twice this (docs/features/encryption-and-erasure.md).
     keys_segment_ms: int = Field(default=3_600_000, ge=100)
-    # Retention (seed 004, docs/encryption.md): the ledger's nightly pass at this UTC hour,
+    # Retention (seed 004, docs/features/encryption-and-erasure.md): the ledger's nightly pass at this UTC hour,
     # then every retention_every_s; at most retention_cap records per subject a night.
     retention_hour_utc: int = Field(default=3, ge=0, le=23)
     retention_every_s: float = Field(default=86_400.0, gt=0)
     retention_cap: int = Field(default=500, ge=1)
-    # /metrics, /health and /ready of each process (docs/metrics.md): on this port, unset the
-    # process's default (metrics_port_base + its index in docs/metrics.md's table), 0 none.
+    # /metrics, /health and /ready of each process (docs/reference/metrics.md): on this port, unset the
+    # process's default (metrics_port_base + its index in docs/reference/metrics.md's table), 0 none.
     # Gauges such as consumer lag are sampled every metrics_every_s.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_port_base: int = Field(default=39100, ge=1, le=65000)
     metrics_host: str = "127.0.0.1"
     metrics_every_s: float = Field(default=5.0, gt=0)
-    # Scheduled jobs (docs/scheduled-jobs.md). The ledger sweeps its partitions' expired records
+    # Scheduled jobs (docs/operations/scheduled-jobs.md). The ledger sweeps its partitions' expired records
     # this often (0: only the nightly retention pass and `memlane sweep` do).
     sweep_every_s: float = Field(default=3600.0, ge=0)
     # The API process builds an optimised memory generation in the background once a shard has

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A 3-node KRaft Kafka cluster on 127.0.0.1 (each node broker and controller), replicated as a
-# production cluster is: topics RF 3, min.insync.replicas 2 (docs/kafka-replication.md).
+# production cluster is: topics RF 3, min.insync.replicas 2 (docs/operations/kafka-replication.md).
 # Usage: kafka-cluster.sh start|stop|status|kill N|restart N|leader|bootstrap|clean
 #   start      starts every node not running, waits until all three are live brokers
 #   stop       stops every node (SIGTERM, SIGKILL after MEMLANE_KAFKA_CLUSTER_STOP_S)
@@ -55,7 +55,7 @@ log.dirs=$dir/data
 num.partitions=1
 # Every topic, the internal ones included, on all three nodes; a write is acknowledged (acks=all)
 # once two of them have it, so one node can die without losing an acknowledged write or
-# stopping writes (docs/kafka-replication.md).
+# stopping writes (docs/operations/kafka-replication.md).
 default.replication.factor=3
 min.insync.replicas=2
 offsets.topic.replication.factor=3

@@ -33,7 +33,7 @@ offsets.topic.num.partitions=8
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 # A killed transactional worker's open transaction is aborted within a second of timing out
-# (MEMLANE_TRANSACTION_TIMEOUT_MS), not up to ten (docs/kafka-replication.md).
+# (MEMLANE_TRANSACTION_TIMEOUT_MS), not up to ten (docs/operations/kafka-replication.md).
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
@@ -41,7 +41,7 @@ auto.create.topics.enable=true
 log.retention.hours=-1
 log.segment.bytes=67108864
 # A destroyed data key's segment is compacted within a second of becoming cleanable, and the
-# file it leaves is unlinked a second later (defaults: 15 s and 60 s; docs/encryption.md).
+# file it leaves is unlinked a second later (defaults: 15 s and 60 s; docs/features/encryption-and-erasure.md).
 log.cleaner.backoff.ms=1000
 log.segment.delete.delay.ms=1000
 # Sized for a 2-core machine: the defaults' 3 network and 8 I/O threads (and G1's

@@ -1,5 +1,5 @@
 """What the activity view counts of a message: the Memory tab's chart of turns, extraction
-decisions and recalls per minute, and each record's recalls (docs/activity.md).
+decisions and recalls per minute, and each record's recalls (docs/features/activity.md).
 
 Everything counted carries the id that makes it count once (`Tick.member`): a turn's attempt,
 an extraction command, a usage record. The view adds these ids to sets, so reading a message

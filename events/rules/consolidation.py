@@ -1,4 +1,4 @@
-"""What a session that ended becomes (the choices: docs/consolidation.md). Pure: no I/O.
+"""What a session that ended becomes (the choices: docs/features/consolidation.md). Pure: no I/O.
 
 One model call (purpose `consolidation`) reads the session's kept history and answers with
 the run's goal, outcome, success score and summary: an episode, which the ledger links to
@@ -255,7 +255,7 @@ def to_commands(ended: SessionEnded, cfg: AgentConfig, answer: ConsolidationAnsw
 
 
 # The kinds of fact that say something lasting about the member themself: with
-# `memory.profiles.enrich` on, consolidation appends them to the member's profile (docs/profiles.md).
+# `memory.profiles.enrich` on, consolidation appends them to the member's profile (docs/features/profiles.md).
 PROFILE_KINDS = ("preference", "profile")
 PROFILE_LINE_CHARS = 500
 

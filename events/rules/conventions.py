@@ -1,5 +1,5 @@
 """Tenant conventions: which facts count, when two facts are "the same", and the command a
-candidate makes (docs/tenant-platform-memory.md). Pure; the conventions worker
+candidate makes (docs/features/tenant-platform-memory.md). Pure; the conventions worker
 (`workers.processors.conventions`) keeps the agents seen per fact key in Redis and sends the commands.
 
 Which facts count: a fact an agent established for itself, live, of agent scope, written with

@@ -13,7 +13,7 @@ synonym swap outside the small `SYNONYMS` table ("takes the train" / "commutes b
 then not merged either, which costs a second record, where a wrong merge would lose a fact.
 
 The thresholds were chosen on the labelled pairs of tests/data/near_duplicates.jsonl with the
-local MiniLM embedder (docs/near-duplicate-merge.md). A served embedder has its own similarity
+local MiniLM embedder (docs/features/near-duplicate-merge.md). A served embedder has its own similarity
 scale: `SIMILARITY_MIN` is what to re-tune for it.
 
 The API measures the similarity (it has the embedder and the index) and puts the evidence on
@@ -43,7 +43,7 @@ CANDIDATES = 5
 SAME_STEM_PREFIX = 5
 
 # Words one fact is stated with interchangeably: a swap within a group is a rewording, not
-# another fact. Written from general usage (docs/near-duplicate-merge.md says what this means
+# another fact. Written from general usage (docs/features/near-duplicate-merge.md says what this means
 # for the measured recall); a word in no group swapped for another is a veto.
 SYNONYMS = (
     ("like", "enjoy", "love", "prefer", "favor", "want", "fond"),

@@ -1,4 +1,4 @@
-"""Notes' read-side rules (docs/notes.md), pure: which messages a save names, whether a note
+"""Notes' read-side rules (docs/features/notes.md), pure: which messages a save names, whether a note
 may be shown given which of its sources the caller can see now, and how notes rank against a
 text (recall's and a search's).
 

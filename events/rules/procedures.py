@@ -1,4 +1,4 @@
-"""Procedures learned across runs, and how outcomes rank them (docs/consolidation.md). Pure.
+"""Procedures learned across runs, and how outcomes rank them (docs/features/consolidation.md). Pure.
 
 A fact is *confirmed* when a later write from another run states it again (the ledger
 merges the restatement into the live record: `confirm`). An approved pattern or a decision

@@ -42,7 +42,7 @@ class Layer:
     overflows: bool = True
 
 
-# The block's layers, in the order they are rendered (docs/recall-layers.md). Each first
+# The block's layers, in the order they are rendered (docs/features/recall.md). Each first
 # fills its own budget in this order; the room the others leave then goes to the layers in
 # `OVERFLOW` order.
 LAYERS = (

@@ -1,5 +1,5 @@
 """Session memory: a run's entries, when they expire, and when and how the older ones are
-compressed into the run's summary (the choices: docs/session-memory.md). Pure: no I/O.
+compressed into the run's summary (the choices: docs/features/session-memory.md). Pure: no I/O.
 
 A run (`runId`) gathers the writes an agent makes during one run. Its entries and summary
 expire together, `SESSION_TTL` after the run's last write, not each after its own. When the

@@ -1,4 +1,4 @@
-"""A record's trust, worked out at read time from its trust inputs (docs/trust.md).
+"""A record's trust, worked out at read time from its trust inputs (docs/features/trust.md).
 
     score = 0.30 * confidence + 0.15 * importance + 0.15 * usage + 0.20 * utility + 0.20 * stability
 

@@ -77,7 +77,7 @@ def _luhn(digits: str) -> bool:
 # Cheap tests that rule a pattern group out before its regexes run (most writes hold none
 # of them). Each is a necessary condition of every pattern of its group, on ASCII text only:
 # there `lower()` is exactly what the patterns' case-insensitivity means and `\d` is 0-9.
-# (Why not one alternation per group: docs/write-filter.md.)
+# (Why not one alternation per group: docs/decisions/0011-write-filter-pre-checks.md.)
 _SECRET_HINTS = ("private key", "sk-", "akia", "asia", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "aiza", "eyj",
                  "bearer", "pass", "pwd", "secret", "token")
 _INJECTION_HINTS = ("ignore", "disregard", "forget", "you are now", "from now on", "act as", "system", "instruction",

@@ -1,6 +1,6 @@
 """The key-provider port: wraps and unwraps data keys under a tenant's key-encryption key
 (KEK). `LocalKeyFile` is the embedded default; a cloud KMS or Vault adapter implements the
-same three methods (docs/encryption.md, "Key providers")."""
+same three methods (docs/features/encryption-and-erasure.md, "Key providers")."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     health.router, keys.router, whoami.router, config.router, search.router, recall.router,
     blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
     profiles_routes.router, tenant_routes.router)
-ROUTERS += (notes_routes.router,)  # notes (docs/notes.md)
+ROUTERS += (notes_routes.router,)  # notes (docs/features/notes.md)
 
 
 class Extension(Protocol):
@@ -104,7 +104,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
                                 KafkaUsageRecorder(settings, publisher))
         # An owner calls `on_swap` once it holds its new shards.
         shards.on_swap = lambda owner: service.use_shards(cast(MemoryShards, owner.memory))
-        service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/notes.md)
+        service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/features/notes.md)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.redis_at = redis  # for the extensions' own clients

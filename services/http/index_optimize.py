@@ -5,7 +5,7 @@ once one has `optimize_unindexed_points` more than its last optimise left, it ta
 lock and runs `memlane rebuild --target qdrant --optimize` as a child process: a new
 generation, folded from the log and optimised beside the live one, which the shard owner's
 watcher swaps to (`services.http.shards`). Searches never wait on it. Why this process, and
-why a child: docs/scheduled-jobs.md.
+why a child: docs/operations/scheduled-jobs.md.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class IndexOptimizer:
 
     async def start(self, app: Any, settings: Settings) -> None:
         if settings.optimize_unindexed_points <= 0 or settings.qdrant_client_mode:
-            return  # a Qdrant server optimises its collections itself (docs/qdrant-server.md)
+            return  # a Qdrant server optimises its collections itself (docs/operations/qdrant-server.md)
         self.settings, self.owner = settings, app.state.shards
         self.redis = app.state.redis_at(pooled=True)
         self.task = asyncio.create_task(self.run(), name="index-optimize")

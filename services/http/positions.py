@@ -7,7 +7,7 @@ has indexed another has, or will within milliseconds. A response that names an a
 which this replica serves everything; a request that sends a position back in
 `X-Memlane-After` (one or more, comma-separated) is answered only once this replica has
 reached it, whichever replica wrote. Kafka Streams bounds its interactive queries the same
-way (a position per partition). The reasoning and the figures: docs/serve-replicas.md.
+way (a position per partition). The reasoning and the figures: docs/operations/serve-replicas.md.
 """
 
 from __future__ import annotations

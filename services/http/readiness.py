@@ -1,4 +1,4 @@
-"""The API process's readiness and metrics (docs/metrics.md).
+"""The API process's readiness and metrics (docs/reference/metrics.md).
 
 `GET /metrics` on the API's own port, and the process's metrics port (MEMLANE_METRICS_PORT,
 default 39100) with `/metrics`, `/health` and `/ready` like every worker's. `not_ready` is

@@ -3,7 +3,7 @@ tenant's queue, in chunks, and `slots` workers take the next chunk from each ten
 tenant with nothing waiting goes first), a tenant holding at most half the slots. A tenant
 sending 100-item batches of long queries then leaves another tenant's one-line search a free
 slot, instead of its whole backlog to wait behind; past `queued` texts waiting, its next
-request is refused with 429 and how long to wait (docs/fairness.md)."""
+request is refused with 429 and how long to wait (docs/features/fairness.md)."""
 
 from __future__ import annotations
 

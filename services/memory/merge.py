@@ -1,4 +1,4 @@
-"""The API's half of the near-duplicate merge (docs/near-duplicate-merge.md): before a direct
+"""The API's half of the near-duplicate merge (docs/features/near-duplicate-merge.md): before a direct
 write is sent, its text is embedded and compared with the nearest live records of the same
 agent, scope (session, member) and kind; when the rule of `events.rules.near_duplicate` says
 the write restates one, the evidence goes on the command and the ledger merges it there

@@ -1,4 +1,4 @@
-"""Notes (docs/notes.md): what an agent writes down itself, each note a topic and a summary citing
+"""Notes (docs/features/notes.md): what an agent writes down itself, each note a topic and a summary citing
 1 to 32 messages of its history it can see. Saving, reading, forgetting and searching them, and
 recall's "Notes" layer.
 

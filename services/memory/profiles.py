@@ -1,4 +1,4 @@
-"""Member profiles over the API, MCP and recall (docs/profiles.md): who may read, write and
+"""Member profiles over the API, MCP and recall (docs/features/profiles.md): who may read, write and
 delete a member's profile, the commands sent to the ledger, and recall's "User profile" layer.
 
 Who: the member's own key, or an agent key speaking for that member (X-User names the member

@@ -125,7 +125,7 @@ class MemoryReads:
         self.records = records
         self.memory = memory  # the shards of the current generation; swapped with it
         self.embedder = embedder
-        # Queries are embedded through each tenant's queue, in turn (docs/fairness.md).
+        # Queries are embedded through each tenant's queue, in turn (docs/features/fairness.md).
         self.fair = fair or FairEmbedding(embedder, settings.embed_slots, settings.tenant_queued_texts)
         self.usage = usage
         self.recalled = recalled or RecalledVersions(records)
@@ -190,7 +190,7 @@ class MemoryReads:
         return await self._blocks(ctx, application)
 
     async def _blocks(self, ctx: Context, application: str | None = None) -> list[tuple[str, str, str, str | None]]:
-        """(scope, label, text, application) in this order (docs/recall-layers.md): the workspace's,
+        """(scope, label, text, application) in this order (docs/features/recall.md): the workspace's,
         the workspace's of `application`, the agent's, the agent's of `application`; each by label.
         Another application's never."""
         workspace, own = await asyncio.gather(self.records.blocks(ctx.tenant, WORKSPACE),
@@ -452,7 +452,7 @@ class MemoryReads:
         pinned_all = [r for r in pinned_all if r.in_force(now) and shown_to(ctx, r, scopes) and r.id not in hidden]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)
         # Episodes and procedures come from the same ranked search, in sections of their own
-        # (why, and the figures: docs/recall-sections.md).
+        # (why, and the figures: docs/decisions/0010-recall-sections-from-one-search.md).
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
         # Versions this conversation's recalls showed before are never recorded again;
@@ -510,7 +510,7 @@ class MemoryReads:
         """Recall's ranked search, in two parts run together: facts (every kind but episodes and
         procedures) and those two kinds, which seed 004's facts format leaves out. In one list,
         hundreds of episodes that match a query word for word take every place ahead of a fact
-        found by meaning: the fused score ranks them so (docs/recall-sections.md)."""
+        found by meaning: the fused score ranks them so (docs/decisions/0010-recall-sections-from-one-search.md)."""
         every = cfg.memory.recall.format == "facts"  # the facts block shows every live fact
         limit = LIVE_FACT_CAP if every else cfg.memory.search.max_results * 2
         if not text.strip():

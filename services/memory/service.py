@@ -38,11 +38,11 @@ class MemoryService:
         self.reads = MemoryReads(settings, records, memory, embedder, self.usage, fair=self.fair)
         self.commands = MemoryCommands(settings, records, memory, publisher)
         self.commands.merge = MergeCheck(records, embedder) if embedder is not None else None
-        self.notes = MemoryNotes(self.commands)  # docs/notes.md
+        self.notes = MemoryNotes(self.commands)  # docs/features/notes.md
         self.reads.layer_sources.append(self.notes.layer)
-        self.profiles = MemoryProfiles(self.reads, self.commands)  # docs/profiles.md
+        self.profiles = MemoryProfiles(self.reads, self.commands)  # docs/features/profiles.md
         self.reads.layer_sources.append(self.profiles.layer)
-        self.tenant = TenantMemory(self.commands)  # docs/tenant-platform-memory.md
+        self.tenant = TenantMemory(self.commands)  # docs/features/tenant-platform-memory.md
         self.reads.layer_sources.append(self.tenant.layers)
 
     def use_shards(self, memory: MemoryShards) -> None:

@@ -1,4 +1,4 @@
-"""Tenant and platform memory for the API (docs/tenant-platform-memory.md): the administrators'
+"""Tenant and platform memory for the API (docs/features/tenant-platform-memory.md): the administrators'
 commands and listings, and recall's layer source.
 
 Who: a tenant's conventions and floors are administered by an operator key of that tenant (the

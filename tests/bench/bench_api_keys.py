@@ -1,4 +1,4 @@
-"""apikeys: how soon API keys are served again after Redis loses them (docs/api-keys.md).
+"""apikeys: how soon API keys are served again after Redis loses them (docs/features/api-keys.md).
 
 `redis_loss_recovery_s`: `MEMLANE_BENCH_APIKEYS` keys (default 10,000; one in ten revoked)
 issued through the API's key store and follower (workers/followers/api_keys_follower.py) on the local broker and

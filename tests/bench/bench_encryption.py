@@ -1,4 +1,4 @@
-"""encryption: what sealing personal fields costs (docs/encryption.md), how soon an erasure
+"""encryption: what sealing personal fields costs (docs/features/encryption-and-erasure.md), how soon an erasure
 takes hold, and the nightly retention sweep.
 
 `encryption_overhead_pct` compares one workload with and without encryption in the same

@@ -302,7 +302,7 @@ async def _ledger_ready(settings: Settings, with_snapshot: bool) -> dict:
     log = Path(settings.data_dir) / "logs" / "ledger.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     since = log.stat().st_size if log.exists() else 0
-    # Its own probe port: the default (docs/metrics.md) is one per kind of process, which another
+    # Its own probe port: the default (docs/reference/metrics.md) is one per kind of process, which another
     # stack's ledger on this machine may hold.
     port = free_port()
     env = stack_env(MEMLANE_TOPIC_PREFIX=settings.topic_prefix, MEMLANE_DATA_DIR=str(settings.data_dir),

@@ -1,5 +1,5 @@
 """`make bench ONLY=redisloss`: how soon the record view is served again after Redis loses
-everything (README: a lost Redis is folded back from the log).
+everything (docs/operations/runbook.md: a lost Redis is folded back from the log).
 
 `redis_loss_recovery_s` (`view: "records"`): `MEMLANE_BENCH_REDISLOSS_RECORDS` records (default
 100,000, over 500 agents) decided by the ledger and folded by the Redis projection into a

@@ -1,4 +1,4 @@
-"""web: the Memory tab's member view, in a real browser (docs/web.md).
+"""web: the Memory tab's member view, in a real browser (docs/features/memory-tab.md).
 
 `member_view_load_ms`: a member with `FACTS` live facts (written over HTTP with the agent's
 key, after the member granted consent) signs in through the sign-in form in headless Chromium

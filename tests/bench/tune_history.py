@@ -8,7 +8,7 @@ recall@5/10/25 for a grid of weights on the tuning conversations only; `--depths
 the two lists' depths with the chosen weights; `--memory`, memory-record search's fusion (no
 neighbours, memory's depth) against the RRF it replaced, on both splits; `--validation` prints
 the chosen weights and depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
-ONLY=history`'s, through Kafka and HTTP (docs/history-ranking.md).
+ONLY=history`'s, through Kafka and HTTP (docs/decisions/0019-history-ranking-score-fusion.md).
 """
 
 from __future__ import annotations

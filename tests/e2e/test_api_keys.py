@@ -1,6 +1,6 @@
 """API keys on the session stack when Redis loses the deployment's key store mid-run: the keys
 are on `memlane.apikeys`, so every key still works and a revoked one stays refused, at once,
-and the API's follower writes the store back (docs/api-keys.md). Only this deployment's own
+and the API's follower writes the store back (docs/features/api-keys.md). Only this deployment's own
 key-store keys are deleted (`ml:<prefix>apikey*`): the Redis is the one every test shares."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Application-scoped blocks through the running stack (docs/recall-layers.md): curated over
+"""Application-scoped blocks through the running stack (docs/features/recall.md): curated over
 HTTP and MCP beside the agent's and the workspace's, recalled and listed only for their
 application, in a fixed order, and given back by a rebuild."""
 

@@ -1,5 +1,5 @@
 """A tenant with as many queries waiting to be embedded as it may gets 429 with Retry-After,
-over HTTP, while another tenant's search is answered (docs/fairness.md)."""
+over HTTP, while another tenant's search is answered (docs/features/fairness.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metrics, /health and /ready of every process (docs/metrics.md), over real Kafka and Redis.
+"""Metrics, /health and /ready of every process (docs/reference/metrics.md), over real Kafka and Redis.
 
 `test_every_process_exposes_its_metrics_and_they_move` runs a short load through a whole
 stack (turns reviewed by the fake model: add, replace, delete, skip, a refusal, a 429 and a

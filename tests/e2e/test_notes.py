@@ -1,4 +1,4 @@
-"""Notes end to end (seed 003, issue 26 item 5; docs/notes.md): turns through Kafka into history,
+"""Notes end to end (seed 003, issue 26 item 5; docs/features/notes.md): turns through Kafka into history,
 notes through the API and the ledger into the note view, and recall's "Notes" layer.
 
 One agent's fixture conversation: a 1:1 session `s1` (two turns of no member, one of member fay),

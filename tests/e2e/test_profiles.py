@@ -1,4 +1,4 @@
-"""Member profiles through the running stack (docs/profiles.md): written and read over HTTP by
+"""Member profiles through the running stack (docs/features/profiles.md): written and read over HTTP by
 the member and by the agent speaking for them, version checks that change nothing, recall that
 shows the named member's profile only, keys that never reach it, consent, erasure, enrichment
 by consolidation (the scripted model), and a rebuild that gives profiles back."""

@@ -6,7 +6,7 @@ qdrant-client's local mode (MEMLANE_QDRANT_LOCAL_PATH): the same calls, in-proce
 protocol check. Local mode locks a directory to one process, and here `serve` holds one
 generation while the rebuild's shard processes write the next, so each collection has a
 directory of its own and the aliases live in a catalog directory each process opens for one
-call at a time (docs/qdrant-server.md).
+call at a time (docs/operations/qdrant-server.md).
 """
 
 from __future__ import annotations

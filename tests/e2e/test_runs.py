@@ -1,4 +1,4 @@
-"""Session memory through the running stack (docs/session-memory.md): run-only writes land in
+"""Session memory through the running stack (docs/features/session-memory.md): run-only writes land in
 the run and not in the durable store, a write with a scope in both, and a run past its buffer's
 size is compressed by the consolidation process's model call into the run's summary."""
 

@@ -1,4 +1,4 @@
-"""memlane's scheduled jobs run inside it, with no command from outside (docs/scheduled-jobs.md):
+"""memlane's scheduled jobs run inside it, with no command from outside (docs/operations/scheduled-jobs.md):
 the ledger sweeps expired records on its own tick, and the API process builds and swaps to an
 optimised memory generation once a shard's unindexed points pass the threshold."""
 

@@ -1,4 +1,4 @@
-"""Tenant and platform memory through the running stack (docs/tenant-platform-memory.md): a fact
+"""Tenant and platform memory through the running stack (docs/features/tenant-platform-memory.md): a fact
 established in two agents of a tenant becomes a convention candidate, an administrator approves
 or rejects it, approved conventions and floors reach every agent of the tenant and no other
 tenant, the platform's Policy and Default entries reach every tenant in seed 002's order, only the

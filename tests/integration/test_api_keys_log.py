@@ -1,6 +1,6 @@
 """API keys and web sessions outlive Redis losing its data: keys and revocations go to
 `memlane.apikeys` on the real broker first, sign-ins and sign-outs to `memlane.websessions`, and
-the API process's followers rebuild the Redis view from them (docs/api-keys.md). Each test has a redis-server of its own (tests/private_redis.py), so its
+the API process's followers rebuild the Redis view from them (docs/features/api-keys.md). Each test has a redis-server of its own (tests/private_redis.py), so its
 FLUSHALL reaches no other test's data."""
 
 from __future__ import annotations

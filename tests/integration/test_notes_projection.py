@@ -1,4 +1,4 @@
-"""The projection law for notes (docs/notes.md, docs/projection-law.md): for any sequence of saves,
+"""The projection law for notes (docs/features/notes.md, docs/decisions/0002-projection-law.md): for any sequence of saves,
 stale saves, forgets and erasures, the note view applied incrementally (with replays of earlier
 batches after a crash) and a rebuild's fill hold the same notes, and both hold exactly the notes
 and revisions the ledger's own fold keeps."""

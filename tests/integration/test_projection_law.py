@@ -1,4 +1,4 @@
-"""The projection law (docs/projection-law.md): for any event sequence with duplicates and
+"""The projection law (docs/decisions/0002-projection-law.md): for any event sequence with duplicates and
 redeliveries, the incremental Redis projection, a fresh rebuild and the pure fold agree.
 A rebuild writes with `fill`, which keeps versions itself instead of asking Redis."""
 
@@ -33,7 +33,7 @@ op = st.one_of(
     st.tuples(st.just("said"), st.sampled_from(["ship on Tuesdays", "restore from the replica"]),
               st.sampled_from(["fact", "decision"]), st.booleans()),
     st.tuples(st.just("episode"), st.integers(0, 2)),
-    # A near-duplicate write naming a record the API found (docs/near-duplicate-merge.md): the
+    # A near-duplicate write naming a record the API found (docs/features/near-duplicate-merge.md): the
     # ledger merges it when its own check agrees, else adds it.
     st.tuples(st.just("near"), st.sampled_from(SUMMARIES), st.integers(0, 5)),
 )

@@ -1,4 +1,4 @@
-"""The projection law for session memory (docs/session-memory.md, docs/projection-law.md): for
+"""The projection law for session memory (docs/features/session-memory.md, docs/decisions/0002-projection-law.md): for
 any sequence of run writes and summaries, the run view applied incrementally (with replays of
 earlier batches after a crash) and a rebuild's fill show the same runs, and both show what the
 ledger's own fold says waits for a summary."""

@@ -1,6 +1,6 @@
 """Kill -9 one broker of a 3-node Kafka cluster (RF 3, min.insync.replicas 2) during a burst of
 turns: nothing acknowledged is lost, nothing is doubled, and the Redis view equals the pure
-fold of the event log the surviving brokers hold (docs/kafka-replication.md)."""
+fold of the event log the surviving brokers hold (docs/operations/kafka-replication.md)."""
 
 from __future__ import annotations
 

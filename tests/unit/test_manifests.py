@@ -1,4 +1,4 @@
-"""The deployment files (docs/deployment.md): Dockerfile, deploy/compose, deploy/k8s.
+"""The deployment files (docs/operations/deploy.md): Dockerfile, deploy/compose, deploy/k8s.
 
 Offline, no engine and no cluster:
 - every Kubernetes manifest, the base's and each overlay's as rendered, validates against the

@@ -17,7 +17,7 @@ from events.rules.ledger import LedgerState, decide, evolve, get_record
 from tests.unit.test_ledger_rules import NOW, Ledger, nid, only
 
 PAIRS = Path(__file__).parent.parent / "data" / "near_duplicates.jsonl"
-# The floors the rule must keep on the labelled pairs (docs/near-duplicate-merge.md): a wrong
+# The floors the rule must keep on the labelled pairs (docs/features/near-duplicate-merge.md): a wrong
 # merge loses a fact, a missed one keeps a second record, so precision is held higher.
 PRECISION_FLOOR = 0.95
 RECALL_FLOOR = {"tune": 0.85, "check": 0.75}

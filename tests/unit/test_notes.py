@@ -1,4 +1,4 @@
-"""Notes (docs/notes.md): the pure read-side rules (`events.rules.notes`), the ledger's decide and
+"""Notes (docs/features/notes.md): the pure read-side rules (`events.rules.notes`), the ledger's decide and
 fold of `SaveNote`/`ForgetNote` (`events.rules.ledger.notes`), erasure, a recovery from the log,
 a snapshot, and sealing. Pure: no broker, no store."""
 

@@ -1,4 +1,4 @@
-"""Member profiles' pure rules (docs/profiles.md): the ledger's writes, versions, consent and
+"""Member profiles' pure rules (docs/features/profiles.md): the ledger's writes, versions, consent and
 who may write, enrichment within the limit, erasure, the fold from the ledger's own view, the
 snapshot, sealing under the member's key, and consolidation's enrichment command."""
 

@@ -57,7 +57,7 @@ def test_record_keys_share_one_tenant_and_agent_string(tmp_path):
 
 # ---------------------------------------------------------------------------------- Redis Cluster slots
 # Every script and every multi-key command or MULTI/EXEC of the Redis adapters keeps its keys in
-# one hash slot, so each runs on a Redis Cluster (docs/redis-cluster.md). The keys below are the
+# one hash slot, so each runs on a Redis Cluster (docs/operations/redis-cluster.md). The keys below are the
 # ones the adapters build, and the slot is the one Redis computes (hash tags included).
 
 import pytest  # noqa: E402

@@ -1,4 +1,4 @@
-"""The pure due-rules of memlane's scheduled jobs (docs/scheduled-jobs.md): when the ledger's
+"""The pure due-rules of memlane's scheduled jobs (docs/operations/scheduled-jobs.md): when the ledger's
 expiry sweep is due and what it names, and when a memory shard's index wants optimising.
 No broker, no store, no clock."""
 

@@ -1,4 +1,4 @@
-"""Tenant and platform memory (docs/tenant-platform-memory.md): which facts count toward a
+"""Tenant and platform memory (docs/features/tenant-platform-memory.md): which facts count toward a
 convention and when two are the same (`events.rules.conventions`), and the ledger's rules
 (`events.rules.ledger.tenant`): proposals, decisions, floors, platform entries, their limits,
 a replay from `LedgerView`s, a snapshot, and a tenant's removal. Pure: no broker, no store."""

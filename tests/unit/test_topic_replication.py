@@ -1,5 +1,5 @@
 """Topics as memlane creates them: the deployment's replication factor and min.insync.replicas
-(docs/kafka-replication.md); the broker-kill test checks them on a real cluster."""
+(docs/operations/kafka-replication.md); the broker-kill test checks them on a real cluster."""
 
 from __future__ import annotations
 

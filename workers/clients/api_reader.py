@@ -104,7 +104,7 @@ class ApiReader:
         return out
 
     async def _search_batch(self, items: list[dict[str, Any]]) -> list[list[MemoryRecord] | BaseException]:
-        # Written and read by pydantic-core's JSON, not the stdlib's (docs/extraction-search-json.md).
+        # Written and read by pydantic-core's JSON, not the stdlib's (docs/decisions/0008-extraction-search-json.md).
         self.requests["search_requests"] += 1
         self.requests["searches"] += len(items)
         data = await self._call(

@@ -1,4 +1,4 @@
-"""The API keys topic's adapter and follower, inside each API process (docs/api-keys.md).
+"""The API keys topic's adapter and follower, inside each API process (docs/features/api-keys.md).
 
 `append` writes a key's record to `memlane.apikeys` (acks=all) before `services.auth.KeyStore`
 writes Redis. `start` reads the topic to its end into `book` before the process serves, so the

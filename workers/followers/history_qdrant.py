@@ -5,7 +5,7 @@ An Edge shard belongs to one process, so the process that serves history search 
 the shard and follows `memlane.turns` itself, over every partition, without a
 consumer group. It never embeds: the embedding worker embeds each part of a kept event and
 puts its vector on the compacted `memlane.history.vectors`, named by the part's point id
-(why: docs/history-path.md). The projection reads that topic too and joins by point id: a
+(why: docs/decisions/0005-history-bypasses-the-ledger.md). The projection reads that topic too and joins by point id: a
 part whose vector has not arrived yet is parked until it does, and a vector read before its
 part is held until the part comes.
 
@@ -317,7 +317,7 @@ class HistoryQdrantProjection:
                     # Every turn written before these vectors has been read: none will join.
                     self.held.clear()
                 # Flushing is what makes a checkpoint safe, and it is costly (it grows with the
-                # shard; figures: docs/qdrant-edge.md), so it runs every few seconds,
+                # shard; figures: docs/decisions/0004-qdrant-edge-embedded-index.md), so it runs every few seconds,
                 # not on each pause of the stream; a crash replays those seconds' turns, which
                 # upsert the same point ids.
                 if dirty and time.monotonic() - last_flush > FLUSH_EVERY_S:

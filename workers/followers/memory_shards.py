@@ -11,7 +11,7 @@ its shard count (`SHARDS`), the shards `s<k>/` and their checkpoints.
 With a Qdrant server (`QDRANT_URL`, or qdrant-client's local mode) each shard of a generation
 is a collection, the shard aliases name the generation readers use, and a generation's shard
 count is how many collections it has (`projections.qdrant_client_index.Collections`); the
-checkpoints stay in the data directory (docs/qdrant-server.md).
+checkpoints stay in the data directory (docs/operations/qdrant-server.md).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class QdrantProjection:
         # The event partitions whose records this index holds (a shard's; all by default).
         self.partitions = list(range(EVENTS.partitions)) if partitions is None else partitions
         # Serving searches too: large writes go to a worker thread, so the event loop gets a
-        # turn between Edge calls; a rebuild and small writes stay inline (docs/qdrant-edge.md).
+        # turn between Edge calls; a rebuild and small writes stay inline (docs/decisions/0004-qdrant-edge-embedded-index.md).
         self.serving = serving
         # Another view folded from the same pass over the events, each batch with its
         # checkpoint positions: a rebuild's shard process also fills its agents' Redis
@@ -653,7 +653,7 @@ class QdrantProjection:
             done = reached(pos, end)
             if done or not batch.seen:
                 await land()
-            # Flushing is what makes a checkpoint safe, and it is costly (docs/qdrant-edge.md):
+            # Flushing is what makes a checkpoint safe, and it is costly (docs/decisions/0004-qdrant-edge-embedded-index.md):
             # every few seconds when live, rarely while catching up. A crash
             # replays what came after the last flush; searches never wait for one.
             # A live projection is caught up after nearly every batch, so reaching the end

@@ -1,4 +1,4 @@
-"""When a memory shard's Qdrant Edge index wants optimising (docs/scheduled-jobs.md).
+"""When a memory shard's Qdrant Edge index wants optimising (docs/operations/scheduled-jobs.md).
 
 Each point carries a dense vector and a BM25 sparse vector. Edge's `indexed_vectors_count`
 counts a sparse vector as indexed always (its inverted index is built on write) and a dense

@@ -252,7 +252,7 @@ async def _build_shard(
     Returns (points, events applied to Redis, events and vectors skipped as unreadable).
 
     `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
-    docs/qdrant-edge.md)."""
+    docs/decisions/0004-qdrant-edge-embedded-index.md)."""
     async with data_keys(settings) as keys:
         return await _build_shard_with(settings, redis, gen, k, progress, optimize, redis_gen, keys)
 

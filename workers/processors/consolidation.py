@@ -1,4 +1,4 @@
-"""`memlane worker consolidation`: a session that ended becomes an episode (docs/consolidation.md).
+"""`memlane worker consolidation`: a session that ended becomes an episode (docs/features/consolidation.md).
 
 It reads `memlane.turns` in its own consumer group and acts on `SessionEnded` only. The
 session's kept history comes from the history view in Redis, once the history worker has

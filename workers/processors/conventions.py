@@ -1,4 +1,4 @@
-"""Detects tenant convention candidates (docs/tenant-platform-memory.md): the same fact
+"""Detects tenant convention candidates (docs/features/tenant-platform-memory.md): the same fact
 established in two or more agents of one tenant.
 
 It reads `memlane.memory.events` in a consumer group of its own and acts on `RecordAdded` events

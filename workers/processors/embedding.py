@@ -47,7 +47,7 @@ class EmbeddingProcessor(Processor):
 
     def __init__(self, settings, embedder=None) -> None:
         super().__init__(settings)
-        # it keeps its own cache; metered: memlane_embedding_* with caller="worker" (docs/metrics.md)
+        # it keeps its own cache; metered: memlane_embedding_* with caller="worker" (docs/reference/metrics.md)
         self.embedder = MeteredEmbedder(embedder or make_embedder(settings, cache_size=0), "worker")
         # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
         # once per subject, never shared with another.

@@ -3,7 +3,7 @@ the rules the history projection folds by) goes to the compacted `memlane.histor
 named by its point id and sealed under its turn's subject, in its turn's partition.
 
 The API's history projection only joins and indexes them, so more workers in this group
-share history's embedding, and a history rebuild embeds nothing (docs/history-path.md). A
+share history's embedding, and a history rebuild embeds nothing (docs/decisions/0005-history-bypasses-the-ledger.md). A
 rolled-back attempt keeps nothing, so it has no vector; an erasure tombstones the subject's
 history vectors, and a turn from before an erasure this worker has seen is not embedded.
 

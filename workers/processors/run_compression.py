@@ -1,4 +1,4 @@
-"""Compresses a run's session memory once its buffer passes its size (docs/session-memory.md).
+"""Compresses a run's session memory once its buffer passes its size (docs/features/session-memory.md).
 
 It reads `memlane.memory.events` in its own consumer group and acts on `RunEntryAdded` events
 whose counts of entries not yet summarized pass `events.rules.runs.needs_compression`: the

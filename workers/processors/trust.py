@@ -1,6 +1,6 @@
 """The trust worker: folds `Retrieved` on `memlane.usage` (which records reached the model in
 a search or a recall) into one `RecordUsage` command per agent and batch, for the ledger,
-which adds the counts to the records' `usage_count` without a new version (docs/trust.md).
+which adds the counts to the records' `usage_count` without a new version (docs/features/trust.md).
 
 Transactional: a batch's commands and its input offsets commit together, so a crash sends a
 batch's counts again only if they never went out. A command is named after the span of usage

@@ -1,5 +1,5 @@
 """Named points where a process can be made to kill itself, so a crash test lands at the exact
-moment it means instead of racing a burst (docs/testing.md).
+moment it means instead of racing a burst (docs/reference/testing.md).
 
 `MEMLANE_FAULT_AT=<point>` or `<point>@<n>`: the process sends itself SIGKILL the n-th time
 (default the first) it reaches that point. Unset, `reached` is one string comparison.

@@ -1,4 +1,4 @@
-"""Every process's Prometheus metrics, defined once (docs/metrics.md lists them with their ranges).
+"""Every process's Prometheus metrics, defined once (docs/reference/metrics.md lists them with their ranges).
 
 Labels hold bounded values only: worker and purpose names, decisions, error codes, topic
 names and partition numbers. Never a tenant, an agent, a user, an id or a text: a label
@@ -62,7 +62,7 @@ PROJECTION_APPLIED = Counter("memlane_projection_applied_total", "Events a proje
 SEARCH_SECONDS = Histogram("memlane_search_seconds", "One memory search, embedding included", buckets=FAST)
 RECALL_SECONDS = Histogram("memlane_recall_seconds", "One recall, embedding included", buckets=FAST)
 
-# ---------------------------------------------------------------- scheduled jobs (docs/scheduled-jobs.md)
+# ---------------------------------------------------------------- scheduled jobs (docs/operations/scheduled-jobs.md)
 SWEEPS = Counter("memlane_sweeps_total", "Scheduled expiry sweeps the ledger ran (workers.processors.ledger.processor)")
 SWEEP_RECORDS = Counter("memlane_sweep_records_total", "Expired records a scheduled sweep named")
 RECORDS_EXPIRED = Counter("memlane_records_expired_total",

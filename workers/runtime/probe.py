@@ -2,7 +2,7 @@
 
 It runs on the process's event loop, so what it answers is what that loop sees: a loop
 blocked for long answers nothing, which a prober takes for unhealthy, as it should.
-`/ready` answers 200 only once the process serves what it should (docs/metrics.md);
+`/ready` answers 200 only once the process serves what it should (docs/reference/metrics.md);
 otherwise 503 with the reasons. A port taken by another process is logged and skipped:
 metrics never stop a worker.
 """

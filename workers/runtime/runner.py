@@ -255,7 +255,7 @@ class Processor:
         return []
 
     async def sample(self, ends: dict[TopicPartition, int]) -> None:
-        """Sets the processor's own gauges (docs/metrics.md), every few seconds; `ends`: its
+        """Sets the processor's own gauges (docs/reference/metrics.md), every few seconds; `ends`: its
         assigned partitions' end offsets."""
 
 
@@ -535,7 +535,7 @@ class Runner:
 
     def _parked(self, source: str, m: Any) -> bytes:
         """The platform writes turns in plaintext: memlane's copy in the DLQ is sealed under the
-        agent's key (named by the message key), so an erasure reaches it (docs/encryption.md)."""
+        agent's key (named by the message key), so an erasure reaches it (docs/features/encryption-and-erasure.md)."""
         value = m.value or b""
         if source not in PLAINTEXT_SOURCES or not value:
             return value
@@ -630,7 +630,7 @@ class Runner:
             self.processor.catch_up_on_start and partitions) else {}
 
     async def not_ready(self) -> list[str]:
-        """Why the worker is not ready (docs/metrics.md): not in its group yet, the processor's
+        """Why the worker is not ready (docs/reference/metrics.md): not in its group yet, the processor's
         own reasons (the ledger recovering), or not yet read up to where its partitions ended
         when it took them. Empty once ready; caught up stays so until the next assignment."""
         c = self.consumer

@@ -298,9 +298,9 @@ _COMMANDS: dict[type, Handler] = {
     SummarizeRun: summarize,
     # Not a write: usage is the trust worker's count, with no turn and no new version.
     RecordUsage: _record_usage,
-    # Notes: the agent's own, applied at once, never staged on a turn: they cite committed messages (docs/notes.md).
+    # Notes: the agent's own, applied at once, never staged on a turn: they cite committed messages (docs/features/notes.md).
     **notes_rules.HANDLERS,
-    # A member's profile: applied at once, never staged on a turn (docs/profiles.md).
+    # A member's profile: applied at once, never staged on a turn (docs/features/profiles.md).
     **profiles.HANDLERS,
     # Tenant and platform memory: an administrator's act or the conventions worker's, never staged.
     **tenant.HANDLERS,

@@ -1,4 +1,4 @@
-"""A run's facts and its episode, and facts confirmed across runs (docs/consolidation.md).
+"""A run's facts and its episode, and facts confirmed across runs (docs/features/consolidation.md).
 
 - `track` (folded): an extraction-made record is listed under its run, its session and its
   execution, until the run's episode is added.

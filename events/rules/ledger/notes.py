@@ -1,4 +1,4 @@
-"""Notes in the ledger (docs/notes.md), pure: `SaveNote` makes or revises a note of the caller's
+"""Notes in the ledger (docs/features/notes.md), pure: `SaveNote` makes or revises a note of the caller's
 identity (`NoteSaved`), `ForgetNote` deletes it (`NoteForgotten`). The ledger checks who writes
 and the revision the writer read; the API checked, before sending, that the writer can see every
 message the note cites (the ledger cannot: history is not in its log).

@@ -55,7 +55,7 @@ def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = Fa
     if not cfg.memory.enabled:
         raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
     if cmd.kind in RESERVED_KINDS:
-        # Episodes and procedures are what consolidation makes of sessions (docs/consolidation.md).
+        # Episodes and procedures are what consolidation makes of sessions (docs/features/consolidation.md).
         if cmd.provenance.source is not Source.CONSOLIDATION and not operator:
             raise Rejected(ErrorCode.VALIDATION_FAILED, "kind", f"kind {cmd.kind!r} is reserved for consolidation")
     elif cmd.kind not in cfg.memory.kinds:

@@ -64,7 +64,7 @@ class LedgerState:
     # a snapshot show who was removed, and when the log says so); no rule reads it. It is folded
     # on the workspace's partition only, which the ledger partitions of the tenant's agents do not
     # read: the read side (the record view's removal marker) and the workers' subject check are
-    # what guard a removed member's memory (docs/subjects.md, "Removal").
+    # what guard a removed member's memory (docs/features/subjects-and-consent.md, "Removal").
     removed_users: MutableMapping[str, bool] = field(default_factory=dict)
     # agent|u:user -> the subject's live USER record ids (`subject_rules.track`); replaced, never mutated
     subject_records: MutableMapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""Tenant and platform memory in the ledger (docs/tenant-platform-memory.md).
+"""Tenant and platform memory in the ledger (docs/features/tenant-platform-memory.md).
 
 A tenant's conventions and floors are kept under its workspace agent (`tenant/@workspace`), the
 platform's entries under `@platform/@workspace`: each on one ledger partition, so counts and

@@ -1,6 +1,6 @@
 """Trust inputs the ledger keeps beside a record's content: how often it reached the model
 (`RecordUsage`, folded as `UsageRecorded`), and the version check of every write that names
-the version it read (`expected_version`, docs/trust.md).
+the version it read (`expected_version`, docs/features/trust.md).
 
 Usage is not content: counting a retrieval makes no new version, so a retrieval never turns
 a writer's `expected_version` stale, the history lists only changes of what the record says,

@@ -43,7 +43,7 @@ async def health(request: Request):
 async def ready(request: Request):
     """"ready" (200) once this process serves what it should: its memory projection (every shard of
     the generation served) and its history projection caught up with the log; else "not_ready"
-    (503) with the reasons. Unlike /health, it says nothing of the workers (docs/metrics.md)."""
+    (503) with the reasons. Unlike /health, it says nothing of the workers (docs/reference/metrics.md)."""
     reasons = not_ready(request.app)
     metrics.READY.labels("api").set(0 if reasons else 1)
     return JSONResponse({"status": "not_ready" if reasons else "ready", "process": "api", "reasons": reasons},

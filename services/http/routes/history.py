@@ -8,7 +8,7 @@ Boundaries: a search sees one session (X-Session) of the key's agent, never anot
 without a session there is no history. Where the agent's configuration allows it
 (`harness.history.across_conversations`), `scope: "agent"` searches every session of the
 agent, and `GET /v1/history/messages` reads another session than the caller's
-(docs/history-conversations.md). Whatever the scope, only what the agent could see: in a
+(docs/features/session-history.md). Whatever the scope, only what the agent could see: in a
 group conversation, what was said while it was a member (`MembershipChanged`). A member's turns (the turn's `user`) are found only
 by the agent or helper key speaking for that member (X-User), never by an operator, on any
 agent. A live turn never sees what a preview turn kept.
@@ -79,7 +79,7 @@ class HistorySearchRequest(Body):
     turn: Annotated[int, Field(ge=0)] | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
     # A request may name what it searches: "messages" is this history search;
-    # "notes" searches the caller's notes by topic and summary (docs/notes.md).
+    # "notes" searches the caller's notes by topic and summary (docs/features/notes.md).
     kind: Literal["messages", "notes"] = "messages"
     # "session": the caller's session (X-Session), as always. "agent": every session of the
     # agent, where `harness.history.across_conversations` allows it; `session` then narrows it
@@ -329,7 +329,7 @@ class HistoryExtension:
         # A session search runs in the event loop when the shard is free: the Edge shard holds
         # the interpreter lock while it searches, so a thread runs none of it in parallel, and
         # handing each search to a thread and back made searches wait on one another
-        # (docs/history-ranking.md). Across sessions the search asks the loop for membership
+        # (docs/decisions/0019-history-ranking-score-fusion.md). Across sessions the search asks the loop for membership
         # windows midway, so it runs in a thread, as does any search that would wait for the shard.
         async def search(missing_ok: bool) -> list[Any]:
             assert self.index is not None  # `start` set it before the routes were served

@@ -38,7 +38,7 @@ class AddRequest(Body):
     replaces: str | None = None
     key: str | None = None
     confidence: float | None = None
-    importance: float | None = None  # 0..1, the writer's; left out: 0.5 (docs/trust.md)
+    importance: float | None = None  # 0..1, the writer's; left out: 0.5 (docs/features/trust.md)
     # With replaces: the version of the replaced record read; without, only 0 (must create).
     expected_version: int | None = None
     expires_at: datetime | None = None  # at most 180 days ahead; later dates are clamped
@@ -50,7 +50,7 @@ class AddRequest(Body):
     metadata: Metadata = {}
     command_id: str | None = None
     # The run (session memory) this write belongs to: without a scope it is a run entry only
-    # (docs/session-memory.md). Checked here, so a bad id is refused naming `run_id`.
+    # (docs/features/session-memory.md). Checked here, so a bad id is refused naming `run_id`.
     run_id: RunId | None = None
     # With run_id: "Session" keeps the write in the run's session memory only, "Workspace" also
     # stores it durably at once (as a scope does). Left out: durable only when a scope is named.
@@ -69,7 +69,7 @@ class EditRequest(Body):
     expected_version: int | None = None  # the version read: refused (409) if the record moved on
 
 
-# The version a write read of its record (docs/trust.md), for the calls that take no body.
+# The version a write read of its record (docs/features/trust.md), for the calls that take no body.
 ExpectedVersion = Annotated[int | None, Query(ge=1, description="the version read; refused (409) if the record moved on")]
 
 

@@ -1,4 +1,4 @@
-"""Notes (docs/notes.md): an agent's own notes, each a topic and a summary citing 1 to 32 messages
+"""Notes (docs/features/notes.md): an agent's own notes, each a topic and a summary citing 1 to 32 messages
 it can see. memory_save is PUT, memory_read GET, memory_forget DELETE, and memory_search with kind
 "notes" is GET /v1/notes. Only the agent's key (speaking for a member with X-User, or for none)
 reaches its notes; a member's or an operator's key never does.

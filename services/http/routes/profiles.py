@@ -1,4 +1,4 @@
-"""Member profiles (docs/profiles.md): one document per member per agent, in recall when the
+"""Member profiles (docs/features/profiles.md): one document per member per agent, in recall when the
 request names the member."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Session memory: a run's entries and summary, as recall gets them (docs/session-memory.md)."""
+"""Session memory: a run's entries and summary, as recall gets them (docs/features/session-memory.md)."""
 
 from __future__ import annotations
 

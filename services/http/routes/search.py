@@ -88,7 +88,7 @@ async def search_memory_batch(
 
     For callers that search for many contexts at once (the extraction worker): the HTTP round
     trips collapse into one, and each tenant's queries are embedded in its turn, a few per
-    embedder call (docs/fairness.md). A tenant with too many queries waiting gets its items
+    embedder call (docs/features/fairness.md). A tenant with too many queries waiting gets its items
     refused with 429 (`retry_after` in each), the whole request 429 when that is every item.
 
     The deployment's own operator key (the workers', from settings) with `retrieved: false`
@@ -144,7 +144,7 @@ async def search_memory_batch(
 
 
 def hit_out(r: Any, score: float | None, now: Any) -> dict[str, Any]:
-    """A search hit: the record, its score, and its trust breakdown (docs/trust.md), which
+    """A search hit: the record, its score, and its trust breakdown (docs/features/trust.md), which
     explains the record and ranks nothing."""
     return {**record_out(r, score), "trust": breakdown(r, now)}
 

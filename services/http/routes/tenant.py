@@ -1,4 +1,4 @@
-"""Tenant and platform memory (docs/tenant-platform-memory.md): a tenant administrator reviews
+"""Tenant and platform memory (docs/features/tenant-platform-memory.md): a tenant administrator reviews
 convention candidates and keeps the tenant's floors; the platform operator keeps the Policy and
 Default entries every tenant's recall carries.
 

@@ -1,5 +1,5 @@
 """The ledger worker's erasures: the keys of what was erased are destroyed once the
-`SubjectErased` saying so is committed, and again after a recovery (docs/encryption.md)."""
+`SubjectErased` saying so is committed, and again after a recovery (docs/features/encryption-and-erasure.md)."""
 
 from __future__ import annotations
 

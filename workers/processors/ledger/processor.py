@@ -63,7 +63,7 @@ log = structlog.get_logger()
 # up to PROCESSED_BYTES per partition; of the older ones only when they were decided, their
 # events read back from the log when one comes again. At most OLDER_MOST older commands per
 # partition (about 300 bytes each, measured): past that the window is cut short, and logged
-# (docs/ledger-state.md).
+# (docs/decisions/0009-ledger-state-is-a-fold.md).
 IDEMPOTENCY_S = 24 * 3600
 PROCESSED_BYTES = 32 * 1024 * 1024
 OLDER_MOST = 1_000_000
@@ -617,7 +617,7 @@ class LedgerProcessor(Processor):
 
     def _sweep(self, now: datetime) -> list[Any]:
         """The scheduled expiry sweep of the partitions held here, once due: `SweepExpired`
-        commands for the ledger's own input, decided like any other (docs/scheduled-jobs.md)."""
+        commands for the ledger's own input, decided like any other (docs/operations/scheduled-jobs.md)."""
         if not is_due(now, self.next_sweep):
             return []
         self.next_sweep = next_sweep(now, self.settings.sweep_every_s)
