@@ -14,7 +14,7 @@ Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=I
 # product it stands in for names runs with letters, digits, ".", "_" and "-" only.
 RUN_ID_PATTERN = r"^[A-Za-z0-9._\-]+$"
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
-AppId = RunId  # an application (seed 002 scopes blocks to one): named with the same characters
+AppId = RunId  # an application (blocks may be scoped to one): named with the same characters
 
 
 def command_key(tenant: str, agent: str, command_id: str) -> str:

@@ -47,18 +47,18 @@ class ExtractionConfig(_Strict):
     every: Literal["turn"] | EveryMessages = "turn"
 
 
-# Seed 004: memory is read and written in these session channels, and never in the ones
+# Memory is read and written in these session channels, and never in the ones
 # below (triggers, scheduled runs, public chats, an agent inside a flow), whatever is configured.
 DEFAULT_CHANNELS = ("studio", "dashboardChat", "api")
 NEVER_CHANNELS = ("slack", "teams", "discord", "email", "scheduled", "explore", "visitor", "flow")
-MEMBER_FACT_CHARS = 4000  # seed 004's fact body
+MEMBER_FACT_CHARS = 4000  # a member fact's body, in the member-facts preset
 
 
 class RecallConfig(_Strict):
-    # "sections": memlane's recall block; "facts": seed 004's two header lines and `- {key}: {content}`.
+    # "sections": memlane's recall block; "facts": the member-facts block, two header lines and `- {key}: {content}`.
     format: Literal["sections", "facts"] = "sections"
     # A version already recalled in a conversation is never recorded as retrieved again;
-    # "omit" also leaves it out of later recalls, "render" shows it again (seed 004).
+    # "omit" also leaves it out of later recalls, "render" shows it again.
     recalled: Literal["omit", "render"] = "omit"
 
 
@@ -71,7 +71,7 @@ class ProfileConfig(_Strict):
 class MemoryConfig(_Strict):
     enabled: bool = True
     # "required": a subject (tenant + user + agent) gets no extraction, recall, injection or
-    # tool write until its member grants consent (seed 004).
+    # tool write until its member grants consent.
     consent: Literal["required", "not_required"] = "not_required"
     channels: list[Annotated[str, Field(min_length=1, max_length=64)]] = list(DEFAULT_CHANNELS)
     # The longest fact text (summary and content together) in characters; None: only the
@@ -125,7 +125,7 @@ class MemoryConfig(_Strict):
 class HistoryConfig(_Strict):
     index: Literal["messages", "messages_and_tools"] = "messages"
     # Whether a history search may reach every session (conversation) of the agent, `scope:
-    # "agent"`, and `message_history` another session than the caller's. Off: one session (seed 000).
+    # "agent"`, and `message_history` another session than the caller's. Off: one session.
     across_conversations: bool = False
 
 
@@ -145,8 +145,8 @@ class AgentConfig(_Strict):
 
 
 def member_facts(**memory: object) -> AgentConfig:
-    """Seed 004's configuration: one member's facts per agent, given with consent, in
-    seed 004's channels, 4,000-character facts rendered as `- {key}: {content}` on every turn."""
+    """The member-facts preset: one member's facts per agent, given with consent, in the
+    default channels, 4,000-character facts rendered as `- {key}: {content}` on every turn."""
     return AgentConfig(memory=MemoryConfig(**{
         "scope": ScopeConfig(read=["user"], write=["user"]),
         "consent": "required",

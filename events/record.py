@@ -17,7 +17,7 @@ MAX_CONTENT_BYTES = 16 * 1024
 class Scope(str, Enum):
     SESSION = "SESSION"
     AGENT = "AGENT"
-    # One member's facts on one agent: every session of that user, and no one else (seed 004).
+    # One member's facts on one agent: every session of that user, and no one else.
     USER = "USER"
 
 
@@ -90,7 +90,7 @@ class MemoryRecord(Message_):
     agent: Ident
     scope: Scope
     session: Ident | None = None
-    # The member the record is about (tenant + user + agent is seed 004's subject); set on
+    # The member the record is about (tenant + user + agent is a subject); set on
     # every USER record, and on other records written in a turn that named its user.
     user: Ident | None = None
     kind: Annotated[str, Field(min_length=1, max_length=64)]

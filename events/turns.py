@@ -43,10 +43,10 @@ class _TurnBase(Message_):
     tenant: Ident
     agent: Ident
     session: Ident | None = None
-    # The member the session belongs to (seed 004's createdById, or an API key's owner):
+    # The member the session belongs to (the platform's createdById, or an API key's owner):
     # with the tenant and agent, the subject of user-scope memory. None for platforms without users.
     user: Ident | None = None
-    # The platform's own end user of that key (seed 004's endUserId): kept, never splits memory.
+    # The platform's own end user of that key (the platform's endUserId): kept, never splits memory.
     end_user: Ident | None = None
     channel: Channel | None = None
     turn: Annotated[int, Field(ge=0)]
@@ -80,7 +80,7 @@ class _TurnBase(Message_):
 
 class TurnCommitted(_TurnBase):
     type: Literal["TurnCommitted"] = "TurnCommitted"
-    # How the turn ended: only a completed turn is reviewed for facts (seed 004).
+    # How the turn ended: only a completed turn is reviewed for facts.
     status: Literal["completed", "failed", "stopped", "output_restricted"] = "completed"
     messages: Annotated[list[Message], Field(max_length=MAX_MESSAGES_PER_TURN)] = []
 
@@ -108,7 +108,7 @@ class SessionEnded(Message_):
 
 class MembershipChanged(Message_):
     """The agent joined or left a group conversation (a session). History then finds only what
-    was said while it was a member (seed 003); a session with no such event is one the agent
+    was said while it was a member; a session with no such event is one the agent
     always belonged to (the 1:1 case). Keyed like the session's turns, so it is ordered with them."""
 
     type: Literal["MembershipChanged"] = "MembershipChanged"

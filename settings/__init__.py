@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     # memlane.keys rolls a segment this often: a destroyed key is physically gone within
     # about twice this (docs/features/encryption-and-erasure.md).
     keys_segment_ms: int = Field(default=3_600_000, ge=100)
-    # Retention (seed 004, docs/features/encryption-and-erasure.md): the ledger's nightly pass at this UTC hour,
+    # Retention (docs/features/encryption-and-erasure.md): the ledger's nightly pass at this UTC hour,
     # then every retention_every_s; at most retention_cap records per subject a night.
     retention_hour_utc: int = Field(default=3, ge=0, le=23)
     retention_every_s: float = Field(default=86_400.0, gt=0)

@@ -1,4 +1,4 @@
-"""Near-duplicate writes (seed 002): a direct write that restates a live record of the same
+"""Near-duplicate writes: a direct write that restates a live record of the same
 agent, scope and kind, recently and in other words, is merged into it instead of stored twice.
 
 Two measures decide: the embedding similarity of the texts, and the overlap of their content

@@ -6,7 +6,7 @@ and anything shaped like a tag (angle brackets, their look-alikes and their HTML
 becomes ‹ ›, so no record can close the block or open another. Every line that carries record
 data starts with "- " or "  ", and a '#' that would lead it is escaped, so no record can start a
 section. The whole block, blocks and
-pins included, stays within `BLOCK_CHARS`; seed 004's facts block within `FACTS_CHARS`.
+pins included, stays within `BLOCK_CHARS`; the member-facts block within `FACTS_CHARS`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ HEADER = (
 FOOTER = "</memory>"
 CONTENT_CHARS = 600
 BLOCK_CHARS = 11_000  # the injected block's cap; items that do not fit are left out whole
-FACTS_CHARS = 8000  # seed 004's facts block's cap
+FACTS_CHARS = 8000  # the member-facts block's cap
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer of the recalled block: its heading, its name in recall's JSON (seed 002's
+    """One layer of the recalled block: its heading, its name in recall's JSON (the
     names), the characters it may take before any other layer has had its share, and
     whether it may take more from what the others leave (blocks may not: they are capped)."""
 
@@ -321,7 +321,7 @@ def render(pinned: list[MemoryRecord], records: list[MemoryRecord], episodes: li
 
 # --------------------------------------------------------------------------- facts format
 
-# Seed 004's block (`memory.recall.format == "facts"`): these two lines, then one line per
+# The member-facts block (`memory.recall.format == "facts"`): these two lines, then one line per
 # fact. The header marks the block as data; each fact is cleaned as above and kept to its
 # one line (every line break and control collapsed), so no fact can add a line of its own,
 # forge the header or another fact, or open a tag.

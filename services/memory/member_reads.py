@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
 
 
-MEMBER_LIST = 200  # seed 004: a member's list shows up to 200 live facts
+MEMBER_LIST = 200  # a member's list shows up to 200 live facts
 # A listing that skips records (an operator's skips members' facts) reads the listing this
 # many records a page, and at most `WALK_BUDGET` records a call: a page may come back short,
 # with a cursor to read on from. A member's list and the operator's counts read the member's

@@ -55,7 +55,7 @@ def readable_by(ctx: Context, r: MemoryRecord) -> bool:
 
 def default_kind(cfg: AgentConfig) -> str:
     """The kind of a write that names none: "fact" where the agent declares it, else the
-    agent's first declared kind (seed 004's preset declares profile, semantic, episodic)."""
+    agent's first declared kind (the member-facts preset declares profile, semantic, episodic)."""
     kinds = cfg.memory.kinds
     return "fact" if "fact" in kinds or not kinds else kinds[0]
 
@@ -74,7 +74,7 @@ def check_kind_named(cfg: AgentConfig, kind: str | None) -> None:
 def check_enabled(ctx: Context, cfg: AgentConfig, kill_switch: bool) -> None:
     """With memory off, an agent's memory calls are refused at once. An operator still lists,
     reads and deletes (the dashboard, and deletion), and a member still lists, reads, edits and
-    deletes their own facts and changes their consent (seed 004's Memory tab)."""
+    deletes their own facts and changes their consent (the Memory tab)."""
     if ctx.principal.role in ("operator", "member"):
         return
     if kill_switch:

@@ -3,9 +3,9 @@
 Each worker process writes `<root>{workers}:hb:<worker>` (with a TTL) every `heartbeat_s`
 seconds, holding its consumer group and source topics, adds its name to `<root>{workers}` and
 the time to `<root>{workers}:seen`. One hash tag for the three, so forgetting a worker is one
-MULTI/EXEC and `/health` reads every heartbeat with one MGET on a Redis Cluster too (before
-2026-12-02 they were `<root>hb:<worker>`, `<root>workers` and `<root>workers:seen`: workers
-of an older version beat where `/health` no longer looks, until they run this one). A graceful stop removes all three; a crash or kill -9 leaves
+MULTI/EXEC and `/health` reads every heartbeat with one MGET on a Redis Cluster too (older
+versions used other keys: docs/operations/upgrade.md). A graceful stop removes all three; a
+crash or kill -9 leaves
 the name without a heartbeat, which is how `/health` knows that worker is expected and
 dead, until `worker_forget_s` after its last beat (a worker killed and never restarted).
 Several processes of one worker share its heartbeat: any of them alive keeps it.

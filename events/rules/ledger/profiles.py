@@ -1,4 +1,4 @@
-"""User profiles (seed 002; docs/features/profiles.md): one document per member per agent, kept by the
+"""User profiles (docs/features/profiles.md): one document per member per agent, kept by the
 ledger as `ProfileChanged` events, whole text and version each time, so a view is the last
 event it applied and a rebuild gives every profile back with no model call.
 

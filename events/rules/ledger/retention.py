@@ -1,4 +1,4 @@
-"""Retention (seed 004): each night, live facts past their expiry and superseded rows past
+"""Retention: each night, live facts past their expiry and superseded rows past
 the retention period become tombstones, and tombstones deleted at least the retention period
 ago are purged for good. `due` picks a night's work from the ledger's state, capped per
 subject (a busy subject waits for the next night); the ledger checks every id again when it
@@ -21,7 +21,7 @@ from events.rules.ledger.changes import _tombstone
 from events.rules.ledger.state import NAMESPACE, LedgerState, _base, get_record
 from events.rules.ledger.subject_rules import count_key
 
-RETENTION = timedelta(days=180)  # seed 004: tombstones are physically deleted 180 days after deletion
+RETENTION = timedelta(days=180)  # tombstones are physically deleted 180 days after deletion
 NIGHTLY_CAP = 500  # records per subject per night
 BATCH = 1000  # ids per command (the commands' own limit)
 

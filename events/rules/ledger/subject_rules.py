@@ -1,7 +1,7 @@
 """The ledger's subject rules, pure: the subject a record is counted and kept unique under,
 who may address a member's record, and the consent and removals the ledger folds.
 
-A subject is tenant + user + agent (seed 004). A USER record is its member's: the live-fact
+A subject is tenant + user + agent. A USER record is its member's: the live-fact
 cap, the pinned budget and the uniqueness of a fact hold per subject (`tenant/agent|u:<user>`),
 and only that member's commands address it. Records of the other scopes keep the agent-wide
 keys, so an agent configured as before behaves as before.

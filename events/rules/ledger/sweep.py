@@ -30,7 +30,7 @@ MODIFIED_BY = "schedule"
 
 class _Expiry(msgspec.Struct):
     """The three fields a sweep reads of a record's JSON: decoding only them costs about a
-    third of a full lean record (1.5 against 5 µs for a 1.2 kB record, measured 2026-12-01)."""
+    third of a full lean record."""
 
     id: str
     status: Status = Status.ACTIVE

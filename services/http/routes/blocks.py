@@ -22,7 +22,7 @@ class CurateRequest(Body):
     old: str | None = Field(None, description="replace, remove: the line to change, as the block holds it now")
 
 
-# An application (seed 002 scopes blocks to one): named as a run is, 1-128 letters, digits, ".", "_" or "-".
+# An application (blocks may be scoped to one): named as a run is, 1-128 letters, digits, ".", "_" or "-".
 Application = Annotated[str | None, Query(min_length=1, max_length=128, pattern=RUN_ID_PATTERN,
                                           description="an application: its blocks beside the agent's and "
                                                       "workspace's (1-128 letters, digits, '.', '_' or '-')")]

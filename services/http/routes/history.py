@@ -141,7 +141,7 @@ class HistoryExtension:
 
     async def search(self, body: HistorySearchRequest, who: Ctx) -> dict[str, Any]:
         assert self.app is not None  # `start` set it before the routes were served
-        if body.kind == "notes":  # seed 003's memory_search kind "notes": the caller's notes by topic and summary
+        if body.kind == "notes":  # memory_search's kind "notes": the caller's notes by topic and summary
             return await self.app.state.service.notes.search(who, body.query, body.limit, body.cursor)
         cfg = await self._config(who, "search session history")
         turn = body.turn if body.turn is not None else who.turn

@@ -138,7 +138,7 @@ async def delete_memory(rid: str, ctx: Ctx, s: Svc, wait: bool = True, expected_
 @router.patch("/v1/memory/{rid}")
 async def edit_memory(rid: str, body: EditRequest, ctx: Ctx, s: Svc, wait: bool = True):
     """Operator or member edit (a member: their own user-scope facts): new text makes a
-    successor; the same text changes nothing. Neither passes the write filter (seed 004)."""
+    successor; the same text changes nothing. Neither passes the write filter."""
     return await s.commands.edit(ctx, rid, wait=wait, **body.model_dump(exclude_none=True))
 
 

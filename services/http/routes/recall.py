@@ -41,7 +41,7 @@ class RecallRequest(Body):
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, "recall memory")
     res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application, body.request_id)
-    # Seed 002's layer names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
+    # The layers' names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out: dict[str, Any] = {
         "blocks": [block_out(*b) for b in res.blocks],
         "pinned": [{"id": r.id, "summary": r.summary, "version": r.version} for r in res.pinned],

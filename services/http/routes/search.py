@@ -1,6 +1,6 @@
 """Memory search: one search, or up to 100 in one request (benchmarked: answers skip FastAPI's encoder).
 
-Agent and helper keys search; a member key never does (seed 004: no search), it lists its own facts.
+Agent and helper keys search; a member key never does (members have no search), it lists its own facts.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def hit_out(r: Any, score: float | None, now: Any) -> dict[str, Any]:
 def deployment_key(p: Principal) -> bool:
     """The bootstrap operator key of settings (`Principal.deployment`, which only the key
     store sets, for that key). A tenant's admins hold issued operator keys, which never read
-    a member's facts (seed 004)."""
+    a member's facts."""
     return p.role == "operator" and p.deployment
 
 

@@ -17,9 +17,8 @@ does not open: reading the snapshot drops it, and counts it. The uniqueness inde
 of texts and of record keys only, and is sealed too, each entry under the key of the record it
 names: without the key no one can test a guessed text against a hash.
 
-Why a token per subject rather than per record: sealing each record's fields took 20 µs a
-record (2 s for a snapshot of 100,000 records, on the ledger's event loop); a token per subject
-takes 4 µs a record (measured 2026-12-01), and a subject's records are erased together anyway.
+Why a token per subject rather than per record: sealing each record's fields cost five times
+as much, on the ledger's event loop, and a subject's records are erased together anyway.
 """
 
 from __future__ import annotations
