@@ -88,23 +88,21 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         # Read to the end before serving: the book answers for any key Redis has lost.
         api_keys = ApiKeyLog(settings, ApiKeyView(redis_client, settings.redis_root))
         await api_keys.start()
-        shards = ShardOwner(settings, redis)
-        shards.keys = data_keys
+        # Metered (memlane_embedding_*, caller "api"): queries and healed points.
+        embedder = MeteredEmbedder(make_embedder(settings), "api")
+        await asyncio.to_thread(embedder.embed, ["warm up"])
+        shards = ShardOwner(settings, redis, embedder, data_keys)
         await shards.open(current_generation(settings))
         assert shards.memory is not None  # `open` set it
         prod = producer(settings)
         await prod.start()
-        # Metered (memlane_embedding_*, caller "api"): queries and healed points.
-        embedder = MeteredEmbedder(make_embedder(settings), "api")
-        await asyncio.to_thread(embedder.embed, ["warm up"])
-        shards.embedder = shards.memory.embedder = embedder
         publisher = KafkaCommandPublisher(settings, prod, data_keys)
         records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys)
+        # Notes check their sources as history reads them (docs/features/notes.md).
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
-                                KafkaUsageRecorder(settings, publisher))
+                                KafkaUsageRecorder(settings, publisher), visible=visible_messages)
         # An owner calls `on_swap` once it holds its new shards.
         shards.on_swap = lambda owner: service.use_shards(cast(MemoryShards, owner.memory))
-        service.notes.visible = visible_messages  # notes check their sources as history reads them (docs/features/notes.md)
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.redis_at = redis  # for the extensions' own clients

@@ -32,15 +32,16 @@ class ShardOwner:
     the owner then opens the new shards, lets their projections catch up, and swaps.
     """
 
-    def __init__(self, settings: Settings, redis: Connect) -> None:
+    def __init__(self, settings: Settings, redis: Connect, embedder: Embedder | None = None,
+                 keys: KeyTopic | None = None) -> None:
         self.settings = settings
         self.redis = redis
         self.generation = 0
         self.memory: MemoryShards | None = None
         self.task: asyncio.Task | None = None
         self.on_swap: Callable[[ShardOwner], None] | None = None
-        self.embedder: Embedder | None = None  # the process's, for the points the shards' reconciler heals
-        self.keys: KeyTopic | None = None  # the process's data keys (workers.runtime.data_keys.KeyTopic), for what the shards open
+        self.embedder = embedder  # the process's, for the points the shards' reconciler heals
+        self.keys = keys  # the process's data keys, for what the shards open (None: encryption off)
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:

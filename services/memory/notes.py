@@ -53,12 +53,13 @@ Visible = Callable[..., Awaitable[dict[rules.Ref, KeptEvent]]]
 
 
 class MemoryNotes:
-    def __init__(self, commands: MemoryCommands) -> None:
+    def __init__(self, commands: MemoryCommands, visible: Visible | None = None) -> None:
         self.commands = commands
         self.settings = commands.settings
         self.view = NoteView(commands.records)
         self._history: RedisHistory | None = None
-        self.visible: Visible | None = None  # set by the API's bootstrap (services/http/app.py)
+        # Which of a note's sources history still shows (None: every source counts as shown).
+        self.visible = visible
 
     @property
     def history(self) -> RedisHistory:

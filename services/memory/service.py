@@ -12,7 +12,7 @@ from services.memory.commands import MemoryCommands
 from services.memory.context import Context
 from services.memory.fair_embedding import FairEmbedding
 from services.memory.merge import MergeCheck
-from services.memory.notes import MemoryNotes
+from services.memory.notes import MemoryNotes, Visible
 from services.memory.ports import CommandPublisher, UsageRecorder
 from services.memory.profiles import MemoryProfiles
 from services.memory.reads import MemoryReads
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class MemoryService:
     def __init__(self, settings: Settings, records: RedisRecords, memory: MemoryShards | None, embedder: Embedder,
-                 publisher: CommandPublisher, recorder: UsageRecorder) -> None:
+                 publisher: CommandPublisher, recorder: UsageRecorder, visible: Visible | None = None) -> None:
         self.settings = settings
         self.embedder = embedder
         self.records = records
@@ -38,7 +38,7 @@ class MemoryService:
         self.reads = MemoryReads(settings, records, memory, embedder, self.usage, fair=self.fair)
         self.commands = MemoryCommands(settings, records, memory, publisher)
         self.commands.merge = MergeCheck(records, embedder) if embedder is not None else None
-        self.notes = MemoryNotes(self.commands)  # docs/features/notes.md
+        self.notes = MemoryNotes(self.commands, visible)  # docs/features/notes.md
         self.reads.layer_sources.append(self.notes.layer)
         self.profiles = MemoryProfiles(self.reads, self.commands)  # docs/features/profiles.md
         self.reads.layer_sources.append(self.profiles.layer)
