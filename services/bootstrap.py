@@ -73,8 +73,10 @@ PROCESSORS = {
 WORKERS = ("extraction", "consolidation", "ledger", "embedding", "redis-projection", "history")
 COMPANIONS = {"consolidation": ("run-compression",), "ledger": ("trust", "conventions"),
               "embedding": ("history-embedding",)}
-# The processors that read or write Redis: they get the deployment's `RedisAt`.
+# The processors that read or write Redis get the deployment's `RedisAt`; those that embed, the
+# process's embedder.
 USE_REDIS = {"extraction", "consolidation", "redis-projection", "history", "run-compression", "conventions"}
+USE_EMBEDDER = {"embedding", "history-embedding"}
 
 
 def processor_class(name: str) -> Any:
@@ -86,7 +88,27 @@ def processor_class(name: str) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
-def build_processor(name: str, settings: Settings) -> Any:
+class ProcessAdapters:
+    """The adapters of one process's processors: the deployment's Redis, and an embedder each.
+    The embedding worker and its history companion keep a model session each, so a turn's long
+    parts never queue a record's vector behind them in one session's thread pool."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.redis = redis_at(settings)
+
+    def embedder(self) -> Any:
+        from projections.embedders import make_embedder
+
+        # No cache of its own: a worker caches vectors per subject (workers.processors.embedding).
+        return make_embedder(self.settings, cache_size=0)
+
+
+def build_processor(name: str, adapters: ProcessAdapters) -> Any:
     """The processor `name` (a worker of `WORKERS` or a companion), with its adapters."""
-    cls = processor_class(name)
-    return cls(settings, redis_at(settings)) if name in USE_REDIS else cls(settings)
+    cls, settings = processor_class(name), adapters.settings
+    if name in USE_REDIS:
+        return cls(settings, adapters.redis)
+    if name in USE_EMBEDDER:
+        return cls(settings, adapters.embedder())
+    return cls(settings)

@@ -9,7 +9,7 @@ import sys
 from functools import partial
 from typing import cast
 
-from services.bootstrap import COMPANIONS, WORKERS, build_processor, redis_at
+from services.bootstrap import COMPANIONS, WORKERS, ProcessAdapters, build_processor, redis_at
 from services.cli_clients import add_parsers as client_parsers
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
@@ -49,14 +49,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 0
     if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
         return refused
-    processors = {name: build_processor(name, settings) for name in names}
+    adapters = ProcessAdapters(settings)
+    processors = {name: build_processor(name, adapters) for name in names}
     tune_for_service()
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: [p.stopping.set() for p in processors.values()])
-        await asyncio.gather(*(_run_worker(name, p, settings) for name, p in processors.items()))
+        await asyncio.gather(*(_run_worker(name, p, adapters) for name, p in processors.items()))
 
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
@@ -64,30 +65,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_worker(name: str, processor, settings) -> None:
+async def _run_worker(name: str, processor, adapters: ProcessAdapters) -> None:
     """One worker as its own process runs it: its runner (own consumer group, own transactional
     producer), heartbeat, probe and companions. `worker all` runs each of them in one loop."""
     from workers.runtime.heartbeat import heartbeat
     from workers.runtime.probe import WorkerProbe
     from workers.runtime.runner import Runner
 
+    settings = adapters.settings
     runner = Runner(processor, settings)
     # The heartbeat /health reads names the group the runner consumes in. The probe serves
     # the worker's /metrics, /health and /ready on its own port (docs/reference/metrics.md).
-    async with heartbeat(settings, redis_at(settings), name, runner.group, list(processor.sources)):
-        await WorkerProbe(runner, name).serve(settings, _with_companions(name, processor, settings, runner.run()))
+    async with heartbeat(settings, adapters.redis, name, runner.group, list(processor.sources)):
+        await WorkerProbe(runner, name).serve(settings, _with_companions(name, processor, adapters, runner.run()))
 
 
-async def _with_companions(name: str, processor, settings, main) -> None:
+async def _with_companions(name: str, processor, adapters: ProcessAdapters, main) -> None:
     """`main` (the worker's runner), and a runner for each companion processor. They share the
     worker's stop signal: one loop may hold only one handler per signal."""
     from workers.runtime.runner import Runner
 
     runners = []
     for companion_name in COMPANIONS.get(name, ()):
-        companion = build_processor(companion_name, settings)
+        companion = build_processor(companion_name, adapters)
         companion.stopping = processor.stopping
-        runners.append(Runner(companion, settings).run())
+        runners.append(Runner(companion, adapters.settings).run())
     await asyncio.gather(main, *runners)
 
 

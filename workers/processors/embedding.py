@@ -31,7 +31,7 @@ from events.lean import decode_lean, decode_lean_vector
 from events.record import Status
 from events.topics import EVENTS, VECTORS, Topic, vector_partition
 from events.vectors import VectorComputed
-from projections.embedders import make_embedder
+from projections.embedding_port import Embedder
 from projections.records import Erasure, erasure_at
 from workers.runtime.metrics import MeteredEmbedder
 from workers.runtime.runner import Out, Processor
@@ -45,10 +45,10 @@ class EmbeddingProcessor(Processor):
     name = "embedding"
     sources = (EVENTS.name,)
 
-    def __init__(self, settings, embedder=None) -> None:
+    def __init__(self, settings, embedder: Embedder) -> None:
         super().__init__(settings)
         # it keeps its own cache; metered: memlane_embedding_* with caller="worker" (docs/reference/metrics.md)
-        self.embedder = MeteredEmbedder(embedder or make_embedder(settings, cache_size=0), "worker")
+        self.embedder = MeteredEmbedder(embedder, "worker")
         # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
         # once per subject, never shared with another.
         self.cache: OrderedDict[str, tuple[str | None, list[float]]] = OrderedDict()

@@ -26,7 +26,7 @@ from events.sealing import subject_of
 from events.topics import EVENTS, HISTORY_VECTORS, TURNS
 from events.turns import TurnCommitted
 from events.vectors import VectorComputed
-from projections.embedders import make_embedder
+from projections.embedding_port import Embedder
 from projections.records import Erasure, erasure_at
 from workers.processors.embedding import doomed
 from workers.runtime.metrics import MeteredEmbedder
@@ -43,9 +43,9 @@ class HistoryEmbeddingProcessor(Processor):
     # parts of one length from several turns share a call.
     gather_ms = 50
 
-    def __init__(self, settings, embedder=None) -> None:
+    def __init__(self, settings, embedder: Embedder) -> None:
         super().__init__(settings)
-        self.embedder = MeteredEmbedder(embedder or make_embedder(settings, cache_size=0), "worker")
+        self.embedder = MeteredEmbedder(embedder, "worker")
         # (point id, turn partition) -> (text, subject): the batch's parts to embed.
         self.parts: dict[tuple[str, int], tuple[str, str]] = {}
         self.erasures: list[Erasure] = []  # the batch's
