@@ -1,4 +1,7 @@
-"""Commands on `memlane.memory.commands`, keyed by tenant/agent: the ledger's input."""
+"""Commands on `memlane.memory.commands`, keyed by tenant/agent: the ledger's input (`Command`).
+
+What every command carries is `command_base`; the consent, erasure, removal and restore
+commands are `subject_commands`, importable from here as every other command is."""
 
 from __future__ import annotations
 
@@ -8,15 +11,28 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from events.base import RUN_ID_PATTERN, AppId, Ident, Message_, RunId
+from events.command_base import CommandBase
 from events.config import AgentConfig
-from events.limits import check_labels, check_metadata, check_one_line, check_tags, check_turn_ref, unless_stored
-from events.record import Content, Provenance, Scope, Summary
+from events.limits import check_labels, check_metadata, check_one_line, check_tags, unless_stored
+from events.record import Content, Scope, Summary
+
+# The consent, erasure, removal and restore commands, in `Command` below and importable from here.
+from events.subject_commands import (
+    EraseSubject,
+    GrantConsent,
+    RemoveAgent,
+    RemoveTenant,
+    RemoveUser,
+    RestoreTenant,
+    RestoreUser,
+    WithdrawConsent,
+)
 
 # Limited on commands, where a write enters, and not on records: events already in the
-# log keep decoding whatever they hold, and so does a staged write decoded as stored.
+# log keep decoding whatever they hold, and so does a staged write decoded as stored
+# (the turn a write waits for: `command_base.TurnRef`).
 Metadata = Annotated[dict[str, Any], AfterValidator(unless_stored(check_metadata))]
 Labels = Annotated[dict[str, str], AfterValidator(unless_stored(check_labels))]
-TurnRef = Annotated[str | None, AfterValidator(unless_stored(check_turn_ref))]
 Tags = Annotated[list[str], AfterValidator(unless_stored(check_tags))]
 OneLine = AfterValidator(unless_stored(check_one_line))
 # A time in the world; one without a zone is UTC.
@@ -45,19 +61,6 @@ class WorldTimes(BaseModel):
     _valid_interval = field_validator("valid_to")(_valid_to)
 
 
-class _CommandBase(Message_):
-    command_id: Ident
-    tenant: Ident
-    agent: Ident
-    issued_at: datetime
-    provenance: Provenance = Provenance()
-    # Set when the write happens inside a turn: it waits for that turn's outcome.
-    turn_ref: TurnRef = None
-    preview: bool = False
-    # The member the command speaks for: the subject of user-scope records and of consent.
-    user: Ident | None = None
-
-
 class MergeEvidence(Message_):
     """Why a write is taken for a near duplicate of `record_id` (events.rules.near_duplicate):
     measured by the API (the similarity needs the embedder), re-checked by the ledger, and kept
@@ -69,7 +72,7 @@ class MergeEvidence(Message_):
     age_s: Annotated[float, Field(ge=0)]
 
 
-class AddMemory(_CommandBase):
+class AddMemory(CommandBase):
     type: Literal["AddMemory"] = "AddMemory"
     record_id: Ident | None = None
     summary: Annotated[Summary, OneLine]
@@ -111,28 +114,28 @@ class AddMemory(_CommandBase):
     _valid_interval = field_validator("valid_to")(_valid_to)
 
 
-class DeleteMemory(_CommandBase):
+class DeleteMemory(CommandBase):
     type: Literal["DeleteMemory"] = "DeleteMemory"
     record_id: Ident
     session: Ident | None = None
     expected_version: ExpectedVersion = None
 
 
-class PinMemory(_CommandBase):
+class PinMemory(CommandBase):
     type: Literal["PinMemory"] = "PinMemory"
     record_id: Ident
     session: Ident | None = None
     expected_version: ExpectedVersion = None
 
 
-class UnpinMemory(_CommandBase):
+class UnpinMemory(CommandBase):
     type: Literal["UnpinMemory"] = "UnpinMemory"
     record_id: Ident
     session: Ident | None = None
     expected_version: ExpectedVersion = None
 
 
-class EditMemory(_CommandBase):
+class EditMemory(CommandBase):
     """An operator's edit. Different text makes a successor that replaces the
     record; the same text changes nothing, so a PENDING or CONFLICT record stays so."""
 
@@ -144,7 +147,7 @@ class EditMemory(_CommandBase):
     expected_version: ExpectedVersion = None
 
 
-class SweepExpired(_CommandBase):
+class SweepExpired(CommandBase):
     """Tombstones those of `record_ids` that are live and expired at `issued_at`. The ids
     come from the projection's expiry index; the ledger checks each one itself."""
 
@@ -152,7 +155,7 @@ class SweepExpired(_CommandBase):
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
-class ExpireTurns(_CommandBase):
+class ExpireTurns(CommandBase):
     """Sent by the ledger to itself for an agent with a turn whose writes have waited past
     the turn timeout at `issued_at`: the ledger discards them as on any of the agent's
     commands. Without it, an agent that went quiet kept such a turn open (and its writes
@@ -161,7 +164,7 @@ class ExpireTurns(_CommandBase):
     type: Literal["ExpireTurns"] = "ExpireTurns"
 
 
-class TurnOutcome(_CommandBase):
+class TurnOutcome(CommandBase):
     """Forwarded by the extraction worker so the ledger never reads `memlane.turns`."""
 
     type: Literal["TurnOutcome"] = "TurnOutcome"
@@ -169,7 +172,7 @@ class TurnOutcome(_CommandBase):
     reason: str = ""
 
 
-class ReportOutcome(_CommandBase):
+class ReportOutcome(CommandBase):
     """How applying a procedure went: a success strengthens it, a failure weakens it."""
 
     type: Literal["ReportOutcome"] = "ReportOutcome"
@@ -179,7 +182,7 @@ class ReportOutcome(_CommandBase):
     expected_version: ExpectedVersion = None
 
 
-class RecordUsage(_CommandBase):
+class RecordUsage(CommandBase):
     """The trust worker's count of how often records reached the model (`Retrieved` on
     `memlane.usage`, offsets `from_offset`..`through_offset` of partition `usage_partition`):
     record id -> times. The ledger counts a span once (`events.rules.ledger.usage`)."""
@@ -212,7 +215,7 @@ def block_of_field(field: str) -> tuple[str | None, str]:
     return (app or None, label) if sep else (None, field)
 
 
-class CurateBlock(_CommandBase):
+class CurateBlock(CommandBase):
     """Memory blocks: small labeled texts at the top of every recall, kept line
     by line. `add` appends `line`; `replace` puts `line` in place of the line `old`;
     `remove` takes out the line `old`."""
@@ -223,7 +226,7 @@ class CurateBlock(_CommandBase):
     # Validated even when left out, so a missing line is refused under its own name.
     line: BlockLine | None = Field(None, validate_default=True)
     old: BlockLine | None = Field(None, validate_default=True)
-    # The application the block is scoped to (seed 002); None: the agent's (or workspace's) own.
+    # The application the block is scoped to; None: the agent's (or workspace's) own.
     application: AppId | None = None
 
     @field_validator("line", "old")
@@ -243,7 +246,7 @@ ProfileText = Annotated[str, Field(min_length=1, max_length=PROFILE_CHARS)]
 ProfileLine = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\r\n]+$")]
 
 
-class SetProfile(_CommandBase):
+class SetProfile(CommandBase):
     """The member's (`user`) profile document on the agent becomes `text`, whole. With
     `expected_version`, only if the profile is at that version now (0: there is none yet)."""
 
@@ -252,14 +255,14 @@ class SetProfile(_CommandBase):
     expected_version: ExpectedVersion = None
 
 
-class DeleteProfile(_CommandBase):
+class DeleteProfile(CommandBase):
     """The member's profile on the agent is removed (`ProfileChanged` with no text)."""
 
     type: Literal["DeleteProfile"] = "DeleteProfile"
     expected_version: ExpectedVersion = None
 
 
-class EnrichProfile(_CommandBase):
+class EnrichProfile(CommandBase):
     """Consolidation's preference facts about the member (`memory.profiles.enrich`): each line
     not in the profile yet is appended while the profile stays within `PROFILE_CHARS`."""
 
@@ -267,63 +270,7 @@ class EnrichProfile(_CommandBase):
     lines: Annotated[list[ProfileLine], Field(min_length=1, max_length=10)]
 
 
-class GrantConsent(_CommandBase):
-    """The member (`user`) lets the agent keep and use memory about them."""
-
-    type: Literal["GrantConsent"] = "GrantConsent"
-
-
-class WithdrawConsent(_CommandBase):
-    """Stops new writes and injection for the member at once; deletes nothing."""
-
-    type: Literal["WithdrawConsent"] = "WithdrawConsent"
-
-
-class EraseSubject(_CommandBase):
-    """An operator erases a member's memory on one agent: every live user-scope record of
-    `user` is tombstoned and the consent is withdrawn."""
-
-    type: Literal["EraseSubject"] = "EraseSubject"
-
-
-class RemoveAgent(_CommandBase):
-    """The agent is soft-deleted: its memory is never served again, and no write is accepted."""
-
-    type: Literal["RemoveAgent"] = "RemoveAgent"
-
-
-class RemoveUser(_CommandBase):
-    """The member (`user`) leaves the tenant: sent under the workspace agent, as it holds for
-    every agent; none serves that member's memory until they are restored. `erase`: the user is
-    deleted, and their memory wiped at once on every agent, consent included; without it the
-    member is only removed from the tenant and their facts are kept."""
-
-    type: Literal["RemoveUser"] = "RemoveUser"
-    erase: bool = True
-
-
-class RemoveTenant(_CommandBase):
-    """The whole tenant is deleted: sent under the workspace agent; every agent's keys are
-    destroyed and every projection purges the tenant (docs/features/encryption-and-erasure.md)."""
-
-    type: Literal["RemoveTenant"] = "RemoveTenant"
-
-
-class RestoreUser(_CommandBase):
-    """An operator restores a removed member (`user`), under the workspace agent: until then no
-    key is issued to them and no consent of theirs is granted. What was erased stays erased."""
-
-    type: Literal["RestoreUser"] = "RestoreUser"
-
-
-class RestoreTenant(_CommandBase):
-    """The deployment's operator restores a removed tenant, under its workspace agent: until
-    then no key is issued in it. What was erased stays erased."""
-
-    type: Literal["RestoreTenant"] = "RestoreTenant"
-
-
-class PurgeRecords(_CommandBase):
+class PurgeRecords(CommandBase):
     """Retention (`events.rules.ledger.retention`, sent by the ledger to itself each night):
     superseded rows past the retention period become tombstones, and tombstones deleted at least
     the retention period before `issued_at` are removed for good; the ledger checks each id."""
@@ -332,7 +279,7 @@ class PurgeRecords(_CommandBase):
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
-class SummarizeRun(_CommandBase):
+class SummarizeRun(CommandBase):
     """The run-compression worker's summary of a run's older entries (`events.rules.runs`):
     `summary` takes the place of the run's summary, and `entry_ids` leave its entries."""
 
@@ -342,7 +289,7 @@ class SummarizeRun(_CommandBase):
     summary: Annotated[str, Field(min_length=1, max_length=8000)]
 
 
-class ConfigureAgent(_CommandBase):
+class ConfigureAgent(CommandBase):
     type: Literal["ConfigureAgent"] = "ConfigureAgent"
     config: AgentConfig
 
@@ -357,7 +304,7 @@ EntryId = Annotated[str, Field(min_length=1, max_length=ENTRY_ID_CHARS, pattern=
 SharedText = Annotated[str, Field(min_length=1, max_length=SHARED_TEXT_CHARS)]
 
 
-class ProposeConvention(_CommandBase):
+class ProposeConvention(CommandBase):
     """The conventions worker saw the same fact established in two or more of the tenant's
     agents (`agents`): a candidate for a tenant administrator. `convention` is the fact's key
     (`events.rules.conventions.fact_key`), so one fact is one convention however often seen."""
@@ -368,7 +315,7 @@ class ProposeConvention(_CommandBase):
     agents: Annotated[list[Ident], Field(min_length=2, max_length=1000)]
 
 
-class DecideConvention(_CommandBase):
+class DecideConvention(CommandBase):
     """A tenant administrator approves or rejects a convention (a candidate, or one decided before)."""
 
     type: Literal["DecideConvention"] = "DecideConvention"
@@ -376,7 +323,7 @@ class DecideConvention(_CommandBase):
     decision: Literal["approve", "reject"]
 
 
-class SetTenantFloor(_CommandBase):
+class SetTenantFloor(CommandBase):
     """A non-negotiable tenant policy, in every recall of the tenant's agents; set again, replaced."""
 
     type: Literal["SetTenantFloor"] = "SetTenantFloor"
@@ -384,12 +331,12 @@ class SetTenantFloor(_CommandBase):
     text: SharedText
 
 
-class RemoveTenantFloor(_CommandBase):
+class RemoveTenantFloor(CommandBase):
     type: Literal["RemoveTenantFloor"] = "RemoveTenantFloor"
     floor: EntryId
 
 
-class SetPlatformEntry(_CommandBase):
+class SetPlatformEntry(CommandBase):
     """The platform operator's memory for every tenant: a `policy` (non-negotiable, right after
     blocks) or a `default` (an overridable convention, last)."""
 
@@ -399,7 +346,7 @@ class SetPlatformEntry(_CommandBase):
     text: SharedText
 
 
-class RemovePlatformEntry(_CommandBase):
+class RemovePlatformEntry(CommandBase):
     type: Literal["RemovePlatformEntry"] = "RemovePlatformEntry"
     entry: EntryId
 
@@ -421,7 +368,7 @@ class NoteSource(BaseModel):
     id: Ident
 
 
-class SaveNote(_CommandBase):
+class SaveNote(CommandBase):
     """Creates the note `note_id` of the caller's identity (its agent, and `user` or none) with
     `expected_revision` 0, or updates it when `expected_revision` is its current revision. The API
     has checked that the caller can see every source; the ledger checks the revision."""
@@ -442,7 +389,7 @@ class SaveNote(_CommandBase):
         return v
 
 
-class ForgetNote(_CommandBase):
+class ForgetNote(CommandBase):
     """Deletes the note `note_id` of the caller's identity; the messages it cites stay. With
     `expected_revision`, only if the note is at that revision."""
 

@@ -164,6 +164,8 @@ def _members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMem
 
 
 def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
+    """Appends an `AddMemory`'s events to `events`: a new record (and its predecessor superseded
+    when it replaces one), or a confirmation of the live record it restates."""
     if not operator:  # an operator's edit makes its successor in the old record's scope already
         cmd = _members_stay_members(state, ak, cmd)
     rec = _new_record(state, ak, cmd, operator)
@@ -173,44 +175,20 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         raise Rejected(ErrorCode.DUPLICATE_ID, "record_id", f"record {rec.id} already exists")
     stats = state.stats.get(count_key(ak, rec)) or {"live": 0, "pinned_chars": 0}
     h = normalized_hash(cmd.summary, cmd.content)
-    same = state.index.get(f"{ak}|text:{text_entry(rec, h)}")
-    if same and not cmd.replaces:
-        existing = get_record(state, ak, same)
-        if existing and existing.status in LIVE:
-            check_new(cmd, existing)
-            episodes.confirmed(state, ak, cmd, existing, events)  # a restatement from another run confirms it
-            return
-    if cmd.merge is not None and not operator and (near := _near_duplicate(state, ak, cmd, rec)) is not None:
-        survivor, evidence = near
-        check_new(cmd, survivor)
-        n = len(events)
-        episodes.confirmed(state, ak, cmd, survivor, events)  # counted as a confirmation, as a restatement is
-        events[n] = events[n].model_copy(update={"merge": evidence})
+    if _restated(state, ak, cmd, rec, h, events, operator):
         return
     old: MemoryRecord | None = None
     if cmd.replaces:
-        old = _addressed(state, ak, cmd, cmd.replaces, "replaces")
-        check_expected(old, cmd)
-        if old.status not in LIVE:
-            raise Rejected(
-                ErrorCode.NOT_LIVE, "replaces",
-                f"record {cmd.replaces} is {old.status.value}; only a live record can be replaced",
-            )
+        old = _replaceable(state, ak, cmd, cmd.replaces)
         # Labels stay once declared: the successor keeps the old values it does not override.
         rec = rec.model_copy(update={"labels": {**old.labels, **rec.labels}})
     if rec.key and not old:
-        holders = (state.index.get(f"{ak}|key:{key_entry(seen, rec.kind, rec.key)}") for seen in key_slots_seen(rec))
-        holder_rec = next((r for h in holders if h and (r := get_record(state, ak, h))), None)
+        holder_rec = _key_holder(state, ak, rec)
         if holder_rec and holder_rec.status in LIVE and normalized_hash(holder_rec.summary, holder_rec.content) == h:
             check_new(cmd, holder_rec)
             episodes.confirmed(state, ak, cmd, holder_rec, events)  # its key's fact, restated
             return
-        if holder_rec and holder_rec.status in LIVE:
-            # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
-            rec = rec.model_copy(update={"status": Status.CONFLICT})
-        elif cmd.pending:
-            # ... and one within a batch, with no stored fact, as PENDING.
-            rec = rec.model_copy(update={"status": Status.PENDING})
+        rec = _keyed_status(cmd, rec, holder_rec)
     if cmd.contradicts and not old and rec.status is Status.ACTIVE:
         # The same for a disagreement the review names, keys or not.
         if _addressed(state, ak, cmd, cmd.contradicts, "contradicts").status in LIVE:
@@ -220,6 +198,71 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         # sessions ending together cannot both claim the same predecessor, and a replay
         # links the same.
         rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
+    _check_live_cap(rec, stats, old)
+    if rec.pinned:
+        _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
+    if old and old.preview == rec.preview:
+        events.append(_superseded(cmd, old, rec))
+    # A preview write that names a live record shadows it and leaves it untouched.
+    events.append(_base(RecordAdded, cmd, record=rec))
+    if rec.kind == "episode" and not old:
+        episodes.link(state, ak, cmd, rec, events)  # the run's extraction-made facts name their episode
+
+
+def _restated(state: LedgerState, ak: str, cmd: AddMemory, rec: MemoryRecord, h: str, events: list,
+              operator: bool) -> bool:
+    """Whether the write restates a live record, which it then confirms instead of adding `rec`:
+    the same text (`h`) in the same slot, or a near duplicate the ledger's own check agrees on
+    (`cmd.merge`, never an operator's). A write that replaces a record restates none."""
+    same = state.index.get(f"{ak}|text:{text_entry(rec, h)}")
+    if same and not cmd.replaces:
+        existing = get_record(state, ak, same)
+        if existing and existing.status in LIVE:
+            check_new(cmd, existing)
+            episodes.confirmed(state, ak, cmd, existing, events)  # a restatement from another run confirms it
+            return True
+    if cmd.merge is not None and not operator and (near := _near_duplicate(state, ak, cmd, rec)) is not None:
+        survivor, evidence = near
+        check_new(cmd, survivor)
+        n = len(events)
+        episodes.confirmed(state, ak, cmd, survivor, events)  # counted as a confirmation, as a restatement is
+        events[n] = events[n].model_copy(update={"merge": evidence})
+        return True
+    return False
+
+
+def _replaceable(state: LedgerState, ak: str, cmd: AddMemory, rid: str) -> MemoryRecord:
+    """The record the write replaces (`rid`): one it may address, at the version it expects, and live."""
+    old = _addressed(state, ak, cmd, rid, "replaces")
+    check_expected(old, cmd)
+    if old.status not in LIVE:
+        raise Rejected(
+            ErrorCode.NOT_LIVE, "replaces",
+            f"record {rid} is {old.status.value}; only a live record can be replaced",
+        )
+    return old
+
+
+def _key_holder(state: LedgerState, ak: str, rec: MemoryRecord) -> MemoryRecord | None:
+    """The record, whatever its status, that holds `rec`'s key in a slot the write sees."""
+    holders = (state.index.get(f"{ak}|key:{key_entry(seen, rec.kind, rec.key)}") for seen in key_slots_seen(rec))
+    return next((r for h in holders if h and (r := get_record(state, ak, h))), None)
+
+
+def _keyed_status(cmd: AddMemory, rec: MemoryRecord, holder: MemoryRecord | None) -> MemoryRecord:
+    """A new keyed fact whose key a live record holds with another text, or one of a batch
+    that disagrees within itself (`cmd.pending`)."""
+    if holder and holder.status in LIVE:
+        # A disagreement with a stored fact is kept, as CONFLICT, and never injected.
+        return rec.model_copy(update={"status": Status.CONFLICT})
+    if cmd.pending:
+        # ... and one within a batch, with no stored fact, as PENDING.
+        return rec.model_copy(update={"status": Status.PENDING})
+    return rec
+
+
+def _check_live_cap(rec: MemoryRecord, stats: dict, old: MemoryRecord | None) -> None:
+    """A new fact (no successor, no episode or procedure) must fit under the live-fact cap."""
     if not old and rec.kind not in RESERVED_KINDS and stats["live"] >= LIVE_FACT_CAP:
         # A member's facts are capped per member (`count_key`), the others per agent.
         n = stats["live"]
@@ -227,27 +270,24 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
                  else f"the agent holds {n} live facts")
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "summary",
                        f"{holds}, the cap is {LIVE_FACT_CAP}; replace or delete facts first")
-    if rec.pinned:
-        _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
-    if old and old.preview == rec.preview:
-        superseded = old.model_copy(
-            update={
-                "version": old.version + 1,
-                "status": Status.SUPERSEDED,
-                "replaced_by": rec.id,
-                "modified": cmd.issued_at,
-                "superseded_at": cmd.issued_at,
-                # It stopped holding when its successor started, unless it had ended before.
-                "valid_to": min(old.valid_to, rec.valid_from) if old.valid_to else rec.valid_from,
-                "pinned": False,
-                "provenance": cmd.provenance,
-            }
-        )
-        events.append(_base(RecordSuperseded, cmd, record=superseded))
-    # A preview write that names a live record shadows it and leaves it untouched.
-    events.append(_base(RecordAdded, cmd, record=rec))
-    if rec.kind == "episode" and not old:
-        episodes.link(state, ak, cmd, rec, events)  # the run's extraction-made facts name their episode
+
+
+def _superseded(cmd: AddMemory, old: MemoryRecord, rec: MemoryRecord) -> RecordSuperseded:
+    """The event that retires `old` for its successor `rec`."""
+    superseded = old.model_copy(
+        update={
+            "version": old.version + 1,
+            "status": Status.SUPERSEDED,
+            "replaced_by": rec.id,
+            "modified": cmd.issued_at,
+            "superseded_at": cmd.issued_at,
+            # It stopped holding when its successor started, unless it had ended before.
+            "valid_to": min(old.valid_to, rec.valid_from) if old.valid_to else rec.valid_from,
+            "pinned": False,
+            "provenance": cmd.provenance,
+        }
+    )
+    return _base(RecordSuperseded, cmd, record=superseded)
 
 
 def _near_duplicate(state: LedgerState, ak: str, cmd: AddMemory,
