@@ -13,47 +13,54 @@
 - A commit refused because the worker no longer owns its work (its producer fenced, its
   group moved on) drops what was not committed and rejoins the group, which resumes from the
   committed offsets; a worker refused again and again gives up (`too_many_rejoins`).
+
+What a processor is and returns is in `workers.runtime.processor`; parking and the message
+limit in `workers.runtime.parking`; ownership and rejoins in `workers.runtime.ownership`; and
+running a poll's keys at once in `workers.runtime.concurrent_keys`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import signal
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, cast
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalGenerationError,
-    InvalidProducerEpoch,
-    KafkaConnectionError,
-    KafkaTimeoutError,
-    ProducerFenced,
-    RebalanceInProgressError,
-    UnknownMemberIdError,
-)
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from events.codec import ContractError, decode, park
-from events.limits import MESSAGE_LIMIT
-from events.sealing import KeyDestroyed, KeyMissing, subject_of
-from events.topics import TOPICS, TURNS
+from events.codec import ContractError
+from events.sealing import KeyDestroyed, KeyMissing
 from settings import Settings
 from workers.runtime import metrics
+from workers.runtime.concurrent_keys import by_key, release_key
 from workers.runtime.data_keys import KeyTopic, open_keys
-from workers.runtime.dlq import kept_on_repeat, replay_group
+from workers.runtime.dlq import replay_group
 from workers.runtime.faults import AFTER_COMMIT, BEFORE_COMMIT, Faults
 from workers.runtime.heap import settle_heap
-from workers.runtime.kafka_io import consumer, dlq_headers, ensure_topics, producer
+from workers.runtime.kafka_io import consumer, ensure_topics, producer
+from workers.runtime.ownership import (
+    REJOIN_LIMIT,
+    REJOIN_WINDOW_S,
+    Fenced,
+    fenced_text,
+    lost_ownership,
+    too_many_rejoins,
+    transactional_id,
+)
+from workers.runtime.parking import dead_letter, fits, fitting, message_size, oversized
+from workers.runtime.processor import DeadLetter, Out, Processor, Stopping, Transient, until_folded
 
-PLAINTEXT_SOURCES = (TURNS.name,)
+# Processors, the CLI and the tests import the runtime's names from here.
+__all__ = [
+    "REJOIN_LIMIT", "REJOIN_WINDOW_S", "DeadLetter", "Fenced", "Out", "Processor", "Runner", "Stopping", "Transient",
+    "fits", "lost_ownership", "message_size", "metrics", "release_key", "run_processor", "too_many_rejoins",
+    "transactional_id", "until_folded",
+]
 
 log = structlog.get_logger()
 
@@ -67,196 +74,6 @@ TRANSIENT = (
     OSError,
 )
 POISON_ATTEMPTS = 3
-
-# Errors that say a commit was refused because this worker no longer owns what it committed:
-# a newer producer took its transactional id (or the coordinator timed its transaction out),
-# or its consumer group rebalanced without it. Another try, from the committed offsets, is due.
-FENCES = (ProducerFenced, InvalidProducerEpoch)
-LOST_OWNERSHIP = (*FENCES, CommitFailedError, IllegalGenerationError, UnknownMemberIdError, RebalanceInProgressError)
-# A worker rejoins at most this many times within the window, then exits: a second live process
-# with the same transactional id fences it on every try, and the two would take turns forever.
-REJOIN_LIMIT = 3
-REJOIN_WINDOW_S = 300.0
-
-
-def transactional_id(group: str, instance: str, fresh: Callable[[], str] = lambda: uuid.uuid4().hex[:8]) -> str:
-    """A transactional worker's id: its consumer group, which carries the deployment's group and
-    topic prefixes, and its instance, so that a restart of the same instance fences its dead
-    predecessor and aborts the transaction it left open. No instance: a `fresh` random one, which
-    fences nothing and is never shared."""
-    return f"{group}.{instance or fresh()}"
-
-
-def lost_ownership(e: BaseException | None) -> BaseException | None:
-    """The ownership error in `e` or in what caused it (the producer wraps some), if any."""
-    while e is not None:
-        if isinstance(e, LOST_OWNERSHIP):
-            return e
-        e = e.__cause__
-    return None
-
-
-def too_many_rejoins(earlier: Sequence[float], now: float, limit: int = REJOIN_LIMIT,
-                     window_s: float = REJOIN_WINDOW_S) -> bool:
-    """Whether a worker that rejoined at the `earlier` times should give up instead at `now`."""
-    return sum(now - t < window_s for t in earlier) >= limit
-
-
-class Fenced(RuntimeError):
-    """The worker kept losing its commits' ownership: it exits rather than take turns with whatever
-    takes it (a live duplicate of its transactional id, most likely)."""
-
-
-# Set by the runner while a `concurrent_keys` processor handles a message: calling it lets
-# the key's next message start (see `release_key`).
-_RELEASE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("release_key", default=None)
-
-
-def release_key() -> None:
-    """Called by a `concurrent_keys` processor once the order-sensitive part of a message is
-    done: the key's next message may start while this one finishes (its outputs still go
-    out in offset order). Only for work that gives the same result if the message is then
-    retried after its successors started (idempotent, offset-indexed state)."""
-    release = _RELEASE.get()
-    if release is not None:
-        release()
-
-
-class Transient(Exception):
-    """Raised by a processor when a dependency is down and the message must wait."""
-
-
-class Stopping(Exception):
-    """Raised by a processor that gave up on a message because the worker is stopping:
-    the batch stays uncommitted, for the partition's next owner."""
-
-
-async def until_folded(checkpoints: Callable[[], Any], field: str, offset: int, stopping: asyncio.Event,
-                       timeout_s: float, worker: str, inclusive: bool = False) -> None:
-    """Until another worker's view (its `checkpoints()`, next offset by partition field) has
-    folded `field` up to `offset` (through it, when `inclusive`). `Stopping` when the worker
-    stops meanwhile; `Transient`, so the message is tried again, after `timeout_s`."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while (await checkpoints()).get(field, -1) < offset + inclusive:
-        if stopping.is_set():
-            raise Stopping(f"stopping while the {worker} worker catches up")
-        if asyncio.get_running_loop().time() > deadline:
-            raise Transient(f"the {worker} worker has not folded {field} up to offset {offset}; is it running?")
-        await asyncio.sleep(0.1)
-
-
-@dataclass(frozen=True)
-class Out:
-    topic: str  # registry name, without the settings prefix
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-    partition: int | None = None  # None: the key's
-
-
-# A record batch's own header (61 bytes in format v2) and one record's varints (lengths,
-# offset and timestamp deltas, attributes), each at its widest: what a message takes on top
-# of its key, value and headers, rounded up.
-MESSAGE_OVERHEAD = 100
-HEADER_OVERHEAD = 10  # one header's two length varints
-
-
-def message_size(o: Out) -> int:
-    """An upper bound of the size the producer checks against its `max_request_size` (the
-    message limit): at least what the Kafka client's own estimate says, by at most ~40 bytes."""
-    headers = sum(len(k.encode()) + len(v) + HEADER_OVERHEAD for k, v in o.headers)
-    return len(o.key or b"") + len(o.value or b"") + headers + MESSAGE_OVERHEAD
-
-
-def fits(o: Out) -> bool:
-    return message_size(o) <= MESSAGE_LIMIT
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """Returned among a processor's outputs: park the input message in `<topic>.dlq`.
-
-    Unlike raising, the processor's other outputs still go out, in the same transaction:
-    it can give up on part of its work (a model that keeps failing) and still finish the
-    rest (forwarding the turn's outcome).
-    """
-
-    error: str
-    attempt: int = 1
-
-
-class Processor:
-    """Base class: subclasses name their sources and implement `process`."""
-
-    name = "processor"
-    sources: tuple[str, ...] = ()
-    transactional = False
-    # Messages of different keys may be processed concurrently (in key order within a
-    # key), across all the partitions one poll returned; their outputs and offsets then
-    # commit together. For processors that wait on I/O per message, such as model calls.
-    # A key's next message may start early when the processor calls `release_key()`.
-    concurrent_keys = False
-    # Seconds between calls of `tick`, polls with messages or not; None: never.
-    tick_every: float | None = None
-    # The process's keys (`workers.runtime.data_keys`), set by the runner before `start`; None with encryption off.
-    keys: KeyTopic | None = None
-    # /ready waits until the worker has read, after each assignment, up to where its partitions
-    # ended then (a projection's view has caught up); see `Runner.not_ready`.
-    catch_up_on_start = False
-    # Milliseconds the broker may hold a fetch for more input (`workers.runtime.kafka_io.consumer`):
-    # for processors whose output is a count no one waits for, so a batch, and the
-    # transaction it costs downstream, covers that much time rather than one message.
-    gather_ms = 0
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        # Set on SIGTERM/SIGINT (shared with the runner): long work such as a recovery
-        # checks it and gives up, and what it had not committed goes to the next owner.
-        self.stopping = asyncio.Event()
-
-    def decode(self, source: str, data: bytes) -> Any:
-        """The message as `process` takes it; raises `ContractError` for the DLQ."""
-        return decode(source, data)
-
-    def decode_message(self, source: str, message: Any) -> Any:
-        """`decode` of a consumed message, for processors that read its headers too."""
-        return self.decode(source, message.value)
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def assigned(self, consumer: Any, partitions: set[TopicPartition]) -> None: ...
-
-    async def revoked(self, partitions: set[TopicPartition]) -> None: ...
-
-    async def process(self, source: str, partition: int, offset: int, value: Any) -> Sequence[Out | DeadLetter]:
-        raise NotImplementedError
-
-    async def batch_done(self) -> list[Out]:
-        """Called after a partition batch (for `concurrent_keys` processors: a poll's
-        batches) is processed and before its offsets commit.
-
-        Returns more outputs to send with the batch (for processors that work in batches).
-        """
-        return []
-
-    def committed(self, written: list[Any]) -> None:
-        """Called once a batch's outputs are committed, with the `RecordMetadata` (topic,
-        partition, offset) of each, in the order they were sent."""
-
-    async def tick(self) -> list[Out]:
-        """Called every `tick_every` seconds between polls, even when no message comes: for
-        work that time alone makes due. Its outputs commit like a batch's, with no offsets."""
-        return []
-
-    def not_ready(self, partitions: set[int]) -> list[str]:
-        """Why the worker cannot serve its assigned `partitions` yet (for /ready); empty: it can."""
-        return []
-
-    async def sample(self, ends: dict[TopicPartition, int]) -> None:
-        """Sets the processor's own gauges (docs/reference/metrics.md), every few seconds; `ends`: its
-        assigned partitions' end offsets."""
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -380,7 +197,7 @@ class Runner:
                 await self._tick()
 
     async def _rejoin(self, lost: BaseException) -> None:
-        """After a commit refused for ownership (`LOST_OWNERSHIP`): what was processed and not
+        """After a commit refused for ownership (`ownership.LOST_OWNERSHIP`): what was processed and not
         committed is dropped, the processor forgets its partitions as on a revocation, and a new
         producer (same transactional id) and a new group membership take over from the committed
         offsets, as a restart of the process would. Raises `Fenced` when refused too often."""
@@ -390,7 +207,8 @@ class Runner:
         if too_many_rejoins(self.rejoined, now):
             log.error("worker_fenced_too_often", worker=self.processor.name, group=self.group, reason=reason,
                       rejoins=len(self.rejoined), transactional_id=self.transactional_id)
-            raise Fenced(self._fenced_text(lost)) from lost
+            raise Fenced(fenced_text(self.processor.name, len(self.rejoined) + 1, lost, self.settings.worker_instance,
+                                     self.transactional_id)) from lost
         self.rejoined.append(now)
         await self.settle(quiet=True)  # a commit still in flight ends first (refused too, most likely)
         self.commit_error = None
@@ -407,16 +225,6 @@ class Runner:
             await self._open_producer()
         await self._open_consumer()
 
-    def _fenced_text(self, lost: BaseException) -> str:
-        head = (f"worker {self.processor.name}: commits refused {len(self.rejoined) + 1} times within "
-                f"{REJOIN_WINDOW_S:g} s ({type(lost).__name__})")
-        if not isinstance(lost, FENCES):
-            return f"{head}: its consumer group keeps rebalancing without it (does its group session expire?)"
-        if self.settings.worker_instance:
-            return (f"{head}: another live process likely uses its transactional id {self.transactional_id!r}; "
-                    "give each replica its own MEMLANE_WORKER_INSTANCE")
-        return f"{head}: the coordinator keeps aborting its transactions (do they outlast MEMLANE_TRANSACTION_TIMEOUT_MS?)"
-
     async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Processes the batches, then commits their outputs and next offsets at once.
 
@@ -424,36 +232,13 @@ class Runner:
         bounds the whole poll, so no partition's uncommitted span grows past it.
         """
         msgs = [m for ms in batches.values() for m in ms]
-        results: list[list[Out]] = [[] for _ in msgs]
         t0 = asyncio.get_running_loop().time()
         if self.processor.concurrent_keys and len(msgs) > 1:
-            by_key: dict[tuple[str, int, bytes], list[int]] = {}
-            for i, m in enumerate(msgs):
-                by_key.setdefault((m.topic, m.partition, m.key or b""), []).append(i)
-
-            async def one(i: int, released: asyncio.Event) -> None:
-                _RELEASE.set(released.set)
-                try:
-                    results[i] = await self._one(msgs[i])
-                finally:
-                    released.set()
-
-            async def one_key(idx: list[int]) -> None:
-                # In key order: each message starts once the previous one released the key
-                # (or finished); a key's messages then overlap on their slow, order-free part.
-                tasks = []
-                for i in idx:
-                    released = asyncio.Event()
-                    tasks.append(asyncio.create_task(one(i, released)))
-                    await released.wait()
-                await asyncio.gather(*tasks)
-
-            await asyncio.gather(*(one_key(idx) for idx in by_key.values()))
+            results = await by_key(msgs, self._one)
         else:
-            for i, m in enumerate(msgs):
-                results[i] = await self._one(m)
+            results = [await self._one(m) for m in msgs]
         outs = [o for r in results for o in r]
-        outs.extend(self._fitting(await self._retrying(self.processor.batch_done, "batch_done") or [], "batch_done"))
+        outs.extend(fitting(await self._retrying(self.processor.batch_done, "batch_done") or [], "batch_done"))
         metrics.BATCH_SECONDS.labels(self.processor.name).observe(asyncio.get_running_loop().time() - t0)
         metrics.MESSAGES.labels(self.processor.name).inc(len(msgs))
         # Committed in the background: the worker polls and processes the next batch
@@ -464,7 +249,7 @@ class Runner:
         self.processed += len(msgs)
 
     async def _tick(self) -> None:
-        outs = self._fitting(await self._retrying(self.processor.tick, "tick") or [], "tick")
+        outs = fitting(await self._retrying(self.processor.tick, "tick") or [], "tick")
         if outs:
             await self.settle()
             self.committing = asyncio.create_task(self._commit({}, outs))
@@ -497,7 +282,7 @@ class Runner:
             value = await self._opening(self.processor.decode_message, source, m)
         except ContractError as e:
             log.warning("poison_message", error=str(e), field=e.field, **ctx)
-            return [self._dlq(source, m, str(e), 1)]
+            return [dead_letter(source, m, str(e), 1, self.group)]
         except KeyDestroyed:
             return self._unreadable(ctx)
         attempt = 0
@@ -509,8 +294,9 @@ class Runner:
                     # A cast, not an assert: a KeyMissing with no keys (encryption off) fails as it did.
                     await cast(KeyTopic, self.keys).catch_up()
                     result = await self.processor.process(source, m.partition, m.offset, value)
-                outs = [self._dlq(source, m, o.error, o.attempt) if isinstance(o, DeadLetter) else o for o in result]
-                return outs if all(map(fits, outs)) else self._oversized(source, m, outs, ctx)
+                outs = [dead_letter(source, m, o.error, o.attempt, self.group) if isinstance(o, DeadLetter) else o
+                        for o in result]
+                return outs if all(map(fits, outs)) else oversized(source, m, outs, ctx, self.group)
             except Stopping:
                 raise
             except (KeyDestroyed, KeyMissing):
@@ -522,7 +308,7 @@ class Runner:
                 attempt += 1
                 log.exception("message_failed", attempt=attempt, **ctx)
                 if attempt >= POISON_ATTEMPTS:
-                    return [self._dlq(source, m, f"{type(e).__name__}: {e}", attempt)]
+                    return [dead_letter(source, m, f"{type(e).__name__}: {e}", attempt, self.group)]
 
     async def _opening(self, fn, *args):
         return fn(*args) if self.keys is None else await self.keys.opening(fn, *args)
@@ -532,51 +318,6 @@ class Runner:
         self.unreadable += 1
         log.info("sealed_message_unreadable", **ctx)
         return []
-
-    def _parked(self, source: str, m: Any) -> bytes:
-        """The platform writes turns in plaintext: memlane's copy in the DLQ is sealed under the
-        agent's key (named by the message key), so an erasure reaches it (docs/features/encryption-and-erasure.md)."""
-        value = m.value or b""
-        if source not in PLAINTEXT_SOURCES or not value:
-            return value
-        tenant, _, rest = (m.key or b"").decode(errors="replace").partition("/")
-        agent = rest.partition("/")[0]
-        if not (tenant and agent):
-            return b""  # no subject to seal it under: the headers name the source offset
-        return park(subject_of(tenant, agent), f"{m.topic}/{m.partition}/{m.offset}", value)
-
-    def _dlq(self, source: str, m: Any, error: str, attempt: int) -> Out:
-        out = Out(
-            topic=TOPICS[source].dlq,
-            key=m.key or b"",
-            value=self._parked(source, m),
-            # Each consumer group parks what it cannot handle, so the header says which one did.
-            # A replay parked again keeps its replay headers: `memlane dlq list` shows it is a repeat.
-            headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", self.group.encode()),
-                     *kept_on_repeat(getattr(m, "headers", None))),
-        )
-        if fits(out):
-            return out
-        # A message near the limit no longer fits with the headers: park the headers alone.
-        # They name the source offset, where the message itself stays for its retention.
-        return Out(out.topic, out.key, b"", (*out.headers, ("value_dropped", str(len(out.value)).encode())))
-
-    def _oversized(self, source: str, m: Any, outs: list[Out], ctx: dict) -> list[Out]:
-        """A message with an output over the message limit is parked instead: sent, the output
-        would fail the transaction on every restart, and the worker would never get past it."""
-        big = max(outs, key=message_size)
-        error = f"an output to {big.topic} is {message_size(big)} bytes, over the message limit of {MESSAGE_LIMIT} bytes"
-        log.error("output_too_large", output_topic=big.topic, bytes=message_size(big), limit=MESSAGE_LIMIT, **ctx)
-        return [self._dlq(source, m, error, 1)]
-
-    def _fitting(self, outs: list[Out], what: str) -> list[Out]:
-        """Outputs of no input message (a batch's, a tick's) have nowhere to be parked: one
-        over the limit is dropped, loudly, rather than failing every commit after it."""
-        for o in outs:
-            if not fits(o):
-                log.error("output_too_large_dropped", step=what, output_topic=o.topic, bytes=message_size(o),
-                          limit=MESSAGE_LIMIT)
-        return [o for o in outs if fits(o)]
 
     async def _retrying(self, fn, what: str) -> Any:
         attempt = 0
