@@ -117,7 +117,7 @@ async def test_poison_turn_goes_to_the_dlq_and_the_worker_keeps_going(stack, set
 
 
 async def test_poison_event_goes_to_the_dlq_and_the_redis_projection_keeps_going(stack, settings, publisher, new_agent):
-    """The projection reads lean views of events; what they refuse still goes to the DLQ."""
+    """The projections read lean views of events; what they refuse still goes to the DLQ."""
     tenant, agent, key = await new_agent()
     topic = settings.topic("memlane.memory.events")
     await publisher.producer.send_and_wait(topic, b'{"type": "RecordAdded", "command_id": "c"}', key=b"poison-event")
@@ -134,10 +134,13 @@ async def test_poison_event_goes_to_the_dlq_and_the_redis_projection_keeps_going
                     if m.key == b"poison-event":
                         headers = {k: v.decode() for k, v in m.headers}
                         parked[headers["consumer_group"].rsplit(".", 1)[-1]] = headers
-            return parked.get("redis-projection")
+            return parked.get("redis-projection") and parked.get("memory-index")
 
-        headers = await eventually(parked_by_the_projection)
-        assert headers["source_topic"] == topic and "record" in headers["error"]
+        await eventually(parked_by_the_projection)
+        # The worker that folds events into Redis, and the API's follower that folds them into
+        # the memory index: each parks what it cannot fold, and says so.
+        for group in ("redis-projection", "memory-index"):
+            assert parked[group]["source_topic"] == topic and "record" in parked[group]["error"], parked
     finally:
         await consumer.stop()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:

@@ -1,8 +1,8 @@
 """The activity view from real Kafka topics into real Redis (workers.followers.activity_follower, projections.activity).
 
 Sealed messages (the codec with this test's own data keys) of the three topics are followed
-into per-minute counts and per-record recall stats; poison is skipped and counted; and a
-replay without a checkpoint, by two followers at once (two API processes), counts nothing twice.
+into per-minute counts and per-record recall stats; poison is parked in its topic's DLQ, as the
+runner parks it, and counted; and a replay without a checkpoint, by two followers at once (two API processes), counts nothing twice.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from events.rules.activity import minute_of
 from events.sealing import SEALED_MARK
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.activity import ActivityView
+from tests.dead_letters import dead_letters
 from tests.redis_at import redis_at
 from tests.unit.test_activity_rules import record_event, refused, retrieved, turn
 from workers.followers.activity_follower import ActivityFollower
@@ -101,6 +102,10 @@ async def test_the_follower_counts_each_thing_once_however_often_it_is_read(depl
 
     first = await _follow(s, view, keys)
     await check([first])
+    assert first.poison.parked == 2
+    parked = [*await dead_letters(s, TURNS.dlq), *await dead_letters(s, USAGE.dlq)]
+    assert [(m.key, dict(m.headers)["consumer_group"]) for m in parked] == [(f"{ten}/{a1}".encode(), first.poison.group.encode())] * 2
+    assert {dict(m.headers)["source_topic"] for m in parked} == {s.topic(TURNS.name).encode(), s.topic(USAGE.name).encode()}
     # Read again from a checkpoint: nothing new. Then the checkpoint lost, two processes replay
     # every message at once: the same counts.
     again = await _follow(s, view, keys)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from events.rules.history import kept_events
 from events.topics import HISTORY_VECTORS, TURNS
@@ -21,6 +21,7 @@ from projections.redis_history import RedisHistory
 from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually
+from tests.dead_letters import dead_letters
 from tests.e2e.test_history import conversation
 from tests.redis_at import redis_at
 from workers.followers.history_qdrant import HistoryQdrantProjection
@@ -95,6 +96,12 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
     await ensure_topics(settings)
     tenant, agent = f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}"
     turns = conversation(tenant, agent)
+    # A message that breaks the contract, ahead of the session's turns on their partition: every
+    # reader parks it in the turns DLQ and goes on.
+    poison = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await poison.start()
+    await poison.send_and_wait(settings.topic(TURNS.name), b"\x00not json", key=TURNS.key_bytes(turns[0]))
+    await poison.stop()
     async with TurnPublisher(settings.kafka_bootstrap, settings.topic_prefix) as pub:
         for ev in turns:
             await pub.publish(ev)
@@ -125,9 +132,12 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
             proj.ckpt = {}
             await proj.run(until_caught_up=True)
             assert proj.status()["parked"] == 0 and not proj.held
+            assert proj.poison.parked == 1
             rows = index.shard.retrieve(sorted(expected_points), ["event_id", "session", "agent"], False)
             assert {str(r.id) for r in rows} == expected_points
             assert index.count() == len(expected_points)
             assert all(r.payload["agent"] == agent for r in rows)
     finally:
         index.close()
+    parked = [dict(m.headers) for m in await dead_letters(settings, TURNS.dlq)]
+    assert sum(h["consumer_group"] == proj.poison.group.encode() for h in parked) == 2  # once per fold

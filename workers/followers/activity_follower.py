@@ -30,6 +30,7 @@ from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.activity import ActivityView
 from settings import Settings
+from workers.runtime.follower_poison import FollowerPoison
 from workers.runtime.topic_reader import VIEW_CHECK_S, TopicReader, checkpoint_key, reached, tp_key
 
 log = structlog.get_logger()
@@ -48,7 +49,8 @@ class ActivityFollower:
         self.stopping = asyncio.Event()
         self.caught_up = asyncio.Event()
         self.counted = 0
-        self.skipped = 0  # poison: messages that break the contract
+        self.skipped = 0  # poison: messages that break the contract, parked in their DLQ
+        self.poison = FollowerPoison(settings, "activity")
         self.unreadable = 0  # sealed under a destroyed key (an erased subject)
 
     def _source(self, topic: str) -> str:
@@ -76,7 +78,7 @@ class ActivityFollower:
 
     async def _count(self, source: str, m: Any) -> Any:
         """What a message counts; poison and unreadable messages count nothing and are tallied."""
-        if not worth_decoding(source, m.value):
+        if not worth_decoding(source, m.value) or self.poison.for_another(m):
             return None
         try:
             message = await self._decoded(source, m)
@@ -85,8 +87,7 @@ class ActivityFollower:
             return None
         except (ContractError, ValueError, TypeError, KeyError) as e:
             self.skipped += 1
-            log.warning("activity_skipped_message", topic=m.topic, partition=m.partition, offset=m.offset,
-                        error=f"{type(e).__name__}: {e}"[:300])
+            await self.poison.park(source, m, f"{type(e).__name__}: {e}")
             return None
         return counted(message, redelivered=(REDELIVERED, b"1") in (m.headers or ()))
 
@@ -139,7 +140,8 @@ class ActivityFollower:
                     log.info("activity_caught_up", counted=self.counted, skipped=self.skipped)
                     if until_caught_up:
                         break
+        await self.poison.aclose()
 
     def status(self) -> dict[str, Any]:
         return {"caught_up": self.caught_up.is_set(), "counted": self.counted, "skipped": self.skipped,
-                "unreadable": self.unreadable}
+                "parked": self.poison.parked, "unreadable": self.unreadable}

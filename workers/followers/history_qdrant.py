@@ -48,6 +48,7 @@ from projections.history_index import HistoryIndex, event_parts, pack
 from projections.qdrant_index import read_checkpoint, write_checkpoint
 from projections.records import Erasure, erasure_at, erasure_of
 from settings import Settings
+from workers.runtime.follower_poison import FollowerPoison
 from workers.runtime.topic_reader import TopicReader, reached, read_so_far, tp_key
 
 log = structlog.get_logger()
@@ -83,6 +84,7 @@ class _Batch:
     erasures: list[tuple[Erasure, int]] = field(default_factory=list)
     deleted: list[MessageDeleted] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
+    poison: list[tuple[str, Any, str]] = field(default_factory=list)  # (source, message, error): to park
 
 
 class HistoryQdrantProjection:
@@ -105,6 +107,7 @@ class HistoryQdrantProjection:
         self.events = 0  # kept events whose every part is in the shard
         self.unreadable = 0  # vectors sealed under destroyed keys
         self.stopping = asyncio.Event()
+        self.poison = FollowerPoison(settings, "history-index")
         self.caught_up = asyncio.Event()
 
     # ------------------------------------------------------------------ joining
@@ -251,14 +254,15 @@ class HistoryQdrantProjection:
         part, kind = tp_key(tp), topics[tp.topic]
         if kind == HISTORY_VECTORS.name:
             return self._on_vector(m.key, m.value, part, m.offset)
+        if self.poison.for_another(m):
+            return []
         try:
             if kind == EVENTS.name:
                 ev = erasure_of(EVENTS.name, m.value) if m.value else None
             else:
                 ev = decode(TURNS.name, m.value)
         except ContractError as err:
-            # The history worker parks poison in the DLQ; a reader only skips it.
-            log.warning("history_skipped_message", topic=tp.topic, offset=m.offset, error=str(err))
+            batch.poison.append((kind, m, str(err)))
             return []
         if isinstance(ev, SubjectErased):
             batch.erasures.append(erasure_at(ev))
@@ -301,6 +305,8 @@ class HistoryQdrantProjection:
                     for m in msgs:
                         touched += self._take(tp, m, topics, batch)
                         batch.positions[tp_key(tp)] = m.offset + 1
+                for source, m, error in batch.poison:
+                    await self.poison.park(source, m, error)
                 if batch.positions:
                     # Joined once the whole poll is taken: its erasures have dropped what they reach.
                     await self._joining(touched, batch)
@@ -334,6 +340,7 @@ class HistoryQdrantProjection:
                         break
             if dirty:
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
+        await self.poison.aclose()
 
     def _rechecking(self, pid: str) -> bool:
         part, offset = self.parked[pid][0].turn

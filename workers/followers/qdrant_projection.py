@@ -51,6 +51,7 @@ from workers.followers.qdrant_heals import Heals
 from workers.followers.qdrant_join import Also
 from workers.followers.qdrant_purges import Purges
 from workers.runtime.faults import INDEX_CHECKPOINT_WITH_PARKED, Faults
+from workers.runtime.follower_poison import FollowerPoison
 from workers.runtime.heap import settle_heap
 from workers.runtime.topic_reader import TopicReader, reached, read_so_far, tp_key
 
@@ -91,6 +92,9 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         # Serving searches too: large writes go to a worker thread, so the event loop gets a
         # turn between Edge calls; a rebuild and small writes stay inline (docs/decisions/0004-qdrant-edge-embedded-index.md).
         self.serving = serving
+        # A message that breaks the contract is parked while serving; a rebuild, which reads
+        # the log again, only skips what was parked live.
+        self.poison = FollowerPoison(settings, "memory-index")
         # Another view folded from the same pass over the events, each batch with its
         # checkpoint positions: a rebuild's shard process also fills its agents' Redis
         # records, so each event is read and decoded once.
@@ -182,6 +186,7 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
             self.running = False
             purges, self.purges = self.purges, []
             self._purge_now(purges)
+            await self.poison.aclose()
 
     async def _follow(self, c: TopicReader, tps: list[TopicPartition], until_caught_up: bool,
                       progress: Callable[[int, int], None] | None, events: list[TopicPartition] | None = None,
@@ -241,12 +246,13 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         return batch
 
     async def _take_or_skip(self, m: Any, is_vector: bool, batch: _Batch, part: str, topic: str) -> None:
-        """`_take` of a message, skipped if it breaks the contract."""
+        """`_take` of a message, parked (`_poison`) if it breaks the contract."""
+        if self.poison.for_another(m):
+            return
         try:
             self._take(m, is_vector, batch, part)
         except ContractError as err:
-            # The workers that write these topics own their DLQs; a reader only skips.
-            log.warning("projection_skipped_message", topic=topic, offset=m.offset, error=str(err))
+            await self._poison(m, is_vector, topic, str(err))
         except KeyMissing:
             # A key published after this process last caught up: once more, after.
             if self.keys is not None:
@@ -254,7 +260,13 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
             try:
                 self._take(m, is_vector, batch, part, final=True)
             except ContractError as err:
-                log.warning("projection_skipped_message", topic=topic, offset=m.offset, error=str(err))
+                await self._poison(m, is_vector, topic, str(err))
+
+    async def _poison(self, m: Any, is_vector: bool, topic: str, error: str) -> None:
+        if self.serving:
+            await self.poison.park(VECTORS.name if is_vector else EVENTS.name, m, error)
+        else:
+            log.warning("projection_skipped_message", topic=topic, offset=m.offset, error=error)
 
     def _start_write(self, f: _Pass, batch: _Batch) -> None:
         """Writes a batch with anything in it; a large one, while serving, in a thread while the
