@@ -1,0 +1,58 @@
+"""What the record view stores, and opening it: a version is the event's raw bytes with its
+personal fields sealed (`events.sealing`), and a block's text is sealed under its agent's key."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+from events.codec import ContractError, cipher, opened
+from events.lean import LeanRecord, decode_lean
+from events.record import MemoryRecord
+from events.sealing import open_text, seal_text, subject_of
+
+SEALED_BLOCK = "sealed:"  # what starts a sealed block text in the view
+
+
+def block_aad(tenant: str, agent: str, label: str) -> str:
+    """A sealed block text is bound to its agent and label: it cannot be moved to another."""
+    return f"block:{tenant}/{agent}/{label}"
+
+
+def seal_block(tenant: str, agent: str, label: str, text: str) -> str:
+    c = cipher()
+    if c is None:
+        return text
+    return SEALED_BLOCK + seal_text(c, subject_of(tenant, agent), block_aad(tenant, agent, label), text)
+
+
+def open_block(tenant: str, agent: str, label: str, stored: str) -> str:
+    """Raises `KeyMissing` or `KeyDestroyed`. A text stored before sealing reads as it is."""
+    if not stored.startswith(SEALED_BLOCK):
+        return stored
+    c = cipher()
+    if c is None:
+        raise ContractError("sealed", "a sealed block, and this process has no keys (events.codec.use_cipher)")
+    return open_text(c, block_aad(tenant, agent, label), stored[len(SEALED_BLOCK):])
+
+
+def lean_record(raw: str) -> LeanRecord | None:
+    """The unsealed fields of a stored version (ids, status, kind, scope, member), or None
+    for one that does not decode."""
+    try:
+        return decode_lean(raw.encode()).record
+    except ContractError:
+        return None
+
+
+def snapshot(raw: str) -> MemoryRecord:
+    """The record a stored version holds: the raw event that made it, opened. Raises
+    `KeyMissing` or `KeyDestroyed` (events.sealing) for a record it cannot open."""
+    return _STORED.validate_json(opened(raw)).record
+
+
+class _Stored(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    record: MemoryRecord
+
+
+_STORED = TypeAdapter(_Stored)
