@@ -659,14 +659,14 @@ def test_recovery_folds_the_subject_events_to_the_same_state():
 
 def test_a_scratch_state_leaves_the_subject_mappings_of_the_real_one_alone():
     """A turn's outcome decides against a scratch copy; only `evolve` may change the state."""
-    from events.rules.ledger import _scratch
+    from events.rules.ledger import scratch_state
 
     led = _consenting()
     grant(led, "u1")
     added(fact(led, "u1 fact", "u1"))
     before = {name: dict(getattr(led.state, name)) for name in
               ("consent", "removed_agents", "removed_users", "subject_records", "stats")}
-    scratch = _scratch(led.state)
+    scratch = scratch_state(led.state)
     scratch.consent["t/a|u:u1"] = False
     scratch.removed_agents["t/a"] = True
     scratch.removed_users["t/@workspace|u:u1"] = True

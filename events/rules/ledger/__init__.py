@@ -39,7 +39,6 @@ from events.rules.ledger.state import (
     TURN_TIMEOUT,
     LedgerState,
     Rejected,
-    _scratch,
     agent_key,
     config_of,
     event_id,
@@ -47,6 +46,7 @@ from events.rules.ledger.state import (
     normalized_hash,
     outcome_of,
     record_id_for,
+    scratch_state,
 )
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
     "Handler",
     "LedgerState",
     "Rejected",
-    "_scratch",  # a test builds a scratch state
+    "scratch_state",  # a test builds a scratch state
     "agent_key",
     "caller",
     "command_key",

@@ -6,10 +6,10 @@ from events.commands import BLOCK_CHARS, ConfigureAgent, CurateBlock, block_fiel
 from events.config import label_numbers_kept
 from events.errors import ErrorCode
 from events.memory import AgentConfigured, BlockChanged
-from events.rules.ledger.state import MAX_APPLICATIONS, MAX_BLOCKS, LedgerState, Rejected, _base, config_of
+from events.rules.ledger.state import MAX_APPLICATIONS, MAX_BLOCKS, LedgerState, Rejected, config_of, event_base
 
 
-def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
+def decide_configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -> None:
     old = state.configs.get(ak)
     if old:
         changed = label_numbers_kept(old, cmd.config)
@@ -19,10 +19,10 @@ def _configure(state: LedgerState, ak: str, cmd: ConfigureAgent, events: list) -
                 f"memory.labels.{changed}",
                 f"label {changed!r} was declared with a number; it keeps that number and cannot be removed",
             )
-    events.append(_base(AgentConfigured, cmd, config=cmd.config))
+    events.append(event_base(AgentConfigured, cmd, config=cmd.config))
 
 
-def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None:
+def decide_curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None:
     """A block is kept line by line, up to `BLOCK_CHARS`. A line already there is
     not added twice; `replace` and `remove` name the line to change as it is now."""
     if not config_of(state, ak).memory.enabled:
@@ -60,4 +60,4 @@ def _curate(state: LedgerState, ak: str, cmd: CurateBlock, events: list) -> None
             ErrorCode.LIMIT_EXCEEDED, "line",
             f"block {cmd.label!r} would hold {len(new)} characters, over the limit of {BLOCK_CHARS}; replace or remove lines",
         )
-    events.append(_base(BlockChanged, cmd, label=cmd.label, text=new, application=cmd.application))
+    events.append(event_base(BlockChanged, cmd, label=cmd.label, text=new, application=cmd.application))

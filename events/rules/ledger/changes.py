@@ -1,4 +1,4 @@
-"""Changes to a record already there: an edit (a successor, made by `records._add`), a
+"""Changes to a record already there: an edit (a successor, made by `records.decide_add`), a
 delete (a tombstone), a pin or an unpin, a procedure's outcome, the expiry sweep.
 """
 
@@ -13,17 +13,17 @@ from events.limits import STORED
 from events.memory import RecordAdded, RecordDeleted, RecordExpired, RecordPinned, RecordRevised, RecordUnpinned
 from events.record import LIVE, MemoryRecord, Source, Status
 from events.rules.ledger import subject_rules as subjects
-from events.rules.ledger.records import _add, _addressed, _check_pin_budget
-from events.rules.ledger.state import LedgerState, Rejected, _base, config_of, get_record, record_id_for
+from events.rules.ledger.records import addressed_record, check_pin_budget, decide_add
+from events.rules.ledger.state import LedgerState, Rejected, config_of, event_base, get_record, record_id_for
 from events.rules.ledger.subject_rules import count_key
 from events.rules.ledger.usage import check_expected
 
 
-def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
+def decide_edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
     """An operator's edit, or a member's of their own fact, bypasses the write-time filter;
     the same text changes nothing (a PENDING or CONFLICT record stays out of the prompt); new
     text makes a successor, in the same scope, and needs the member's consent."""
-    old = _addressed(state, ak, cmd, cmd.record_id)
+    old = addressed_record(state, ak, cmd, cmd.record_id)
     check_expected(old, cmd)
     if old.status not in LIVE:
         raise Rejected(ErrorCode.NOT_LIVE, "record_id",
@@ -32,7 +32,7 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
     content = old.content if cmd.content is None else cmd.content
     metadata = old.metadata if cmd.metadata is None else cmd.metadata
     if (summary, content, metadata) == (old.summary, old.content, old.metadata):
-        events.append(_base(RecordAdded, cmd, record=old, merged=True))
+        events.append(event_base(RecordAdded, cmd, record=old, merged=True))
         return
     if why := subjects.consent_refusal(state, ak, cmd, config_of(state, ak)):
         raise Rejected(*why)
@@ -64,12 +64,12 @@ def _edit(state: LedgerState, ak: str, cmd: EditMemory, events: list) -> None:
         valid_from=old.valid_from,
         valid_to=old.valid_to,
     ), context=STORED)
-    _add(state, ak, successor, events, operator=True)
+    decide_add(state, ak, successor, events, operator=True)
 
 
-def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
+def decide_report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> None:
     """Each procedure counts its validations, successes and failures."""
-    r = _addressed(state, ak, cmd, cmd.record_id)
+    r = addressed_record(state, ak, cmd, cmd.record_id)
     check_expected(r, cmd)
     if r.kind != "procedure":
         raise Rejected(ErrorCode.VALIDATION_FAILED, "record_id",
@@ -88,7 +88,7 @@ def _report(state: LedgerState, ak: str, cmd: ReportOutcome, events: list) -> No
         update={"version": r.version + 1, "metadata": m, "modified": cmd.issued_at, "provenance": cmd.provenance,
                 "utility": learned_utility(int(m.get("successes", 0)), int(m.get("failures", 0)))}
     )
-    events.append(_base(RecordRevised, cmd, record=revised))
+    events.append(event_base(RecordRevised, cmd, record=revised))
 
 
 def learned_utility(successes: int, failures: int) -> float:
@@ -97,17 +97,17 @@ def learned_utility(successes: int, failures: int) -> float:
     return (successes + 1) / (successes + failures + 2)
 
 
-def _sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
+def decide_sweep(state: LedgerState, ak: str, cmd: SweepExpired, events: list) -> None:
     """Tombstone the named live records past `expires_at`, as of the command's own time."""
     for rid in dict.fromkeys(cmd.record_ids):
         r = get_record(state, ak, rid)
         if r is None or r.status not in LIVE or r.expires_at is None or r.expires_at > cmd.issued_at:
             continue
-        events.append(_base(RecordExpired, cmd, record=_tombstone(r, cmd, valid_to=r.expires_at)))
+        events.append(event_base(RecordExpired, cmd, record=tombstone_record(r, cmd, valid_to=r.expires_at)))
 
 
-def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
-    r = _addressed(state, ak, cmd, cmd.record_id)
+def decide_delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> None:
+    r = addressed_record(state, ak, cmd, cmd.record_id)
     check_expected(r, cmd)
     write = config_of(state, ak).memory.scope.write
     # A member deletes their own facts whatever the agent may write now.
@@ -115,16 +115,16 @@ def _delete(state: LedgerState, ak: str, cmd: DeleteMemory, events: list) -> Non
         raise Rejected(ErrorCode.SCOPE_NOT_ALLOWED, "record_id",
                        f"{r.scope.value} records are outside memory.scope.write {write}")
     if r.status is Status.DELETED:
-        events.append(_base(RecordDeleted, cmd, record=r))  # unchanged
+        events.append(event_base(RecordDeleted, cmd, record=r))  # unchanged
         return
     if cmd.preview and not r.preview:
         tomb = _new_preview_tombstone(r, cmd)
-        events.append(_base(RecordDeleted, cmd, record=tomb))
+        events.append(event_base(RecordDeleted, cmd, record=tomb))
         return
-    events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=cmd.issued_at)))
+    events.append(event_base(RecordDeleted, cmd, record=tombstone_record(r, cmd, valid_to=cmd.issued_at)))
 
 
-def _tombstone(r: MemoryRecord, cmd: Any, valid_to: datetime) -> MemoryRecord:
+def tombstone_record(r: MemoryRecord, cmd: Any, valid_to: datetime) -> MemoryRecord:
     """The record's next version, DELETED: it stays readable in history, never recalled."""
     return r.model_copy(
         update={
@@ -155,8 +155,8 @@ def _new_preview_tombstone(r: MemoryRecord, cmd: DeleteMemory) -> MemoryRecord:
     )
 
 
-def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
-    r = _addressed(state, ak, cmd, cmd.record_id)
+def decide_pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list) -> None:
+    r = addressed_record(state, ak, cmd, cmd.record_id)
     check_expected(r, cmd)
     want = isinstance(cmd, PinMemory)
     if cmd.preview and not r.preview:
@@ -169,11 +169,11 @@ def _pin(state: LedgerState, ak: str, cmd: PinMemory | UnpinMemory, events: list
         raise Rejected(ErrorCode.NOT_LIVE, "record_id",
                        f"record {r.id} is {r.status.value}; only ACTIVE records can be pinned")
     if r.pinned == want:
-        events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
+        events.append(event_base(RecordPinned if want else RecordUnpinned, cmd, record=r))
         return
     if want:
-        _check_pin_budget(state, ak, r, state.stats.get(count_key(ak, r)) or {"live": 0, "pinned_chars": 0})
+        check_pin_budget(state, ak, r, state.stats.get(count_key(ak, r)) or {"live": 0, "pinned_chars": 0})
     changed = r.model_copy(
         update={"version": r.version + 1, "pinned": want, "modified": cmd.issued_at, "provenance": cmd.provenance}
     )
-    events.append(_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))
+    events.append(event_base(RecordPinned if want else RecordUnpinned, cmd, record=changed))

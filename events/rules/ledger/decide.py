@@ -46,34 +46,34 @@ from events.record import Provenance, Source
 from events.rules.ledger import notes as notes_rules
 from events.rules.ledger import profiles, retention, tenant
 from events.rules.ledger import subject_rules as subjects
-from events.rules.ledger.agent import _configure, _curate
-from events.rules.ledger.changes import _delete, _edit, _pin, _report, _sweep
-from events.rules.ledger.erasure import _remove_tenant
+from events.rules.ledger.agent import decide_configure, decide_curate
+from events.rules.ledger.changes import decide_delete, decide_edit, decide_pin, decide_report, decide_sweep
+from events.rules.ledger.erasure import decide_remove_tenant
 from events.rules.ledger.fold import evolve
-from events.rules.ledger.records import _members_stay_members, _new_record
+from events.rules.ledger.records import members_stay_members, new_record
 from events.rules.ledger.runs import add_in_run, summarize
 from events.rules.ledger.state import (
     NAMESPACE,
     TURN_TIMEOUT,
     LedgerState,
     Rejected,
-    _base,
-    _rejection,
-    _scratch,
     agent_key,
     config_of,
+    event_base,
     event_id,
     outcome_of,
+    rejected_event,
+    scratch_state,
 )
 from events.rules.ledger.subject_commands import (
-    _consent,
-    _erase,
-    _remove_agent,
-    _remove_user,
-    _restore_tenant,
-    _restore_user,
+    decide_consent,
+    decide_erase,
+    decide_remove_agent,
+    decide_remove_user,
+    decide_restore_tenant,
+    decide_restore_user,
 )
-from events.rules.ledger.usage import _record_usage
+from events.rules.ledger.usage import decide_record_usage
 from events.sealing import KeyDestroyed
 
 
@@ -83,7 +83,7 @@ def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT)
     ak = agent_key(cmd.tenant, cmd.agent)
     expired = _expire_turns(state, ak, cmd, turn_timeout)
     if expired:
-        state = _scratch(state)
+        state = scratch_state(state)
         for e in expired:
             evolve(state, e)
     events = expired + _decide(state, ak, cmd)
@@ -96,7 +96,7 @@ def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT)
 def refused(cmd: Any, code: ErrorCode, field: str | None, reason: str) -> list[CommandRejected]:
     """What the ledger emits in place of events it cannot write (one over the message limit,
     or a command its rules failed on): the caller gets an answer, and the partition moves on."""
-    e = _rejection(cmd, Rejected(code, field, reason))
+    e = rejected_event(cmd, Rejected(code, field, reason))
     return [e.model_copy(update={"event_id": event_id(cmd.tenant, cmd.agent, cmd.command_id, 0), "last": True})]
 
 
@@ -115,7 +115,7 @@ def reused(cmd: Any) -> list[CommandRejected]:
     """The answer to a command whose id its agent already took from another caller
     (`caller`). Its event id is its own (derived from the caller too), not the first
     command's."""
-    e = _rejection(cmd, Rejected(ErrorCode.DUPLICATE_ID, "command_id",
+    e = rejected_event(cmd, Rejected(ErrorCode.DUPLICATE_ID, "command_id",
                                  f"command id {cmd.command_id} was already used by another caller; use a new id"))
     eid = str(uuid.uuid5(NAMESPACE, f"{command_key(cmd.tenant, cmd.agent, cmd.command_id)}#reused:{caller(cmd)}"))
     return [e.model_copy(update={"event_id": eid, "last": True})]
@@ -172,9 +172,9 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
         writes = _staged(state, key)
-        out.append(_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
+        out.append(event_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
         reason = f"turn timed out: no outcome within {int(turn_timeout.total_seconds())} s"
-        out.extend(_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
+        out.extend(event_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
     return out
 
 
@@ -188,7 +188,7 @@ def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
         _admit(state, ak, cmd)
         _COMMANDS.get(type(cmd), _write)(state, ak, cmd, events)
     except Rejected as r:
-        events = [_rejection(cmd, r)]
+        events = [rejected_event(cmd, r)]
     return events
 
 
@@ -210,11 +210,11 @@ def _write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
     outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
     if outcome is None:
         _validate_write(state, ak, cmd)
-        events.append(_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
+        events.append(event_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
     elif outcome == "committed":
         _apply_write(state, ak, cmd, events)
     else:
-        events.append(_base(WriteDiscarded, cmd, turn_ref=cmd.turn_ref, reason=f"turn {outcome}"))
+        events.append(event_base(WriteDiscarded, cmd, turn_ref=cmd.turn_ref, reason=f"turn {outcome}"))
 
 
 def _expire(state: LedgerState, ak: str, cmd: ExpireTurns, events: list) -> None:
@@ -225,22 +225,22 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
     ref = f"{ak}|{cmd.turn_ref}"
     if outcome_of(state, ref) is not None:
         return  # already resolved: a forwarded outcome seen twice changes nothing
-    events.append(_base(TurnResolved, cmd, turn_ref=cmd.turn_ref, committed=cmd.committed))
+    events.append(event_base(TurnResolved, cmd, turn_ref=cmd.turn_ref, committed=cmd.committed))
     # Apply staged writes against a scratch copy, so later writes of the turn see earlier ones
     # without this function touching the real state (evolve does that, from the events).
-    scratch = _scratch(state)
+    scratch = scratch_state(state)
     for staged in _staged(state, ref):
         write = _in_turn(staged, cmd.provenance)
         if not cmd.committed:
             reason = cmd.reason or "turn rolled back"
-            events.append(_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
+            events.append(event_base(WriteDiscarded, write, turn_ref=cmd.turn_ref, reason=reason))
             continue
         sub: list[Any] = []
         try:
             _admit(scratch, ak, write)  # a removal or a withdrawal since it was staged refuses it
             _apply_write(scratch, ak, write, sub)
         except Rejected as r:
-            sub = [_rejection(write, r)]
+            sub = [rejected_event(write, r)]
         for e in sub:
             evolve(scratch, e)
         events.extend(sub)
@@ -272,7 +272,7 @@ def _in_turn(write: Any, turn: Provenance) -> Any:
 def _validate_write(state: LedgerState, ak: str, cmd: Any) -> None:
     """The rules a write is held to before it is staged: only a new record's (raises `Rejected`)."""
     if type(cmd) is AddMemory and (cmd.run is None or cmd.scope is not None):  # a run entry only: no record
-        _new_record(state, ak, _members_stay_members(state, ak, cmd))
+        new_record(state, ak, members_stay_members(state, ak, cmd))
 
 
 def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
@@ -284,20 +284,20 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
 # Looked up by the command's exact type, once per command. Any other command is a write (`_write`),
 # applied by its entry in `_WRITES`.
 _COMMANDS: dict[type, Handler] = {
-    ConfigureAgent: _configure,
+    ConfigureAgent: decide_configure,
     TurnOutcome: _turn_outcome,
     ExpireTurns: _expire,
-    GrantConsent: _consent,
-    WithdrawConsent: _consent,
-    EraseSubject: _erase,
-    RemoveAgent: _remove_agent,
-    RemoveUser: _remove_user,
-    RemoveTenant: _remove_tenant,
-    RestoreUser: _restore_user,
-    RestoreTenant: _restore_tenant,
+    GrantConsent: decide_consent,
+    WithdrawConsent: decide_consent,
+    EraseSubject: decide_erase,
+    RemoveAgent: decide_remove_agent,
+    RemoveUser: decide_remove_user,
+    RemoveTenant: decide_remove_tenant,
+    RestoreUser: decide_restore_user,
+    RestoreTenant: decide_restore_tenant,
     SummarizeRun: summarize,
     # Not a write: usage is the trust worker's count, with no turn and no new version.
-    RecordUsage: _record_usage,
+    RecordUsage: decide_record_usage,
     # Notes: the agent's own, applied at once, never staged on a turn: they cite committed messages (docs/features/notes.md).
     **notes_rules.HANDLERS,
     # A member's profile: applied at once, never staged on a turn (docs/features/profiles.md).
@@ -309,12 +309,12 @@ _COMMANDS: dict[type, Handler] = {
 
 _WRITES: dict[type, Handler] = {
     AddMemory: add_in_run,
-    DeleteMemory: _delete,
-    PinMemory: _pin,
-    UnpinMemory: _pin,
-    EditMemory: _edit,
-    SweepExpired: _sweep,
+    DeleteMemory: decide_delete,
+    PinMemory: decide_pin,
+    UnpinMemory: decide_pin,
+    EditMemory: decide_edit,
+    SweepExpired: decide_sweep,
     PurgeRecords: retention._purge,
-    CurateBlock: _curate,
-    ReportOutcome: _report,
+    CurateBlock: decide_curate,
+    ReportOutcome: decide_report,
 }

@@ -20,7 +20,7 @@ from events.commands import AddMemory
 from events.memory import EpisodeLinked, RecordAdded
 from events.record import LIVE, MemoryRecord
 from events.rules import procedures
-from events.rules.ledger.state import LedgerState, _base, config_of, expiry_of, get_record
+from events.rules.ledger.state import LedgerState, config_of, event_base, expiry_of, get_record
 
 
 def _run_keys(ak: str, session: str | None, execution_id: str | None) -> list[str]:
@@ -57,7 +57,7 @@ def link(state: LedgerState, ak: str, cmd: AddMemory, episode: MemoryRecord, eve
             continue
         linked = r.model_copy(update={"version": r.version + 1, "modified": cmd.issued_at,
                                       "provenance": r.provenance.model_copy(update={"episode": episode.id})})
-        events.append(_base(EpisodeLinked, cmd, record=linked, episode=episode.id))
+        events.append(event_base(EpisodeLinked, cmd, record=linked, episode=episode.id))
 
 
 def confirmed(state: LedgerState, ak: str, cmd: AddMemory, existing: MemoryRecord, events: list) -> None:
@@ -65,8 +65,8 @@ def confirmed(state: LedgerState, ak: str, cmd: AddMemory, existing: MemoryRecor
     new version when it counts as a confirmation), and the procedure it becomes, once, when
     the confirmation makes it qualify. A near-duplicate merge calls this too."""
     merged = procedures.confirm(existing, cmd.provenance, cmd.session, cmd.confidence, cmd.issued_at)
-    events.append(_base(RecordAdded, cmd, record=merged or existing, merged=True))
+    events.append(event_base(RecordAdded, cmd, record=merged or existing, merged=True))
     if merged is None or not procedures.promotes(merged) or get_record(state, ak, procedures.procedure_id(merged)):
         return
     proc = procedures.procedure_of(merged, cmd.issued_at, expiry_of(config_of(state, ak), merged.scope, cmd.issued_at))
-    events.append(_base(RecordAdded, cmd, record=proc))
+    events.append(event_base(RecordAdded, cmd, record=proc))

@@ -25,7 +25,7 @@ from events.lean import decode_lean_record
 from events.memory import SubjectErased
 from events.record import LIVE, Scope, Source
 from events.rules.ledger import notes
-from events.rules.ledger.state import RESERVED_KINDS, LedgerState, Rejected, _base
+from events.rules.ledger.state import RESERVED_KINDS, LedgerState, Rejected, event_base
 from events.rules.ledger.subject_rules import count_key
 from events.rules.tokens import pin_line_chars
 from events.sealing import PERSONAL, SEALED, agent_subject, subject_of, tenant_of
@@ -54,13 +54,13 @@ def erasure_of(key: str) -> tuple[str, str | None, str | None]:
 # --------------------------------------------------------------------------- decide
 
 
-def _remove_tenant(state: LedgerState, ak: str, cmd: RemoveTenant, events: list) -> None:
+def decide_remove_tenant(state: LedgerState, ak: str, cmd: RemoveTenant, events: list) -> None:
     if cmd.agent != WORKSPACE:
         raise Rejected(ErrorCode.VALIDATION_FAILED, "agent",
                        f"a tenant is removed as a whole: send RemoveTenant under {WORKSPACE!r}")
     if cmd.provenance.source is not Source.OPERATOR:
         raise Rejected(ErrorCode.FORBIDDEN, None, "only the deployment's operator removes a tenant")
-    events.append(_base(SubjectErased, cmd, user=None, tenant_wide=True))
+    events.append(event_base(SubjectErased, cmd, user=None, tenant_wide=True))
 
 
 # --------------------------------------------------------------------------- fold

@@ -18,7 +18,7 @@ from events.rules.ledger import subject_rules as subjects
 from events.rules.ledger.erasure import subject_erased
 from events.rules.ledger.state import RESERVED_KINDS, TURN_MEMORY, LedgerState, agent_key, normalized_hash
 from events.rules.ledger.subject_rules import count_key, dup_scope, key_entry, text_entry
-from events.rules.ledger.usage import _usage_recorded
+from events.rules.ledger.usage import usage_recorded
 from events.rules.tokens import pin_line_chars
 
 
@@ -85,7 +85,7 @@ _FOLDS: dict[str, Callable[[LedgerState, str, Any], None]] = {
     "SubjectErased": subject_erased,
     "RecordsPurged": retention._purged,
     **runs.FOLDS,
-    "UsageRecorded": _usage_recorded,
+    "UsageRecorded": usage_recorded,
     **notes_rules.FOLDS,
     **profiles.FOLDS,
     **tenant.FOLDS,

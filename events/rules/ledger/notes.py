@@ -19,7 +19,7 @@ from events.commands import ForgetNote, SaveNote
 from events.errors import ErrorCode
 from events.memory import NoteForgotten, NoteSaved
 from events.record import Source
-from events.rules.ledger.state import LedgerState, Rejected, _base, config_of
+from events.rules.ledger.state import LedgerState, Rejected, config_of, event_base
 from events.rules.ledger.subject_rules import consent_refusal, subject_key
 
 # Notes per identity: recall ranks all of an identity's notes on every turn, so they stay few.
@@ -77,7 +77,7 @@ def save(state: LedgerState, ak: str, cmd: SaveNote, events: list) -> None:
     if current == 0 and len(held) >= MAX_NOTES:
         raise Rejected(ErrorCode.LIMIT_EXCEEDED, "note_id",
                        f"this identity has {len(held)} notes, the limit is {MAX_NOTES}; forget one or revise one")
-    events.append(_base(NoteSaved, cmd, note_id=cmd.note_id, user=cmd.user, revision=current + 1, topic=cmd.topic,
+    events.append(event_base(NoteSaved, cmd, note_id=cmd.note_id, user=cmd.user, revision=current + 1, topic=cmd.topic,
                         summary=cmd.summary, sources=list(cmd.sources), session=cmd.session))
 
 
@@ -88,7 +88,7 @@ def forget(state: LedgerState, ak: str, cmd: ForgetNote, events: list) -> None:
         raise Rejected(ErrorCode.NOT_FOUND, "note_id", f"note {cmd.note_id} does not exist for this identity")
     if cmd.expected_revision is not None and cmd.expected_revision != current:
         raise _conflict(cmd.note_id, cmd.expected_revision, current)
-    events.append(_base(NoteForgotten, cmd, note_id=cmd.note_id, user=cmd.user, revision=current))
+    events.append(event_base(NoteForgotten, cmd, note_id=cmd.note_id, user=cmd.user, revision=current))
 
 
 # --------------------------------------------------------------------------- folds

@@ -21,7 +21,7 @@ from events.commands import PROFILE_CHARS, DeleteProfile, EnrichProfile, SetProf
 from events.errors import ErrorCode
 from events.memory import ProfileChanged
 from events.record import Source
-from events.rules.ledger.state import LedgerState, Rejected, _base, config_of
+from events.rules.ledger.state import LedgerState, Rejected, config_of, event_base
 from events.rules.ledger.subject_rules import consent_refusal, subject_key
 
 
@@ -70,16 +70,16 @@ def _checks(state: LedgerState, ak: str, cmd: Any, write: bool) -> tuple[str, in
 def _set(state: LedgerState, ak: str, cmd: SetProfile, events: list) -> None:
     user, version, text = _checks(state, ak, cmd, write=True)
     if cmd.text == text:
-        events.append(_base(ProfileChanged, cmd, user=user, text=text, version=version))  # nothing new: same version
+        events.append(event_base(ProfileChanged, cmd, user=user, text=text, version=version))  # nothing new: same version
         return
-    events.append(_base(ProfileChanged, cmd, user=user, text=cmd.text, version=version + 1))
+    events.append(event_base(ProfileChanged, cmd, user=user, text=cmd.text, version=version + 1))
 
 
-def _delete(state: LedgerState, ak: str, cmd: DeleteProfile, events: list) -> None:
+def decide_delete(state: LedgerState, ak: str, cmd: DeleteProfile, events: list) -> None:
     user, version, text = _checks(state, ak, cmd, write=False)
     if not text:
         raise Rejected(ErrorCode.NOT_FOUND, "user", "this member has no profile on this agent")
-    events.append(_base(ProfileChanged, cmd, user=user, text="", version=version + 1))
+    events.append(event_base(ProfileChanged, cmd, user=user, text="", version=version + 1))
 
 
 def enriched(text: str, lines: list[str], limit: int = PROFILE_CHARS) -> tuple[str, int, int]:
@@ -114,11 +114,11 @@ def _enrich(state: LedgerState, ak: str, cmd: EnrichProfile, events: list) -> No
     if not text and version:
         raise Rejected(ErrorCode.NOT_FOUND, "user", "the member deleted their profile: enrichment never makes it again")
     new, added, skipped = enriched(text, list(cmd.lines))
-    events.append(_base(ProfileChanged, cmd, user=user, text=new, version=version + 1 if added else version,
+    events.append(event_base(ProfileChanged, cmd, user=user, text=new, version=version + 1 if added else version,
                         added=added, skipped=skipped))
 
 
-HANDLERS = {SetProfile: _set, DeleteProfile: _delete, EnrichProfile: _enrich}
+HANDLERS = {SetProfile: _set, DeleteProfile: decide_delete, EnrichProfile: _enrich}
 
 
 def _profile_changed(state: LedgerState, ak: str, event: Any) -> None:

@@ -1,7 +1,7 @@
 """New records, and the records a command may address: the scope a write takes, the
-record an `AddMemory` makes and its checks (`_add`: a restatement merged, a replaced record
+record an `AddMemory` makes and its checks (`decide_add`: a restatement merged, a replaced record
 superseded, a keyed fact in conflict, the live-fact cap, the pinned budget), which records a
-command reaches (`_visible`, `_addressed`), and the episode a new episode links.
+command reaches (`_visible`, `addressed_record`), and the episode a new episode links.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from events.rules.ledger.state import (
     RESERVED_KINDS,
     LedgerState,
     Rejected,
-    _base,
     config_of,
+    event_base,
     expiry_of,
     get_record,
     normalized_hash,
@@ -50,7 +50,7 @@ def _scope_for(cfg: AgentConfig, cmd: AddMemory) -> Scope:
     return cmd.scope
 
 
-def _new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = False) -> MemoryRecord:
+def new_record(state: LedgerState, ak: str, cmd: AddMemory, operator: bool = False) -> MemoryRecord:
     cfg = config_of(state, ak)
     if not cfg.memory.enabled:
         raise Rejected(ErrorCode.MEMORY_DISABLED, "memory.enabled", "memory is not enabled for this agent")
@@ -137,7 +137,7 @@ def _visible(r: MemoryRecord, cmd: Any) -> bool:
     return True
 
 
-def _addressed(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "record_id") -> MemoryRecord:
+def addressed_record(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "record_id") -> MemoryRecord:
     """The record `cmd` names in `field`, if it exists and `cmd` may address it (`_visible`);
     else the same NOT_FOUND either way, so a command learns nothing of records it cannot see."""
     r = get_record(state, ak, rid)
@@ -146,11 +146,11 @@ def _addressed(state: LedgerState, ak: str, cmd: Any, rid: str, field: str = "re
     return r
 
 
-def _members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMemory:
+def members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMemory:
     """A replacement of a member's fact (a USER record) is the member's too: scope USER and the
     old record's user, whatever scope the write defaulted to, so a replacement never moves a
     member's fact into session or agent scope. One that asks for another scope is refused.
-    A record the write may not address is left to `_addressed` (the same NOT_FOUND as ever)."""
+    A record the write may not address is left to `addressed_record` (the same NOT_FOUND as ever)."""
     old = get_record(state, ak, cmd.replaces) if cmd.replaces else None
     if old is None or old.scope is not Scope.USER or not _visible(old, cmd):
         return cmd
@@ -163,12 +163,12 @@ def _members_stay_members(state: LedgerState, ak: str, cmd: AddMemory) -> AddMem
     return cmd.model_copy(update={"scope": Scope.USER, "user": old.user})
 
 
-def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
+def decide_add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bool = False) -> None:
     """Appends an `AddMemory`'s events to `events`: a new record (and its predecessor superseded
     when it replaces one), or a confirmation of the live record it restates."""
     if not operator:  # an operator's edit makes its successor in the old record's scope already
-        cmd = _members_stay_members(state, ak, cmd)
-    rec = _new_record(state, ak, cmd, operator)
+        cmd = members_stay_members(state, ak, cmd)
+    rec = new_record(state, ak, cmd, operator)
     if not cmd.replaces:
         check_new(cmd, get_record(state, ak, rec.id))  # an id taken: a conflict for a "must create" write
     if get_record(state, ak, rec.id):
@@ -191,7 +191,7 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         rec = _keyed_status(cmd, rec, holder_rec)
     if cmd.contradicts and not old and rec.status is Status.ACTIVE:
         # The same for a disagreement the review names, keys or not.
-        if _addressed(state, ak, cmd, cmd.contradicts, "contradicts").status in LIVE:
+        if addressed_record(state, ak, cmd, cmd.contradicts, "contradicts").status in LIVE:
             rec = rec.model_copy(update={"status": Status.CONFLICT})
     if rec.kind == "episode" and not old:
         # An episode links the previous one. Linked here, in log order, so two
@@ -200,11 +200,11 @@ def _add(state: LedgerState, ak: str, cmd: AddMemory, events: list, operator: bo
         rec = rec.model_copy(update={"metadata": {**rec.metadata, "previous_episode": _last_episode(state, ak, rec)}})
     _check_live_cap(rec, stats, old)
     if rec.pinned:
-        _check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
+        check_pin_budget(state, ak, rec, stats, freed=pin_line_chars(old) if old and old.pinned else 0)
     if old and old.preview == rec.preview:
         events.append(_superseded(cmd, old, rec))
     # A preview write that names a live record shadows it and leaves it untouched.
-    events.append(_base(RecordAdded, cmd, record=rec))
+    events.append(event_base(RecordAdded, cmd, record=rec))
     if rec.kind == "episode" and not old:
         episodes.link(state, ak, cmd, rec, events)  # the run's extraction-made facts name their episode
 
@@ -233,7 +233,7 @@ def _restated(state: LedgerState, ak: str, cmd: AddMemory, rec: MemoryRecord, h:
 
 def _replaceable(state: LedgerState, ak: str, cmd: AddMemory, rid: str) -> MemoryRecord:
     """The record the write replaces (`rid`): one it may address, at the version it expects, and live."""
-    old = _addressed(state, ak, cmd, rid, "replaces")
+    old = addressed_record(state, ak, cmd, rid, "replaces")
     check_expected(old, cmd)
     if old.status not in LIVE:
         raise Rejected(
@@ -287,7 +287,7 @@ def _superseded(cmd: AddMemory, old: MemoryRecord, rec: MemoryRecord) -> RecordS
             "provenance": cmd.provenance,
         }
     )
-    return _base(RecordSuperseded, cmd, record=superseded)
+    return event_base(RecordSuperseded, cmd, record=superseded)
 
 
 def _near_duplicate(state: LedgerState, ak: str, cmd: AddMemory,
@@ -313,7 +313,7 @@ def _near_duplicate(state: LedgerState, ak: str, cmd: AddMemory,
     return target, checked
 
 
-def _check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
+def check_pin_budget(state: LedgerState, ak: str, rec: MemoryRecord, stats: dict, freed: int = 0) -> None:
     cfg = config_of(state, ak)
     if cfg.memory.pinned is None:
         raise Rejected(ErrorCode.PIN_NOT_ENABLED, "pinned", "pinning is off: memory.pinned is not configured")

@@ -17,8 +17,8 @@ from events.commands import PurgeRecords, SweepExpired
 from events.lean import decode_lean_record
 from events.memory import RecordDeleted, RecordsPurged
 from events.record import LIVE, Provenance, Scope, Source, Status
-from events.rules.ledger.changes import _tombstone
-from events.rules.ledger.state import NAMESPACE, LedgerState, _base, get_record
+from events.rules.ledger.changes import tombstone_record
+from events.rules.ledger.state import NAMESPACE, LedgerState, event_base, get_record
 from events.rules.ledger.subject_rules import count_key
 
 RETENTION = timedelta(days=180)  # tombstones are physically deleted 180 days after deletion
@@ -91,11 +91,11 @@ def _purge(state: LedgerState, ak: str, cmd: PurgeRecords, events: list) -> None
             continue
         kind = _kind(r, cmd.issued_at, RETENTION)
         if kind == "superseded":
-            events.append(_base(RecordDeleted, cmd, record=_tombstone(r, cmd, valid_to=r.superseded_at)))
+            events.append(event_base(RecordDeleted, cmd, record=tombstone_record(r, cmd, valid_to=r.superseded_at)))
         elif kind == "purged":
             purged.setdefault(r.user if r.scope is Scope.USER else None, []).append(rid)
     for user, ids in purged.items():
-        events.append(_base(RecordsPurged, cmd, record_ids=ids, user=user))
+        events.append(event_base(RecordsPurged, cmd, record_ids=ids, user=user))
 
 
 def _purged(state: LedgerState, ak: str, event: Any) -> None:

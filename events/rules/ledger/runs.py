@@ -15,8 +15,8 @@ from events.errors import ErrorCode
 from events.memory import RunEntryAdded, RunSummarized
 from events.record import Source
 from events.rules import runs as rules
-from events.rules.ledger.records import _add
-from events.rules.ledger.state import RESERVED_KINDS, LedgerState, Rejected, _base, config_of
+from events.rules.ledger.records import decide_add
+from events.rules.ledger.state import RESERVED_KINDS, LedgerState, Rejected, config_of, event_base
 
 Pending = tuple[tuple[str, int], ...]
 
@@ -39,19 +39,19 @@ def add_in_run(state: LedgerState, ak: str, cmd: AddMemory, events: list) -> Non
     """`AddMemory`: as before without a run; with one and no scope, a run entry only; with a
     run and a scope, the record as before and a run entry pointing at it."""
     if cmd.run is None:
-        _add(state, ak, cmd, events)
+        decide_add(state, ak, cmd, events)
         return
     rid = None
     if cmd.scope is not None:
         made: list[Any] = []
-        _add(state, ak, cmd, made)
+        decide_add(state, ak, cmd, made)
         events.extend(made)
         rid = next((e.record.id for e in made if e.type == "RecordAdded"), None)
     else:
         _check_entry(state, ak, cmd)
     last, pending = current(state, ak, run_of(cmd.run, cmd.user), cmd.issued_at)
     chars = rules.entry_chars(cmd.summary, cmd.content)
-    events.append(_base(
+    events.append(event_base(
         RunEntryAdded, cmd, run=cmd.run, entry_id=rules.entry_id_for(cmd.tenant, cmd.agent, cmd.command_id),
         record_id=rid, summary=cmd.summary, content=cmd.content, kind=cmd.kind, user=cmd.user,
         run_last_write=max(last, cmd.issued_at) if last else cmd.issued_at, starts_run=last is None,
@@ -82,7 +82,7 @@ def summarize(state: LedgerState, ak: str, cmd: SummarizeRun, events: list) -> N
     if missing := [eid for eid in cmd.entry_ids if eid not in waiting]:
         raise Rejected(ErrorCode.VERSION_CONFLICT, "entry_ids",
                        f"{len(missing)} of the entries are not waiting for a summary (e.g. {missing[0]})")
-    events.append(_base(RunSummarized, cmd, run=cmd.run, user=cmd.user, summary=cmd.summary, entry_ids=list(cmd.entry_ids),
+    events.append(event_base(RunSummarized, cmd, run=cmd.run, user=cmd.user, summary=cmd.summary, entry_ids=list(cmd.entry_ids),
                          run_last_write=last))
 
 

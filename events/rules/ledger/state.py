@@ -1,7 +1,7 @@
 """The ledger's state and what every rule reads of it: the constants, `LedgerState`, the
 ids derived from a command, an agent's configuration, a record's current version, the
-events a rule builds from its command (`_base`, `_rejection`), and the scratch copy
-(`_scratch`) a turn's writes are applied to before `evolve` folds them for real.
+events a rule builds from its command (`event_base`, `rejected_event`), and the scratch copy
+(`scratch_state`) a turn's writes are applied to before `evolve` folds them for real.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class LedgerState:
     # agent -> {run: (the run's last write, its entries not yet summarized as (entry id, chars))}:
     # session memory (`runs`); replaced, never mutated. Expired runs leave as the agent writes.
     runs: MutableMapping[str, Mapping[str, tuple[datetime, tuple[tuple[str, int], ...]]]] = field(default_factory=dict)
-    # agent|usage partition -> the last `memlane.usage` offset counted (`usage._record_usage`)
+    # agent|usage partition -> the last `memlane.usage` offset counted (`usage.decide_record_usage`)
     usage_marks: MutableMapping[str, int] = field(default_factory=dict)
     # The note owner (`notes.owner_key`: the agent, or agent|u:user) -> {note id: (revision, when
     # saved)}: what the revision check needs, never a note's text (`notes`). Replaced, never mutated.
@@ -129,7 +129,7 @@ def get_record(state: LedgerState, ak: str, rid: str) -> MemoryRecord | None:
     return MemoryRecord.model_validate_json(raw) if raw is not None else None
 
 
-def _base(cls: type, cmd: Any, **fields: Any) -> Any:
+def event_base(cls: type, cmd: Any, **fields: Any) -> Any:
     return cls(
         event_id="pending",
         command_id=cmd.command_id,
@@ -141,11 +141,11 @@ def _base(cls: type, cmd: Any, **fields: Any) -> Any:
     )
 
 
-def _rejection(cmd: Any, r: Rejected) -> CommandRejected:
-    return _base(CommandRejected, cmd, code=r.code, field=r.field, reason=r.reason)
+def rejected_event(cmd: Any, r: Rejected) -> CommandRejected:
+    return event_base(CommandRejected, cmd, code=r.code, field=r.field, reason=r.reason)
 
 
-def _scratch(state: LedgerState) -> LedgerState:
+def scratch_state(state: LedgerState) -> LedgerState:
     """A copy-on-write view: reads fall through to `state`, writes stay local."""
     from collections import ChainMap
 

@@ -46,7 +46,7 @@ from events.memory import (
     TenantFloorSet,
 )
 from events.record import Source
-from events.rules.ledger.state import LedgerState, Rejected, _base
+from events.rules.ledger.state import LedgerState, Rejected, event_base
 from events.rules.recall_render import RESERVED, Entry, entry_cost, layer_cost
 
 MAX_FLOORS = 20  # per tenant: every floor is in every recall, so they stay few
@@ -108,7 +108,7 @@ def _propose(state: LedgerState, ak: str, cmd: ProposeConvention, events: list) 
         if status == APPROVED or agents <= seen:
             return  # nothing new: a replayed or repeated proposal changes nothing
         agents |= seen
-    events.append(_base(ConventionProposed, cmd, entry_id=cmd.convention, text=cmd.text, agents=sorted(agents)))
+    events.append(event_base(ConventionProposed, cmd, entry_id=cmd.convention, text=cmd.text, agents=sorted(agents)))
 
 
 def _decide(state: LedgerState, ak: str, cmd: DecideConvention, events: list) -> None:
@@ -118,7 +118,7 @@ def _decide(state: LedgerState, ak: str, cmd: DecideConvention, events: list) ->
         raise Rejected(ErrorCode.NOT_FOUND, "convention",
                        f"no convention {cmd.convention} in this tenant; list them with GET /v1/tenant/conventions")
     cls = ConventionApproved if cmd.decision == "approve" else ConventionRejected
-    events.append(_base(cls, cmd, entry_id=cmd.convention))
+    events.append(event_base(cls, cmd, entry_id=cmd.convention))
 
 
 def _set_floor(state: LedgerState, ak: str, cmd: SetTenantFloor, events: list) -> None:
@@ -132,7 +132,7 @@ def _set_floor(state: LedgerState, ak: str, cmd: SetTenantFloor, events: list) -
     cost = entry_cost(Entry(cmd.floor, cmd.text))
     _within_budget("Tenant floors", [_chars(items[k]) for k in floors if k != f"f:{cmd.floor}"], cost, "text",
                    "the tenant's floors")
-    events.append(_base(TenantFloorSet, cmd, entry_id=cmd.floor, text=cmd.text, chars=cost))
+    events.append(event_base(TenantFloorSet, cmd, entry_id=cmd.floor, text=cmd.text, chars=cost))
 
 
 def _remove_floor(state: LedgerState, ak: str, cmd: RemoveTenantFloor, events: list) -> None:
@@ -141,7 +141,7 @@ def _remove_floor(state: LedgerState, ak: str, cmd: RemoveTenantFloor, events: l
     if f"f:{cmd.floor}" not in (state.shared.get(ak) or {}):
         raise Rejected(ErrorCode.NOT_FOUND, "floor", f"no floor {cmd.floor} in this tenant; list them with "
                        "GET /v1/tenant/floors")
-    events.append(_base(TenantFloorRemoved, cmd, entry_id=cmd.floor))
+    events.append(event_base(TenantFloorRemoved, cmd, entry_id=cmd.floor))
 
 
 def _platform_side(cmd: Any) -> None:
@@ -162,7 +162,7 @@ def _set_platform(state: LedgerState, ak: str, cmd: SetPlatformEntry, events: li
     cost = entry_cost(Entry(cmd.entry, cmd.text))
     if cmd.kind == "policy":  # defaults may be overridden, and left out when there is no room
         _within_budget("Policy", [_chars(items[k]) for k in same], cost, "text", "the platform's policies")
-    events.append(_base(PlatformEntrySet, cmd, entry_id=cmd.entry, kind=cmd.kind, text=cmd.text, chars=cost))
+    events.append(event_base(PlatformEntrySet, cmd, entry_id=cmd.entry, kind=cmd.kind, text=cmd.text, chars=cost))
 
 
 def _remove_platform(state: LedgerState, ak: str, cmd: RemovePlatformEntry, events: list) -> None:
@@ -170,7 +170,7 @@ def _remove_platform(state: LedgerState, ak: str, cmd: RemovePlatformEntry, even
     if f"p:{cmd.entry}" not in (state.shared.get(ak) or {}):
         raise Rejected(ErrorCode.NOT_FOUND, "entry", f"no platform entry {cmd.entry}; list them with "
                        "GET /v1/platform/entries")
-    events.append(_base(PlatformEntryRemoved, cmd, entry_id=cmd.entry))
+    events.append(event_base(PlatformEntryRemoved, cmd, entry_id=cmd.entry))
 
 
 # Applied at once, never staged on a turn: an administrator's act, not an agent's write.

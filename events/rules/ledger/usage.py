@@ -16,7 +16,7 @@ from events.commands import RecordUsage
 from events.errors import ErrorCode
 from events.memory import UsageRecorded
 from events.record import MemoryRecord
-from events.rules.ledger.state import LedgerState, Rejected, _base, get_record
+from events.rules.ledger.state import LedgerState, Rejected, event_base, get_record
 
 
 def check_expected(r: MemoryRecord, cmd: Any, field: str = "expected_version") -> None:
@@ -47,7 +47,7 @@ def mark_key(ak: str, partition: int) -> str:
     return f"{ak}|{partition}"
 
 
-def _record_usage(state: LedgerState, ak: str, cmd: RecordUsage, events: list) -> None:
+def decide_record_usage(state: LedgerState, ak: str, cmd: RecordUsage, events: list) -> None:
     """Counts a span of `memlane.usage` once: a span at or before the agent's mark for that
     partition was counted already (a redelivery, or the same batch sent again after a crash),
     whatever its command id. Ids the agent does not hold (purged, or never its own) are skipped."""
@@ -59,11 +59,11 @@ def _record_usage(state: LedgerState, ak: str, cmd: RecordUsage, events: list) -
         r = get_record(state, ak, rid)
         if r is not None:
             totals[rid] = r.usage_count + n
-    events.append(_base(UsageRecorded, cmd, totals=totals, usage_partition=cmd.usage_partition,
+    events.append(event_base(UsageRecorded, cmd, totals=totals, usage_partition=cmd.usage_partition,
                         through_offset=cmd.through_offset))
 
 
-def _usage_recorded(state: LedgerState, ak: str, event: Any) -> None:
+def usage_recorded(state: LedgerState, ak: str, event: Any) -> None:
     """Folds `UsageRecorded` (or its `LedgerView`): the totals into the records as kept, at the
     same version, and the span's end as the partition's mark."""
     for rid, total in event.totals.items():
