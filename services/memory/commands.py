@@ -13,20 +13,18 @@ deletes, configures, withdraws a member's consent, erases a subject and removes 
 member, and never writes a member's memory (no write naming X-User or asking user scope); only
 the deployment's own operator key removes a tenant. No answer carries a record its caller could
 not read (`readable_by`, the reads' rule).
+
+The subject writes (consent, erasure, removals) are in `subject_writes`, and sending and
+read-your-writes in `submission`; `MemoryCommands` answers for all of them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
-from functools import partial
-from typing import TYPE_CHECKING, Any, cast
-
-from pydantic_core import PydanticSerializationError, to_json
+from typing import TYPE_CHECKING, Any
 
 from events.base import utcnow
-from events.codec import encode
 from events.commands import (
     WORKSPACE,
     AddMemory,
@@ -34,27 +32,15 @@ from events.commands import (
     CurateBlock,
     DeleteMemory,
     EditMemory,
-    EraseSubject,
-    GrantConsent,
     PinMemory,
-    RemoveAgent,
-    RemoveTenant,
-    RemoveUser,
     ReportOutcome,
-    RestoreTenant,
-    RestoreUser,
     UnpinMemory,
-    WithdrawConsent,
-    block_field,
 )
 from events.config import AgentConfig
 from events.errors import ErrorCode
-from events.limits import COMMAND_LIMIT, largest_field, too_large
 from events.record import Provenance, Source
 from events.rules import subjects, write_filter
 from events.rules.visibility import default_scope
-from projections.applied_waiter import Key, command_key, record_key
-from projections.redis_runs import RunView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
@@ -67,12 +53,17 @@ from services.memory.rules import (
     readable_by,
     refused,
 )
+from services.memory.subject_writes import SubjectWrites
+from services.memory.submission import CommandSubmission, encoded
 from settings import Settings
 
 if TYPE_CHECKING:
     from projections.redis_records import RedisRecords
     from services.memory.merge import MergeCheck
     from workers.followers.memory_shards import MemoryShards
+
+# What other modules import from here, from before submission had a module of its own.
+__all__ = ["MemoryCommands", "encoded"]
 
 
 class MemoryCommands:
@@ -82,6 +73,9 @@ class MemoryCommands:
         self.records = records
         self.memory = memory  # the shards whose projection answers `wait`; swapped with the generation
         self.publisher = publisher
+        # Each reads what it needs through this object, so swapped shards reach it.
+        self._sending = CommandSubmission(self)
+        self._subjects = SubjectWrites(self, self._sending)
 
     # The near-duplicate check of direct writes (services.memory.merge), set by the memory service.
     merge: MergeCheck | None = None
@@ -200,7 +194,7 @@ class MemoryCommands:
     async def delete(self, ctx: Context, rid: str, wait: bool = True,
                      expected_version: int | None = None) -> dict[str, Any]:
         """An agent's `delete_memory`, an operator's deletion, or a member deleting their own fact
-        (seed 004: with or without consent; the tombstone stays)."""
+        (with or without consent; the tombstone stays)."""
         if ctx.principal.role != "member":
             await self._check_tool(ctx, "delete_memory")
         await self._check_record(ctx, rid)
@@ -208,9 +202,9 @@ class MemoryCommands:
                                                expected_version=expected_version), wait, ctx=ctx)
 
     async def edit(self, ctx: Context, rid: str, wait: bool = True, **fields: Any) -> dict[str, Any]:
-        """An operator's edit, or a member's of their own fact: both bypass the write filter
-        (seed 004); the same text changes nothing, new text makes a successor (for a member,
-        only while consent is granted: the ledger checks)."""
+        """An operator's edit, or a member's of their own fact: both bypass the write filter; the
+        same text changes nothing, new text makes a successor (for a member, only while consent
+        is granted: the ledger checks)."""
         check_role(ctx, ("operator", "member"), "edit a record; an agent replaces one (add_memory with replaces)")
         check_operator_write(ctx)
         await self._check_record(ctx, rid)
@@ -233,298 +227,55 @@ class MemoryCommands:
                 return await self.records.config(cmd.tenant, cmd.agent) == cmd.config
 
             self._rejected(events)
-            await self._applied(cmd, shown, "the configuration")
+            await self._sending.applied(cmd, shown, "the configuration")
             return await self._outcome(cmd, events, ctx)
 
         return await self.submit(self._command(ConfigureAgent, ctx, config=config), wait, outcome)
 
-    # ------------------------------------------------------------------ subjects
+    # ------------------------------------------------------------------ subjects (`SubjectWrites`)
 
     async def grant_consent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
-        """The member lets the agent keep and use memory about them: only the member's own key
-        grants it (seed 004: granting consent is explicit)."""
-        check_role(ctx, ("member",), "grant consent: the member grants it with their own key")
-        await self.check_not_removed(ctx.tenant, ctx.agent, ctx.user)
-        cmd = self._command(GrantConsent, ctx)
-        return await self.submit(cmd, wait, self._consent_outcome("granted"))
+        return await self._subjects.grant_consent(ctx, wait)
 
     async def withdraw_consent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
-        """Stops new writes and recall for the member at once and deletes nothing: the member's
-        own key, or an operator key naming the member (X-User)."""
-        check_role(ctx, ("member", "operator"), "withdraw consent: the member, or an operator naming them")
-        if ctx.user is None:
-            raise ApiError(ErrorCode.VALIDATION_FAILED, "x-user", "x-user: name the member whose consent to "
-                           "withdraw (X-User)", 422)
-        cmd = self._command(WithdrawConsent, ctx)
-        return await self.submit(cmd, wait, self._consent_outcome("withdrawn"))
+        return await self._subjects.withdraw_consent(ctx, wait)
 
     async def erase_subject(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
-        """An operator erases a member's memory on the agent: every live user-scope record of
-        theirs is tombstoned and their consent withdrawn. The answer counts; it never shows a fact."""
-        check_role(ctx, ("operator",), "erase a member's memory")
-        cmd = self._command(EraseSubject, ctx, user=user)
-        return await self.submit(cmd, wait, self._erase_outcome)
+        return await self._subjects.erase_subject(ctx, user, wait)
 
     async def remove_agent(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
-        """The agent is soft-deleted: its memory is never served again, and no write is accepted."""
-        check_role(ctx, ("operator",), "remove an agent")
-        cmd = self._command(RemoveAgent, ctx)
-
-        async def shown() -> bool:
-            return (await self.records.subject(cmd.tenant, cmd.agent, None)).agent_removed
-
-        return await self.submit(cmd, wait, self._state_outcome(shown, f"agent {cmd.agent} removed"))
+        return await self._subjects.remove_agent(ctx, wait)
 
     async def remove_user(self, ctx: Context, user: str, wait: bool = True, erase: bool = True) -> dict[str, Any]:
-        """The member leaves the tenant: no agent serves their memory until they are restored
-        (sent under the workspace agent, as it holds for every agent). `erase`: the user is
-        deleted, and the ledger destroys their data keys on every agent; without it their facts
-        are kept."""
-        check_role(ctx, ("operator",), "remove a member")
-        cmd = self._command(RemoveUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user, erase=erase)
-
-        async def shown() -> bool:
-            return (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed
-
-        return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} removed"))
+        return await self._subjects.remove_user(ctx, user, wait, erase)
 
     async def check_not_removed(self, tenant: str, agent: str | None, user: str | None) -> None:
-        """A removed tenant or member stays removed until an operator restores them: no key is
-        issued to them and no consent of theirs is granted before that (403 SUBJECT_REMOVED
-        naming what to restore)."""
-        state = await self.records.subject(tenant, agent or WORKSPACE, user)
-        if state.tenant_removed:
-            raise ApiError(ErrorCode.SUBJECT_REMOVED, "tenant", f"tenant {tenant} was removed; the deployment's "
-                           "operator restores it first (POST /v1/tenant/restore)", 403)
-        if state.user_removed:
-            raise ApiError(ErrorCode.SUBJECT_REMOVED, "user", f"member {user} was removed from the tenant; an "
-                           f"operator restores them first (POST /v1/users/{user}/restore)", 403)
+        await self._subjects.check_not_removed(tenant, agent, user)
 
     async def restore_user(self, ctx: Context, user: str, wait: bool = True) -> dict[str, Any]:
-        """An operator restores a removed member (under the workspace agent): keys may be issued
-        to them again and they may grant consent again. Nothing erased comes back."""
-        check_role(ctx, ("operator",), "restore a member")
-        cmd = self._command(RestoreUser, dataclasses.replace(ctx, agent=WORKSPACE), user=user)
-
-        async def shown() -> bool:
-            return not (await self.records.subject(cmd.tenant, WORKSPACE, user)).user_removed
-
-        return await self.submit(cmd, wait, self._state_outcome(shown, f"member {user} restored"))
+        return await self._subjects.restore_user(ctx, user, wait)
 
     async def restore_tenant(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
-        """The deployment's operator restores a removed tenant: keys may be issued in it again.
-        Nothing erased comes back."""
-        self._deployment_only(ctx, "restore a tenant")
-        cmd = self._command(RestoreTenant, dataclasses.replace(ctx, agent=WORKSPACE), user=None)
-
-        async def shown() -> bool:
-            return not (await self.records.subject(cmd.tenant, WORKSPACE, None)).tenant_removed
-
-        return {**await self.submit(cmd, wait, self._state_outcome(shown, f"tenant {cmd.tenant} restored")),
-                "tenant": cmd.tenant}
-
-    @staticmethod
-    def _deployment_only(ctx: Context, what: str) -> None:
-        check_role(ctx, ("operator",), what)
-        if not ctx.principal.deployment:
-            raise ApiError(ErrorCode.FORBIDDEN, "authorization", "only the deployment's own operator key "
-                           f"(MEMLANE_OPERATOR_KEY) can {what}", 403)
+        return await self._subjects.restore_tenant(ctx, wait)
 
     async def remove_tenant(self, ctx: Context, wait: bool = True) -> dict[str, Any]:
-        """The whole tenant is deleted: every agent's and member's keys are destroyed and every
-        projection purges it (sent under the workspace agent). Only the deployment's own operator
-        key (settings), never a key issued to the tenant. The answer comes once the ledger has
-        recorded the erasure; keys and projections follow."""
-        self._deployment_only(ctx, "remove a tenant")
-        cmd = self._command(RemoveTenant, dataclasses.replace(ctx, agent=WORKSPACE), user=None)
+        return await self._subjects.remove_tenant(ctx, wait)
 
-        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
-            self._rejected(events)
-            return {"command_id": cmd.command_id, "status": "applied", "tenant": cmd.tenant}
+    # ------------------------------------------------------------------ submission (`CommandSubmission`)
 
-        return {**await self.submit(cmd, wait, outcome), "tenant": cmd.tenant}
-
-    def _rejected(self, events: list[Any]) -> None:
-        for e in events:
-            if e.type == "CommandRejected":
-                raise ApiError(e.code, e.field, e.reason)
-
-    def _consent_outcome(self, state: str) -> Any:
-        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
-            async def shown() -> bool:
-                return (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent == state
-
-            result = await self._state_outcome(shown, f"consent {state} for {cmd.user}")(cmd, events)
-            return {**result, "user": cmd.user, "consent": state}
-
-        return outcome
-
-    def _state_outcome(self, shown: Any, what: str) -> Any:
-        """Answers once the view applied this command's own change: a concurrent command (a
-        withdrawal racing this grant) may have changed the state since. `shown` is the first look."""
-        async def outcome(cmd: Any, events: list[Any]) -> dict[str, Any]:
-            self._rejected(events)
-            await self._applied(cmd, shown, what)
-            return {"command_id": cmd.command_id, "status": "applied"}
-
-        return outcome
-
-    async def _applied(self, cmd: Any, shown: Any, what: str) -> None:
-        """Until the view announces it applied `cmd`'s block or subject change, or shows it (`shown`)."""
-        key = command_key(cmd.tenant, cmd.agent, cmd.command_id)
-        applied = self.records.applied()
-
-        async def mine() -> bool:
-            return applied.announced(key) or await shown()
-
-        await self._seen(cmd, key, 0, mine, what)
-
-    async def _erase_outcome(self, cmd: Any, events: list[Any]) -> dict[str, Any]:
-        """How many records were erased, once the view shows each one tombstoned or purged (the
-        view drops an erased subject's rows and consent when it applies `SubjectErased`)."""
-        self._rejected(events)
-        erased = {e.record.id: e.record.version for e in events if e.type == "RecordDeleted"}
-        withdrawn = any(e.type == "ConsentWithdrawn" for e in events)
-        # The view purges the subject's consent when it applies `SubjectErased`, which a batch of
-        # the projection may reach after the withdrawal: the answer waits for the purge too.
-        purged = any(e.type == "SubjectErased" for e in events)
-
-        async def shown() -> bool:
-            consent = (await self.records.subject(cmd.tenant, cmd.agent, cmd.user)).consent
-            if (withdrawn and consent == "granted") or (purged and consent is not None):
-                return False
-            found = {r.id: r.version for r in await self.records.get_many(cmd.tenant, cmd.agent, list(erased))}
-            return all(found.get(rid, v) >= v for rid, v in erased.items())
-
-        await self._until(cmd, shown, f"the erasure of {cmd.user}'s memory")
-        return {"command_id": cmd.command_id, "status": "applied", "user": cmd.user, "erased": len(erased)}
-
-    async def _until(self, cmd: Any, shown: Any, what: str) -> None:
-        """Read-your-writes for what the view keeps outside records and blocks (consent,
-        removals), which it does not announce: read again until it shows."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.READ_YOUR_WRITES_S
-        while not await shown():
-            if loop.time() >= deadline:
-                raise ApiError(
-                    ErrorCode.TIMEOUT, None,
-                    f"command {cmd.command_id} was applied by the ledger, but the record view (the redis-projection "
-                    f"worker) did not show {what} within {self.READ_YOUR_WRITES_S:g} s; check that worker")
-            await asyncio.sleep(0.02)
+    # How long an answer waits for the record view to show what the ledger applied.
+    READ_YOUR_WRITES_S = 6.0
 
     async def submit(self, cmd: Any, wait: bool, outcome: Any = None, ctx: Context | None = None) -> dict[str, Any]:
         """Sends `cmd`; with `wait`, answers its outcome: `outcome`'s, or the records it wrote
         that `ctx` may read (none without a `ctx`)."""
-        data = encoded(cmd)
-        # A cast, not an assert: a service built without shards fails a wait here as it always did.
-        fut = cast("MemoryShards", self.memory).wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
-        try:
-            await self.publisher.send(cmd, data)
-        except BaseException:
-            if fut is not None:
-                fut.cancel()  # nobody waits for a command that was never sent
-            raise
-        if fut is None:
-            return {"command_id": cmd.command_id, "status": "accepted"}
-        try:
-            events = await asyncio.wait_for(fut, timeout=30)
-        except TimeoutError:
-            raise ApiError(
-                ErrorCode.TIMEOUT, None,
-                f"command {cmd.command_id} was accepted but not applied within 30 s; check the workers"
-            ) from None
-        if outcome is not None:
-            return await outcome(cmd, events)
-        return await self._outcome(cmd, events, ctx)
+        return await self._sending.submit(cmd, wait, outcome, ctx)
 
     async def _outcome(self, cmd: Any, events: list[Any], ctx: Context | None) -> dict[str, Any]:
-        """What the command wrote, as its caller may read it: a record `ctx` could not read
-        (`readable_by`, as the reads decide) is never in the answer, and never gives its id.
-        (A command id another caller used before is answered with that caller's events.)"""
-        self._rejected(events)
-        result: dict[str, Any] = {"command_id": cmd.command_id, "status": "applied", "memories": []}
-        for e in events:
-            if e.type == "WriteStaged":
-                result["status"] = "pending_turn"
-            elif e.type == "WriteDiscarded":
-                result["status"] = "discarded"
-                result["reason"] = e.reason
-            elif e.type == "BlockChanged":
-                result["block"] = {"label": e.label, "text": e.text,
-                                   **({"application": e.application} if e.application else {})}
-            elif e.type == "RunEntryAdded":
-                result["run_entry"] = {"id": e.entry_id, "run_id": e.run, "record_id": e.record_id}
-            elif hasattr(e, "record"):
-                if ctx is None or not readable_by(ctx, e.record):
-                    continue
-                result["memories"].append(e.record.model_dump(mode="json"))
-                if getattr(e, "merged", False):
-                    result["merged"] = True
-                    result["id"] = e.record.id
-                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned", "RecordRevised"):
-                    result.setdefault("id", e.record.id)
-        # Read-your-writes: the Redis projection is a separate process; wait for it too, and
-        # never answer "applied" for what a read right after would not show.
-        if block := result.get("block"):
-            at = block_field(block["label"], block.get("application"))  # as the view keys it
+        return await self._sending.written(cmd, events, ctx)
 
-            async def block_shown() -> bool:
-                return (await self.records.blocks(cmd.tenant, cmd.agent)).get(at, "") == block["text"]
+    def _rejected(self, events: list[Any]) -> None:
+        self._sending.rejected(events)
 
-            await self._applied(cmd, block_shown, f"block {block['label']}'s new text")
-        if entry := result.get("run_entry"):
-            await self._until(cmd, partial(self._entry_shown, cmd, entry), f"entry {entry['id']} of run {entry['run_id']}")
-        if "id" in result:
-            rid = result["id"]
-            want = max(m["version"] for m in result["memories"] if m["id"] == rid)
-
-            async def record_shown() -> bool:
-                r = await self.records.get(cmd.tenant, cmd.agent, rid)
-                return bool(r and r.version >= want)
-
-            await self._seen(cmd, record_key(cmd.tenant, cmd.agent, rid), want, record_shown,
-                             f"version {want} of record {rid}")
-        return result
-
-    READ_YOUR_WRITES_S = 6.0
-
-    async def _entry_shown(self, cmd: Any, entry: dict[str, Any]) -> bool:
-        """Whether the run view (session memory, folded by the redis-projection worker) shows the entry."""
-        entries, _ = await RunView(self.records).session(cmd.tenant, cmd.agent, entry["run_id"], utcnow(),
-                                                     cmd.user)
-        return any(x.id == entry["id"] for x in entries)
-
-    async def _seen(self, cmd: Any, key: Key, version: int, shown: Any, what: str) -> None:
-        """Until the record view (the redis-projection worker's) shows the change: `shown` is read
-        now and each time the worker announces applying `key` at `version` or later. Raises TIMEOUT
-        naming the command and what the view did not show."""
-        if not await self.records.applied().wait(key, shown, self.READ_YOUR_WRITES_S, version):
-            raise ApiError(
-                ErrorCode.TIMEOUT, None,
-                f"command {cmd.command_id} was applied by the ledger, but the record view (the redis-projection "
-                f"worker) did not show {what} within {self.READ_YOUR_WRITES_S:g} s; check that worker and "
-                "read again before writing again")
-
-
-def encoded(cmd: Any) -> bytes:
-    """The command as sent, refused before sending when it is over `COMMAND_LIMIT` (every
-    event the ledger makes of it must fit the broker's message limit) or holds a string
-    that is not text (a lone surrogate cannot be encoded)."""
-    try:
-        data = encode(cmd)
-    except PydanticSerializationError:
-        field = next((f for f in type(cmd).model_fields if not _serializable(getattr(cmd, f))), None)
-        raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field or 'the command'} holds a string that is not valid "
-                       "Unicode text (a lone surrogate); send UTF-8 text", 422) from None
-    if len(data) > COMMAND_LIMIT:
-        field = largest_field(cmd)
-        raise ApiError(ErrorCode.LIMIT_EXCEEDED, field, too_large("the command", len(data), COMMAND_LIMIT, field), 413)
-    return data
-
-
-def _serializable(value: Any) -> bool:
-    try:
-        to_json(value)
-    except PydanticSerializationError:
-        return False
-    return True
+    async def _until(self, cmd: Any, shown: Any, what: str) -> None:
+        await self._sending.until(cmd, shown, what)

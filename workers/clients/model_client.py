@@ -127,6 +127,18 @@ def answer_text(resp: Any) -> str:
 SCHEMA_NAMES = {"memory": "review", "consolidation": "consolidation"}  # the answer's name, per purpose
 
 
+@dataclass
+class _Spent:
+    """What one `json_call` has spent so far: the messages it sends (a repair adds to them),
+    its usage records, its attempts, its transient failures and whether it asked for a repair."""
+
+    messages: list[dict[str, Any]]
+    usage: list[ModelUsage] = field(default_factory=list)
+    attempt: int = 0
+    transient_failures: int = 0
+    repaired: bool = False
+
+
 class ModelClient:
     def __init__(self, settings: Settings, client: AsyncOpenAI | None = None) -> None:
         self.settings = settings
@@ -144,82 +156,96 @@ class ModelClient:
         ctx: CallContext,
         purpose: str = "memory",
     ) -> Answer[T]:
-        s = self.settings
-        usage: list[ModelUsage] = []
-        messages = list(messages)
-        repaired = False
-        transient_failures = 0
-        attempt = 0
+        spent = _Spent(list(messages))
         while True:
-            attempt += 1
+            spent.attempt += 1
             t0 = time.perf_counter()
             try:
-                # The client's low-level post, not `chat.completions.create`: the body is
-                # already in wire format, and `create` walks it (the JSON schema included)
-                # against the typed parameters on every call, which cost more CPU than the rest
-                # of a review. Errors, timeouts and the parsed answer are the same.
-                # `cast_to=object`: the answer as parsed JSON, without building the typed
-                # ChatCompletion (`answer_text` and `_usage` read the few fields they need).
-                # `content`: the body serialized here, by pydantic-core's JSON writer; the
-                # client's own `json.dumps` of it (the schema included) cost about a tenth of
-                # the worker's CPU. The client's default Content-Type is application/json.
-                resp = await self.client.post(
-                    "/chat/completions",
-                    cast_to=object,
-                    content=to_json(
-                        {
-                            "model": self.model,
-                            "messages": messages,
-                            "response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAMES[purpose], "schema": schema, "strict": True}},
-                            "temperature": 0,
-                        }
-                    ),
-                    options={"timeout": s.model_timeout_s},
-                )
+                resp = await self._post(spent.messages, schema, purpose)
             except Exception as e:
-                why = _retryable(e)
-                usage.append(self._usage(ctx, purpose, attempt, t0, None, f"{why or type(e).__name__}: {e}"[:500]))
-                metrics.MODEL_ERRORS.labels(purpose, metrics.model_error_reason(e)).inc()
-                if why is None:
-                    metrics.MODEL_FAILED.labels(purpose).inc()
-                    raise ModelFailed(f"model call failed and is not retryable: {type(e).__name__}: {e}", attempt, usage) from e
-                transient_failures += 1
-                if transient_failures > s.model_retries:
-                    metrics.MODEL_FAILED.labels(purpose).inc()
-                    raise ModelFailed(
-                        f"model call failed {transient_failures} times (limit model_retries={s.model_retries}); last: {why}",
-                        attempt,
-                        usage,
-                    ) from e
-                delay = min(s.model_backoff_s * 2 ** (transient_failures - 1), 10.0)
-                log.warning("model_call_retrying", reason=why, attempt=attempt, delay_s=delay, agent=ctx.agent, turn=ctx.turn)
-                metrics.MODEL_RETRIES.labels(purpose, "transient").inc()
-                await asyncio.sleep(delay)
+                await self._after_failed_request(e, spent, ctx, purpose, t0)
                 continue
             text = ""
             try:
                 text = answer_text(resp)
                 value = parse(text)
             except (Malformed, ValueError) as e:
-                usage.append(self._usage(ctx, purpose, attempt, t0, resp, f"malformed: {e}"[:500]))
-                metrics.MODEL_ERRORS.labels(purpose, "malformed").inc()
-                if repaired:
-                    metrics.MODEL_FAILED.labels(purpose).inc()
-                    raise ModelFailed(f"model output is malformed after one repair attempt: {e}", attempt, usage) from e
-                repaired = True
-                metrics.MODEL_RETRIES.labels(purpose, "repair").inc()
-                log.warning("model_output_malformed_repairing", error=str(e)[:300], agent=ctx.agent, turn=ctx.turn)
-                messages = messages + [
-                    {"role": "assistant", "content": text[:4000]},
-                    {
-                        "role": "user",
-                        "content": f"That answer is invalid: {str(e)[:1000]}. Reply again with only a JSON object "
-                        f"that matches the schema.",
-                    },
-                ]
+                self._ask_for_repair(e, text, resp, spent, ctx, purpose, t0)
                 continue
-            usage.append(self._usage(ctx, purpose, attempt, t0, resp, None))
-            return Answer(value, usage, attempt)
+            spent.usage.append(self._usage(ctx, purpose, spent.attempt, t0, resp, None))
+            return Answer(value, spent.usage, spent.attempt)
+
+    async def _post(self, messages: list[dict[str, Any]], schema: dict[str, Any], purpose: str) -> Any:
+        """One request for the answer, as parsed JSON."""
+        # The client's low-level post, not `chat.completions.create`: the body is
+        # already in wire format, and `create` walks it (the JSON schema included)
+        # against the typed parameters on every call, which cost more CPU than the rest
+        # of a review. Errors, timeouts and the parsed answer are the same.
+        # `cast_to=object`: the answer as parsed JSON, without building the typed
+        # ChatCompletion (`answer_text` and `_usage` read the few fields they need).
+        # `content`: the body serialized here, by pydantic-core's JSON writer; the
+        # client's own `json.dumps` of it (the schema included) cost about a tenth of
+        # the worker's CPU. The client's default Content-Type is application/json.
+        return await self.client.post(
+            "/chat/completions",
+            cast_to=object,
+            content=to_json(
+                {
+                    "model": self.model,
+                    "messages": messages,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAMES[purpose], "schema": schema, "strict": True}},
+                    "temperature": 0,
+                }
+            ),
+            options={"timeout": self.settings.model_timeout_s},
+        )
+
+    async def _after_failed_request(self, e: Exception, spent: _Spent, ctx: CallContext, purpose: str,
+                                    t0: float) -> None:
+        """Records the failed request, then waits out the backoff before the next one, or raises
+        ModelFailed when asking again cannot help or the retry budget is spent."""
+        s = self.settings
+        why = _retryable(e)
+        spent.usage.append(self._usage(ctx, purpose, spent.attempt, t0, None, f"{why or type(e).__name__}: {e}"[:500]))
+        metrics.MODEL_ERRORS.labels(purpose, metrics.model_error_reason(e)).inc()
+        if why is None:
+            metrics.MODEL_FAILED.labels(purpose).inc()
+            raise ModelFailed(f"model call failed and is not retryable: {type(e).__name__}: {e}", spent.attempt,
+                              spent.usage) from e
+        spent.transient_failures += 1
+        if spent.transient_failures > s.model_retries:
+            metrics.MODEL_FAILED.labels(purpose).inc()
+            raise ModelFailed(
+                f"model call failed {spent.transient_failures} times (limit model_retries={s.model_retries}); last: {why}",
+                spent.attempt,
+                spent.usage,
+            ) from e
+        delay = min(s.model_backoff_s * 2 ** (spent.transient_failures - 1), 10.0)
+        log.warning("model_call_retrying", reason=why, attempt=spent.attempt, delay_s=delay, agent=ctx.agent, turn=ctx.turn)
+        metrics.MODEL_RETRIES.labels(purpose, "transient").inc()
+        await asyncio.sleep(delay)
+
+    def _ask_for_repair(self, e: Exception, text: str, resp: Any, spent: _Spent, ctx: CallContext, purpose: str,
+                        t0: float) -> None:
+        """Records the malformed answer and shows the model its output and the error, once;
+        a second malformed answer raises ModelFailed."""
+        spent.usage.append(self._usage(ctx, purpose, spent.attempt, t0, resp, f"malformed: {e}"[:500]))
+        metrics.MODEL_ERRORS.labels(purpose, "malformed").inc()
+        if spent.repaired:
+            metrics.MODEL_FAILED.labels(purpose).inc()
+            raise ModelFailed(f"model output is malformed after one repair attempt: {e}", spent.attempt,
+                              spent.usage) from e
+        spent.repaired = True
+        metrics.MODEL_RETRIES.labels(purpose, "repair").inc()
+        log.warning("model_output_malformed_repairing", error=str(e)[:300], agent=ctx.agent, turn=ctx.turn)
+        spent.messages = spent.messages + [
+            {"role": "assistant", "content": text[:4000]},
+            {
+                "role": "user",
+                "content": f"That answer is invalid: {str(e)[:1000]}. Reply again with only a JSON object "
+                f"that matches the schema.",
+            },
+        ]
 
     def _usage(self, ctx: CallContext, purpose: str, attempt: int, t0: float, resp: Any, error: str | None) -> ModelUsage:
         body: Any = resp if isinstance(resp, dict) else {}
