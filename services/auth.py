@@ -11,7 +11,7 @@ Keys are stored hashed: only a key's digest (SHA-256) and its public entry (id, 
 a member key's user, creation time) are kept, never the key. The log is their source of truth,
 as it is for memory: `memlane.apikeys` holds every key and every revocation (events/api_keys.py),
 and Redis holds a view of it under the deployment's root (`ml:<topic prefix>`, so two
-deployments sharing one Redis never accept each other's keys; projections/redis_api_keys.py).
+deployments sharing one Redis never accept each other's keys; projections/redis/api_key_view.py).
 Issuing and revoking write the log first (acks=all), then Redis, and answer after both; the
 API process's follower (workers/followers/api_keys_follower.py) restores the view when Redis loses it, and until
 then its book answers for a key Redis lacks (docs/features/api-keys.md). The bootstrap operator key
@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 
 from events.api_keys import KeyRecord, key_id
 from events.base import utcnow
-from projections.redis_api_keys import ApiKeyView
+from projections.redis.api_key_view import ApiKeyView
 
 if TYPE_CHECKING:
     from workers.followers.api_keys_follower import ApiKeyLog

@@ -22,7 +22,7 @@ CLUSTER_POOL_SIZE = 1024
 
 @dataclass(frozen=True)
 class RedisAt:
-    """The deployment's Redis (`projections.redis_client.Connect`): a URL, and whether it names
+    """The deployment's Redis (`projections.redis.client.Connect`): a URL, and whether it names
     a node of a cluster. A value, so a rebuild's child processes get it pickled."""
 
     url: str
@@ -98,7 +98,7 @@ class ProcessAdapters:
         self.redis = redis_at(settings)
 
     def embedder(self) -> Any:
-        from projections.embedders import make_embedder
+        from projections.embedders.choose import make_embedder
 
         # No cache of its own: a worker caches vectors per subject (workers.processors.embedding).
         return make_embedder(self.settings, cache_size=0)

@@ -22,7 +22,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from events.topics import TOPICS
-from projections.embedding_port import MODEL_ID
+from projections.embedders.port import MODEL_ID
 from settings import Settings
 from workers.followers.memory_shards import current_generation
 from workers.runtime.kafka_io import reader
@@ -41,7 +41,7 @@ _locks: dict[tuple[str, str, bool], asyncio.Lock] = {}
 async def pipeline_status(settings: Settings, health_probe: Any, shards: Any, activity: Any,
                           tenant: str | None, deployment: bool) -> dict[str, Any]:
     """`health_probe`: services.http.health_probe.HealthProbe; `shards`: the API's ShardOwner;
-    `activity`: projections.activity.ActivityView (None when not running). `tenant` scopes the
+    `activity`: projections.redis.activity_view.ActivityView (None when not running). `tenant` scopes the
     activity chart (None: every tenant); `deployment` shows the dead letters' headers."""
     errors: list[str] = []
     workers, dlq, chart = await asyncio.gather(_workers(health_probe, errors), dead_letters(settings, deployment),

@@ -11,9 +11,9 @@ from typing import Any, Protocol, cast
 import structlog
 from fastapi import APIRouter, FastAPI
 
-from projections.embedders import make_embedder
-from projections.redis_api_keys import ApiKeyView
-from projections.redis_records import RedisRecords
+from projections.embedders.choose import make_embedder
+from projections.redis.api_key_view import ApiKeyView
+from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
 from services.bootstrap import redis_at
 from services.http import errors

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from events.codec import from_validation_error
 from events.errors import ErrorCode
-from projections.qdrant_index import IndexUnavailable
+from projections.qdrant.index import IndexUnavailable
 from projections.records import CursorError
 from services.errors import ApiError
 

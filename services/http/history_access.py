@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from events.rules.history import KINDS_BY_INDEX, HistoryFilter, KeptEvent, within
-from projections.redis_history import RedisHistory
+from projections.redis.history_view import RedisHistory
 
 ALL_KINDS = KINDS_BY_INDEX["messages_and_tools"]
 

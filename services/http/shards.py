@@ -18,8 +18,8 @@ from settings import Settings
 from workers.followers.memory_shards import MemoryShards, current_generation
 
 if TYPE_CHECKING:
-    from projections.embedding_port import Embedder
-    from projections.redis_client import Connect
+    from projections.embedders.port import Embedder
+    from projections.redis.client import Connect
     from workers.runtime.data_keys import KeyTopic
 
 log = structlog.get_logger()

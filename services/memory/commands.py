@@ -58,7 +58,7 @@ from services.memory.submission import CommandSubmission, encoded
 from settings import Settings
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
     from services.memory.merge import MergeCheck
     from workers.followers.memory_shards import MemoryShards
 

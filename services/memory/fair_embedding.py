@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from events.errors import ErrorCode
-from projections.embedding_port import Embedder
+from projections.embedders.port import Embedder
 from services.errors import ApiError
 from workers.runtime.metrics import EMBED_QUEUED
 

@@ -16,7 +16,7 @@ from services.memory.rules import readable_by
 
 if TYPE_CHECKING:
     from events.config import AgentConfig
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
 
 class ListingReads(Protocol):

@@ -18,7 +18,7 @@ from services.memory.context import Context
 from services.memory.rules import check_role, members_data, readable_by
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
 
 MEMBER_LIST = 200  # a member's list shows up to 200 live facts

@@ -19,11 +19,11 @@ from events.config import AgentConfig
 from events.record import Scope, Source, Status
 from events.rules import near_duplicate
 from events.rules.visibility import default_scope
-from projections.qdrant_index import SearchFilter
+from projections.qdrant.index import SearchFilter
 
 if TYPE_CHECKING:
-    from projections.embedding_port import Embedder
-    from projections.redis_records import RedisRecords
+    from projections.embedders.port import Embedder
+    from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
 
 log = structlog.get_logger()

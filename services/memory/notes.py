@@ -33,8 +33,8 @@ from events.rules.history import (
     split_parts,
 )
 from events.rules.recall_render import Entry
-from projections.redis_history import RedisHistory
-from projections.redis_notes import Note, NoteView
+from projections.redis.history_view import RedisHistory
+from projections.redis.note_view import Note, NoteView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import RecallAsk

@@ -18,7 +18,7 @@ from events.errors import ErrorCode
 from events.record import Source
 from events.rules.recall_render import Entry
 from events.rules.subjects import SubjectState, refusal
-from projections.redis_profiles import Profile, ProfileView
+from projections.redis.profile_view import Profile, ProfileView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import RecallAsk

@@ -34,8 +34,8 @@ from settings import Settings
 
 if TYPE_CHECKING:
     from events.record import MemoryRecord
-    from projections.embedding_port import Embedder
-    from projections.redis_records import RedisRecords
+    from projections.embedders.port import Embedder
+    from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
 
 # What other modules import from here, from before search, recall and listing had modules of their own.

@@ -20,8 +20,8 @@ from events.rules.procedures import is_anti_pattern
 from events.rules.procedures import rank as procedures_rank
 from events.rules.recall_render import Entry, fit, fit_facts, pinned_within_budget, render, render_fitted
 from events.rules.subjects import Refusal, SubjectState
-from projections.qdrant_index import IndexUnavailable
-from projections.redis_runs import RunView
+from projections.qdrant.index import IndexUnavailable
+from projections.redis.run_view import RunView
 from services.memory.context import Context
 from services.memory.ports import LayerSource, RecallAsk
 from services.memory.recalled import OTHER, SAME, RecalledVersions
@@ -31,7 +31,7 @@ from settings import Settings
 from workers.runtime.metrics import RECALL_SECONDS, Timed
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
     from services.memory.usage import UsageLog
 
 Block = tuple[str, str, str, str | None]  # (scope, label, text, application)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import cast
 
 from events.record import MemoryRecord
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 
 RECALLED_TTL_S = 7 * 24 * 3600
 SAME, OTHER = "same", "other"  # who showed a version before: this request, or another

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from events.base import utcnow
 from events.config import AgentConfig
 from events.record import MemoryRecord, Scope
-from projections.qdrant_index import Mode, SearchFilter
+from projections.qdrant.index import Mode, SearchFilter
 from projections.records import encode_cursor, sort_score
 from services.memory.context import Context
 from services.memory.rules import NOT_MEMBER, check_role, shown_to
 from workers.runtime.metrics import SEARCH_SECONDS, Timed
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
     from services.memory.fair_embedding import FairEmbedding
     from services.memory.usage import UsageLog
     from workers.followers.memory_shards import MemoryShards

@@ -22,8 +22,8 @@ from services.memory.usage import UsageLog
 from settings import Settings
 
 if TYPE_CHECKING:
-    from projections.embedding_port import Embedder
-    from projections.redis_records import RedisRecords
+    from projections.embedders.port import Embedder
+    from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
 
 

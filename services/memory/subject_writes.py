@@ -29,7 +29,7 @@ from services.memory.rules import check_role
 from services.memory.submission import CommandSubmission
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
 
 class SubjectCommands(Protocol):

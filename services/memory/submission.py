@@ -18,15 +18,15 @@ from events.codec import encode
 from events.commands import block_field
 from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
-from projections.applied_waiter import Key, command_key, record_key
-from projections.redis_runs import RunView
+from projections.redis.applied_waiter import Key, command_key, record_key
+from projections.redis.run_view import RunView
 from services.errors import ApiError
 from services.memory.context import Context
 from services.memory.ports import CommandPublisher
 from services.memory.rules import readable_by
 
 if TYPE_CHECKING:
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
 
 

@@ -32,7 +32,7 @@ from events.errors import ErrorCode
 from events.record import Provenance, Source
 from events.rules import conventions
 from events.rules.recall_render import Entry
-from projections.redis_shared import STATUSES, Item, SharedView
+from projections.redis.shared_view import STATUSES, Item, SharedView
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory.ports import RecallAsk

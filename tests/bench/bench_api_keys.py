@@ -23,8 +23,8 @@ import os
 import time
 import uuid
 
-from projections.redis_api_keys import ApiKeyView
-from projections.redis_client import scan_keys, unlink_keys
+from projections.redis.api_key_view import ApiKeyView
+from projections.redis.client import scan_keys, unlink_keys
 from services.auth import KeyStore
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, progress

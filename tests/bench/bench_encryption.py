@@ -82,8 +82,8 @@ from events.rules.ledger.retention import RETENTION, due
 from events.sealing import SEALED_MARK, subject_of
 from events.topics import EVENTS, VECTORS, keys_topic
 from events.vectors import VectorComputed, keyed_hash
-from projections.embedding_port import MODEL_ID, content_hash
-from projections.redis_records import RedisRecords
+from projections.embedders.port import MODEL_ID, content_hash
+from projections.redis.record_view import RedisRecords
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from settings import ROOT, Settings

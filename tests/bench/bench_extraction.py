@@ -55,7 +55,7 @@ from events.codec import decode
 from events.config import AgentConfig, MemoryConfig, ScopeConfig
 from events.topics import COMMANDS
 from events.turns import TurnCommitted
-from projections.embedder import OnnxMiniLM
+from projections.embedders.onnx import OnnxMiniLM
 from services.client import MemlaneClient, TurnPublisher
 from settings import ROOT
 from tests.bench.common import discard, figure, median, percentile, progress

@@ -211,8 +211,8 @@ async def recall(stack, data, key, kept: int) -> None:
 def speed_at_scale() -> None:
     """Search latency with 100,000 kept events in one session (the worst case for its filter)."""
     from events.rules.history import HistoryFilter, KeptEvent
-    from projections.embedder import OnnxMiniLM
-    from projections.history_index import HistoryIndex, event_parts
+    from projections.embedders.onnx import OnnxMiniLM
+    from projections.qdrant.history_index import HistoryIndex, event_parts
 
     rng = random.Random(7)
     nrng = np.random.default_rng(7)

@@ -22,8 +22,8 @@ from events.commands import AddMemory
 from events.config import AgentConfig
 from events.record import MemoryRecord, Scope
 from events.rules import near_duplicate as nd
-from projections.embedder import OnnxMiniLM
-from projections.qdrant_index import EdgeIndex
+from projections.embedders.onnx import OnnxMiniLM
+from projections.qdrant.index import EdgeIndex
 from services.memory.merge import MergeCheck
 from tests.bench.common import figure, percentile, progress
 

@@ -21,9 +21,9 @@ from events.record import MemoryRecord
 from events.rules.ledger import event_id, record_id_for
 from events.topics import COMMANDS, EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
-from projections.qdrant_index import EdgeIndex
-from projections.redis_records import RedisRecords
+from projections.embedders.port import MODEL_ID, content_hash
+from projections.qdrant.index import EdgeIndex
+from projections.redis.record_view import RedisRecords
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from tests.redis_at import redis_at

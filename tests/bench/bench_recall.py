@@ -43,7 +43,7 @@ from events.record import MemoryRecord
 from events.rules.ledger import LIVE_FACT_CAP
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
+from projections.embedders.port import MODEL_ID, content_hash
 from services.client import MemlaneClient, TurnPublisher
 from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
@@ -146,8 +146,8 @@ def _run_items(settings, now: datetime, user: str | None = None):
 
 async def _with_layers(stack, settings) -> None:
     """Writes the layers once (the run again once it expired) and waits until they are served."""
-    from projections.redis_records import RedisRecords
-    from projections.redis_runs import RunView
+    from projections.redis.record_view import RedisRecords
+    from projections.redis.run_view import RunView
 
     store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
@@ -210,8 +210,8 @@ def _note_turns() -> list[TurnCommitted]:
 
 async def _with_every_layer(stack, settings) -> None:
     """Writes the shared layers once and waits until a recall as PROFILED shows every one."""
-    from projections.redis_records import RedisRecords
-    from projections.redis_runs import RunView
+    from projections.redis.record_view import RedisRecords
+    from projections.redis.run_view import RunView
 
     store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
@@ -270,7 +270,7 @@ async def _wait_loaded(stack, settings) -> None:
     """Until Qdrant holds every point and Redis lists every record of the measured agent.
 
     (Counted, not compared with end offsets: transaction markers take offsets too.)"""
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
     store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:

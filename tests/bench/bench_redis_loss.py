@@ -26,7 +26,7 @@ from events.codec import encode
 from events.commands import AddMemory
 from events.record import Provenance, Source
 from events.topics import COMMANDS
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from tests.bench.common import bench_stack, figure, progress
 from tests.private_redis import PrivateRedis
 from tests.redis_at import redis_at

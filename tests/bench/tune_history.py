@@ -3,7 +3,7 @@
 Ranks LoCoMo's utterances for every question without a stack, as the history shard would:
 MiniLM vectors (computed once, cached under the system's temp directory), Edge's own BM25
 tokenizer with IDF over every conversation (as one shard holds them), each list cut at
-`LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.ranking`. It prints evidence
+`LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.qdrant.ranking`. It prints evidence
 recall@5/10/25 for a grid of weights on the tuning conversations only; `--depths`, for a grid of
 the two lists' depths with the chosen weights; `--memory`, memory-record search's fusion (no
 neighbours, memory's depth) against the RRF it replaced, on both splits; `--validation` prints
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from projections import ranking
-from projections.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
-from projections.ranking import Place
+from projections.qdrant import ranking
+from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
+from projections.qdrant.ranking import Place
 from tests.bench.bench_history import DATA, KS, SPLITS, conversation_turns, evidence
 from tests.bench.common import progress
 
@@ -50,7 +50,7 @@ def embedded(texts: list[str]) -> np.ndarray:
     CACHE.mkdir(exist_ok=True)
     path = CACHE / (hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16] + ".npy")
     if not path.exists():
-        from projections.embedder import OnnxMiniLM
+        from projections.embedders.onnx import OnnxMiniLM
 
         progress(f"embedding {len(texts)} texts (cached in {CACHE})")
         np.save(path, np.array(OnnxMiniLM().embed(texts), dtype=np.float32))

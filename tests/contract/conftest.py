@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from projections.records import MemoryFold
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from tests.redis_at import redis_at
 
 _gen = itertools.count(1000)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from projections.embedder import OnnxMiniLM
-from projections.embedding_port import Embedder
-from projections.openai_embedder import OpenAIEmbedder
+from projections.embedders.onnx import OnnxMiniLM
+from projections.embedders.openai_api import OpenAIEmbedder
+from projections.embedders.port import Embedder
 from tests.fakes.embedder import HashEmbedder
 
 TEXTS = ["", "ok", "The customer prefers invoices by email", "Deploys go out on Tuesdays", "ok"]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from projections.redis_api_keys import ApiKeyView
+from projections.redis.api_key_view import ApiKeyView
 from services.auth import KeyStore, KeyStorePort, Principal
 from settings import Settings
 from tests.fakes.keys import InMemoryKeyStore

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from events.record import MemoryRecord
-from projections import ranking
-from projections.embedder import OnnxMiniLM
-from projections.qdrant_client_index import ClientIndex
-from projections.qdrant_index import EdgeIndex, SearchFilter
+from projections.embedders.onnx import OnnxMiniLM
+from projections.qdrant import ranking
+from projections.qdrant.client_index import ClientIndex
+from projections.qdrant.index import EdgeIndex, SearchFilter
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EMBEDDER = OnnxMiniLM()
@@ -153,8 +153,8 @@ def test_equal_record_ids_of_two_agents_are_two_points(index):
 
 
 def test_record_ids_lists_one_agents_points_page_by_page(index, monkeypatch):
-    import projections.qdrant_client_index as client_module
-    import projections.qdrant_index as edge_module
+    import projections.qdrant.client_index as client_module
+    import projections.qdrant.index as edge_module
 
     monkeypatch.setattr(edge_module, "SCROLL_PAGE", 2)
     monkeypatch.setattr(client_module, "SCROLL_PAGE", 2)
@@ -198,7 +198,7 @@ def test_an_index_that_cannot_search_says_so(index, request):
     not whatever its storage or client raised."""
     from qdrant_client import QdrantClient
 
-    from projections.qdrant_index import IndexUnavailable
+    from projections.qdrant.index import IndexUnavailable
 
     put(index, rec("r1", "zeta fact"))
     if request.node.callspec.params["index"] == "server":
@@ -250,7 +250,7 @@ def test_purge_removes_every_point_of_an_erased_subject_and_nothing_else(index):
 
 def test_a_point_holds_no_personal_field():
     """The payload names ids, scope, kind and labels; the text stays in the vectors."""
-    from projections.qdrant_index import payload_of
+    from projections.qdrant.index import payload_of
 
     r = rec("r1", "Dana's locker code is 4411", content="at the heron gym", key="locker", labels={"topic": "gym"},
             metadata={"note": "private"})
@@ -265,7 +265,7 @@ COLLECTIONS = ["client-local"] + (["server"] if os.environ.get("QDRANT_URL") els
 
 @pytest.fixture(params=COLLECTIONS)
 def collections(request, tmp_path):
-    from projections.qdrant_client_index import Collections
+    from projections.qdrant.client_index import Collections
 
     prefix = f"contract{uuid.uuid4().hex[:8]}."
     if request.param == "server":
@@ -347,7 +347,7 @@ def test_every_filter_field_has_a_payload_index_and_owner_is_the_tenant_index(tm
     filters), and `owner` is the tenant index, with prefix matching for a tenant's erasure."""
     from qdrant_client import QdrantClient
 
-    from projections.qdrant_index import filter_terms
+    from projections.qdrant.index import filter_terms
 
     made: dict[str, object] = {}
     real = QdrantClient.create_payload_index

@@ -26,7 +26,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from events import Message, ToolCall, codec, decode
 from events.topics import EVENTS, REDELIVERED, TURNS, keys_topic
 from projections.records import MemoryFold
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from services.client import TurnPublisher
 from services.stack import Stack, free_port, stack_env
 from settings import Settings

@@ -16,7 +16,7 @@ from events.commands import GrantConsent, WithdrawConsent
 from events.record import Provenance, Source
 from events.sealing import KeyDestroyed
 from events.topics import COMMANDS, TOPICS, Topic
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from services.client import MemlaneClient
 from services.stack import Stack, stack_env
 from settings import Settings

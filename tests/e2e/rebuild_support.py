@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 
 
 async def rebuilt_redis(stack, store: RedisRecords) -> int:

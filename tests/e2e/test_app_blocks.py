@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from events import AgentConfig
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from services.client import MemlaneClient
 from services.mcp_server import build_mcp
 from tests.e2e.rebuild_support import rebuilt_redis

@@ -106,7 +106,7 @@ def messages(url, key, session="g1", user=None, **params):
 
 async def visible(settings, tenant, agent, refs, user=None, role="agent", session="g1"):
     from events import codec
-    from projections.redis_history import RedisHistory
+    from projections.redis.history_view import RedisHistory
     from services.http.history_access import visible_messages
     from workers.runtime.data_keys import open_keys
 
@@ -349,7 +349,7 @@ async def _published(settings, tag: str):
 
 
 async def test_a_replay_gives_the_membership_windows_back(settings):
-    from projections.redis_history import RedisHistory
+    from projections.redis.history_view import RedisHistory
     from services.http.history_access import visible_messages
     from tests.integration.test_history_replay import _fold_redis
 
@@ -389,7 +389,7 @@ async def test_removing_an_agent_or_tenant_drops_its_membership_windows_for_good
     from events import SubjectErased
     from events.topics import EVENTS
     from projections.records import Erasure
-    from projections.redis_history import RedisHistory
+    from projections.redis.history_view import RedisHistory
     from tests.e2e.extraction_support import send_to
 
     settings, tenant, agent = await _published(settings, "mserase")

@@ -19,7 +19,7 @@ import httpx
 
 from events import AgentConfig, TurnCommitted
 from events.rules.history import kept_events
-from projections.history_index import event_parts
+from projections.qdrant.history_index import event_parts
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.test_history import conversation

@@ -310,8 +310,8 @@ async def test_a_rebuild_gives_the_notes_back(stack, settings):
         await c.forget_note("gone")
     async with client(stack, key, user="fay") as c:
         await c.save_note("fay-cards", "Fay's cards", "Fay holds the ace and the king", ["f1"])
-    from projections.redis_notes import NoteView
-    from projections.redis_records import RedisRecords
+    from projections.redis.note_view import NoteView
+    from projections.redis.record_view import RedisRecords
 
     live = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:

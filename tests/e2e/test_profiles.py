@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from events import AgentConfig, SessionEnded
-from projections.redis_profiles import profiles_key
+from projections.redis.profile_view import profiles_key
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually, refused
 from tests.e2e.extraction_support import answer, turn
@@ -146,7 +146,7 @@ async def test_a_rebuild_gives_profiles_back(stack, new_agent, settings):
 
 async def stored_profiles(settings, tenant: str, agent: str) -> set[str]:
     """The members whose profile the live Redis generation holds for the agent."""
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
     store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:
@@ -159,7 +159,7 @@ async def stored_profiles(settings, tenant: str, agent: str) -> set[str]:
 async def rebuild_redis(stack, settings, tenant: str, agent: str) -> dict[str, bytes]:
     """`memlane rebuild --target redis`: a new Redis generation filled from the log and switched
     to. Returns the agent's profile hash in the new generation, as stored (user -> raw event)."""
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
 
     store = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=settings.topic_prefix)
     try:

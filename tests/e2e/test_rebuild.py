@@ -33,7 +33,7 @@ def no_embedding_env(env: dict[str, str], tmp_path) -> tuple[dict[str, str], obj
 
 def test_the_embedding_shadow_catches_a_process_that_embeds(tmp_path):
     env, note = no_embedding_env(stack_env(), tmp_path)
-    proc = subprocess.run([sys.executable, "-c", "from projections.embedder import OnnxMiniLM; OnnxMiniLM().embed(['x'])"],
+    proc = subprocess.run([sys.executable, "-c", "from projections.embedders.onnx import OnnxMiniLM; OnnxMiniLM().embed(['x'])"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "embedding is switched off" in proc.stderr
     assert note.read_text().strip().isdigit()
@@ -111,7 +111,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
 
 
 async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, settings, new_agent):
-    from projections.redis_records import RedisRecords
+    from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import qdrant_root
 
     _, _, key = await new_agent()
@@ -119,7 +119,7 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
         await c.add_memory("Generations come and go", kind="fact")
     # The second from a process that has opened an Edge shard: its native threads could
     # hold a lock at the fork, which a forked child would wait on forever, so spawn.
-    edge_first = ("import pathlib, sys, tempfile; from projections.qdrant_index import EdgeIndex; "
+    edge_first = ("import pathlib, sys, tempfile; from projections.qdrant.index import EdgeIndex; "
                   "EdgeIndex(pathlib.Path(tempfile.mkdtemp()) / 'x'); "
                   "from services.cli import main; sys.exit(main(['rebuild']))")
     for cmd, method in (([sys.executable, "-m", "services.cli", "rebuild"], "fork"),
@@ -142,7 +142,7 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
 
 
 async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settings, new_agent):
-    from projections.qdrant_index import EdgeIndex
+    from projections.qdrant.index import EdgeIndex
     from workers.followers.memory_shards import shard_paths
 
     _, _, key = await new_agent()

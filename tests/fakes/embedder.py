@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from projections.embedding_port import Embedder
+from projections.embedders.port import Embedder
 from tests.fakes.model_server import hashed_embedding
 
 

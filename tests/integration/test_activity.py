@@ -1,4 +1,4 @@
-"""The activity view from real Kafka topics into real Redis (workers.followers.activity_follower, projections.activity).
+"""The activity view from real Kafka topics into real Redis (workers.followers.activity_follower, projections.redis.activity_view).
 
 Sealed messages (the codec with this test's own data keys) of the three topics are followed
 into per-minute counts and per-record recall stats; poison is parked in its topic's DLQ, as the
@@ -20,7 +20,7 @@ from events.record import Source
 from events.rules.activity import minute_of
 from events.sealing import SEALED_MARK
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
-from projections.activity import ActivityView
+from projections.redis.activity_view import ActivityView
 from tests.dead_letters import dead_letters
 from tests.redis_at import redis_at
 from tests.unit.test_activity_rules import record_event, refused, retrieved, turn

@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 
 from events.topics import API_KEYS
 from events.web_sessions import session_hash
-from projections.redis_api_keys import ApiKeyView
+from projections.redis.api_key_view import ApiKeyView
 from services.auth import KeyStore, key_digest
 from services.http.sessions import SESSION_TTL_S, WebSessions
 from settings import Settings

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from events import BlockChanged, RecordAdded
-from projections.applied_waiter import block_key, record_key
-from projections.redis_records import RedisRecords
+from projections.redis.applied_waiter import block_key, record_key
+from projections.redis.record_view import RedisRecords
 from tests.contract.test_record_view import T0, ev, rec
 from tests.redis_at import redis_at
 

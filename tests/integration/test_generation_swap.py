@@ -16,7 +16,7 @@ from events.lean import as_lean
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID
+from projections.embedders.port import MODEL_ID
 from services.http.shards import ShardOwner
 from tests.conftest import eventually
 from tests.redis_at import redis_at

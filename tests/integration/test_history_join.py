@@ -17,9 +17,9 @@ from events.codec import encode
 from events.rules.history import kept_events, parts_of
 from events.topics import HISTORY_VECTORS, TURNS
 from events.vectors import VectorComputed
-from projections.embedder import OnnxMiniLM
-from projections.history_index import HistoryIndex
-from projections.qdrant_index import read_checkpoint
+from projections.embedders.onnx import OnnxMiniLM
+from projections.qdrant.history_index import HistoryIndex
+from projections.qdrant.index import read_checkpoint
 from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually

@@ -15,9 +15,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from events.rules.history import kept_events
 from events.topics import HISTORY_VECTORS, TURNS
-from projections.embedder import OnnxMiniLM
-from projections.history_index import HistoryIndex, event_parts
-from projections.redis_history import RedisHistory
+from projections.embedders.onnx import OnnxMiniLM
+from projections.qdrant.history_index import HistoryIndex, event_parts
+from projections.redis.history_view import RedisHistory
 from services.client import TurnPublisher
 from settings import Settings
 from tests.conftest import eventually

@@ -17,8 +17,8 @@ from events.commands import EraseSubject, ForgetNote, SaveNote
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.notes import owner_key, revision_of
-from projections.redis_notes import NoteView
-from projections.redis_records import RedisRecords
+from projections.redis.note_view import NoteView
+from projections.redis.record_view import RedisRecords
 from tests.integration.views import applied_and_filled, dropped
 from tests.redis_at import redis_at
 

@@ -19,8 +19,8 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
-from projections.qdrant_index import EdgeIndex
+from projections.embedders.port import MODEL_ID, content_hash
+from projections.qdrant.index import EdgeIndex
 from tests.conftest import eventually
 from workers.followers import qdrant_projection
 from workers.followers.qdrant_projection import QdrantProjection

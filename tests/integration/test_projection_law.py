@@ -16,7 +16,7 @@ from events.commands import MergeEvidence, RecordUsage
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, decide, evolve
 from projections.records import MemoryFold
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from tests.redis_at import redis_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

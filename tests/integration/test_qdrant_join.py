@@ -15,8 +15,8 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, REDELIVERED, VECTORS
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
-from projections.qdrant_index import EdgeIndex, SearchFilter
+from projections.embedders.port import MODEL_ID, content_hash
+from projections.qdrant.index import EdgeIndex, SearchFilter
 from tests.conftest import eventually
 from workers.followers.qdrant_projection import QdrantProjection
 from workers.runtime.kafka_io import ensure_topics

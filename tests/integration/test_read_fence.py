@@ -15,8 +15,8 @@ from events import RecordAdded, encode
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
-from projections.embedding_port import MODEL_ID, content_hash
-from projections.qdrant_index import SearchFilter
+from projections.embedders.port import MODEL_ID, content_hash
+from projections.qdrant.index import SearchFilter
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards

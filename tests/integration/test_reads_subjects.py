@@ -23,8 +23,8 @@ from events.errors import ErrorCode
 from events.record import MemoryRecord, Status
 from events.rules.recall_render import FACTS_HEADER
 from events.topics import USAGE
-from projections.embedder import OnnxMiniLM
-from projections.redis_records import RedisRecords
+from projections.embedders.onnx import OnnxMiniLM
+from projections.redis.record_view import RedisRecords
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context, MemoryService

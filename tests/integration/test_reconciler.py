@@ -15,10 +15,10 @@ from events.lean import as_lean
 from events.record import MemoryRecord, Status
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
-from projections.embedder import OnnxMiniLM
-from projections.embedding_port import MODEL_ID
-from projections.qdrant_index import SearchFilter
-from projections.redis_records import RedisRecords
+from projections.embedders.onnx import OnnxMiniLM
+from projections.embedders.port import MODEL_ID
+from projections.qdrant.index import SearchFilter
+from projections.redis.record_view import RedisRecords
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from events import RecordAdded
 from events.lean import as_lean, decode_lean
 from events.record import MemoryRecord
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from tests.redis_at import redis_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

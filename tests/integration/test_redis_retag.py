@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from events.rules.history import HistoryFilter, KeptEvent
-from projections.activity import ActivityView
-from projections.redis_client import is_cluster
-from projections.redis_history import RedisHistory, seal_event
+from projections.redis.activity_view import ActivityView
+from projections.redis.client import is_cluster
+from projections.redis.history_view import RedisHistory, seal_event
 from tests.redis_at import redis_at
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from events import SubjectErased
 from events.memory import RunEntryAdded
-from projections.redis_records import RedisRecords
-from projections.redis_runs import RunView, run_key
+from projections.redis.record_view import RedisRecords
+from projections.redis.run_view import RunView, run_key
 from tests.redis_at import redis_at
 
 NOW = datetime.now(UTC)

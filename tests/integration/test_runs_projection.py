@@ -16,8 +16,8 @@ from events import AddMemory, AgentConfig, ConfigureAgent
 from events.commands import SummarizeRun
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.runs import run_of
-from projections.redis_records import RedisRecords
-from projections.redis_runs import RunView
+from projections.redis.record_view import RedisRecords
+from projections.redis.run_view import RunView
 from tests.integration.views import applied_and_filled, dropped
 from tests.redis_at import redis_at
 

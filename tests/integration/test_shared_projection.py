@@ -1,4 +1,4 @@
-"""The tenant and platform memory view (projections/redis_shared.py) follows the projection law:
+"""The tenant and platform memory view (projections/redis/shared_view.py) follows the projection law:
 applied incrementally with redeliveries, filled by a rebuild, it shows the same, which is what the
 ledger decided; a tenant's removal drops its conventions and floors and nothing of the platform's
 or another tenant's."""
@@ -21,8 +21,8 @@ from events.commands import (
 from events.record import Provenance, Source
 from events.rules import conventions
 from events.rules.ledger import LedgerState, decide, evolve
-from projections.redis_records import RedisRecords
-from projections.redis_shared import SharedView
+from projections.redis.record_view import RedisRecords
+from projections.redis.shared_view import SharedView
 from tests.redis_at import redis_at
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 
 
 def deliveries(events: list[Any], data: Any) -> list[list[Any]]:

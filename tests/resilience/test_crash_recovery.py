@@ -21,7 +21,7 @@ from events.record import Status
 from events.rules.ledger import LedgerState, decide, evolve, record_id_for
 from events.topics import COMMANDS, EVENTS
 from projections.records import MemoryFold
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from settings import Settings
 from tests.conftest import eventually
 from tests.redis_at import redis_at

@@ -20,7 +20,7 @@ from events.base import utcnow
 from events.commands import WORKSPACE, DeleteMemory, EraseSubject, RemoveAgent, RemoveUser
 from events.record import Provenance, Source
 from events.topics import COMMANDS, EVENTS
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
 from services.http import errors
 from services.http.routes import subjects as subjects_routes

@@ -18,7 +18,7 @@ from events.codec import encode
 from events.commands import AddMemory
 from events.record import Provenance, Source
 from events.topics import COMMANDS, EVENTS
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from services.stack import free_port
 from tests.conftest import eventually
 from tests.redis_at import redis_at

@@ -12,7 +12,7 @@ from events import RecordAdded, RecordDeleted, encode
 from events.record import MemoryRecord, Status
 from events.topics import EVENTS
 from projections.records import MemoryFold
-from projections.redis_records import RedisRecords
+from projections.redis.record_view import RedisRecords
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.runtime.kafka_io import ensure_topics

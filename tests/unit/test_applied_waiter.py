@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from projections.applied_waiter import Waiters, announcement, block_key, command_key, record_key
+from projections.redis.applied_waiter import Waiters, announcement, block_key, command_key, record_key
 from workers.runtime.topic_reader import checkpoint_key, key_partition, of_topic, reached, read_so_far
 
 
@@ -67,7 +67,7 @@ async def test_without_a_subscription_the_view_is_still_read_once():
         def pubsub(self):
             raise ConnectionError("refused")
 
-    from projections.applied_waiter import AppliedListener
+    from projections.redis.applied_waiter import AppliedListener
 
     listener = AppliedListener(Refusing(), "ch")
     listener.RETRY_S = 0.01

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from projections import edge_shard
+from projections.qdrant import edge_shard
 
 
 def test_a_shard_made_before_search_threads_were_set_opens_with_them(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.embedder import BATCH_MAX, BATCH_SPREAD, BATCH_TOKENS, OnnxMiniLM, length_batches
+from projections.embedders.onnx import BATCH_MAX, BATCH_SPREAD, BATCH_TOKENS, OnnxMiniLM, length_batches
 
 TEXTS = [
     "",

@@ -120,7 +120,7 @@ async def test_outputs_that_fit_go_out_unchanged():
 
 
 async def test_a_wait_for_one_agents_command_is_not_resolved_by_anothers(tmp_path):
-    from projections.qdrant_index import EdgeIndex
+    from projections.qdrant.index import EdgeIndex
     from workers.followers.qdrant_projection import QdrantProjection
 
     proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
@@ -144,7 +144,7 @@ async def test_a_reply_answers_its_waiter_only_once_the_events_before_it_are_app
     """The ledger's answer to a retried command (`REPLIES`) waits until the projection has read
     and applied its events partition up to where it ended when the answer was read: the
     command's own events, committed with it or before, are then searchable."""
-    from projections.qdrant_index import EdgeIndex
+    from projections.qdrant.index import EdgeIndex
     from workers.followers.qdrant_projection import QdrantProjection
 
     proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])

@@ -135,7 +135,7 @@ def test_a_cursor_continues_only_the_search_that_made_it():
 
 
 def test_a_stored_part_reads_back_as_written_and_an_old_one_as_it_was():
-    from projections.history_index import FILTERED, event_parts, pack, unpack
+    from projections.qdrant.history_index import FILTERED, event_parts, pack, unpack
 
     calls = [ToolCall(id="c1", name="search_memory", arguments={"query": "x"})]
     t = turn([Message(id="m1", role="user", content="Hi there"), Message(id="m2", role="assistant", content="", tool_calls=calls)])
@@ -187,7 +187,7 @@ def test_a_members_turns_are_found_only_by_the_agent_speaking_for_that_member(re
 
 
 def test_the_redis_rule_and_the_qdrant_filter_agree_on_whose_turns_are_found(tmp_path):
-    from projections.history_index import HistoryIndex, event_parts
+    from projections.qdrant.history_index import HistoryIndex, event_parts
 
     index = HistoryIndex(tmp_path / "history", dim=4)
     try:

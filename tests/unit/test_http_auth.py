@@ -194,7 +194,7 @@ def test_an_index_that_cannot_answer_is_a_503_the_caller_may_retry():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from projections.qdrant_index import IndexUnavailable
+    from projections.qdrant.index import IndexUnavailable
     from services.http.errors import install
 
     app = FastAPI()

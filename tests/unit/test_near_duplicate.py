@@ -89,7 +89,7 @@ def test_evidence_names_the_survivor_and_the_inputs():
 
 @pytest.fixture(scope="module")
 def similarities():
-    from projections.embedder import OnnxMiniLM
+    from projections.embedders.onnx import OnnxMiniLM
 
     rows = labelled()
     emb = OnnxMiniLM(threads=2)

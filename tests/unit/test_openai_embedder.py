@@ -7,7 +7,7 @@ import base64
 import numpy as np
 import pytest
 
-from projections.openai_embedder import vectors_of
+from projections.embedders.openai_api import vectors_of
 
 
 def b64(v) -> str:

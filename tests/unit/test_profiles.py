@@ -28,7 +28,7 @@ from events.rules import consolidation
 from events.rules.ledger import LedgerState, evolve, forget
 from events.rules.ledger.profiles import enriched, profile_of
 from events.sealing import subject_of
-from projections.redis_profiles import Profile
+from projections.redis.profile_view import Profile
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory.context import Context

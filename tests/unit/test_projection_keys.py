@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from events import CommandRejected, RecordAdded, encode
 from events.lean import decode_lean
 from events.record import MemoryRecord
-from projections.qdrant_index import EdgeIndex
+from projections.qdrant.index import EdgeIndex
 from settings import Settings
 from workers.followers.qdrant_projection import QdrantProjection, _Batch
 
@@ -62,9 +62,9 @@ def test_record_keys_share_one_tenant_and_agent_string(tmp_path):
 
 import pytest  # noqa: E402
 
-from projections.redis_client import key_slot, tagged  # noqa: E402
-from projections.redis_history import RedisHistory  # noqa: E402
-from projections.redis_records import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key  # noqa: E402
+from projections.redis.client import key_slot, tagged  # noqa: E402
+from projections.redis.history_view import RedisHistory  # noqa: E402
+from projections.redis.record_view import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key  # noqa: E402
 from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key  # noqa: E402
 
 AGENTS = ["acme/bot", "acme/helpdesk", "t/a", "tenant.x@y/agent:1-2", "b/bot"]
@@ -124,7 +124,7 @@ def test_apply_names_no_key_but_its_keys_and_the_member_listing_prefix():
     of its changes (which are those) or, for PUBLISH, the channel."""
     import re
 
-    from projections.redis_records import APPLY, CHECKPOINT
+    from projections.redis.record_view import APPLY, CHECKPOINT
 
     assert "local rk, lk, pk, sk, uk, ek = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]" in APPLY
     assert re.findall(r"local ul = (.+)", APPLY) == ["ulist .. user"]

@@ -1,4 +1,4 @@
-"""The hybrid ranking rules of session history (projections.ranking), and the Edge shard
+"""The hybrid ranking rules of session history (projections.qdrant.ranking), and the Edge shard
 ranking by them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from projections import ranking
-from projections.ranking import Place, fused, lifted, neighbours, ranked_keys, scaled
+from projections.qdrant import ranking
+from projections.qdrant.ranking import Place, fused, lifted, neighbours, ranked_keys, scaled
 
 M = ranking.MISSED
 
@@ -92,7 +92,7 @@ def test_an_answer_that_shares_no_word_with_the_question_rises_above_a_lone_weak
 
 def test_the_edge_shard_ranks_hybrid_search_by_these_rules(tmp_path):
     from events.rules.history import HistoryFilter, KeptEvent
-    from projections.history_index import HistoryIndex, event_parts
+    from projections.qdrant.history_index import HistoryIndex, event_parts
 
     index = HistoryIndex(tmp_path / "history", dim=4)
     # (text, turn, sequence, dense axis): e1 answers e0 without a word of the query, e4 is far off.
@@ -152,7 +152,7 @@ def _expected(index, f, dense, text, drop=None):
     """The rules applied by hand to the engine's two lists."""
     from qdrant_edge import Query, QueryRequest
 
-    from projections.history_index import place
+    from projections.qdrant.history_index import place
 
     flt = index._filter(f)
     lex = index.shard.query(QueryRequest(limit=200, query=Query.Nearest(index.bm25.embed_query(text), using="bm25"),
@@ -167,7 +167,7 @@ def _expected(index, f, dense, text, drop=None):
 
 
 def test_the_place_store_reads_each_place_once_and_starts_again_past_its_size():
-    from projections.history_index import Places
+    from projections.qdrant.history_index import Places
 
     store = {k: Place("s/c", k, 0, 0) for k in range(10)}
     reads: list[list[int]] = []

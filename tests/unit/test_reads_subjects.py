@@ -19,7 +19,7 @@ from events.errors import ErrorCode
 from events.record import MemoryRecord, Status
 from events.rules.recall_render import FACTS_HEADER
 from events.usage import Retrieved
-from projections.qdrant_index import EdgeIndex
+from projections.qdrant.index import EdgeIndex
 from services.auth import Principal
 from services.errors import ApiError
 from services.memory import Context

@@ -1,5 +1,5 @@
 """Follows memlane.turns, memlane.memory.events and memlane.usage into the activity view
-(projections.activity), inside each API process (services/http/routes/activity.py).
+(projections.redis.activity_view), inside each API process (services/http/routes/activity.py).
 
 Why no consumer group: every API process reads every partition, group-less, like the other
 in-process followers, and the view counts ids in sets, so two processes (or a replay, or a
@@ -28,7 +28,7 @@ from events.codec import ContractError, decode
 from events.rules.activity import KEEP_MINUTES, Recalled, Tick, counted, fresh, worth_decoding
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
-from projections.activity import ActivityView
+from projections.redis.activity_view import ActivityView
 from settings import Settings
 from workers.runtime.follower_poison import FollowerPoison
 from workers.runtime.topic_reader import VIEW_CHECK_S, TopicReader, checkpoint_key, reached, tp_key

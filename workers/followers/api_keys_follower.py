@@ -23,7 +23,7 @@ from aiokafka import TopicPartition
 
 from events.api_keys import KeyBook, KeyRecord, key_id
 from events.topics import API_KEYS
-from projections.redis_api_keys import ApiKeyView
+from projections.redis.api_key_view import ApiKeyView
 from settings import Settings
 from workers.runtime.kafka_io import ensure_log_topic, log_clients, stop_log_follower
 

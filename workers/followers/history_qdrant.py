@@ -43,9 +43,9 @@ from events.rules.history import KeptEvent, erased, erasure_marker, kept_events
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, HISTORY_VECTORS, TURNS
 from events.turns import MessageDeleted, TurnCommitted
-from projections.embedding_port import embedder_model_id
-from projections.history_index import HistoryIndex, event_parts, pack
-from projections.qdrant_index import read_checkpoint, write_checkpoint
+from projections.embedders.port import embedder_model_id
+from projections.qdrant.history_index import HistoryIndex, event_parts, pack
+from projections.qdrant.index import read_checkpoint, write_checkpoint
 from projections.records import Erasure, erasure_at, erasure_of
 from settings import Settings
 from workers.runtime.follower_poison import FollowerPoison

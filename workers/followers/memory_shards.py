@@ -10,7 +10,7 @@ its shard count (`SHARDS`), the shards `s<k>/` and their checkpoints.
 
 With a Qdrant server (`QDRANT_URL`, or qdrant-client's local mode) each shard of a generation
 is a collection, the shard aliases name the generation readers use, and a generation's shard
-count is how many collections it has (`projections.qdrant_client_index.Collections`); the
+count is how many collections it has (`projections.qdrant.client_index.Collections`); the
 checkpoints stay in the data directory (docs/operations/qdrant-server.md).
 """
 
@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from events.topics import EVENTS
-from projections.embedding_port import Embedder
-from projections.qdrant_index import EdgeIndex, Hit, Mode, SearchFilter
-from projections.redis_client import Connect
+from projections.embedders.port import Embedder
+from projections.qdrant.index import EdgeIndex, Hit, Mode, SearchFilter
+from projections.redis.client import Connect
 from settings import Settings
 from workers.followers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.followers.reconciler import Reconciler
 
 if TYPE_CHECKING:
-    from projections.qdrant_client_index import ClientIndex, Collections
+    from projections.qdrant.client_index import ClientIndex, Collections
 
 
 def qdrant_root(settings: Settings) -> Path:
@@ -43,7 +43,7 @@ def collections_of(settings: Settings) -> Collections | None:
     if not settings.qdrant_client_mode:
         return None
     # Imported here: qdrant-client takes seconds to import, which an Edge deployment never needs.
-    from projections.qdrant_client_index import Collections
+    from projections.qdrant.client_index import Collections
 
     return Collections(settings.qdrant_url, settings.qdrant_collection_prefix, qdrant_root(settings) / "server",
                        local_root=settings.qdrant_local_path, api_key=settings.qdrant_api_key,

@@ -7,7 +7,7 @@ import array
 import asyncio
 
 from events.lean import LeanEvent, LeanRecord
-from projections.qdrant_index import RecordKey
+from projections.qdrant.index import RecordKey
 from projections.records import Erasure
 
 

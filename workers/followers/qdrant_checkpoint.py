@@ -1,7 +1,7 @@
 """The Qdrant projection's checkpoint: positions to resume from that never pass an event still
 parked for its vector, nor a vector read before its event, since a crash would lose either.
 
-The file itself is written by `projections.qdrant_index.write_checkpoint`, after the shard is
+The file itself is written by `projections.qdrant.index.write_checkpoint`, after the shard is
 flushed (`workers.followers.qdrant_projection`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from projections.qdrant_index import read_checkpoint
+from projections.qdrant.index import read_checkpoint
 
 PARKED, READ = "_parked", "_read"  # checkpoint entries besides the `topic:partition` positions
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any, cast
 
 from events.lean import LeanEvent, LeanRecord
-from projections.qdrant_index import RecordKey
+from projections.qdrant.index import RecordKey
 from workers.followers.qdrant_batch import Batch
 from workers.followers.qdrant_join import Join
 

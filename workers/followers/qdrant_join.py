@@ -19,7 +19,7 @@ from events.base import command_key
 from events.lean import LeanEvent, LeanRecord, decode_lean, decode_lean_vector
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import REDELIVERED
-from projections.qdrant_index import RecordKey, indexable
+from projections.qdrant.index import RecordKey, indexable
 from workers.followers.qdrant_batch import Batch
 from workers.followers.qdrant_vectors import VectorCache
 

@@ -39,8 +39,8 @@ from aiokafka import TopicPartition
 from events.codec import ContractError
 from events.sealing import KeyMissing
 from events.topics import EVENTS, REPLIES, VECTORS, vector_partitions
-from projections.embedding_port import embedder_model_id
-from projections.qdrant_index import EdgeIndex, write_checkpoint
+from projections.embedders.port import embedder_model_id
+from projections.qdrant.index import EdgeIndex, write_checkpoint
 from settings import Settings
 from workers.followers.qdrant_answers import ReadYourWrites
 from workers.followers.qdrant_batch import Batch as _Batch
@@ -56,7 +56,7 @@ from workers.runtime.heap import settle_heap
 from workers.runtime.topic_reader import TopicReader, reached, read_so_far, tp_key
 
 if TYPE_CHECKING:
-    from projections.qdrant_client_index import ClientIndex
+    from projections.qdrant.client_index import ClientIndex
 
 log = structlog.get_logger()
 LIVE_FLUSH_S = 5.0

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from events.lean import LeanEvent
-from projections.qdrant_index import EdgeIndex, RecordKey
+from projections.qdrant.index import EdgeIndex, RecordKey
 from projections.records import Erasure
 from workers.followers.qdrant_batch import Batch
 from workers.followers.qdrant_join import Join
 
 if TYPE_CHECKING:
-    from projections.qdrant_client_index import ClientIndex
+    from projections.qdrant.client_index import ClientIndex
 
 log = structlog.get_logger()
 PURGES = ("SubjectErased", "RecordsPurged")

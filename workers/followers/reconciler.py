@@ -32,11 +32,11 @@ from events.codec import ContractError
 from events.lean import LeanRecord, decode_lean
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS
-from projections.embedders import make_embedder
-from projections.embedding_port import Embedder
-from projections.qdrant_index import indexable
-from projections.redis_client import Connect
-from projections.redis_records import RedisRecords
+from projections.embedders.choose import make_embedder
+from projections.embedders.port import Embedder
+from projections.qdrant.index import indexable
+from projections.redis.client import Connect
+from projections.redis.record_view import RedisRecords
 from settings import Settings
 from workers.runtime.topic_reader import checkpoint_key
 

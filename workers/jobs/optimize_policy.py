@@ -33,7 +33,7 @@ def optimize_due(unindexed: Sequence[int], left: Sequence[int], threshold: int) 
 
 
 def shard_unindexed(index: Any) -> int:
-    """A shard's unindexed points (`projections.qdrant_index.EdgeIndex`)."""
+    """A shard's unindexed points (`projections.qdrant.index.EdgeIndex`)."""
     info = index.shard.info()
     return unindexed_points(info.points_count, info.indexed_vectors_count)
 

@@ -24,10 +24,10 @@ from aiokafka import TopicPartition
 from events.codec import ContractError
 from events.lean import decode_logged
 from events.topics import EVENTS
-from projections import edge_shard
-from projections.qdrant_index import EdgeIndex
-from projections.redis_client import Connect
-from projections.redis_records import RedisRecords
+from projections.qdrant import edge_shard
+from projections.qdrant.index import EdgeIndex
+from projections.redis.client import Connect
+from projections.redis.record_view import RedisRecords
 from settings import Settings
 from workers.followers.memory_shards import (
     current_generation,

@@ -26,10 +26,10 @@ from events.rules.history import HistoryFilter
 from events.topics import COMMANDS, TURNS, USAGE
 from events.turns import SessionEnded
 from events.usage import CandidateRefused, MemorySkipped
-from projections.redis_client import Connect
-from projections.redis_history import RedisHistory
-from projections.redis_records import RedisRecords
-from projections.redis_runs import RunView
+from projections.redis.client import Connect
+from projections.redis.history_view import RedisHistory
+from projections.redis.record_view import RedisRecords
+from projections.redis.run_view import RunView
 from workers.clients.api_reader import ApiReader
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime.runner import DeadLetter, Out, Processor, until_folded

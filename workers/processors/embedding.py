@@ -31,7 +31,7 @@ from events.lean import decode_lean, decode_lean_vector
 from events.record import Status
 from events.topics import EVENTS, VECTORS, Topic, vector_partition
 from events.vectors import VectorComputed
-from projections.embedding_port import Embedder
+from projections.embedders.port import Embedder
 from projections.records import Erasure, erasure_at
 from workers.runtime.metrics import MeteredEmbedder
 from workers.runtime.runner import Out, Processor

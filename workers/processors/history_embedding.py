@@ -26,7 +26,7 @@ from events.sealing import subject_of
 from events.topics import EVENTS, HISTORY_VECTORS, TURNS
 from events.turns import TurnCommitted
 from events.vectors import VectorComputed
-from projections.embedding_port import Embedder
+from projections.embedders.port import Embedder
 from projections.records import Erasure, erasure_at
 from workers.processors.embedding import doomed
 from workers.runtime.metrics import MeteredEmbedder

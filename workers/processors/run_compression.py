@@ -22,9 +22,9 @@ from events.rules import runs as rules
 from events.rules import write_filter
 from events.topics import COMMANDS, EVENTS, USAGE
 from events.usage import CandidateRefused
-from projections.redis_client import Connect
-from projections.redis_records import RedisRecords
-from projections.redis_runs import RunView
+from projections.redis.client import Connect
+from projections.redis.record_view import RedisRecords
+from projections.redis.run_view import RunView
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
 from workers.runtime.runner import DeadLetter, Out, Processor, until_folded
 from workers.runtime.topic_reader import checkpoint_key

@@ -1,5 +1,5 @@
 """The activity view's extension (services/http/app.py, `extensions()`): runs its follower in
-this process and serves the view as `app.state.activity` (projections.activity.ActivityView:
+this process and serves the view as `app.state.activity` (projections.redis.activity_view.ActivityView:
 `series` for the chart of the last hour, `recalls_of` for a record's recalls). It adds no
 route of its own: the pipeline status (routes/pipeline.py) and the Memory tab read the view.
 """
@@ -11,7 +11,7 @@ import asyncio
 import structlog
 from fastapi import FastAPI
 
-from projections.activity import ActivityView
+from projections.redis.activity_view import ActivityView
 from settings import Settings
 from workers.followers.activity_follower import ActivityFollower
 

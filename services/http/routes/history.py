@@ -52,9 +52,9 @@ from events.rules.history import (
 )
 from events.sealing import KeyMissing
 from events.usage import Retrieved, RetrievedItem
-from projections.history_index import HYBRID_DEPTH, HistoryIndex, Mode, Visible
-from projections.ranking import Place
-from projections.redis_history import RedisHistory
+from projections.qdrant.history_index import HYBRID_DEPTH, HistoryIndex, Mode, Visible
+from projections.qdrant.ranking import Place
+from projections.redis.history_view import RedisHistory
 from services.errors import ApiError
 from services.http.deps import Ctx
 from services.http.history_access import admitted

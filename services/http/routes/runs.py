@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path
 
 from events.base import RUN_ID_PATTERN, utcnow
 from events.errors import ErrorCode
-from projections.redis_runs import RunView
+from projections.redis.run_view import RunView
 from services.errors import ApiError
 from services.http.deps import Ctx, Svc
 from services.memory.rules import NOT_MEMBER, check_role

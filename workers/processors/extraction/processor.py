@@ -52,8 +52,8 @@ from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
-from projections.redis_client import Connect
-from projections.redis_records import RedisRecords
+from projections.redis.client import Connect
+from projections.redis.record_view import RedisRecords
 from workers.clients.api_reader import ApiReader
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
 from workers.processors.extraction.cadence import ReviewState

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from projections.embedder import OnnxMiniLM
-from projections.embedding_port import Embedder
+from projections.embedders.onnx import OnnxMiniLM
+from projections.embedders.port import Embedder
 
 
 def make_embedder(settings, cache_size: int = 20_000) -> Embedder:
@@ -15,7 +15,7 @@ def make_embedder(settings, cache_size: int = 20_000) -> Embedder:
     (greetings, tool boilerplate) recur thousands of turns apart."""
     if settings.embeddings == "openai":
         # Imported here: a process on the local model never loads the openai package for it.
-        from projections.openai_embedder import OpenAIEmbedder
+        from projections.embedders.openai_api import OpenAIEmbedder
 
         return OpenAIEmbedder(
             settings.openai_base_url, settings.openai_api_key, settings.embedding_model, settings.embedding_dim,

@@ -34,13 +34,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from projections.applied_waiter import AppliedListener
 from projections.records import Keys
-from projections.redis_records_generations import Generations
-from projections.redis_records_keys import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key
-from projections.redis_records_reads import RecordReads
-from projections.redis_records_scripts import APPLY, CHECKPOINT
-from projections.redis_records_write import RecordWriter
+from projections.redis.applied_waiter import AppliedListener
+from projections.redis.record_view_generations import Generations
+from projections.redis.record_view_keys import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key
+from projections.redis.record_view_reads import RecordReads
+from projections.redis.record_view_scripts import APPLY, CHECKPOINT
+from projections.redis.record_view_write import RecordWriter
 
 __all__ = ["AGENT_KINDS", "APPLY", "APPLY_KINDS", "CHECKPOINT", "RedisRecords", "agent_key", "apply_keys",
            "user_list_key"]

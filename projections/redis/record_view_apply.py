@@ -9,10 +9,10 @@ import json
 from typing import Any
 
 from events.lean import LeanEvent
-from projections.redis_client import write_then
-from projections.redis_records_fold import FoldBatch, FoldView, Row, checkpoints, fold
-from projections.redis_records_keys import APPLY_KINDS, agent_key, apply_keys, user_list_prefix
-from projections.redis_records_scripts import APPLY, CHECKPOINT, USAGE
+from projections.redis.client import write_then
+from projections.redis.record_view_fold import FoldBatch, FoldView, Row, checkpoints, fold
+from projections.redis.record_view_keys import APPLY_KINDS, agent_key, apply_keys, user_list_prefix
+from projections.redis.record_view_scripts import APPLY, CHECKPOINT, USAGE
 
 
 class LiveBatch(FoldBatch):

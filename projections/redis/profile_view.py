@@ -5,7 +5,7 @@ One hash per agent in the record view's generation namespace, `profiles:{<tenant
 `ProfileChanged` as logged, its text sealed under the member's key as in the log. A deleted
 profile (no text) leaves the hash. The redis-projection worker folds the events (`fold`) in the
 same pass as the records, so a rebuild fills it from the log too; a member's or an agent's
-erasure drops the field or the hash (`projections.redis_records`, `PROFILE_KIND`), and a
+erasure drops the field or the hash (`projections.redis.record_view`, `PROFILE_KIND`), and a
 rebuild after it finds the events sealed under destroyed keys and skips them.
 """
 
@@ -19,8 +19,8 @@ import msgspec
 from events.codec import decode
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis_client import agent_tag
-from projections.redis_view import ViewStore
+from projections.redis.client import agent_tag
+from projections.redis.view_store import ViewStore
 
 PROFILE_EVENTS = ("ProfileChanged",)
 PROFILE_KIND = "profiles"  # the agent's key kind (`redis_records.agent_key`)

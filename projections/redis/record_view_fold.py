@@ -12,11 +12,14 @@ from events.commands import block_field
 from events.lean import LeanEvent, as_lean
 from events.record import LIVE, Scope, Status
 from events.sealing import kid_of
-from projections import redis_notes, redis_profiles, redis_runs, redis_shared
 from projections.records import listed, sort_score
-from projections.redis_records_keys import REMOVED_TENANTS, agent_key
-from projections.redis_records_stored import seal_block
-from projections.redis_view import ViewStore
+from projections.redis import note_view as redis_notes
+from projections.redis import profile_view as redis_profiles
+from projections.redis import run_view as redis_runs
+from projections.redis import shared_view as redis_shared
+from projections.redis.record_view_keys import REMOVED_TENANTS, agent_key
+from projections.redis.record_view_stored import seal_block
+from projections.redis.view_store import ViewStore
 
 PURGE_EVENTS = ("SubjectErased", "RecordsPurged")
 SUBJECT_EVENTS = ("ConsentGranted", "ConsentWithdrawn", "AgentRemoved", "UserRemoved", "UserRestored",

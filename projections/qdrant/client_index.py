@@ -28,7 +28,7 @@ from qdrant_client.http.exceptions import ApiException, ResponseHandlingExceptio
 from qdrant_client.local.qdrant_local import QdrantLocal
 
 from events.record import MemoryRecord
-from projections.qdrant_index import (
+from projections.qdrant.index import (
     DENSE,
     KEYWORD_FIELDS,
     SCROLL_PAGE,

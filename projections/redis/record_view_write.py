@@ -10,11 +10,11 @@ from typing import Any
 from events.codec import cipher
 from events.lean import LeanEvent, as_lean
 from events.sealing import kid_of
-from projections.redis_records_apply import LiveWrites
-from projections.redis_records_fill import FillMemo, FillWrites
-from projections.redis_records_fold import FoldView, segments
-from projections.redis_records_generations import Generations
-from projections.redis_records_purge import Purger
+from projections.redis.record_view_apply import LiveWrites
+from projections.redis.record_view_fill import FillMemo, FillWrites
+from projections.redis.record_view_fold import FoldView, segments
+from projections.redis.record_view_generations import Generations
+from projections.redis.record_view_purge import Purger
 
 Positions = list[tuple[str, int]] | None  # `positions[i]`: event i's (topic:partition, next offset)
 Segment = Callable[[str, list[LeanEvent], set[str], Positions], Awaitable[None]]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from events.lean import LeanEvent
-from projections.redis_records_fold import FoldBatch, FoldView, Row, checkpoints, fold
-from projections.redis_records_keys import agent_key, user_list_key
+from projections.redis.record_view_fold import FoldBatch, FoldView, Row, checkpoints, fold
+from projections.redis.record_view_keys import agent_key, user_list_key
 
 
 class FillMemo:

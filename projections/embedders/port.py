@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Protocol
 
-# The local model's id (all-MiniLM-L6-v2, int8 ONNX): `projections.embedder.OnnxMiniLM`.
+# The local model's id (all-MiniLM-L6-v2, int8 ONNX): `projections.embedders.onnx.OnnxMiniLM`.
 MODEL_ID = "all-MiniLM-L6-v2-int8"
 
 

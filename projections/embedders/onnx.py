@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from projections.embedding_port import MODEL_ID, content_hash
+from projections.embedders.port import MODEL_ID, content_hash
 
 DIM = 384
 MAX_TOKENS = 256

@@ -8,13 +8,23 @@ from typing import Any
 
 from events.lean import as_lean
 from events.record import Scope
-from projections import redis_notes, redis_profiles, redis_runs, redis_shared
 from projections.records import Erasure
-from projections.redis_client import unlink_keys
-from projections.redis_records_fill import FillMemo
-from projections.redis_records_keys import AGENT_KINDS, PAGE, REMOVED_TENANTS, agent_key, tagged_agents, user_list_key
-from projections.redis_records_stored import lean_record
-from projections.redis_view import ViewStore
+from projections.redis import note_view as redis_notes
+from projections.redis import profile_view as redis_profiles
+from projections.redis import run_view as redis_runs
+from projections.redis import shared_view as redis_shared
+from projections.redis.client import unlink_keys
+from projections.redis.record_view_fill import FillMemo
+from projections.redis.record_view_keys import (
+    AGENT_KINDS,
+    PAGE,
+    REMOVED_TENANTS,
+    agent_key,
+    tagged_agents,
+    user_list_key,
+)
+from projections.redis.record_view_stored import lean_record
+from projections.redis.view_store import ViewStore
 
 
 class Purger:

@@ -22,8 +22,8 @@ from events.codec import decode
 from events.rules import runs as rules
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis_client import agent_tag, scan_keys, unlink_keys
-from projections.redis_view import ViewStore
+from projections.redis.client import agent_tag, scan_keys, unlink_keys
+from projections.redis.view_store import ViewStore
 
 RUN_EVENTS = ("RunEntryAdded", "RunSummarized")
 GC_GRACE = timedelta(hours=1)  # the key outlives what reads show by this much, then Redis drops it

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from projections.embedding_port import content_hash, openai_model_id
+from projections.embedders.port import content_hash, openai_model_id
 
 BATCH = 256
 

@@ -10,10 +10,10 @@ from events.config import AgentConfig
 from events.record import MemoryRecord, Status
 from events.rules.subjects import SubjectState
 from projections.records import Keys, Page, decode_cursor, encode_cursor, opening, with_usage
-from projections.redis_client import scan_page
-from projections.redis_records_generations import Generations
-from projections.redis_records_keys import PAGE, REMOVED_TENANTS, agent_key, tagged_agents, user_list_key
-from projections.redis_records_stored import lean_record, open_block, snapshot
+from projections.redis.client import scan_page
+from projections.redis.record_view_generations import Generations
+from projections.redis.record_view_keys import PAGE, REMOVED_TENANTS, agent_key, tagged_agents, user_list_key
+from projections.redis.record_view_stored import lean_record, open_block, snapshot
 
 LIST_PAGE = 2000  # ids per ZRANGE when a reader walks a whole listing
 

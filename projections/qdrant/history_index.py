@@ -2,7 +2,7 @@
 
 Its own shard directory (`<data_dir>/qdrant/history-g<N>`), owned by the API process
 like the memory shard. Dense (all-MiniLM) and BM25 sparse vectors; a hybrid search ranks
-both lists by `projections.ranking`. Flags are keyword strings: the Edge bindings do not match a
+both lists by `projections.qdrant.ranking`. Flags are keyword strings: the Edge bindings do not match a
 Python bool in MatchValue.
 
 A part's text is sealed in its payload (`sealed`) under its subject's data key (the turn's
@@ -41,8 +41,8 @@ from qdrant_edge import (
 from events.codec import ContractError, cipher
 from events.rules.history import HistoryFilter, KeptEvent, parts_of
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
-from projections import ranking
-from projections.edge_shard import DENSE, SPARSE, open_shard
+from projections.qdrant import ranking
+from projections.qdrant.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
@@ -260,7 +260,7 @@ class HistoryIndex:
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool, visible: Visible | None) -> list[HistoryHit]:
         """Both lists to fixed depths (so the order is the same on every page), ranked by
-        `projections.ranking`; whole payloads are read only as far down as the page reaches."""
+        `projections.qdrant.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
         # that does not (docs/decisions/0019-history-ranking-score-fusion.md).
         lexical = QueryRequest(limit=LEXICAL_DEPTH, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
@@ -294,7 +294,7 @@ class HistoryIndex:
 
 class Places:
     """Where each point sits, kept across searches since a part's place never changes: its
-    `Place`, and its row for `projections.ranking` in one array, so a search gathers its
+    `Place`, and its row for `projections.qdrant.ranking` in one array, so a search gathers its
     candidates' rows in one step. Past `kept` points it starts again, read back as searches
     need them. Its caller holds the shard's lock, which also keeps searches apart here."""
 

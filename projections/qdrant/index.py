@@ -38,8 +38,8 @@ from qdrant_edge import (
 
 from events.ids import uuid5
 from events.record import MemoryRecord, Status
-from projections import ranking
-from projections.edge_shard import DENSE, SPARSE, open_shard
+from projections.qdrant import ranking
+from projections.qdrant.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
 
 
 def fuse(lexical: list[Hit], dense: list[Hit]) -> list[Hit]:
-    """A hybrid search's two lists as one, fused by score (`projections.ranking.fused`; a
+    """A hybrid search's two lists as one, fused by score (`projections.qdrant.ranking.fused`; a
     record stands alone, so no neighbour lifts it). Rank-only RRF buried a record far ahead in
     one list: see docs/decisions/0019-history-ranking-score-fusion.md for both on LoCoMo."""
     scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense})
