@@ -97,14 +97,16 @@ async def test_poison_turn_goes_to_the_dlq_and_the_worker_keeps_going(stack, set
             batch = await consumer.getmany(timeout_ms=500)
             return [m for ms in batch.values() for m in ms if m.key == b"poison"]
 
-        # Every consumer group of the topic parks the message it cannot read.
+        # Every consumer group of the topic parks the message it cannot read, and so does every
+        # fold the API runs over it.
         for dead in await eventually(dead_letter):
             headers = {k: v.decode() for k, v in dead.headers}
             assert headers["source_topic"] == topic
             assert headers["source_offset"].isdigit() and headers["source_partition"].isdigit()
             assert "event_id" in headers["error"] or "tenant" in headers["error"]
             assert headers["attempt"] == "1"
-            assert headers["consumer_group"].endswith(("extraction", "consolidation", "history", "embedding"))
+            assert headers["consumer_group"].endswith(("extraction", "consolidation", "history", "embedding",
+                                                       "activity", "history-index"))
     finally:
         await consumer.stop()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
