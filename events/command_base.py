@@ -1,6 +1,6 @@
 """What every command carries, whatever it asks: its id, tenant and agent, when it was issued
 and by whom, the turn it waits for and the member it speaks for. Apart from `commands` so that
-`subject_commands` builds on it too without the two importing each other."""
+`commands_subject` builds on it too without the two importing each other."""
 
 from __future__ import annotations
 

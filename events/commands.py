@@ -1,7 +1,7 @@
 """Commands on `memlane.memory.commands`, keyed by tenant/agent: the ledger's input (`Command`).
 
 What every command carries is `command_base`; the consent, erasure, removal and restore
-commands are `subject_commands`, importable from here as every other command is."""
+commands are `commands_subject`, importable from here as every other command is."""
 
 from __future__ import annotations
 
@@ -12,12 +12,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from events.base import RUN_ID_PATTERN, AppId, Ident, Message_, RunId
 from events.command_base import CommandBase
-from events.config import AgentConfig
-from events.limits import check_labels, check_metadata, check_one_line, check_tags, unless_stored
-from events.record import Content, Scope, Summary
 
 # The consent, erasure, removal and restore commands, in `Command` below and importable from here.
-from events.subject_commands import (
+from events.commands_subject import (
     EraseSubject,
     GrantConsent,
     RemoveAgent,
@@ -27,6 +24,9 @@ from events.subject_commands import (
     RestoreUser,
     WithdrawConsent,
 )
+from events.config import AgentConfig
+from events.limits import check_labels, check_metadata, check_one_line, check_tags, unless_stored
+from events.record import Content, Scope, Summary
 
 # Limited on commands, where a write enters, and not on records: events already in the
 # log keep decoding whatever they hold, and so does a staged write decoded as stored

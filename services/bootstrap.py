@@ -22,7 +22,7 @@ CLUSTER_POOL_SIZE = 1024
 
 @dataclass(frozen=True)
 class RedisAt:
-    """The deployment's Redis (`projections.redis.client.Connect`): a URL, and whether it names
+    """The deployment's Redis (`projections.redis.connection.Connect`): a URL, and whether it names
     a node of a cluster. A value, so a rebuild's child processes get it pickled."""
 
     url: str

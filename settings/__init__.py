@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     # REDIS_URL (no prefix: the name Redis hosts and tools set) wins; MEMLANE_REDIS_URL works too.
     redis_url: str = Field(default="", validation_alias="REDIS_URL")
     # REDIS_URL names a node of a Redis Cluster: every process connects with redis-py's
-    # cluster client (projections.redis.client; docs/operations/redis-cluster.md).
+    # cluster client (projections.redis.connection; docs/operations/redis-cluster.md).
     redis_cluster: bool = False
     data_dir: Path = ROOT / ".run" / "data"
     # The memory index on a Qdrant server or cluster through qdrant-client (docs/operations/qdrant-server.md):

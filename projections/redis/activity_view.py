@@ -26,7 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from events.rules.activity import KEEP_MINUTES, KINDS, Recalled, Tick
-from projections.redis.client import agent_tag, retag_once, write_then
+from projections.redis.connection import agent_tag, retag_once, write_then
 
 
 def _iso(ms: float | None) -> str | None:

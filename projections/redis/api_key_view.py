@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from events.api_keys import KeyRecord
-from projections.redis.client import scan_keys, write_then
+from projections.redis.connection import scan_keys, write_then
 
 RESTORING, RESTORED = "restoring", "ok"
 PAGE = 1000  # commands per pipeline when restoring

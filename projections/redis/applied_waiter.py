@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from projections.redis import client as redis_client
+from projections.redis import connection as redis_client
 
 log = structlog.get_logger()
 

@@ -38,7 +38,7 @@ from events.rules.history import (
 )
 from events.sealing import open_text, seal_text, subject_of
 from projections.records import Erasure, Keys, opening
-from projections.redis.client import agent_tag, retag_once, scan_keys, write_then
+from projections.redis.connection import agent_tag, retag_once, scan_keys, write_then
 
 PAGE = 1000
 

@@ -21,7 +21,7 @@ import msgspec
 from events.codec import opened
 from events.sealing import KeyDestroyed, KeyMissing
 from projections.records import Erasure, opening
-from projections.redis.client import agent_tag, scan_keys, unlink_keys
+from projections.redis.connection import agent_tag, scan_keys, unlink_keys
 from projections.redis.view_store import ViewStore
 
 NOTE_EVENTS = ("NoteSaved", "NoteForgotten")

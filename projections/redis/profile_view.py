@@ -19,7 +19,7 @@ import msgspec
 from events.codec import decode
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis.client import agent_tag
+from projections.redis.connection import agent_tag
 from projections.redis.view_store import ViewStore
 
 PROFILE_EVENTS = ("ProfileChanged",)

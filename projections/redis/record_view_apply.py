@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from events.lean import LeanEvent
-from projections.redis.client import write_then
+from projections.redis.connection import write_then
 from projections.redis.record_view_fold import FoldBatch, FoldView, Row, checkpoints, fold
 from projections.redis.record_view_keys import APPLY_KINDS, agent_key, apply_keys, user_list_prefix
 from projections.redis.record_view_scripts import APPLY, CHECKPOINT, USAGE

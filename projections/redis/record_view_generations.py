@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from projections.redis.client import is_cluster, scan_keys, unlink_keys
+from projections.redis.connection import is_cluster, scan_keys, unlink_keys
 
 READ_GENERATION_TTL_S = 1.0
 

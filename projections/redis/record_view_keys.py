@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from projections.redis import profile_view as redis_profiles
-from projections.redis.client import agent_tag, scan_keys
+from projections.redis.connection import agent_tag, scan_keys
 
 APPLY_KINDS = ("rec", "list", "pinned", "shadowed", "users", "expiry")  # APPLY's KEYS, in order
 AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent", "usage",  # what dropping an agent unlinks, with its member listings

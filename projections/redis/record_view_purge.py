@@ -13,7 +13,7 @@ from projections.redis import note_view as redis_notes
 from projections.redis import profile_view as redis_profiles
 from projections.redis import run_view as redis_runs
 from projections.redis import shared_view as redis_shared
-from projections.redis.client import unlink_keys
+from projections.redis.connection import unlink_keys
 from projections.redis.record_view_fill import FillMemo
 from projections.redis.record_view_keys import (
     AGENT_KINDS,

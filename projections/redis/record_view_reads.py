@@ -10,7 +10,7 @@ from events.config import AgentConfig
 from events.record import MemoryRecord, Status
 from events.rules.subjects import SubjectState
 from projections.records import Keys, Page, decode_cursor, encode_cursor, opening, with_usage
-from projections.redis.client import scan_page
+from projections.redis.connection import scan_page
 from projections.redis.record_view_generations import Generations
 from projections.redis.record_view_keys import PAGE, REMOVED_TENANTS, agent_key, tagged_agents, user_list_key
 from projections.redis.record_view_stored import lean_record, open_block, snapshot

@@ -22,7 +22,7 @@ from events.codec import decode
 from events.rules import runs as rules
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis.client import agent_tag, scan_keys, unlink_keys
+from projections.redis.connection import agent_tag, scan_keys, unlink_keys
 from projections.redis.view_store import ViewStore
 
 RUN_EVENTS = ("RunEntryAdded", "RunSummarized")

@@ -24,7 +24,7 @@ from events.codec import decode
 from events.commands import WORKSPACE
 from events.topics import EVENTS
 from projections.records import opening
-from projections.redis.client import agent_tag
+from projections.redis.connection import agent_tag
 from projections.redis.view_store import ViewStore
 
 SHARED_EVENTS = ("ConventionProposed", "ConventionApproved", "ConventionRejected", "TenantFloorSet",

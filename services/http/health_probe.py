@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from events.topics import TOPICS
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from settings import Settings
 from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key
 from workers.runtime.kafka_io import reader

@@ -19,7 +19,7 @@ from workers.followers.memory_shards import MemoryShards, current_generation
 
 if TYPE_CHECKING:
     from projections.embedders.port import Embedder
-    from projections.redis.client import Connect
+    from projections.redis.connection import Connect
     from workers.runtime.data_keys import KeyTopic
 
 log = structlog.get_logger()

@@ -24,7 +24,7 @@ import time
 import uuid
 
 from projections.redis.api_key_view import ApiKeyView
-from projections.redis.client import scan_keys, unlink_keys
+from projections.redis.connection import scan_keys, unlink_keys
 from services.auth import KeyStore
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, progress

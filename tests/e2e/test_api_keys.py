@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from projections.redis.client import scan_keys, unlink_keys
+from projections.redis.connection import scan_keys, unlink_keys
 from services.auth import key_digest
 from services.client import MemlaneClient
 from tests.conftest import eventually, refused

@@ -19,7 +19,7 @@ import redis
 
 from events.config import AgentConfig
 from events.rules.conventions import fact_key
-from projections.redis.client import tagged
+from projections.redis.connection import tagged
 from services.client import MemlaneClient, MemlaneError
 from tests.conftest import eventually, refused
 

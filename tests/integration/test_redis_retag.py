@@ -10,7 +10,7 @@ import pytest
 
 from events.rules.history import HistoryFilter, KeptEvent
 from projections.redis.activity_view import ActivityView
-from projections.redis.client import is_cluster
+from projections.redis.connection import is_cluster
 from projections.redis.history_view import RedisHistory, seal_event
 from tests.redis_at import redis_at
 

@@ -62,7 +62,7 @@ def test_record_keys_share_one_tenant_and_agent_string(tmp_path):
 
 import pytest  # noqa: E402
 
-from projections.redis.client import key_slot, tagged  # noqa: E402
+from projections.redis.connection import key_slot, tagged  # noqa: E402
 from projections.redis.history_view import RedisHistory  # noqa: E402
 from projections.redis.record_view import AGENT_KINDS, APPLY_KINDS, agent_key, apply_keys, user_list_key  # noqa: E402
 from workers.runtime.heartbeat import heartbeat_key, registry_key, seen_key  # noqa: E402

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from events.topics import EVENTS
 from projections.embedders.port import Embedder
 from projections.qdrant.index import EdgeIndex, Hit, Mode, SearchFilter
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from settings import Settings
 from workers.followers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.followers.reconciler import Reconciler

@@ -35,7 +35,7 @@ from events.topics import EVENTS
 from projections.embedders.choose import make_embedder
 from projections.embedders.port import Embedder
 from projections.qdrant.index import indexable
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from settings import Settings
 from workers.runtime.topic_reader import checkpoint_key

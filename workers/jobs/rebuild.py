@@ -26,7 +26,7 @@ from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.qdrant import edge_shard
 from projections.qdrant.index import EdgeIndex
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from settings import Settings
 from workers.followers.memory_shards import (

@@ -13,7 +13,7 @@ from datetime import datetime
 from events import SweepExpired, encode
 from events.record import Provenance, Source
 from events.topics import COMMANDS
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from settings import Settings
 from workers.runtime.kafka_io import producer

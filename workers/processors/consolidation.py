@@ -26,7 +26,7 @@ from events.rules.history import HistoryFilter
 from events.topics import COMMANDS, TURNS, USAGE
 from events.turns import SessionEnded
 from events.usage import CandidateRefused, MemorySkipped
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.history_view import RedisHistory
 from projections.redis.record_view import RedisRecords
 from projections.redis.run_view import RunView

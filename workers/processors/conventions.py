@@ -29,7 +29,7 @@ from events.codec import encode
 from events.lean import decode_lean
 from events.rules import conventions as rules
 from events.topics import COMMANDS, EVENTS
-from projections.redis.client import Connect, tagged
+from projections.redis.connection import Connect, tagged
 from workers.runtime.runner import Out, Processor
 
 log = structlog.get_logger()

@@ -24,7 +24,7 @@ from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
 from events.turns import MembershipChanged, MessageDeleted, TurnCommitted
 from projections.records import Erasure, erasure_at, erasure_of
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.history_view import RedisHistory
 from workers.runtime.runner import Out, Processor
 from workers.runtime.topic_reader import VIEW_CHECK_S, checkpoint_key, seek_to_checkpoints

@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 
 from events.lean import decode_logged
 from events.topics import EVENTS
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from workers.runtime.runner import Out, Processor, metrics
 from workers.runtime.topic_reader import VIEW_CHECK_S, checkpoint_key, seek_to_checkpoints, tp_key

@@ -22,7 +22,7 @@ from events.rules import runs as rules
 from events.rules import write_filter
 from events.topics import COMMANDS, EVENTS, USAGE
 from events.usage import CandidateRefused
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from projections.redis.run_view import RunView
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 import structlog
 
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from settings import Settings
 
 log = structlog.get_logger()

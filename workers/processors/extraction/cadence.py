@@ -31,7 +31,7 @@ from typing import Any
 from events.codec import cipher
 from events.config import EveryMessages, ExtractionConfig
 from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text
-from projections.redis.client import is_cluster
+from projections.redis.connection import is_cluster
 from workers.runtime.batching import MicroBatcher
 
 MAX_UNCOMMITTED = 500  # the runner's max records per partition batch (one transaction)

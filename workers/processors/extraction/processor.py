@@ -52,7 +52,7 @@ from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
 from events.usage import CandidateRefused, MemorySkipped
-from projections.redis.client import Connect
+from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from workers.clients.api_reader import ApiReader
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
