@@ -1,8 +1,9 @@
 """The composition root: where settings become adapters and processors.
 
-Every process builds what it runs here, and hands each processor, job and view the adapters it
-uses through its constructor: nothing below this module opens a connection from a URL or reads
-the environment. Test stacks build through the same functions."""
+Every process builds its processors here and hands them the deployment's Redis (`RedisAt`) and
+their embedders through their constructors: nothing below this module opens a Redis connection
+from a URL or reads the environment. Kafka clients, the model client and the vector index are
+still built below, from the settings passed down. Test stacks build through the same functions."""
 
 from __future__ import annotations
 

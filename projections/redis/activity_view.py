@@ -91,7 +91,7 @@ class ActivityView:
 
     async def checkpoints(self) -> dict[str, int]:
         """The follower's checkpoints. Its first look moves recall counts kept before hash tags
-        to the tagged names (`redis_client.retag_once`): `memlane.usage` may no longer hold
+        to the tagged names (`connection.retag_once`): `memlane.usage` may no longer hold
         their recalls. Per-minute counts are not moved: they expire within the hour anyway."""
         if not self._retagged:
             await retag_once(self.r, f"{self.root}layout:tagged", f"{self.root}r[cfl]:*", self._retag)

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from projections.redis import connection as redis_client
+from projections.redis import connection
 
 log = structlog.get_logger()
 
@@ -133,7 +133,7 @@ class AppliedListener:
         await asyncio.shield(self._ready)
 
     async def _subscribe(self) -> Any:
-        pubsub = await redis_client.pubsub(self.r)
+        pubsub = await connection.pubsub(self.r)
         await pubsub.subscribe(self.channel)
         # The confirmation, read before anyone relies on the subscription.
         while (m := await pubsub.get_message(timeout=5)) is None or m["type"] != "subscribe":

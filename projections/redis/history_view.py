@@ -5,7 +5,7 @@ and a sorted set ordered by turn then sequence, `ord:{tenant/agent}/session`, fo
 without a query and for paging; the agent is their hash tag, so a session's two keys share a
 Redis Cluster slot. The projection's checkpoints live in the same namespace and change in the
 same MULTI/EXEC as the events they cover (on a cluster, right after them:
-`redis_client.write_then`), so a restart resumes where the view stands.
+`connection.write_then`), so a restart resumes where the view stands.
 Folding the same turn twice writes the same values: replays and redeliveries are safe.
 
 An event's text is sealed under its subject's data key (its member's when the turn had
@@ -187,7 +187,7 @@ class RedisHistory:
 
     async def checkpoints(self) -> dict[str, int]:
         """The writer's checkpoints. Its first look moves a view kept before hash tags to the
-        tagged names (`redis_client.retag_once`): its turns may be past the topic's retention."""
+        tagged names (`connection.retag_once`): its turns may be past the topic's retention."""
         if not self._retagged:
             await retag_once(self.r, f"{self.ns}:layout:tagged", f"{self.ns}:*", self._retag)
             self._retagged = True

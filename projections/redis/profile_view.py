@@ -23,7 +23,7 @@ from projections.redis.connection import agent_tag
 from projections.redis.view_store import ViewStore
 
 PROFILE_EVENTS = ("ProfileChanged",)
-PROFILE_KIND = "profiles"  # the agent's key kind (`redis_records.agent_key`)
+PROFILE_KIND = "profiles"  # the agent's key kind (`record_view.agent_key`)
 
 
 class _ProfileFields(msgspec.Struct, kw_only=True):

@@ -2,9 +2,9 @@
 
 Keys live under a generation namespace `ml:g<N>:`, and `ml:generation` points at the one
 readers use, so a rebuild can fill a new generation and switch over atomically
-(`redis_records_generations`). Every key of an agent carries the agent as a hash tag,
+(`record_view_generations`). Every key of an agent carries the agent as a hash tag,
 `{<tenant>/<agent>}`, so an agent's keys share one Redis Cluster slot and one script or
-MULTI/EXEC may touch them all (`redis_records_keys`; docs/operations/redis-cluster.md).
+MULTI/EXEC may touch them all (`record_view_keys`; docs/operations/redis-cluster.md).
 An agent's records share one hash, `rec:{<tenant>/<agent>}`: field `<record id>` holds the
 current version and `<record id>#<version>` each version; per-record keys cost Redis a key
 each to create, and dropping a generation had to scan and unlink every one. Besides the
@@ -16,15 +16,15 @@ records are in each agent's `expiry:{<agent>}`, and `expiring` names the agents 
 or without member listings) reads as empty or misses records: `memlane rebuild` fills a new
 generation, which has them all.
 
-Events fold through one table (`redis_records_fold`): the live path applies each agent's
-records with one versioned script (`redis_records_apply`), a rebuild's fill with plain
-commands (`redis_records_fill`). `SubjectErased` and `RecordsPurged` drop what they name
-(`redis_records_purge`); a batch is applied up to each of them, then the purge, then on
-(`redis_records_write`).
+Events fold through one table (`record_view_fold`): the live path applies each agent's
+records with one versioned script (`record_view_apply`), a rebuild's fill with plain
+commands (`record_view_fill`). `SubjectErased` and `RecordsPurged` drop what they name
+(`record_view_purge`); a batch is applied up to each of them, then the purge, then on
+(`record_view_write`).
 
 No plaintext: a version is stored as the event's raw bytes, its personal fields sealed
-(`events.sealing`), and a block's text sealed under its agent's key (`redis_records_stored`);
-reads open them, skipping what was sealed under a destroyed key (`redis_records_reads`). A
+(`events.sealing`), and a block's text sealed under its agent's key (`record_view_stored`);
+reads open them, skipping what was sealed under a destroyed key (`record_view_reads`). A
 record sealed under a key that is destroyed already is not stored at all.
 """
 
@@ -108,7 +108,7 @@ class RedisRecords(RecordReads):
     async def fill(self, events: list[Any], positions: list[tuple[str, int]] | None = None) -> None:
         """`apply` for a generation that this process alone fills, in log order, for the
         agents it folds (a rebuild's shard): plain commands, no script, and the checkpoint
-        after the view's writes (`redis_records_fill`)."""
+        after the view's writes (`record_view_fill`)."""
         await self._writer.fill(events, positions)
 
     async def purge(self, ns: str, e: Any) -> None:

@@ -1,6 +1,6 @@
 """How the record view folds a segment of the log: one table, event type -> the function that
-queues its writes, which the live path (`redis_records_apply`) and a rebuild's fill
-(`redis_records_fill`) both run. Records are the exception: each path writes a record's row
+queues its writes, which the live path (`record_view_apply`) and a rebuild's fill
+(`record_view_fill`) both run. Records are the exception: each path writes a record's row
 its own way (`FoldBatch.record`), so the fold hands rows over rather than writing them."""
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from events.lean import LeanEvent, as_lean
 from events.record import LIVE, Scope, Status
 from events.sealing import kid_of
 from projections.records import listed, sort_score
-from projections.redis import note_view as redis_notes
-from projections.redis import profile_view as redis_profiles
-from projections.redis import run_view as redis_runs
-from projections.redis import shared_view as redis_shared
+from projections.redis import note_view, profile_view, run_view, shared_view
 from projections.redis.record_view_keys import REMOVED_TENANTS, agent_key
 from projections.redis.record_view_stored import seal_block
 from projections.redis.view_store import ViewStore
@@ -208,9 +205,9 @@ FOLDS: dict[str, Fold] = {
     "AgentConfigured": _config,
     "BlockChanged": _block,
     **dict.fromkeys(SUBJECT_EVENTS, _subject),
-    **dict.fromkeys(redis_runs.RUN_EVENTS, _narrow(redis_runs.fold)),
-    **dict.fromkeys(redis_notes.NOTE_EVENTS, _narrow(redis_notes.fold)),
-    **dict.fromkeys(redis_profiles.PROFILE_EVENTS, _narrow(redis_profiles.fold)),
-    **dict.fromkeys(redis_shared.SHARED_EVENTS, _narrow(redis_shared.fold)),
+    **dict.fromkeys(run_view.RUN_EVENTS, _narrow(run_view.fold)),
+    **dict.fromkeys(note_view.NOTE_EVENTS, _narrow(note_view.fold)),
+    **dict.fromkeys(profile_view.PROFILE_EVENTS, _narrow(profile_view.fold)),
+    **dict.fromkeys(shared_view.SHARED_EVENTS, _narrow(shared_view.fold)),
     "UsageRecorded": _usage,
 }

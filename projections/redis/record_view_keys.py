@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.redis import profile_view as redis_profiles
+from projections.redis import profile_view
 from projections.redis.connection import agent_tag, scan_keys
 
 APPLY_KINDS = ("rec", "list", "pinned", "shadowed", "users", "expiry")  # APPLY's KEYS, in order
 AGENT_KINDS = (*APPLY_KINDS, "blocks", "consent", "usage",  # what dropping an agent unlinks, with its member listings
-               redis_profiles.PROFILE_KIND)
+               profile_view.PROFILE_KIND)
 REMOVED_TENANTS = "removed_tenants"  # `<ns>:removed_tenants`: tenants removed and not restored
 PAGE = 1000  # keys, fields or members per SCAN page and per write when a purge walks a key
 

@@ -9,10 +9,7 @@ from typing import Any
 from events.lean import as_lean
 from events.record import Scope
 from projections.records import Erasure
-from projections.redis import note_view as redis_notes
-from projections.redis import profile_view as redis_profiles
-from projections.redis import run_view as redis_runs
-from projections.redis import shared_view as redis_shared
+from projections.redis import note_view, profile_view, run_view, shared_view
 from projections.redis.connection import unlink_keys
 from projections.redis.record_view_fill import FillMemo
 from projections.redis.record_view_keys import (
@@ -45,14 +42,14 @@ class Purger:
             await self._drop_records(ns, f"{e.tenant}/{e.agent}", set(e.record_ids))
             return
         er = Erasure.of(e)
-        await redis_notes.purge(self.r, ns, er)  # notes go with their member, or with their agent
+        await note_view.purge(self.r, ns, er)  # notes go with their member, or with their agent
         if er.agent is None and er.user is None:  # the whole tenant: its conventions and floors too
-            await redis_shared.purge_tenant(self.r, ns, er.tenant)
+            await shared_view.purge_tenant(self.r, ns, er.tenant)
             await self.r.sadd(f"{ns}:{REMOVED_TENANTS}", er.tenant)  # removed until restored
         agents = [er.agent] if er.agent is not None else await self._agents_of(ns, er.tenant)
         for agent in agents:
             ak = f"{er.tenant}/{agent}"
-            await redis_runs.purge(self.view, ns, er.tenant, agent, er.user)
+            await run_view.purge(self.view, ns, er.tenant, agent, er.user)
             if er.user is None:
                 await self._drop_agent(ns, ak)
             else:
@@ -61,7 +58,7 @@ class Purger:
     async def _agents_of(self, ns: str, tenant: str) -> set[str]:
         """The agents of `tenant` the view holds anything of."""
         agents = set()
-        for kind in ("rec", "blocks", "consent", redis_profiles.PROFILE_KIND):
+        for kind in ("rec", "blocks", "consent", profile_view.PROFILE_KIND):
             agents |= await tagged_agents(self.r, ns, kind, tenant)
         return agents
 
@@ -95,7 +92,7 @@ class Purger:
         pipe.execute_command("UNLINK", user_list_key(ns, ak, user))  # cluster pipelines make unlink() a coroutine
         pipe.srem(agent_key(ns, "users", ak), user)
         pipe.hdel(agent_key(ns, "consent", ak), user)
-        pipe.hdel(agent_key(ns, redis_profiles.PROFILE_KIND, ak), user)  # the member's profile
+        pipe.hdel(agent_key(ns, profile_view.PROFILE_KIND, ak), user)  # the member's profile
         await pipe.execute()
 
     async def _drop_records(self, ns: str, ak: str, rids: set[str], fields: list[str] | None = None,

@@ -3,18 +3,18 @@ and the projection's checkpoint, each guarded so a replay changes nothing."""
 
 # One call per agent of a batch, all its keys in one hash slot (the agent's tag), so it
 # runs on a Redis Cluster too. KEYS: the agent's rec, list, pinned, shadowed, users and
-# expiry keys (`redis_records_keys.apply_keys`). ARGV[1]: the prefix of the agent's member
+# expiry keys (`record_view_keys.apply_keys`). ARGV[1]: the prefix of the agent's member
 # listings; ARGV[2]: the channel to announce on, or "" (no one waits); ARGV[3]: the agent's
 # applied block and subject changes as a JSON array (`applied_waiter.announcement`);
 # ARGV[4]: the agent key (`tenant/agent`, for the announcement); then 8 arguments per event
-# (`redis_records_fold.Row` but its agent key): record id, version, the event's raw JSON,
+# (`record_view_fold.Row` but its agent key): record id, version, the event's raw JSON,
 # sort score, flags (1 listed + 2 pinned), expiry ms of a live record or -1, the live record
 # a preview record shadows or "", and the member of a USER record or "". A USER record is
 # listed in its member's listing too, as in the agent's (its scope and member never change
 # between versions), and its member joins the agent's set of members. Flat arguments, not
 # one JSON document: decoding escaped snapshots in Lua cost more than the writes. The
 # sorted-set changes go out as one ZADD and one ZREM per key, not a call per event. The
-# checkpoint is CHECKPOINT's, after the batch's agents (`redis_client.write_then`).
+# checkpoint is CHECKPOINT's, after the batch's agents (`connection.write_then`).
 APPLY = """
 local rk, lk, pk, sk, uk, ek = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ulist, ak = ARGV[1], ARGV[4]

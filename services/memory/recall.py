@@ -212,6 +212,8 @@ class MemoryRecall:
         except BaseException:
             for f in aside:
                 f.cancel()
+            # Retrieved, so a read that failed too is not reported again as never retrieved.
+            await asyncio.gather(*aside, return_exceptions=True)
             raise
         pinned_all = [r for r in pinned_all if r.in_force(now) and shown_to(ctx, r, scopes) and r.id not in hidden]
         pinned = pinned_within_budget(pinned_all, cfg.memory.pinned.max_tokens if cfg.memory.pinned else None)

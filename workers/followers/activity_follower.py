@@ -104,6 +104,12 @@ class ActivityFollower:
                 await asyncio.sleep(RETRY_S)
 
     async def run(self, until_caught_up: bool = False) -> None:
+        try:
+            await self._fold(until_caught_up)
+        finally:
+            await self.poison.aclose()
+
+    async def _fold(self, until_caught_up: bool) -> None:
         s = self.settings
         tps = [TopicPartition(s.topic(t.name), p) for t in SOURCES for p in range(t.partitions)]
         async with TopicReader(s) as c:
@@ -140,7 +146,6 @@ class ActivityFollower:
                     log.info("activity_caught_up", counted=self.counted, skipped=self.skipped)
                     if until_caught_up:
                         break
-        await self.poison.aclose()
 
     def status(self) -> dict[str, Any]:
         return {"caught_up": self.caught_up.is_set(), "counted": self.counted, "skipped": self.skipped,

@@ -288,6 +288,12 @@ class HistoryQdrantProjection:
                 self._join(pid, batch, final=True)
 
     async def run(self, until_caught_up: bool = False, progress: Callable[[int, int], None] | None = None) -> None:
+        try:
+            await self._fold(until_caught_up, progress)
+        finally:
+            await self.poison.aclose()
+
+    async def _fold(self, until_caught_up: bool, progress: Callable[[int, int], None] | None) -> None:
         s = self.settings
         topics = {s.topic(t.name): t.name for t in (TURNS, EVENTS, HISTORY_VECTORS)}
         turn_tps = [TopicPartition(s.topic(TURNS.name), p) for p in range(TURNS.partitions)]
@@ -340,7 +346,6 @@ class HistoryQdrantProjection:
                         break
             if dirty:
                 await asyncio.to_thread(self._save_checkpoint, self.checkpoint())
-        await self.poison.aclose()
 
     def _rechecking(self, pid: str) -> bool:
         part, offset = self.parked[pid][0].turn

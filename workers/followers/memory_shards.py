@@ -29,6 +29,7 @@ from projections.redis.connection import Connect
 from settings import Settings
 from workers.followers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.followers.reconciler import Reconciler
+from workers.runtime.follower_poison import FollowerPoison
 
 if TYPE_CHECKING:
     from projections.qdrant.client_index import ClientIndex, Collections
@@ -151,9 +152,11 @@ class MemoryShards:
         if (cols := collections_of(settings)) is not None and cols.live() is None:
             cols.switch(generation)  # a new deployment: its first generation gets the aliases
         # The process's vector cache is shared among its shards, not one per shard.
+        # ... and so is the producer that parks what breaks the contract.
+        self.poison = FollowerPoison(settings, "memory-index")
         self.projections = [
             QdrantProjection(settings, open_index(settings, generation, k), shard_partitions(k, n),
-                             vector_cache=VECTOR_CACHE // n, keys=keys)
+                             vector_cache=VECTOR_CACHE // n, keys=keys, poison=self.poison)
             for k in range(n)
         ]
         # An erasure of every agent of a tenant is in one shard's partitions and reaches all.
@@ -200,6 +203,7 @@ class MemoryShards:
             with contextlib.suppress(asyncio.CancelledError):
                 await reconciling
             await self.reconciler.aclose()
+            await self.poison.aclose()
 
     async def caught_up(self) -> None:
         await asyncio.gather(*(p.caught_up.wait() for p in self.projections))

@@ -75,6 +75,7 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         serving: bool = True,
         also: Also | None = None,
         keys: Any = None,
+        poison: FollowerPoison | None = None,
     ) -> None:
         self.settings = settings
         self.faults = Faults(settings.fault_at)
@@ -94,7 +95,8 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         self.serving = serving
         # A message that breaks the contract is parked while serving; a rebuild, which reads
         # the log again, only skips what was parked live.
-        self.poison = FollowerPoison(settings, "memory-index")
+        self.poison = poison or FollowerPoison(settings, "memory-index")
+        self._own_poison = poison is None  # else the shards' owner closes it
         # Another view folded from the same pass over the events, each batch with its
         # checkpoint positions: a rebuild's shard process also fills its agents' Redis
         # records, so each event is read and decoded once.
@@ -186,7 +188,8 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
             self.running = False
             purges, self.purges = self.purges, []
             self._purge_now(purges)
-            await self.poison.aclose()
+            if self._own_poison:
+                await self.poison.aclose()
 
     async def _follow(self, c: TopicReader, tps: list[TopicPartition], until_caught_up: bool,
                       progress: Callable[[int, int], None] | None, events: list[TopicPartition] | None = None,

@@ -1,13 +1,15 @@
 """The runner's rule for a message a follower cannot fold, for the folds that run inside the API
-process: a message that breaks the contract is parked at once, and the follower goes on.
+process: a message that breaks the contract is parked, and the follower goes on.
 
 Parked means sent to the topic's DLQ with the runner's headers and `consumer_group` naming the
 follower, so `memlane dlq list` shows it beside the workers' and an operator can replay it. A
 replay names the group it is for: a follower skips the ones meant for another. Every API
-replica folds every message, so each parks its own copy of a poison message."""
+replica folds every message, so each parks its own copy, and a fold read again from an older
+position (a new replica, a lost checkpoint) parks it again."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import structlog
@@ -19,6 +21,9 @@ from workers.runtime.kafka_io import producer
 from workers.runtime.parking import dead_letter
 
 log = structlog.get_logger()
+# A fold waits at most this long for a park: with the broker away, the message stays where it
+# is, in its topic, and the fold goes on.
+PARK_TIMEOUT_S = 5.0
 
 
 class FollowerPoison:
@@ -34,15 +39,12 @@ class FollowerPoison:
         return group is not None and group != self.group
 
     async def park(self, source: str, m: Any, error: str) -> None:
-        """Sends `m` (of registry topic `source`) to its DLQ, naming `error`; never its text in a
-        log. A DLQ that cannot be written leaves the message where it is, in its topic, and logged."""
+        """Sends `m` (of registry topic `source`) to its DLQ, naming `error`; never its text in a log."""
         out = dead_letter(source, m, error, 1, self.group)
         try:
-            if self._producer is None:
-                self._producer = producer(self.settings)
-                await self._producer.start()
-            await self._producer.send_and_wait(self.settings.topic(out.topic), out.value, key=out.key,
-                                               headers=list(out.headers))
+            sending = await asyncio.wait_for(self._started(), PARK_TIMEOUT_S)
+            await asyncio.wait_for(sending.send_and_wait(self.settings.topic(out.topic), out.value, key=out.key,
+                                                         headers=list(out.headers)), PARK_TIMEOUT_S)
         except Exception as e:
             log.warning("follower_park_failed", follower=self.group, topic=m.topic, partition=m.partition,
                         offset=m.offset, error=type(e).__name__)
@@ -51,6 +53,18 @@ class FollowerPoison:
         metrics.DLQ_MESSAGES.labels(out.topic).inc()
         log.warning("follower_parked_message", follower=self.group, topic=m.topic, partition=m.partition,
                     offset=m.offset, error=error[:300])
+
+    async def _started(self) -> Any:
+        """The producer, started on first use; one whose start failed is stopped and forgotten."""
+        if self._producer is None:
+            p = producer(self.settings)
+            try:
+                await p.start()
+            except BaseException:
+                await p.stop()
+                raise
+            self._producer = p
+        return self._producer
 
     async def aclose(self) -> None:
         if self._producer is not None:
