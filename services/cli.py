@@ -140,6 +140,7 @@ def _progress_bars(labels: list[str]):
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
     from workers.jobs.rebuild import rebuild_all
+    from workers.runtime.data_keys import install_keys
     from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
@@ -153,7 +154,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
-        await _data_keys(settings)
+        await install_keys(settings)
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
@@ -163,15 +164,6 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     asyncio.run(go())
     return 0
-
-
-async def _data_keys(settings):
-    """Loads the data keys and installs the cipher, for a command that opens sealed events."""
-    from workers.runtime.data_keys import open_keys
-
-    keys = await open_keys(settings, follow=False)
-    if keys is not None:
-        await keys.stop()  # the keyring stays installed; this command makes no key of its own
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -241,6 +233,7 @@ def _offsets(spec: str | None) -> dict[int, int] | None:
 def cmd_replay(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
     from workers.jobs.rebuild import replay_qdrant, replay_redis
+    from workers.runtime.data_keys import install_keys
     from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
@@ -251,7 +244,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
-        await _data_keys(settings)
+        await install_keys(settings)
         label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:

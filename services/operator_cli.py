@@ -316,12 +316,13 @@ def _opened_value(settings: Settings, x: Any) -> str:
     """The dead letter's value as the worker saw it: a turn memlane parked sealed is opened
     with the deployment's keys (or said to be sealed when they cannot open it)."""
     from events import codec
+    from workers.runtime.data_keys import install_keys
 
     h = x.headers
     where = f"{h.get('source_topic')}/{h.get('source_partition')}/{h.get('source_offset')}"
 
     async def go() -> str:
-        await _load_keys(settings)
+        await install_keys(settings)
         try:
             return codec.unpark(x.value, where).decode(errors="replace")
         except Exception as e:
@@ -330,16 +331,10 @@ def _opened_value(settings: Settings, x: Any) -> str:
     return asyncio.run(go())
 
 
-async def _load_keys(settings: Settings) -> None:
-    from workers.runtime.data_keys import open_keys
-
-    keys = await open_keys(settings, follow=False)
-    if keys is not None:
-        await keys.stop()  # the keyring stays installed for this process
-
-
 def _dlq_replay(args: argparse.Namespace, settings: Settings, dlq: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress
+
+    from workers.runtime.data_keys import install_keys
 
     if not args.all and not args.offset:
         print("memlane dlq replay: name the dead letters (--offset N, repeatable) or --all", file=sys.stderr)
@@ -378,7 +373,7 @@ def _dlq_replay(args: argparse.Namespace, settings: Settings, dlq: str) -> int:
                 print("nothing sent")
                 return 1
         if any(x.value and x.value.startswith(b'{"parked"') for x in todo):
-            await _load_keys(settings)  # parked turns are opened before they go back
+            await install_keys(settings)  # parked turns are opened before they go back
         bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                        disable=len(todo) < 10)
         task = bar.add_task("replaying", total=len(todo))

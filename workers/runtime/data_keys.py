@@ -227,3 +227,11 @@ async def open_keys(settings: Settings, follow: bool = True) -> KeyTopic | None:
     keys._shared = (ident, shared)
     codec.use_cipher(keys.keyring)
     return keys
+
+
+async def install_keys(settings: Settings) -> None:
+    """Loads the data keys and installs the cipher, for a command that opens sealed events and
+    makes no key of its own: the keyring stays installed, the keys topic is not followed."""
+    keys = await open_keys(settings, follow=False)
+    if keys is not None:
+        await keys.stop()

@@ -58,7 +58,7 @@ from workers.runtime.processor import DeadLetter, Out, Processor, Stopping, Tran
 # Processors, the CLI and the tests import the runtime's names from here.
 __all__ = [
     "REJOIN_LIMIT", "REJOIN_WINDOW_S", "DeadLetter", "Fenced", "Out", "Processor", "Runner", "Stopping", "Transient",
-    "fits", "lost_ownership", "message_size", "metrics", "release_key", "run_processor", "too_many_rejoins",
+    "fits", "lost_ownership", "message_size", "metrics", "release_key", "too_many_rejoins",
     "transactional_id", "until_folded",
 ]
 
@@ -397,8 +397,3 @@ class Runner:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
 
-
-async def run_processor(processor: Processor, settings: Settings) -> None:
-    runner = Runner(processor, settings)
-    runner.install_signal_handlers()
-    await runner.run()
