@@ -63,9 +63,9 @@ class Extension(Protocol):
 
 def extensions() -> list[Extension]:
     """The extensions every API process serves. Add new features here."""
+    from services.http.following import ActivityExtension
     from services.http.index_optimize import IndexOptimizer
     from services.http.readiness import ProbeExtension
-    from services.http.routes.activity import ActivityExtension
     from services.http.routes.history import HistoryExtension
 
     # ProbeExtension last: /ready reads what the others started (the history projection).

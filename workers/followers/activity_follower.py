@@ -1,5 +1,5 @@
 """Follows memlane.turns, memlane.memory.events and memlane.usage into the activity view
-(projections.redis.activity_view), inside each API process (services/http/routes/activity.py).
+(projections.redis.activity_view), inside each API process (services/http/following.py).
 
 Why no consumer group: every API process reads every partition, group-less, like the other
 in-process followers, and the view counts ids in sets, so two processes (or a replay, or a

@@ -57,12 +57,13 @@ from projections.qdrant.ranking import Place
 from projections.redis.history_view import RedisHistory
 from services.errors import ApiError
 from services.http.deps import Ctx
+from services.http.following import HistoryFollowing
 from services.http.history_access import admitted
 from services.http.models import Body
 from services.memory import Context
 from services.memory.rules import NOT_MEMBER, check_across, check_enabled, check_role, refused
 from settings import Settings
-from workers.followers.history_qdrant import HistoryQdrantProjection, history_shard_path
+from workers.followers.history_qdrant import HistoryQdrantProjection
 
 log = structlog.get_logger()
 
@@ -97,30 +98,21 @@ class HistoryExtension:
         self.task: asyncio.Task | None = None
         self.settings: Settings | None = None
         self.app: FastAPI | None = None
+        self.following: HistoryFollowing | None = None
         self.router.add_api_route("/v1/history/search", self.search, methods=["POST"])
         self.router.add_api_route("/v1/history/status", self.status, methods=["GET"])
         self.router.add_api_route("/v1/history/messages", self.messages, methods=["GET"])
 
     async def start(self, app: FastAPI, settings: Settings) -> None:
         self.settings, self.app = settings, app
-        keys = getattr(app.state, "data_keys", None)  # None with encryption off
-        self.index = HistoryIndex(history_shard_path(settings))
-        self.projection = HistoryQdrantProjection(settings, self.index, keys)  # it never embeds: vectors come joined
-        self.task = asyncio.create_task(self.projection.run(), name="history-projection")
-        self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys)
+        self.following = HistoryFollowing(app, settings)
+        self.index, self.projection, self.task = self.following.index, self.following.projection, self.following.task
+        self.store = self.following.store
         app.state.history = self
 
     async def stop(self, app: FastAPI) -> None:
-        if self.projection and self.task:
-            self.projection.stopping.set()
-            try:
-                await asyncio.wait_for(self.task, 5)
-            except Exception:
-                self.task.cancel()
-        if self.index:
-            self.index.close()
-        if self.store:
-            await self.store.aclose()
+        if self.following is not None:
+            await self.following.stop()
 
     async def status(self) -> dict[str, Any]:
         return self.projection.status() if self.projection else {"caught_up": False}

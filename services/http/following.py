@@ -1,7 +1,11 @@
-"""The activity view's extension (services/http/app.py, `extensions()`): runs its follower in
-this process and serves the view as `app.state.activity` (projections.redis.activity_view.ActivityView:
-`series` for the chart of the last hour, `recalls_of` for a record's recalls). It adds no
-route of its own: the pipeline status (routes/pipeline.py) and the Memory tab read the view.
+"""The folds of the log this API process runs beside its routes, as extensions of the app
+(services/http/app.py, `extensions()`).
+
+`ActivityExtension` runs the activity follower and serves its view as `app.state.activity`
+(projections.redis.activity_view.ActivityView: `series` for the chart of the last hour,
+`recalls_of` for a record's recalls); the pipeline status and the Memory tab read it.
+`HistoryFollowing` runs session history's index: the Edge shard, the projection that folds turns
+and their parts' vectors into it, and the Redis side's reader; the history routes search it.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import asyncio
 import structlog
 from fastapi import FastAPI
 
+from projections.qdrant.history_index import HistoryIndex
 from projections.redis.activity_view import ActivityView
+from projections.redis.history_view import RedisHistory
 from settings import Settings
 from workers.followers.activity_follower import ActivityFollower
+from workers.followers.history_qdrant import HistoryQdrantProjection, history_shard_path
 
 log = structlog.get_logger()
 
@@ -55,3 +62,23 @@ def _report(task: asyncio.Task) -> None:
     # An ended follower shows in /health; its cause belongs in the log.
     if not task.cancelled() and task.exception() is not None:
         log.error("activity_follower_stopped", error=f"{type(task.exception()).__name__}: {task.exception()}")
+
+
+class HistoryFollowing:
+    """Session history's index in this process, started and stopped with the app."""
+
+    def __init__(self, app: FastAPI, settings: Settings) -> None:
+        keys = getattr(app.state, "data_keys", None)  # None with encryption off
+        self.index = HistoryIndex(history_shard_path(settings))
+        self.projection = HistoryQdrantProjection(settings, self.index, keys)  # it never embeds: vectors come joined
+        self.task = asyncio.create_task(self.projection.run(), name="history-projection")
+        self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys)
+
+    async def stop(self) -> None:
+        self.projection.stopping.set()
+        try:
+            await asyncio.wait_for(self.task, 5)
+        except Exception:
+            self.task.cancel()
+        self.index.close()
+        await self.store.aclose()
