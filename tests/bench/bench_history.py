@@ -1,4 +1,4 @@
-"""history: session history measured on LoCoMo (issue 6).
+"""history: session history measured on LoCoMo.
 
 - Ingest: each LoCoMo conversation of ../shared/data/locomo/locomo_dev.json becomes one
   session of turn events through Kafka; each utterance a message whose id is its
@@ -37,7 +37,7 @@ from tests.bench.common import bench_stack, figure, median, percentile, progress
 DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 KS = (5, 10, 25)
-# Issue 27's protocol: every ranking parameter is chosen on the tuning conversations alone, and
+# The tuning protocol: every ranking parameter is chosen on the tuning conversations alone, and
 # the validation ones are only reported (never looked at while tuning).
 SPLITS = {"tuning": ("conv-26", "conv-30", "conv-41", "conv-42"), "validation": ("conv-43", "conv-44", "conv-47")}
 MODES = ("hybrid", "lexical", "vector")

@@ -1,4 +1,4 @@
-"""notes: what re-checking notes' sources costs a recall (docs/features/notes.md, issue 26).
+"""notes: what re-checking notes' sources costs a recall (docs/features/notes.md).
 
 One agent with history on: a session of 340 kept messages, and 200 notes (the most an identity
 keeps): 10 about the recall's words, each citing 32 messages (320 sources in all), and 190 about

@@ -1,4 +1,4 @@
-"""ops: how long operations events take to heal (issue 23).
+"""ops: how long operations events take to heal.
 
 - `rebalance_takeover_s`: two extraction workers share `memlane.turns` in one consumer group;
   one is killed (SIGKILL) and a turn keyed to one of its partitions is published at once. The

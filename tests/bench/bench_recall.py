@@ -97,11 +97,11 @@ def _items(settings):
         yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
 
 
-# Every layer present (issue 25): episodes and procedures among the measured agent's records,
+# Every layer present: episodes and procedures among the measured agent's records,
 # and a run with a summary and entries that recall names.
 LAYER_RECORDS = 2_000  # of each kind, beside the agent's 100,000 facts
 RUN = "bench-run"
-# Issue 26's layers, on "big" as member PROFILED: a profile, notes citing a history session,
+# The shared layers, on "big" as member PROFILED: a profile, notes citing a history session,
 # the tenant's floors and approved conventions, the platform's policies and defaults.
 PROFILED = "u0"
 NOTES_SESSION = "bench-notes"

@@ -1,4 +1,4 @@
-"""scale (issue 24): recall throughput with one and two `memlane serve` replicas, a replica's
+"""scale: recall throughput with one and two `memlane serve` replicas, a replica's
 failover, and the scale figures of the history and Kafka benches.
 
 One deployment (ledger, embedding and redis-projection workers, serve replica A) holds

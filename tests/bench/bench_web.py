@@ -24,7 +24,7 @@ from tests.bench.common import bench_stack, figure, median, percentile, progress
 from tests.e2e.browser_support import launch_chromium
 
 SCALE = float(os.environ.get("MEMLANE_BENCH_WEB_SCALE", "1"))
-FACTS = 200  # seed 004: a member's list shows up to 200 live facts
+FACTS = 200  # a member's list shows up to 200 live facts
 LOADS = max(5, int(50 * SCALE))
 WARMUP = 5
 TENANT, AGENT, USER = "webbench", "helpdesk", "alice"

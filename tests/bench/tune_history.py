@@ -1,4 +1,4 @@
-"""Issue 27's tuning protocol, in process: `python -m tests.bench.tune_history [--validation]`.
+"""The history ranking's tuning protocol, in process: `python -m tests.bench.tune_history [--validation]`.
 
 Ranks LoCoMo's utterances for every question without a stack, as the history shard would:
 MiniLM vectors (computed once, cached under the system's temp directory), Edge's own BM25

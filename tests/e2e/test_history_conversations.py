@@ -1,7 +1,7 @@
 """History across conversations, `message_history` and group-membership windows, end to end:
 turn events and `MembershipChanged` through Kafka -> `memlane worker history` (Redis) and the
 API's history shard -> POST /v1/history/search, GET /v1/history/messages and
-`services.http.history_access.visible_messages` (seed 003, issue 26 item 6).
+`services.http.history_access.visible_messages`.
 
 One agent's fixture: a group conversation `g1` it joins, leaves and rejoins; a 1:1 session
 `s1` (no membership change: always a member) with one member's private turn; a long session.
@@ -163,7 +163,7 @@ async def test_across_conversations_is_refused_unless_configured(one_session, st
     assert r.status_code == 403 and r.json()["error"]["field"] == "conversation", r.text
     # The caller's own session, named or not, is always readable.
     assert messages(stack.api_url, key, conversation="g1").status_code == 200
-    # Seed 000's default: a search stays in its session.
+    # The default: a search stays in its session.
     assert set(h.ids("walrus", mode="lexical")) == {"u2", "a2"}
 
 

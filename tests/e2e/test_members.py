@@ -21,7 +21,7 @@ from tests.e2e.test_mcp_stdio import Stdio
 
 ALL_TOOLS = ["add_memory", "read_memory", "delete_memory", "pin_memory", "unpin_memory", "report_outcome",
              "curate_block"]
-# Seed 004's preset with every tool offered, pins on, agent-scope records beside the members' (a
+# The member-facts preset with every tool offered, pins on, agent-scope records beside the members' (a
 # write that names no scope is the member's), and history, so every call has something to refuse.
 CONFIG = AgentConfig.model_validate({
     **member_facts(tools=ALL_TOOLS, pinned={"max_tokens": 200},
@@ -30,7 +30,7 @@ CONFIG = AgentConfig.model_validate({
 
 
 class Members:
-    """One agent configured as seed 004's, its agent and helper keys, the operator, and a member key per user."""
+    """One agent configured with the member-facts preset, its agent and helper keys, the operator, and a member key per user."""
 
     def __init__(self, api: str, operator_key: str, tenant: str, agent: str) -> None:
         self.api, self.operator_key, self.tenant, self.agent = api, operator_key, tenant, agent
@@ -576,7 +576,7 @@ async def test_a_members_fact_holds_at_most_4000_characters_whatever_the_agents_
 
 
 async def test_an_add_without_a_kind_takes_the_agents_first_declared_kind(stack, members):
-    """Seed 004's preset declares profile, semantic and episodic, not "fact": a write that
+    """The member-facts preset declares profile, semantic and episodic, not "fact": a write that
     names no kind is a profile, over HTTP and through the MCP add_memory tool."""
     m = await members("dana", grant=("dana",))
     async with m.as_agent("dana", session="s1") as agent:

@@ -1,4 +1,4 @@
-"""Notes end to end (seed 003, issue 26 item 5; docs/features/notes.md): turns through Kafka into history,
+"""Notes end to end (docs/features/notes.md): turns through Kafka into history,
 notes through the API and the ledger into the note view, and recall's "Notes" layer.
 
 One agent's fixture conversation: a 1:1 session `s1` (two turns of no member, one of member fay),
@@ -101,7 +101,7 @@ async def test_a_note_is_made_revised_and_a_stale_revision_changes_nothing(stack
         assert "goes out on Tuesdays" in read["source_messages"][0]["text"]
         found = await c.search_notes("when do releases go out?")
         assert [n["id"] for n in found["notes"]] == ["release-rules"] and found["notes"][0]["sources"] == 2
-        # Seed 003's memory_search with kind "notes", on the history search: the same notes.
+        # memory_search with kind "notes", on the history search: the same notes.
         assert (await c.search_history("when do releases go out?", kind="notes"))["notes"] == found["notes"]
         # A cursor re-made with a negative offset is refused (it once spun the server forever).
         forged = encode_cursor(-1, fingerprint("notes", tenant, agent_id, None, "releases"))

@@ -1,7 +1,7 @@
 """Tenant and platform memory through the running stack (docs/features/tenant-platform-memory.md): a fact
 established in two agents of a tenant becomes a convention candidate, an administrator approves
 or rejects it, approved conventions and floors reach every agent of the tenant and no other
-tenant, the platform's Policy and Default entries reach every tenant in seed 002's order, only the
+tenant, the platform's Policy and Default entries reach every tenant in the recall block's layer order, only the
 platform operator writes them, and a rebuild gives everything back.
 
 On the session stack: platform entries are deployment-wide (the fuzz leaves some behind), so each
@@ -256,7 +256,7 @@ async def test_platform_entries_reach_every_tenant_in_order_and_only_the_platfor
         assert [t for t in _texts(out, "platformDefaults") if t in ours] == [default]
     out = await _recall(stack, key)
     text = out["rendered"]
-    # Seed 002's order: blocks, then the platform's policy, the tenant's floors, ... defaults last.
+    # The recall block's layer order: blocks, then the platform's policy, the tenant's floors, ... defaults last.
     assert text.index("Keep answers short") < text.index(policy) < text.index(floor) < text.index(default)
     # Defaults last of all: the block's last section is theirs, this test's default among them.
     last = text.removesuffix("</memory>").rstrip().rpartition("\n## ")[2]

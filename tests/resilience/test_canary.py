@@ -1,4 +1,4 @@
-"""The canary test of issue 21 (encryption at rest and erasure), on a stack of its own.
+"""The canary test of encryption at rest and erasure, on a stack of its own.
 
 A unique string is written for one member as a fact (HTTP, user scope), as a history
 message (a turn on `memlane.turns`, which the extraction worker also makes a fact of), and

@@ -1,6 +1,6 @@
 """Two extraction workers in one consumer group share `memlane.turns`; one is killed (SIGKILL)
 mid-burst and the other takes over its partitions: every turn still yields its one fact,
-none is lost and none is written twice (issue 23).
+none is lost and none is written twice.
 
 Each turn carries a marker of its own, and the scripted model answers a review holding that
 marker with one fact whose summary holds the marker upper-cased: a later review, which is

@@ -1,4 +1,4 @@
-"""Application-scoped blocks (seed 002; docs/features/recall.md): the ledger keeps an
+"""Application-scoped blocks (docs/features/recall.md): the ledger keeps an
 application's blocks apart from the agent's own and counts them apart, the fold reads an event
 without the field as the agent's own, and recall orders the four kinds of block and never shows
 another application's."""

@@ -1,4 +1,4 @@
-"""Membership windows (seed 003): after leaving a group conversation an agent keeps what was
+"""Membership windows: after leaving a group conversation an agent keeps what was
 said while it was a member, nothing after; a session with no membership change is always its."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Erasure in the ledger (issue 21): every erasure and removal ends with `SubjectErased`, whose
+"""Erasure in the ledger: every erasure and removal ends with `SubjectErased`, whose
 fold leaves the state a fold of the log without what was sealed under the erased subject's keys
 (what a recovery reads once they are destroyed); only markers stay. A snapshot holds no
 plaintext, and an entry sealed under a destroyed key is dropped when it is read. (The ledger

@@ -1,4 +1,4 @@
-"""The ledger's subject rules (seed 004): user scope, per-subject caps and uniqueness, who may
+"""The ledger's subject rules: user scope, per-subject caps and uniqueness, who may
 address a member's record, consent (as of when a write was made), erasure, removals and
 `memory.fact_chars`. Pure, but for the last part: the ledger worker's answer to a command id
 reused by another caller."""

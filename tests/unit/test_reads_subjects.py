@@ -1,4 +1,4 @@
-"""Memory reads of user-scope facts (issue 20): who reads which member's facts, consent,
+"""Memory reads of user-scope facts: who reads which member's facts, consent,
 channels and removal before every read, recall's options and its read failures.
 
 The record view is the reference fold (`MemoryFold`); the index is a real Qdrant Edge shard

@@ -209,7 +209,7 @@ def test_content_that_collapses_when_cleaned_still_shows_its_text():
     assert "important tail text" in render([], [r])
 
 
-# --------------------------------------------------------------------------- facts format (seed 004)
+# --------------------------------------------------------------------------- facts format (the member-facts preset)
 
 from events.rules.recall_render import FACTS_HEADER, fit_facts, render_facts  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Retention over simulated time (seed 004): expired live facts and superseded rows older than
+"""Retention over simulated time: expired live facts and superseded rows older than
 the retention period become tombstones; tombstones deleted at least 180 days ago are purged,
 newer ones stay readable; each night is capped per subject. Pure: no broker, no store."""
 
