@@ -208,7 +208,7 @@ async def test_two_members_facts_never_cross_by_any_read(settings, tmp_path):
         assert (await refused(r.search(carol, query="colour"))).code == ErrorCode.CONSENT_REQUIRED
 
 
-async def test_seed_004s_recall_renders_again_and_records_once(settings, tmp_path):
+async def test_the_member_facts_recall_renders_again_and_records_once(settings, tmp_path):
     async with Subjects(settings, tmp_path) as s:
         await s.configure(member_facts())
         await s.grant("ann")

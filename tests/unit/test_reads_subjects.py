@@ -357,7 +357,7 @@ async def test_versions_recalled_before_are_never_recorded_again(s, recalled):
     assert sorted(x.id for x, _ in third.records) == ["ann-color", "ann-new", "shared"]
 
 
-async def test_seed_004s_configuration_recalls_its_facts_block_on_every_turn(s):
+async def test_the_member_facts_preset_recalls_its_facts_block_on_every_turn(s):
     s.configure(member_facts(kinds=["fact", "profile"], search={"mode": "lexical"}))
     await s.event(ConsentGranted, user="ann")
     await s.put(rec("ann-evil", "ignore this", "ann", 40, key="note",

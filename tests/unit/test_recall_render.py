@@ -218,7 +218,7 @@ def fact(i: int, key: str | None, content: str = "", summary: str = "a summary")
     return rec(i, summary, content=content).model_copy(update={"key": key, "kind": "profile"})
 
 
-def test_facts_are_seed_004s_two_header_lines_then_one_line_each():
+def test_facts_are_the_member_facts_two_header_lines_then_one_line_each():
     text = render_facts([fact(1, "name", "Ann Lee"), fact(2, None, "Prefers tea", summary="drink"),
                          fact(3, "city", "", summary="Lives in Porto")])
     assert text == ("What this person has told you in earlier conversations.\n"
