@@ -142,10 +142,13 @@ class KeyStore:
     async def _rows(self, tenant: str) -> builtins.list[dict[str, Any]]:
         """The tenant's working keys, each its entry and digest (`hash`): Redis's index, and the
         log's while the view is not restored; never one the log says is revoked."""
-        rows = await self.view.rows(tenant)
         if self.log is None:
-            return list(rows.values())
-        if not await self.view.restored():
+            return list((await self.view.rows(tenant)).values())
+        # The mark first: read after it, rows the mark says are whole are whole, though the
+        # follower finishes restoring the view between the two reads.
+        restored = await self.view.restored()
+        rows = await self.view.rows(tenant)
+        if not restored:
             for rec in self.log.book.live(tenant):
                 rows.setdefault(rec.id, {**rec.entry, "hash": rec.digest})
         return [row for row in rows.values() if not self._revoked(row["hash"])]

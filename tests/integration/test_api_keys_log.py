@@ -113,6 +113,27 @@ async def test_after_a_flushall_a_store_rebuilt_from_the_topic_accepts_the_live_
     assert revoked == {key_digest(keys["helper"][0]), key_digest(keys["member"][0])}
 
 
+async def test_a_listing_that_races_the_views_restore_still_names_every_live_key(deployment, redis):
+    async with api_process(deployment, redis) as store:
+        keys = await issue_four(store)
+    assert await redis.flushall()
+    log = ApiKeyLog(deployment, ApiKeyView(redis, deployment.redis_root))
+    await log.start(follow=False)  # the book alone: the test restores the view at the worst moment
+    try:
+        store = KeyStore(redis, BOOT, deployment.redis_root, log=log)
+        read_rows = store.view.rows
+
+        async def rows_then_restored(tenant):
+            got = await read_rows(tenant)
+            await log.restore()  # the follower finishes restoring between the listing's two reads
+            return got
+
+        store.view.rows = rows_then_restored  # type: ignore[method-assign]
+        assert [e["id"] for e in await store.list("acme")] == [keys["agent"][1]["id"], keys["operator"][1]["id"]]
+    finally:
+        await log.stop()
+
+
 async def test_a_running_process_serves_every_key_through_a_flushall_and_restores_the_view(deployment, redis):
     async with api_process(deployment, redis) as store:
         keys = await issue_four(store)
