@@ -1,9 +1,10 @@
 """JSON codec. Decoding refuses unknown types and bad fields, naming the field path.
 
-With a cipher in use (`use_cipher`, called once by each process's bootstrap), `encode` seals
-a message's personal fields and `decode` opens them (`events.sealing`). Without one, a
-process writes plaintext and refuses sealed messages: unit tests, and logs written before
-encryption, need no keys.
+A `Codec` with a cipher (the process's keyring, built by the composition root and passed to
+whatever reads or writes the log) seals a message's personal fields as it encodes and opens
+them as it decodes (`events.sealing`). Without one it writes plaintext and refuses sealed
+messages. The module's own `encode` and `decode` are `PLAIN`'s: a platform's messages, and
+logs written before encryption, need no keys.
 """
 
 from __future__ import annotations
@@ -40,102 +41,93 @@ class ContractError(ValueError):
         self.message = message
 
 
-_cipher: Cipher | None = None
 _JSON = msgspec.json.Decoder()
+_NO_KEYS = "this process has no keys (encryption is off, or the codec was built without the keyring)"
 
 
-def use_cipher(cipher: Cipher | None) -> None:
-    """The process's cipher: every later `encode` seals and every `decode` opens with it."""
-    global _cipher
-    _cipher = cipher
+class Codec:
+    """The contract's codec, sealing with `cipher` (None: plaintext)."""
 
+    def __init__(self, cipher: Cipher | None = None) -> None:
+        self.cipher = cipher
 
-def cipher() -> Cipher | None:
-    return _cipher
+    def encode(self, message: BaseModel) -> bytes:
+        raw = message.model_dump_json(exclude_none=False).encode()
+        if self.cipher is None or getattr(message, "type", None) not in PERSONAL:
+            return raw
+        as_dict = _JSON.decode(raw)
+        return msgspec.json.encode(as_dict) if seal_fields(as_dict, self.cipher) else raw
 
+    def opened(self, data: bytes | str) -> bytes | str:
+        """`data` with its sealed fields opened (as it is when none are sealed). Raises
+        `KeyMissing` or `KeyDestroyed` (events.sealing), or `ContractError` for a bad token."""
+        mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
+        if mark not in data:
+            return data
+        if self.cipher is None:
+            raise ContractError("sealed", f"a sealed message, and {_NO_KEYS}")
+        try:
+            as_dict = _JSON.decode(data)
+        except msgspec.DecodeError as e:
+            raise ContractError("$", str(e)) from None
+        try:
+            open_fields(as_dict, self.cipher)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
+        return msgspec.json.encode(as_dict)
 
-def encode(message: BaseModel) -> bytes:
-    raw = message.model_dump_json(exclude_none=False).encode()
-    if _cipher is None or getattr(message, "type", None) not in PERSONAL:
-        return raw
-    as_dict = _JSON.decode(raw)
-    return msgspec.json.encode(as_dict) if seal_fields(as_dict, _cipher) else raw
-
-
-def opened(data: bytes | str) -> bytes | str:
-    """`data` with its sealed fields opened (as it is when none are sealed). Raises
-    `KeyMissing` or `KeyDestroyed` (events.sealing), or `ContractError` for a bad token."""
-    mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
-    if mark not in data:
-        return data
-    if _cipher is None:
-        raise ContractError("sealed", "a sealed message, and this process has no keys (events.codec.use_cipher)")
-    try:
+    def opened_record(self, data: bytes | str) -> bytes | str:
+        """A record's JSON on its own (as the ledger's state keeps it), opened like `opened`."""
+        mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
+        if mark not in data:
+            return data
+        if self.cipher is None:
+            raise ContractError("sealed", f"a sealed record, and {_NO_KEYS}")
         as_dict = _JSON.decode(data)
-    except msgspec.DecodeError as e:
-        raise ContractError("$", str(e)) from None
-    try:
-        open_fields(as_dict, _cipher)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
-    return msgspec.json.encode(as_dict)
+        try:
+            open_record(as_dict, self.cipher)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
+        return msgspec.json.encode(as_dict)
+
+    def park(self, subject: str, where: str, data: bytes) -> bytes:
+        """A dead-lettered copy of plaintext (a platform's turn) as memlane keeps it: sealed whole
+        under `subject`, bound to the source offset `where`. Plaintext without a cipher."""
+        if self.cipher is None:
+            return data
+        return msgspec.json.encode({"parked": self.cipher.seal(subject, where.encode(), data)})
+
+    def unpark(self, data: bytes, where: str) -> bytes:
+        """What `park` sealed, as it was."""
+        if not data.startswith(b'{"parked"'):
+            return data
+        if self.cipher is None:
+            raise ContractError("parked", f"a sealed dead letter, and {_NO_KEYS}")
+        return self.cipher.open(_JSON.decode(data)["parked"], where.encode())
+
+    def decode(self, topic: str, data: bytes | str) -> Any:
+        return _validated(topic, self.opened(data), None)
+
+    def decode_stored(self, topic: str, data: bytes | str) -> Any:
+        """Decodes a message that was accepted before, e.g. a staged write in the ledger's state:
+        the size limits of `events.limits` are skipped, so a write accepted before an upgrade
+        tightened them still resolves instead of failing every later command of its agent."""
+        return _validated(topic, self.opened(data), STORED)
 
 
-def opened_record(data: bytes | str) -> bytes | str:
-    """A record's JSON on its own (as the ledger's state keeps it), opened like `opened`."""
-    mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
-    if mark not in data:
-        return data
-    if _cipher is None:
-        raise ContractError("sealed", "a sealed record, and this process has no keys (events.codec.use_cipher)")
-    as_dict = _JSON.decode(data)
-    try:
-        open_record(as_dict, _cipher)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
-    return msgspec.json.encode(as_dict)
-
-
-def park(subject: str, where: str, data: bytes) -> bytes:
-    """A dead-lettered copy of plaintext (a platform's turn) as memlane keeps it: sealed whole
-    under `subject`, bound to the source offset `where`. Plaintext with no cipher in use."""
-    if _cipher is None:
-        return data
-    return msgspec.json.encode({"parked": _cipher.seal(subject, where.encode(), data)})
-
-
-def unpark(data: bytes, where: str) -> bytes:
-    """What `park` sealed, as it was."""
-    if not data.startswith(b'{"parked"'):
-        return data
-    if _cipher is None:
-        raise ContractError("parked", "a sealed dead letter, and this process has no keys (events.codec.use_cipher)")
-    return _cipher.open(_JSON.decode(data)["parked"], where.encode())
-
-
-def decode(topic: str, data: bytes | str) -> Any:
+def _validated(topic: str, data: bytes | str, context: Any) -> Any:
     adapter = _ADAPTERS.get(topic)
     if adapter is None:
         raise ContractError("topic", f"no contract for topic {topic!r}")
-    data = opened(data)
     try:
-        return adapter.validate_json(data)
+        return adapter.validate_json(data, context=context)
     except ValidationError as e:
         raise from_validation_error(e) from None
 
 
-def decode_stored(topic: str, data: bytes | str) -> Any:
-    """Decodes a message that was accepted before, e.g. a staged write in the ledger's state:
-    the size limits of `events.limits` are skipped, so a write accepted before an upgrade
-    tightened them still resolves instead of failing every later command of its agent."""
-    adapter = _ADAPTERS.get(topic)
-    if adapter is None:
-        raise ContractError("topic", f"no contract for topic {topic!r}")
-    data = opened(data)
-    try:
-        return adapter.validate_json(data, context=STORED)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+PLAIN = Codec()
+encode = PLAIN.encode
+decode = PLAIN.decode
 
 
 def from_validation_error(e: ValidationError) -> ContractError:

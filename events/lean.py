@@ -16,10 +16,10 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-from events.codec import ContractError, cipher, decode, encode, opened
+from events.codec import PLAIN, Codec, ContractError
 from events.memory import RECORD_EVENTS, MemoryEvent
 from events.record import Scope, Status
-from events.sealing import kid_of, subject_of
+from events.sealing import Cipher, kid_of, subject_of
 from events.topics import EVENTS, REDELIVERED
 from events.vectors import float32_array, keyed_hash, vector_aad
 
@@ -83,37 +83,37 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     # above until `opened` fills them. Listing, expiry and filters never need them.
     sealed: str | None = None
 
-    def opened(self) -> LeanRecord:
-        """This record with its sealed fields filled in (itself when none are sealed).
-        Raises `KeyMissing` or `KeyDestroyed` as `events.codec.decode` does."""
+    def opened(self, cipher: Cipher | None) -> LeanRecord:
+        """This record with its sealed fields filled in by `cipher` (itself when none are sealed).
+        Raises `KeyMissing` or `KeyDestroyed` as `Codec.decode` does."""
         if self.sealed is None:
             return self
-        c = cipher()
-        if c is None:
-            raise ContractError("sealed", "a sealed record, and this process has no keys (events.codec.use_cipher)")
-        secret = msgspec.json.decode(_open(c, self.sealed, f"{self.id}#{self.version}".encode()))
+        if cipher is None:
+            raise ContractError("sealed", "a sealed record, and this process has no keys")
+        secret = msgspec.json.decode(_open(cipher, self.sealed, f"{self.id}#{self.version}".encode()))
         return msgspec.structs.replace(self, sealed=None, summary=secret.get("summary", ""),
                                        content=secret.get("content", ""), key=secret.get("key"))
 
     @property
     def text(self) -> str:
-        """What gets embedded and indexed: the same as `MemoryRecord.text`."""
-        r = self.opened()
-        return f"{r.summary}\n{r.content}".strip()
+        """What gets embedded and indexed: the same as `MemoryRecord.text`. Of an opened record only."""
+        if self.sealed is not None:
+            raise ContractError("sealed", "the text of a sealed record: open it first (LeanRecord.opened)")
+        return f"{self.summary}\n{self.content}".strip()
 
     @property
     def subject(self) -> str:
         """Whose data key seals it (`events.sealing`): the member it names, whatever its scope, else its agent's."""
         return subject_of(self.tenant, self.agent, self.user)
 
-    def vector_of(self) -> tuple[LeanRecord, str, str | None]:
+    def vector_of(self, cipher: Cipher | None) -> tuple[LeanRecord, str, str | None]:
         """(this record opened, the content hash its vector goes by, the subject the vector
         belongs to): the hash is keyed by the data key the record was sealed under, so the
         embedding worker and the projections name the same vector. A record sealed under no
         key has a plain hash and no subject. Raises as `opened` does."""
         kid = kid_of(self.sealed) if self.sealed is not None else None
-        r = self.opened()
-        return r, keyed_hash(r.text, kid, cipher()), (self.subject if kid is not None else None)
+        r = self.opened(cipher)
+        return r, keyed_hash(r.text, kid, cipher), (self.subject if kid is not None else None)
 
 
 class LeanEvent(msgspec.Struct, kw_only=True):
@@ -133,9 +133,9 @@ class LeanEvent(msgspec.Struct, kw_only=True):
     occurred_at: datetime | None = None
     raw: bytes = b""  # the bytes it was decoded from (not a field of the event)
 
-    def full(self) -> Any:
+    def full(self, codec: Codec) -> Any:
         """The complete, validated event."""
-        return decode(EVENTS.name, self.raw)
+        return codec.decode(EVENTS.name, self.raw)
 
 
 class LeanVector(msgspec.Struct, frozen=True):
@@ -148,14 +148,13 @@ class LeanVector(msgspec.Struct, frozen=True):
     subject: str | None = None
     sealed: str | None = None
 
-    def floats(self) -> array.array:
+    def floats(self, cipher: Cipher | None) -> array.array:
         """Raises `KeyMissing` or `KeyDestroyed` for a sealed vector it cannot open."""
         if self.sealed is None:
             return float32_array(self.dense)
-        c = cipher()
-        if c is None:
-            raise ContractError("sealed", "a sealed vector, and this process has no keys (events.codec.use_cipher)")
-        return float32_array(_open(c, self.sealed, vector_aad(self.model, self.content_hash)))
+        if cipher is None:
+            raise ContractError("sealed", "a sealed vector, and this process has no keys")
+        return float32_array(_open(cipher, self.sealed, vector_aad(self.model, self.content_hash)))
 
 
 class LedgerView(msgspec.Struct, kw_only=True):
@@ -245,9 +244,9 @@ def _decoded(decoder: msgspec.json.Decoder, data: bytes) -> Any:
         raise _contract_error(e) from None
 
 
-def decode_ledger_view(data: bytes) -> LedgerView:
+def decode_ledger_view(data: bytes, codec: Codec = PLAIN) -> LedgerView:
     """Opened first: the ledger's state holds the plaintext (its snapshots seal it again)."""
-    return _decoded(_LEDGER, opened(data))
+    return _decoded(_LEDGER, codec.opened(data))
 
 
 def decode_lean_record(data: bytes) -> LeanRecord:
@@ -259,6 +258,6 @@ def decode_lean_vector(data: bytes) -> LeanVector:
     return _decoded(_VECTOR, data)
 
 
-def as_lean(event: Any) -> LeanEvent:
-    """A full event (tests, the pure fold's callers) as the projections read it."""
-    return event if isinstance(event, LeanEvent) else decode_lean(encode(event))
+def as_lean(event: Any, codec: Codec = PLAIN) -> LeanEvent:
+    """A full event (tests, the pure fold's callers) as the projections read it, sealed by `codec`."""
+    return event if isinstance(event, LeanEvent) else decode_lean(codec.encode(event))

@@ -1,16 +1,19 @@
 """The composition root: where settings become adapters and processors.
 
-Every process builds its processors here and hands them the deployment's Redis (`RedisAt`) and
-their embedders through their constructors: nothing below this module opens a Redis connection
-from a URL or reads the environment. Kafka clients, the model client and the vector index are
-still built below, from the settings passed down. Test stacks build through the same functions."""
+Every process builds its processors here and hands them the deployment's Redis (`RedisAt`), the
+process's codec (`KeysAt`: the keyring that seals and opens personal fields) and their embedders
+through their constructors: nothing below this module opens a Redis connection from a URL, makes
+a keyring or reads the environment. Kafka clients, the model client and the vector index are still
+built below, from the settings passed down. Test stacks build through the same functions."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from events.codec import Codec
 from settings import Settings
 
 # Connections one process opens at most (per node on a cluster). On one server a burst of
@@ -53,6 +56,26 @@ def redis_at(settings: Settings) -> RedisAt:
     return RedisAt(settings.redis_url, settings.redis_cluster)
 
 
+@dataclass(frozen=True)
+class KeysAt:
+    """The deployment's data keys: the local key provider's master-key file, None with encryption
+    off. A value, so a rebuild's child processes get it pickled. Called once per process: its
+    runners, followers and views share that one codec, so a key one of them learns all know."""
+
+    key_file: Path | None
+
+    def __call__(self) -> Codec:
+        if self.key_file is None:
+            return Codec()
+        from projections.keys import Keyring, LocalKeyFile
+
+        return Codec(Keyring(LocalKeyFile.create(self.key_file)))
+
+
+def keys_at(settings: Settings) -> KeysAt:
+    return KeysAt(settings.key_file if settings.encryption else None)
+
+
 # The stream processors `memlane worker NAME` runs, and the processors that run inside another
 # worker's process in consumer groups of their own. The run-compression worker is rare work of
 # the same kind as consolidation (one model call), usage counts and tenant convention candidates
@@ -90,13 +113,15 @@ def processor_class(name: str) -> Any:
 
 
 class ProcessAdapters:
-    """The adapters of one process's processors: the deployment's Redis, and an embedder each.
+    """The adapters of one process's processors: the deployment's Redis, the process's codec, and
+    an embedder each.
     The embedding worker and its history companion keep a model session each, so a turn's long
     parts never queue a record's vector behind them in one session's thread pool."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.redis = redis_at(settings)
+        self.codec = keys_at(settings)()
 
     def embedder(self) -> Any:
         from projections.embedders.choose import make_embedder
@@ -108,8 +133,9 @@ class ProcessAdapters:
 def build_processor(name: str, adapters: ProcessAdapters) -> Any:
     """The processor `name` (a worker of `WORKERS` or a companion), with its adapters."""
     cls, settings = processor_class(name), adapters.settings
+    codec = adapters.codec
     if name in USE_REDIS:
-        return cls(settings, adapters.redis)
+        return cls(settings, adapters.redis, codec=codec)
     if name in USE_EMBEDDER:
-        return cls(settings, adapters.embedder())
-    return cls(settings)
+        return cls(settings, adapters.embedder(), codec=codec)
+    return cls(settings, codec=codec)

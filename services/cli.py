@@ -9,7 +9,7 @@ import sys
 from functools import partial
 from typing import cast
 
-from services.bootstrap import COMPANIONS, WORKERS, ProcessAdapters, build_processor, redis_at
+from services.bootstrap import COMPANIONS, WORKERS, ProcessAdapters, build_processor, keys_at, redis_at
 from services.cli_clients import add_parsers as client_parsers
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
@@ -140,7 +140,6 @@ def _progress_bars(labels: list[str]):
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
     from workers.jobs.rebuild import rebuild_all
-    from workers.runtime.data_keys import install_keys
     from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
@@ -154,11 +153,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
-        await install_keys(settings)
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
-            gens = await rebuild_all(settings, redis_at(settings), updates, switch=switch, optimize=args.optimize, targets=targets)
+            gens = await rebuild_all(settings, redis_at(settings), keys_at(settings), updates, switch=switch,
+                                     optimize=args.optimize, targets=targets)
         for target, gen in gens.items():
             print(f"{target}: generation {gen} built{after[target]}")
 
@@ -196,7 +195,7 @@ def cmd_kek(args: argparse.Namespace) -> int:
     async def go() -> int:
         await wait_for_broker(settings)
         # A cast, not an assert: with encryption off this fails on None as it always did.
-        keys = cast(KeyTopic, await open_keys(settings, follow=False))
+        keys = cast(KeyTopic, await open_keys(settings, keys_at(settings)(), follow=False))
         keys.keyring.provider = provider
         bar, updates = _progress_bars(["data keys"])
         try:
@@ -233,18 +232,17 @@ def _offsets(spec: str | None) -> dict[int, int] | None:
 def cmd_replay(args: argparse.Namespace) -> int:
     from events.topics import EVENTS, VECTORS
     from workers.jobs.rebuild import replay_qdrant, replay_redis
-    from workers.runtime.data_keys import install_keys
     from workers.runtime.kafka_io import require_topics, wait_for_broker
 
     settings = get_settings()
     configure(settings.log_level, service="cli")
-    replay = partial(replay_redis, settings, redis_at(settings)) if args.target == "redis" else partial(
-        replay_qdrant, settings)
+    codec = keys_at(settings)()
+    replay = partial(replay_redis, settings, redis_at(settings), codec) if args.target == "redis" else partial(
+        replay_qdrant, settings, codec)
 
     async def go():
         await wait_for_broker(settings)
         await require_topics(settings, [EVENTS, VECTORS])
-        await install_keys(settings)
         label = f"replay into {args.target} generation {args.generation}"
         bar, updates = _progress_bars([label])
         with bar:

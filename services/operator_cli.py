@@ -28,6 +28,7 @@ LIST_LIMIT = 50
 
 async def gather_status(settings: Settings) -> dict[str, Any]:
     """What `memlane status --json` prints."""
+    from events.codec import PLAIN
     from events.topics import TOPICS
     from services.bootstrap import redis_at
     from services.http.health_probe import HealthProbe, assess
@@ -39,7 +40,7 @@ async def gather_status(settings: Settings) -> dict[str, Any]:
     probe = HealthProbe(settings, redis, client=r)
     try:
         seen, (dlq, dlq_errors), projection, api, processes = await asyncio.gather(
-            probe.observe(), _dead_letters(DeadLetters(settings, r), [t.dlq for t in TOPICS.values()]),
+            probe.observe(), _dead_letters(DeadLetters(settings, r, PLAIN), [t.dlq for t in TOPICS.values()]),
             _projection(settings, r), _api(settings), _processes(settings))
         workers, problems = assess(seen, settings.health_max_lag, {})
         for name, beat in seen.beats.items():
@@ -246,14 +247,14 @@ def _letter_row(x: Any) -> list[str]:
 
 
 async def _with_letters(settings: Settings, fn) -> Any:
-    from services.bootstrap import redis_at
+    from services.bootstrap import keys_at, redis_at
     from workers.runtime.dlq import DeadLetters
     from workers.runtime.kafka_io import wait_for_broker
 
     await wait_for_broker(settings, timeout=30)
     r = redis_at(settings)(decode_responses=False)
     try:
-        return await fn(DeadLetters(settings, r))
+        return await fn(DeadLetters(settings, r, keys_at(settings)()))
     finally:
         await r.aclose()
 
@@ -315,14 +316,15 @@ def _dlq_show(args: argparse.Namespace, settings: Settings, dlq: str) -> int:
 def _opened_value(settings: Settings, x: Any) -> str:
     """The dead letter's value as the worker saw it: a turn memlane parked sealed is opened
     with the deployment's keys (or said to be sealed when they cannot open it)."""
-    from events import codec
+    from services.bootstrap import keys_at
     from workers.runtime.data_keys import install_keys
 
     h = x.headers
     where = f"{h.get('source_topic')}/{h.get('source_partition')}/{h.get('source_offset')}"
+    codec = keys_at(settings)()
 
     async def go() -> str:
-        await install_keys(settings)
+        await install_keys(settings, codec)
         try:
             return codec.unpark(x.value, where).decode(errors="replace")
         except Exception as e:
@@ -373,7 +375,7 @@ def _dlq_replay(args: argparse.Namespace, settings: Settings, dlq: str) -> int:
                 print("nothing sent")
                 return 1
         if any(x.value and x.value.startswith(b'{"parked"') for x in todo):
-            await install_keys(settings)  # parked turns are opened before they go back
+            await install_keys(settings, d.codec)  # parked turns are opened before they go back
         bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                        disable=len(todo) < 10)
         task = bar.add_task("replaying", total=len(todo))

@@ -58,18 +58,6 @@ def infra():
     yield redis_cluster.cluster_env() if redis_cluster.selected() else {}
 
 
-@pytest.fixture(autouse=True)
-def _own_cipher():
-    """A test that runs a worker in this process installs its keys as the process's cipher
-    (`workers.runtime.data_keys.open_keys`); the next test starts with the cipher it had before, whatever
-    suite it is in (an e2e test that left one behind once sealed every later test's messages)."""
-    from events import codec
-
-    before = codec.cipher()
-    yield
-    codec.use_cipher(before)
-
-
 @pytest.fixture(scope="session")
 def run_id() -> str:
     return f"t{int(time.time())}{uuid.uuid4().hex[:4]}"

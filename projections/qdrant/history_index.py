@@ -38,9 +38,9 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from events.codec import ContractError, cipher
+from events.codec import ContractError
 from events.rules.history import HistoryFilter, KeptEvent, parts_of
-from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
+from events.sealing import Cipher, KeyDestroyed, KeyMissing, open_text, seal_text, subject_of
 from projections.qdrant import ranking
 from projections.qdrant.edge_shard import DENSE, SPARSE, open_shard
 from projections.records import Erasure
@@ -96,11 +96,10 @@ def part_aad(p: dict[str, Any]) -> str:
     return f"history:{p['tenant']}/{p['agent']}/{p['session']}/{p['event_id']}#{p['part']}"
 
 
-def pack(payload: dict[str, Any]) -> dict[str, Any]:
+def pack(payload: dict[str, Any], c: Cipher | None) -> dict[str, Any]:
     """A part's payload as stored: filtered keys with a value, `doc` with the rest, and with
-    a cipher in use the text sealed apart (`sealed`), out of `doc`."""
+    a cipher `c` the text sealed apart (`sealed`), out of `doc`."""
     stored = {k: payload[k] for k in FILTERED if payload.get(k) is not None}
-    c = cipher()
     if c is not None:
         subject = subject_of(payload["tenant"], payload["agent"], payload.get("user"))
         stored["sealed"] = seal_text(c, subject, part_aad(payload), payload["text"])
@@ -109,14 +108,13 @@ def pack(payload: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def unpack(stored: dict[str, Any]) -> dict[str, Any]:
+def unpack(stored: dict[str, Any], c: Cipher | None) -> dict[str, Any]:
     """Raises `KeyMissing` or `KeyDestroyed` for a sealed text it cannot open."""
     if "doc" not in stored:
         return stored
     out = {k: v for k, v in stored.items() if k not in ("doc", "sealed")}
     out.update(from_json(stored["doc"]))
     if "sealed" in stored:
-        c = cipher()
         if c is None:
             raise ContractError("sealed", "a sealed history part, and this process has no keys")
         out["text"] = open_text(c, part_aad(out), stored["sealed"])
@@ -131,8 +129,9 @@ def event_parts(e: KeptEvent) -> list[tuple[str, dict[str, Any]]]:
 class HistoryIndex:
     """Owns one Edge shard directory. An Edge shard belongs to one process."""
 
-    def __init__(self, path: Path, dim: int = 384) -> None:
+    def __init__(self, path: Path, dim: int = 384, cipher: Cipher | None = None) -> None:
         self.path = Path(path)
+        self.cipher = cipher  # seals and opens the parts' texts
         self.bm25 = Bm25(Bm25Config())
         # Re-entrant: a search in the event loop holds it throughout (`search_now`).
         self._lock = threading.RLock()
@@ -146,7 +145,7 @@ class HistoryIndex:
     # ------------------------------------------------------------------ write side
 
     def upsert(self, items: list[tuple[str, dict[str, Any], list[float]]]) -> None:
-        self.upsert_packed([(pid, pack(p), p["text"], vec) for pid, p, vec in items])
+        self.upsert_packed([(pid, pack(p, self.cipher), p["text"], vec) for pid, p, vec in items])
 
     def upsert_packed(self, items: list[tuple[str, dict[str, Any], str, list[float]]]) -> None:
         """(point id, `pack`ed payload, the part's text, its vector): for a caller that seals
@@ -255,7 +254,8 @@ class HistoryIndex:
         keys = list(points)
         return _page(keys, np.fromiter((points[k].score for k in keys), float, len(keys)),
                      ranking.rows_of([place(points[k].payload) for k in keys]),
-                     lambda chunk: {k: points[k].payload for k in chunk}, offset, limit, missing_ok)
+                     lambda chunk: {k: points[k].payload for k in chunk}, offset, limit, missing_ok,
+                     self.cipher)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool, visible: Visible | None) -> list[HistoryHit]:
@@ -281,7 +281,7 @@ class HistoryIndex:
             keys, rows = [k for k, keep in zip(keys, kept, strict=True) if keep], rows[kept]
         scores = ranking.ranked(np.fromiter((lex.get(k, ranking.MISSED) for k in keys), float, len(keys)),
                                 np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows)
-        return _page(keys, scores, rows, self._payloads, offset, limit, missing_ok)
+        return _page(keys, scores, rows, self._payloads, offset, limit, missing_ok, self.cipher)
 
     def _read_places(self, keys: list[int]) -> dict[int, ranking.Place]:
         return {k: place(p) for k, p in self._payloads(keys).items()}
@@ -340,7 +340,7 @@ def place(stored: dict[str, Any]) -> ranking.Place:
 
 def _page(keys: list[int], scores: np.ndarray, rows: np.ndarray,
           payloads: Callable[[list[int]], dict[int, dict[str, Any]]], offset: int, limit: int,
-          missing_ok: bool) -> list[HistoryHit]:
+          missing_ok: bool, cipher: Cipher | None) -> list[HistoryHit]:
     """Hits `offset .. offset+limit` in `ranking.order`. A part sealed under a destroyed key is
     left out, as is one gone since the query; one under a key not known yet raises
     `KeyMissing`, unless `missing_ok`. Payloads are read down the order only as far as the page
@@ -358,7 +358,7 @@ def _page(keys: list[int], scores: np.ndarray, rows: np.ndarray,
             if key not in got:
                 continue
             try:
-                hits.append(HistoryHit(score_of[key], unpack(got[key])))
+                hits.append(HistoryHit(score_of[key], unpack(got[key], cipher)))
             except KeyDestroyed:
                 continue
             except KeyMissing:

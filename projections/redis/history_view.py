@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 import msgspec
 import redis.asyncio as aioredis
 
-from events.codec import ContractError, cipher
+from events.codec import PLAIN, Codec, ContractError
 from events.rules.history import (
     SEQ_SLOTS,
     HistoryFilter,
@@ -36,7 +36,7 @@ from events.rules.history import (
     membership_windows,
     within,
 )
-from events.sealing import open_text, seal_text, subject_of
+from events.sealing import Cipher, open_text, seal_text, subject_of
 from projections.records import Erasure, Keys, opening
 from projections.redis.connection import agent_tag, retag_once, scan_keys, write_then
 
@@ -48,9 +48,8 @@ def event_aad(session_key: str, event_id: str) -> str:
     return f"history:{session_key}/{event_id}"
 
 
-def seal_event(e: KeptEvent) -> str:
-    """The event as stored: its text sealed (as it is with no cipher in use)."""
-    c = cipher()
+def seal_event(e: KeptEvent, c: Cipher | None) -> str:
+    """The event as stored: its text sealed by `c` (as it is without one)."""
     if c is None:
         return e.to_json()
     d = asdict(e)
@@ -67,7 +66,7 @@ _STORED = msgspec.json.Decoder(KeptEvent)  # a stored event's fields; its sealed
 _TOKEN = msgspec.json.Decoder(_Sealed)
 
 
-def open_event(raw: str | bytes, text: bool = True) -> KeptEvent:
+def open_event(raw: str | bytes, c: Cipher | None, text: bool = True) -> KeptEvent:
     """Raises `KeyMissing` or `KeyDestroyed` for a text it cannot open. `text=False`: the event
     without its sealed text (`text` ""), for a check of who said it and when, which needs no key
     (and costs a tenth: no decryption)."""
@@ -75,7 +74,6 @@ def open_event(raw: str | bytes, text: bool = True) -> KeptEvent:
     token = _TOKEN.decode(raw).sealed if text else None
     if token is None:
         return e
-    c = cipher()
     if c is None:
         raise ContractError("sealed", "a sealed history event, and this process has no keys")
     return replace(e, text=open_text(c, event_aad(e.session_key, e.id), token))
@@ -90,8 +88,9 @@ def _tagged_session(session_key: str) -> str:
 
 class RedisHistory:
     def __init__(self, client: aioredis.Redis, namespace: str = "", generation: int = 1,
-                 keys: Keys | None = None) -> None:
+                 keys: Keys | None = None, codec: Codec = PLAIN) -> None:
         self.r = client
+        self.cipher = codec.cipher  # seals and opens the events' texts
         self.ns = f"ml:{namespace}hist:g{generation}"
         self.keys = keys  # catches up on keys not known yet; publishes the ones a write seals under
         self.unreadable = 0  # events left out: sealed under destroyed keys
@@ -124,7 +123,7 @@ class RedisHistory:
             await self.erase(er, at)
         kept = [e for e in events if not erased(markers, e)] if markers else events
         changes = [m for m in memberships if not membership_erased(markers, *m[0].split("/")[:2], m[2])]
-        rows = [(e, seal_event(e)) for e in kept]
+        rows = [(e, seal_event(e, self.cipher)) for e in kept]
         if rows and self.keys is not None:
             await self.keys.flush()
 
@@ -213,7 +212,7 @@ class RedisHistory:
         for x in raws:
             if not x:
                 continue
-            e = await opening(self.keys, open_event, x, text)
+            e = await opening(self.keys, open_event, x, self.cipher, text)
             if e is None:
                 self.unreadable += 1
             else:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from events.codec import opened
+from events.codec import Codec
 from events.sealing import KeyDestroyed, KeyMissing
 from projections.records import Erasure, opening
 from projections.redis.connection import agent_tag, scan_keys, unlink_keys
@@ -107,9 +107,9 @@ class Note:
                 "conversation": self.session, "saved_at": self.saved_at.isoformat()}
 
 
-def _note(raw: bytes | str) -> Note:
+def _note(raw: bytes | str, codec: Codec) -> Note:
     """Raises `KeyMissing` or `KeyDestroyed` for a note it cannot open."""
-    d = _SAVED.decode(opened(raw))
+    d = _SAVED.decode(codec.opened(raw))
     return Note(d.note_id, d.revision, d.topic, d.summary, tuple((s.conversation, s.id) for s in d.sources),
                 d.session, d.occurred_at, d.user)
 
@@ -126,7 +126,7 @@ class NoteView:
 
     async def _opened(self, raw: bytes | str) -> Note | None:
         try:
-            return await opening(self.records.keys, _note, raw)
+            return await opening(self.records.keys, _note, raw, self.records.codec)
         except (KeyMissing, KeyDestroyed):  # no keys to catch up with: unreadable here
             return None
 

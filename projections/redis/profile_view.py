@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from events.codec import decode
+from events.codec import Codec
 from events.topics import EVENTS
 from projections.records import opening
 from projections.redis.connection import agent_tag
@@ -67,8 +67,8 @@ class Profile:
         return {"user": self.user, "text": self.text, "version": self.version}
 
 
-def _profile(raw: bytes | str) -> Profile:
-    e = decode(EVENTS.name, raw)
+def _profile(raw: bytes | str, codec: Codec) -> Profile:
+    e = codec.decode(EVENTS.name, raw)
     return Profile(e.user, e.text, e.version)
 
 
@@ -85,5 +85,5 @@ class ProfileView:
         raw = await rec.r.hget(profiles_key(ns, tenant, agent), user)
         if raw is None:
             return None
-        got = await opening(rec.keys, _profile, raw)
+        got = await opening(rec.keys, _profile, raw, rec.codec)
         return got if got is not None and got.text else None

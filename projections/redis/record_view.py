@@ -34,6 +34,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from events.codec import PLAIN, Codec
 from projections.records import Keys
 from projections.redis.applied_waiter import AppliedListener
 from projections.redis.record_view_generations import Generations
@@ -52,11 +53,11 @@ class RedisRecords(RecordReads):
 
     def __init__(
         self, client: aioredis.Redis, generation: int | None = None, namespace: str = "", announce: bool = False,
-        keys: Keys | None = None,
+        keys: Keys | None = None, codec: Codec = PLAIN,
     ) -> None:
         # Deployments sharing one Redis (tests, demos) keep apart by namespace.
         self.root = f"ml:{namespace}"
-        super().__init__(client, Generations(client, self.root, generation), keys)
+        super().__init__(client, Generations(client, self.root, generation), keys, codec)
         # `apply` publishes what it applied here: the live worker's writes, which API
         # requests wait for (`AppliedListener`). Rebuilds and replays have no one waiting.
         self.applied_channel = f"{self.root}applied"

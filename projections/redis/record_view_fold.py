@@ -145,7 +145,7 @@ def _readable(view: FoldView, e: LeanEvent, gone: set[str]) -> bool:
 
 
 async def _config(b: FoldBatch, e: LeanEvent) -> None:
-    full = e.full()
+    full = e.full(b.view.codec)
     b.pipe.set(agent_key(b.ns, "config", f"{full.tenant}/{full.agent}"), full.config.model_dump_json())
     if b.view.announce:  # a configuration's writer reads it back at once (read-your-writes)
         b.heard(f"{e.tenant}/{e.agent}", None, e.command_id)
@@ -154,13 +154,13 @@ async def _config(b: FoldBatch, e: LeanEvent) -> None:
 async def _block(b: FoldBatch, e: LeanEvent) -> None:
     """A block's text replaces the last, sealed; an empty one removes the block. Events of
     one agent come in log order, so the last applied is the newest, as for configurations."""
-    full = await b.view.open_counted(e.full)
+    full = await b.view.open_counted(e.full, b.view.codec)
     if full is None:
         return
     key = agent_key(b.ns, "blocks", f"{full.tenant}/{full.agent}")
     at = block_field(full.label, full.application)  # an application's block: `<application>:<label>`
     if full.text:
-        b.pipe.hset(key, at, seal_block(full.tenant, full.agent, at, full.text))
+        b.pipe.hset(key, at, seal_block(b.view.codec.cipher, full.tenant, full.agent, at, full.text))
     else:
         b.pipe.hdel(key, at)
     b.heard(f"{full.tenant}/{full.agent}", at, e.command_id)
@@ -170,7 +170,7 @@ async def _subject(b: FoldBatch, e: LeanEvent) -> None:
     """Consent is the newest grant or withdrawal of the member on the agent; a removal holds
     until an operator restores the member or the tenant. Queued before the batch's records
     and its checkpoint, so a withdrawal is never behind them."""
-    full, ns = e.full(), b.ns
+    full, ns = e.full(b.view.codec), b.ns
     if full.type == "AgentRemoved":
         b.pipe.sadd(f"{ns}:removed_agents:{full.tenant}", full.agent)
     elif full.type == "UserRemoved":

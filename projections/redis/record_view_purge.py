@@ -37,7 +37,7 @@ class Purger:
 
     async def purge(self, ns: str, e: Any) -> None:
         """Drops what a `SubjectErased` or a `RecordsPurged` names from generation namespace `ns`."""
-        e = as_lean(e)
+        e = as_lean(e, self.view.codec)
         if e.type == "RecordsPurged":
             await self._drop_records(ns, f"{e.tenant}/{e.agent}", set(e.record_ids))
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from events.codec import Codec
 from events.config import AgentConfig
 from events.record import MemoryRecord, Status
 from events.rules.subjects import SubjectState
@@ -19,9 +20,10 @@ LIST_PAGE = 2000  # ids per ZRANGE when a reader walks a whole listing
 
 
 class RecordReads:
-    def __init__(self, client: Any, gens: Generations, keys: Keys | None) -> None:
+    def __init__(self, client: Any, gens: Generations, keys: Keys | None, codec: Codec) -> None:
         self.r = client
         self.gens = gens
+        self.codec = codec  # opens the sealed versions and block texts
         # Catches up on a key not known yet, and publishes the keys a write seals under
         # first. Without it a key not known yet is the caller's to catch up on (KeyMissing).
         self.keys = keys
@@ -39,7 +41,7 @@ class RecordReads:
     async def _snapshots(self, raws: list[str | None]) -> list[MemoryRecord]:
         out = []
         for raw in raws:
-            if raw and (r := await self.open_counted(snapshot, raw)) is not None:
+            if raw and (r := await self.open_counted(snapshot, raw, self.codec)) is not None:
                 out.append(r)
         return out
 
@@ -116,7 +118,7 @@ class RecordReads:
             return found[0] if found else None
         key = self._keys(await self._read_generation(), tenant, agent)[0]
         raw = await self.r.hget(key, f"{rid}#{version}")
-        return await self.open_counted(snapshot, raw) if raw else None
+        return await self.open_counted(snapshot, raw, self.codec) if raw else None
 
     async def get_many(self, tenant, agent, rids: list[str]) -> list[MemoryRecord]:
         """Current versions of `rids`, in order, skipping unknown ids and records sealed under
@@ -230,7 +232,7 @@ class RecordReads:
         stored = await self.r.hgetall(self._agent(await self._read_generation(), "blocks", tenant, agent))
         out = {}
         for label, value in stored.items():
-            if (text := await self.open_counted(open_block, tenant, agent, label, value)) is not None:
+            if (text := await self.open_counted(open_block, self.codec.cipher, tenant, agent, label, value)) is not None:
                 out[label] = text
         return out
 

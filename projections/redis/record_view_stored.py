@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from events.codec import ContractError, cipher, opened
+from events.codec import Codec, ContractError
 from events.lean import LeanRecord, decode_lean
 from events.record import MemoryRecord
-from events.sealing import open_text, seal_text, subject_of
+from events.sealing import Cipher, open_text, seal_text, subject_of
 
 SEALED_BLOCK = "sealed:"  # what starts a sealed block text in the view
 
@@ -18,21 +18,19 @@ def block_aad(tenant: str, agent: str, label: str) -> str:
     return f"block:{tenant}/{agent}/{label}"
 
 
-def seal_block(tenant: str, agent: str, label: str, text: str) -> str:
-    c = cipher()
-    if c is None:
+def seal_block(cipher: Cipher | None, tenant: str, agent: str, label: str, text: str) -> str:
+    if cipher is None:
         return text
-    return SEALED_BLOCK + seal_text(c, subject_of(tenant, agent), block_aad(tenant, agent, label), text)
+    return SEALED_BLOCK + seal_text(cipher, subject_of(tenant, agent), block_aad(tenant, agent, label), text)
 
 
-def open_block(tenant: str, agent: str, label: str, stored: str) -> str:
+def open_block(cipher: Cipher | None, tenant: str, agent: str, label: str, stored: str) -> str:
     """Raises `KeyMissing` or `KeyDestroyed`. A text stored before sealing reads as it is."""
     if not stored.startswith(SEALED_BLOCK):
         return stored
-    c = cipher()
-    if c is None:
-        raise ContractError("sealed", "a sealed block, and this process has no keys (events.codec.use_cipher)")
-    return open_text(c, block_aad(tenant, agent, label), stored[len(SEALED_BLOCK):])
+    if cipher is None:
+        raise ContractError("sealed", "a sealed block, and this process has no keys")
+    return open_text(cipher, block_aad(tenant, agent, label), stored[len(SEALED_BLOCK):])
 
 
 def lean_record(raw: str) -> LeanRecord | None:
@@ -44,10 +42,10 @@ def lean_record(raw: str) -> LeanRecord | None:
         return None
 
 
-def snapshot(raw: str) -> MemoryRecord:
-    """The record a stored version holds: the raw event that made it, opened. Raises
+def snapshot(raw: str, codec: Codec) -> MemoryRecord:
+    """The record a stored version holds: the raw event that made it, opened by `codec`. Raises
     `KeyMissing` or `KeyDestroyed` (events.sealing) for a record it cannot open."""
-    return _STORED.validate_json(opened(raw)).record
+    return _STORED.validate_json(codec.opened(raw)).record
 
 
 class _Stored(BaseModel):

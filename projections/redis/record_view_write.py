@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from events.codec import cipher
 from events.lean import LeanEvent, as_lean
 from events.sealing import kid_of
 from projections.redis.record_view_apply import LiveWrites
@@ -43,7 +42,7 @@ class RecordWriter:
     async def _segmented(self, events: list[Any], positions: Positions, step: Segment) -> None:
         """`step` over the batch up to each purge, then the purge; the checkpoint goes with the last part."""
         ns = await self.gens.register()
-        lean = [as_lean(e) for e in events]
+        lean = [as_lean(e, self.view.codec) for e in events]
         gone = await self._destroyed_kids(lean)
         for seg, purge in segments(lean):
             await step(ns, seg, gone, None if purge else positions)
@@ -53,7 +52,7 @@ class RecordWriter:
     async def _destroyed_kids(self, events: list[LeanEvent]) -> set[str]:
         """The data keys the batch's records are sealed under that are gone: not known here
         even after catching up (a key is published before anything sealed under it)."""
-        knows = getattr(cipher(), "knows", None)
+        knows = getattr(self.view.codec.cipher, "knows", None)
         keys = self.view.keys
         if knows is None or keys is None:
             return set()

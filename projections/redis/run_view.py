@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from events.codec import decode
+from events.codec import Codec
 from events.rules import runs as rules
 from events.topics import EVENTS
 from projections.records import opening
@@ -76,14 +76,14 @@ async def purge(records: ViewStore, ns: str, tenant: str, agent: str, user: str 
     await unlink_keys(records.r, [k async for k in scan_keys(records.r, pattern)], 500)
 
 
-def _entry(raw: bytes | str) -> rules.Entry:
-    e = decode(EVENTS.name, raw)
+def _entry(raw: bytes | str, codec: Codec) -> rules.Entry:
+    e = codec.decode(EVENTS.name, raw)
     return rules.Entry(id=e.entry_id, at=e.occurred_at, summary=e.summary, content=e.content, kind=e.kind,
                        record_id=e.record_id)
 
 
-def _summary(raw: bytes | str) -> str:
-    return decode(EVENTS.name, raw).summary
+def _summary(raw: bytes | str, codec: Codec) -> str:
+    return codec.decode(EVENTS.name, raw).summary
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ class RunView:
         for field, raw in stored.items():
             name = field.decode() if isinstance(field, bytes) else field
             if name.startswith("e:"):
-                if (e := await opening(rec.keys, _entry, raw)) is not None:
+                if (e := await opening(rec.keys, _entry, raw, rec.codec)) is not None:
                     entries.append(e)
             elif name == "summary":
-                summary = await opening(rec.keys, _summary, raw)
+                summary = await opening(rec.keys, _summary, raw, rec.codec)
         shown, summary = rules.visible(entries, summary, last_at, now)
         expires = rules.expires_at(last_at) if last_at and (shown or summary) else None
         return RunSession(run, shown, summary, expires)

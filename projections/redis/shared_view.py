@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from events.codec import decode
+from events.codec import PLAIN, Codec
 from events.commands import WORKSPACE
 from events.topics import EVENTS
 from projections.records import opening
@@ -103,8 +103,8 @@ class TenantMemory:
     floors: list[Item]
 
 
-def _text(raw: bytes | str) -> Any:
-    return decode(EVENTS.name, raw)
+def _text(raw: bytes | str, codec: Codec) -> Any:
+    return codec.decode(EVENTS.name, raw)
 
 
 def _s(v: bytes | str) -> str:
@@ -129,10 +129,10 @@ class SharedView:
         for field, raw in sorted(stored.items()):
             if field.startswith("c:"):
                 status = _s(stored.get(f"s:{field[2:]}", "candidate"))
-                if status in statuses and (e := await opening(rec.keys, _text, raw)) is not None:
+                if status in statuses and (e := await opening(rec.keys, _text, raw, rec.codec)) is not None:
                     conventions.append(Item(e.entry_id, e.text, status, tuple(e.agents), at=e.occurred_at.isoformat()))
             elif field.startswith("f:"):
-                if (e := await opening(rec.keys, _text, raw)) is not None:
+                if (e := await opening(rec.keys, _text, raw, rec.codec)) is not None:
                     floors.append(Item(e.entry_id, e.text, at=e.occurred_at.isoformat()))
         return TenantMemory(conventions, floors)
 
@@ -140,6 +140,6 @@ class SharedView:
         rec = self.records
         out = []
         for _field, raw in sorted((await rec.r.hgetall(platform_key(await self._ns()))).items()):
-            e = _text(raw)  # never sealed: the platform's own entries
+            e = _text(raw, PLAIN)  # never sealed: the platform's own entries
             out.append(Item(e.entry_id, e.text, kind=e.kind, at=e.occurred_at.isoformat()))
         return out

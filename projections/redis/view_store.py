@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from events.codec import Codec
 from projections.records import Keys
 
 
 class ViewStore(Protocol):
     r: Any
     keys: Keys | None
+    codec: Codec
 
     async def namespace(self) -> str:
         """The key namespace of the generation reads are served from."""

@@ -15,7 +15,7 @@ from projections.embedders.choose import make_embedder
 from projections.redis.api_key_view import ApiKeyView
 from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
-from services.bootstrap import redis_at
+from services.bootstrap import keys_at, redis_at
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
@@ -81,7 +81,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     async def lifespan(app: FastAPI):
         await wait_for_broker(settings)
         await ensure_topics(settings)
-        data_keys = await open_keys(settings)
+        codec = keys_at(settings)()
+        data_keys = await open_keys(settings, codec)
         redis = redis_at(settings)
         redis_client = redis(pooled=True)
         await redis_client.ping()
@@ -91,13 +92,13 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         # Metered (memlane_embedding_*, caller "api"): queries and healed points.
         embedder = MeteredEmbedder(make_embedder(settings), "api")
         await asyncio.to_thread(embedder.embed, ["warm up"])
-        shards = ShardOwner(settings, redis, embedder, data_keys)
+        shards = ShardOwner(settings, redis, codec, embedder, data_keys)
         await shards.open(current_generation(settings))
         assert shards.memory is not None  # `open` set it
         prod = producer(settings)
         await prod.start()
-        publisher = KafkaCommandPublisher(settings, prod, data_keys)
-        records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys)
+        publisher = KafkaCommandPublisher(settings, prod, codec, data_keys)
+        records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys, codec=codec)
         # Notes check their sources as history reads them (docs/features/notes.md).
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher), visible=visible_messages)
@@ -106,6 +107,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.redis_at = redis  # for the extensions' own clients
+        app.state.codec = codec  # the process's: the extensions' followers seal and open with it
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root, log=api_keys)
         app.state.api_keys = api_keys

@@ -37,7 +37,7 @@ class ActivityExtension:
         # Its own Redis client, as the health probe has: a burst of chart reads never waits
         # behind the memory service's pool, nor the other way round.
         self.view = ActivityView(app.state.redis_at(), settings.redis_root)
-        self.follower = ActivityFollower(settings, self.view, getattr(app.state, "data_keys", None))
+        self.follower = ActivityFollower(settings, self.view, getattr(app.state, "data_keys", None), codec=app.state.codec)
         self.task = asyncio.create_task(self.follower.run(), name="activity-follower")
         self.task.add_done_callback(_report)
         app.state.activity = self.view
@@ -69,10 +69,10 @@ class HistoryFollowing:
 
     def __init__(self, app: FastAPI, settings: Settings) -> None:
         keys = getattr(app.state, "data_keys", None)  # None with encryption off
-        self.index = HistoryIndex(history_shard_path(settings))
-        self.projection = HistoryQdrantProjection(settings, self.index, keys)  # it never embeds: vectors come joined
+        self.index = HistoryIndex(history_shard_path(settings), cipher=app.state.codec.cipher)
+        self.projection = HistoryQdrantProjection(settings, self.index, keys, codec=app.state.codec)  # it never embeds: vectors come joined
         self.task = asyncio.create_task(self.projection.run(), name="history-projection")
-        self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys)
+        self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys, codec=app.state.codec)
 
     async def stop(self) -> None:
         self.projection.stopping.set()

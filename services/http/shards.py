@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
+from events.codec import Codec
 from settings import Settings
 from workers.followers.memory_shards import MemoryShards, current_generation
 
@@ -32,9 +33,10 @@ class ShardOwner:
     the owner then opens the new shards, lets their projections catch up, and swaps.
     """
 
-    def __init__(self, settings: Settings, redis: Connect, embedder: Embedder | None = None,
+    def __init__(self, settings: Settings, redis: Connect, codec: Codec, embedder: Embedder | None = None,
                  keys: KeyTopic | None = None) -> None:
         self.settings = settings
+        self.codec = codec
         self.redis = redis
         self.generation = 0
         self.memory: MemoryShards | None = None
@@ -45,7 +47,7 @@ class ShardOwner:
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
-        memory = MemoryShards(self.settings, generation, self.redis, self.embedder, self.keys)
+        memory = MemoryShards(self.settings, generation, self.redis, self.embedder, self.keys, codec=self.codec)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:

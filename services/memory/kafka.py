@@ -9,7 +9,7 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
-from events.codec import encode
+from events.codec import Codec
 from events.errors import ErrorCode
 from events.limits import MESSAGE_LIMIT, largest_field, too_large
 from events.topics import COMMANDS, USAGE
@@ -24,9 +24,11 @@ log = structlog.get_logger()
 class KafkaCommandPublisher:
     """Sends commands with one producer, renewed when a failed send left it unusable."""
 
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer, keys: KeyTopic | None = None) -> None:
+    def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+                 keys: KeyTopic | None = None) -> None:
         self.settings = settings
         self.producer = producer
+        self.codec = codec
         self.keys = keys
         self._renewing = asyncio.Lock()
         self._closing: set[asyncio.Future] = set()
@@ -85,7 +87,7 @@ class KafkaUsageRecorder:
         self.commands = commands
 
     async def record(self, usage: Any) -> None:
-        data = encode(usage)
+        data = self.commands.codec.encode(usage)
         if self.commands.keys is not None:
             await self.commands.keys.flush()
         await self.commands.producer.send(self.settings.topic(USAGE.name), data, key=USAGE.key_bytes(usage))

@@ -66,7 +66,7 @@ class MemoryNotes:
         """History's Redis side, over the record view's client: where sources are checked."""
         if self._history is None:
             rec = self.commands.records
-            self._history = RedisHistory(rec.r, self.settings.topic_prefix, keys=rec.keys)
+            self._history = RedisHistory(rec.r, self.settings.topic_prefix, keys=rec.keys, codec=rec.codec)
         return self._history
 
     # ------------------------------------------------------------------ checks

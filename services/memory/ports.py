@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from events.codec import Codec
 from events.commands import Command
 from events.usage import UsageEvent
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 
 class CommandPublisher(Protocol):
+    codec: Codec  # encodes the commands it is given, sealing their personal fields
+
     async def send(self, command: Command, data: bytes) -> None:
         """Appends `command` (encoded as `data`, already within the command limit) to the commands log,
         or raises ApiError: LIMIT_EXCEEDED (413) when the log refuses its size, UNAVAILABLE (503) when

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from pydantic_core import PydanticSerializationError, to_json
 
 from events.base import utcnow
-from events.codec import encode
+from events.codec import Codec
 from events.commands import block_field
 from events.errors import ErrorCode
 from events.limits import COMMAND_LIMIT, largest_field, too_large
@@ -115,7 +115,7 @@ class CommandSubmission:
     async def submit(self, cmd: Any, wait: bool, outcome: Any = None, ctx: Context | None = None) -> dict[str, Any]:
         """Sends `cmd`; with `wait`, answers its outcome: `outcome`'s, or the records it wrote
         that `ctx` may read (none without a `ctx`)."""
-        data = encoded(cmd)
+        data = encoded(cmd, self.commands.publisher.codec)
         # A cast, not an assert: a service built without shards fails a wait here as it always did.
         shards = cast("MemoryShards", self.commands.memory)
         fut = shards.wait_for(cmd.command_id, cmd.tenant, cmd.agent) if wait else None
@@ -206,12 +206,12 @@ class CommandSubmission:
                 "read again before writing again")
 
 
-def encoded(cmd: Any) -> bytes:
+def encoded(cmd: Any, codec: Codec) -> bytes:
     """The command as sent, refused before sending when it is over `COMMAND_LIMIT` (every
     event the ledger makes of it must fit the broker's message limit) or holds a string
     that is not text (a lone surrogate cannot be encoded)."""
     try:
-        data = encode(cmd)
+        data = codec.encode(cmd)
     except PydanticSerializationError:
         field = next((f for f in type(cmd).model_fields if not _serializable(getattr(cmd, f))), None)
         raise ApiError(ErrorCode.VALIDATION_FAILED, field, f"{field or 'the command'} holds a string that is not valid "

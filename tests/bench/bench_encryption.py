@@ -19,8 +19,8 @@ plain side's.
   just before the first turn is published to the Kafka timestamp of the last forwarded
   outcome). `worker_cpu_ms_per_turn_on`/`_off`: the extraction worker's own CPU per turn.
 - `on: "rebuild"`: the same `REBUILD_RECORDS` records (and their vectors) over
-  `REBUILD_AGENTS` agents produced into two logs, one sealed by this process (its keyring
-  installed with `open_keys` on that log's prefix, the keys published before the events,
+  `REBUILD_AGENTS` agents produced into two logs, one sealed by this process (a codec whose
+  keyring `open_keys` loaded from that log's prefix, the keys published before the events,
   the vectors keyed and sealed as the embedding worker writes them), one plaintext. Each
   run is a `memlane rebuild` of both projections in a child process (encryption off in the
   plaintext one's), timed inside the child; between runs this process counts what it built
@@ -40,8 +40,8 @@ both hold: the member's list, lexical memory search, recall and history search r
 nothing and `GET /v1/subjects` counts no facts for them (polled: `projections_s`), and
 every data key of the member's subject is tombstoned on the keys topic (`keys_s`, from the
 tombstones' Kafka timestamps: a fresh keyring takes tenths of a second to load, more than
-what is timed). Then a fresh keyring (`open_keys(follow=False)`) must not know the
-subject, and the projections must still serve nothing. Median of `ERASURES`.
+what is timed). Then a fresh keyring (a new codec's, loaded once by `open_keys`)
+must not know the subject, and the projections must still serve nothing. Median of `ERASURES`.
 
 `retention_sweep_records_per_s`: the pure part of the nightly retention, without the broker
 (what the ledger worker runs on each partition's state at the night's hour): a `LedgerState`
@@ -74,7 +74,8 @@ import numpy as np
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from events import RecordAdded, RecordDeleted, codec, encode
+from events import RecordAdded, RecordDeleted
+from events.codec import PLAIN, Codec
 from events.config import AgentConfig
 from events.record import MemoryRecord, Status
 from events.rules.ledger import LedgerState, decide, event_id, evolve, record_id_for
@@ -84,6 +85,7 @@ from events.topics import EVENTS, VECTORS, keys_topic
 from events.vectors import VectorComputed, keyed_hash
 from projections.embedders.port import MODEL_ID, content_hash
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from services.client import MemlaneClient, TurnPublisher
 from services.stack import free_port
 from settings import ROOT, Settings
@@ -246,12 +248,11 @@ ERASE_CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["user"]
 
 async def subject_keys(settings: Settings, subject: str) -> list[bytes]:
     """The keys-topic keys of `subject`'s data keys a fresh keyring loads now (none once destroyed)."""
-    keys = await open_keys(settings, follow=False)
+    keys = await open_keys(settings, keys_at(settings)(), follow=False)
     try:
         return [r.topic_key for r in keys.keyring.kids(subject)]
     finally:
         await keys.stop()
-        codec.use_cipher(None)
 
 
 async def tombstoned_at(settings: Settings, topic_keys: list[bytes]) -> float | None:
@@ -359,9 +360,10 @@ async def erasures(stack, settings: Settings, pub) -> None:
 # ------------------------------------------------------------------------- logs written by this process
 
 
-def log_items(settings: Settings, n: int, agent_of, keyring=None):
+def log_items(settings: Settings, n: int, agent_of, codec: Codec = PLAIN):
     """`n` records and their vectors as the ledger and the embedding worker write them:
-    sealed when the codec has `keyring` as its cipher."""
+    sealed when `codec` has a keyring."""
+    keyring = codec.cipher
     rng = np.random.default_rng(1)
     for i in range(n):
         agent = agent_of(i)
@@ -374,34 +376,32 @@ def log_items(settings: Settings, n: int, agent_of, keyring=None):
             subject = subject_of("bench", agent)
             v = VectorComputed.of(MODEL_ID, keyed_hash(text, keyring.current_kid(subject), keyring), vec, subject,
                                   keyring)
-        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of(agent)
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), codec.encode(v), vector_partition_of(agent)
         r = MemoryRecord(id=record_id_for("bench", agent, f"c{i}"), version=1, created=T0 + timedelta(seconds=i),
                          modified=T0 + timedelta(seconds=i), tenant="bench", agent=agent, scope="AGENT", kind="fact",
                          summary=text)
         e = RecordAdded(event_id=event_id("bench", agent, f"c{i}", 0), command_id=f"c{i}", tenant="bench",
                         agent=agent, occurred_at=r.created, record=r)
-        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), codec.encode(e)
 
 
-async def write_log(settings: Settings, n: int, agent_of, agents: list[str], sealed: bool):
-    """Writes the log; returns the keyring it was sealed with (None for plaintext)."""
+async def write_log(settings: Settings, n: int, agent_of, agents: list[str], sealed: bool) -> Codec:
+    """Writes the log; returns the codec it was written with, whose keyring opens what it
+    sealed (`PLAIN` for a plaintext log)."""
     await ensure_topics(settings)
-    keyring = None
-    if sealed:
-        keys = await open_keys(settings, follow=False)
-        keyring = keys.keyring
-        try:
-            for a in agents:  # published before anything sealed under them, as every writer does
-                keyring.current_kid(subject_of("bench", a))
-            await keys.flush()
-            await _produce(settings, log_items(settings, n, agent_of, keyring))
-        finally:
-            await keys.stop()
-    else:
-        codec.use_cipher(None)
+    if not sealed:
         await _produce(settings, log_items(settings, n, agent_of))
-    codec.use_cipher(None)
-    return keyring
+        return PLAIN
+    codec = keys_at(settings)()
+    keys = await open_keys(settings, codec, follow=False)
+    try:
+        for a in agents:  # published before anything sealed under them, as every writer does
+            keys.keyring.current_kid(subject_of("bench", a))
+        await keys.flush()
+        await _produce(settings, log_items(settings, n, agent_of, codec))
+    finally:
+        await keys.stop()
+    return codec
 
 
 # ------------------------------------------------------------------------- rebuild
@@ -411,19 +411,20 @@ def rebuild_agent(i: int) -> str:
     return f"agent{i % REBUILD_AGENTS}"
 
 
-def rebuild_once(settings: Settings, keyring) -> tuple[float, float]:
+def rebuild_once(settings: Settings, codec: Codec) -> tuple[float, float]:
     """One `memlane rebuild` of both projections in a child process, once checked: (seconds,
     CPU seconds of the child and its shard processes, which the machine's other load moves less)."""
     code = f"""
 import asyncio, json, resource, sys, time
 from settings import Settings
 from workers.jobs.rebuild import rebuild_all
+from services.bootstrap import keys_at
 from tests.redis_at import redis_at
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 s = Settings(topic_prefix={settings.topic_prefix!r}, data_dir={str(settings.data_dir)!r},
              redis_url={settings.redis_url!r}, encryption={settings.encryption!r})
-c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url))); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
+c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), keys_at(s))); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
 print(json.dumps({{"built": built, "secs": secs, "cpu_s": cpu_s}}), flush=True)
 sys.stdin.readline()
 """
@@ -438,7 +439,7 @@ sys.stdin.readline()
             if msg is not None:
                 # Counted while the child waits: the next rebuild drops this generation.
                 try:
-                    check_built(settings, msg["built"], keyring)
+                    check_built(settings, msg["built"], codec)
                 except RuntimeError as e:
                     err.seek(0)
                     raise RuntimeError(f"{e}; the rebuild's log ends: {err.read()[-3000:]}") from None
@@ -455,20 +456,14 @@ sys.stdin.readline()
     return msg["secs"], msg["cpu_s"]
 
 
-def check_built(settings: Settings, built: dict[str, int], keyring) -> None:
-    """Each generation holds every record of the log, and records read back whole."""
-    counts = {"redis": asyncio.run(redis_records(settings, built["redis"], keyring)),
+def check_built(settings: Settings, built: dict[str, int], codec: Codec) -> None:
+    """Each generation holds every record of the log, and records read back whole (opened by
+    `codec`, the one the log was written with)."""
+    counts = {"redis": asyncio.run(rebuild_redis_records(settings, built["redis"], REBUILD_RECORDS, REBUILD_AGENTS,
+                                                         codec)),
               "qdrant": qdrant_points(settings, built["qdrant"])}
     if any(n != REBUILD_RECORDS for n in counts.values()):
         raise RuntimeError(f"the rebuild's generations {built} hold {counts} records, not the log's {REBUILD_RECORDS}")
-
-
-async def redis_records(settings: Settings, gen: int, keyring) -> int:
-    codec.use_cipher(keyring)
-    try:
-        return await rebuild_redis_records(settings, gen, REBUILD_RECORDS, REBUILD_AGENTS)
-    finally:
-        codec.use_cipher(None)
 
 
 async def rebuild() -> None:
@@ -476,20 +471,20 @@ async def rebuild() -> None:
     sides = {side: Settings(topic_prefix=f"{run_id}{side}.", data_dir=ROOT / ".run" / f"{run_id}{side}",
                             redis_url=_bench_redis_url(), encryption=side == "on") for side in ("on", "off")}
     agents = [f"agent{a}" for a in range(REBUILD_AGENTS)]
-    keyrings = {}
+    codecs = {}
     for side, settings in sides.items():
         t0 = time.perf_counter()
-        keyrings[side] = await write_log(settings, REBUILD_RECORDS, rebuild_agent, agents, side == "on")
+        codecs[side] = await write_log(settings, REBUILD_RECORDS, rebuild_agent, agents, side == "on")
         progress(f"rebuild log ({side}): {REBUILD_RECORDS} records and vectors in {time.perf_counter() - t0:.1f} s")
     sealing = check_sealing("rebuild", await sealed_share(sides["on"]), await sealed_share(sides["off"]))
     for side in ("on", "off"):  # the first rebuild of a log ran at a fraction of the later ones' rate
-        warm_s, _ = await asyncio.to_thread(rebuild_once, sides[side], keyrings[side])
+        warm_s, _ = await asyncio.to_thread(rebuild_once, sides[side], codecs[side])
         progress(f"rebuild warm-up ({side}): {REBUILD_RECORDS / warm_s:.0f} records/s, not measured")
     secs: dict[str, list[float]] = {"on": [], "off": []}
     cpu: dict[str, list[float]] = {"on": [], "off": []}
     for i in range(REBUILD_RUNS):
         for side in (("on", "off") if i % 2 == 0 else ("off", "on")):
-            wall, cpu_s = await asyncio.to_thread(rebuild_once, sides[side], keyrings[side])
+            wall, cpu_s = await asyncio.to_thread(rebuild_once, sides[side], codecs[side])
             secs[side].append(wall)
             cpu[side].append(cpu_s / REBUILD_RECORDS * 1e6)
             progress(f"rebuild {side}: {REBUILD_RECORDS / wall:.0f} records/s, {cpu[side][-1]:.0f} CPU us/record")

@@ -37,11 +37,11 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from events import AddMemory, RecordAdded, codec, encode
-from events.codec import decode
+from events import AddMemory, RecordAdded, encode
 from events.record import MemoryRecord
 from events.rules.ledger import event_id, record_id_for
 from events.topics import COMMANDS, EVENTS, TURNS
+from services.bootstrap import keys_at
 from services.client import TurnPublisher
 from services.stack import Stack, free_port, stack_env
 from settings import ROOT, Settings
@@ -78,11 +78,10 @@ class EventTail:
         self.c: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> EventTail:
-        # The events are sealed (with encryption on): opened with the deployment's keys. The
-        # codec's cipher is this process's while the tail is open; what the bench publishes
-        # meanwhile is encoded before (a platform's turns are plaintext).
-        self.before = codec.cipher()
-        self.keys = await open_keys(self.settings, follow=True)
+        # The events are sealed (with encryption on): opened with the deployment's keys, in a
+        # codec of the tail's own. What the bench publishes stays plaintext, as a platform's turns are.
+        self.codec = keys_at(self.settings)()
+        self.keys = await open_keys(self.settings, self.codec, follow=True)
         self.c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, group_id=None,
                                   isolation_level="read_committed", fetch_max_wait_ms=50)
         await self.c.start()
@@ -97,14 +96,13 @@ class EventTail:
         await self.c.stop()
         if self.keys is not None:
             await self.keys.stop()
-        codec.use_cipher(self.before)
 
     async def poll(self) -> None:
         for ms in (await self.c.getmany(timeout_ms=100, max_records=5000)).values():
             for m in ms:
                 try:
-                    e = (decode(EVENTS.name, m.value) if self.keys is None
-                         else await self.keys.opening(decode, EVENTS.name, m.value))
+                    e = (self.codec.decode(EVENTS.name, m.value) if self.keys is None
+                         else await self.keys.opening(self.codec.decode, EVENTS.name, m.value))
                     self.seen.append((m.timestamp / 1000, e))
                 except Exception:
                     continue  # sealed or foreign: not the bench's
@@ -377,7 +375,7 @@ async def _snapshots_in_process(settings: Settings) -> None:
     from workers.processors.ledger.processor import LedgerProcessor
 
     configure("WARNING")
-    ledger = LedgerProcessor(settings)
+    ledger = LedgerProcessor(settings, codec=keys_at(settings)())
     ledger.snapshot_every = 1
     for p in range(EVENTS.partitions):
         await ledger._recover(p)

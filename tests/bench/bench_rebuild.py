@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from events import AddMemory, CommandRejected, RecordAdded, decode, encode
+from events import AddMemory, CommandRejected, RecordAdded, encode
+from events.codec import PLAIN, Codec
 from events.record import MemoryRecord
 from events.rules.ledger import event_id, record_id_for
 from events.topics import COMMANDS, EVENTS, VECTORS, vector_partition
@@ -24,6 +25,7 @@ from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID, content_hash
 from projections.qdrant.index import EdgeIndex
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from tests.redis_at import redis_at
@@ -95,10 +97,11 @@ def _rebuild_child(prefix: str, data_dir: str) -> dict:
 import asyncio, json, sys, time
 from settings import Settings
 from workers.jobs.rebuild import rebuild_all
+from services.bootstrap import keys_at
 from tests.redis_at import redis_at
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 def timed(targets):
-    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), targets=targets)); secs = time.perf_counter() - t0
+    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), keys_at(s), targets=targets)); secs = time.perf_counter() - t0
     print(json.dumps({{"built": built}}), flush=True)
     sys.stdin.readline()
     return secs
@@ -158,9 +161,12 @@ def _check_built(settings: Settings, built: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-async def redis_records(settings: Settings, gen: int, records: int = RECORDS, agents: int = AGENTS) -> int:
-    """Records listed in Redis generation `gen`, after reading a few back whole."""
-    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=settings.topic_prefix)
+async def redis_records(settings: Settings, gen: int, records: int = RECORDS, agents: int = AGENTS,
+                        codec: Codec = PLAIN) -> int:
+    """Records listed in Redis generation `gen`, after reading a few back whole: opened by
+    `codec`, the one a sealed log was written with."""
+    store = RedisRecords(redis_at(settings.redis_url)(pooled=True), generation=gen, namespace=settings.topic_prefix,
+                         codec=codec)
     try:
         for i in (0, records // 2, records - 1):
             agent = f"agent{i % agents}"
@@ -193,12 +199,14 @@ async def _ledger_throughput() -> None:
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, isolation_level="read_committed")
     await c.start()
     keys = None
+    # The ledger seals what it logs: read it with the deployment's keys, those it made included.
+    # The recovery below shares this codec, so it opens the log with the keys followed here.
+    codec = keys_at(settings)()
     try:
         tps = [TopicPartition(settings.topic(EVENTS.name), p) for p in range(EVENTS.partitions)]
         while sum((await c.end_offsets(tps)).values()) < COMMANDS_N:  # markers add a few offsets
             await asyncio.sleep(0.5)
-        # The ledger seals what it logs: read it with the deployment's keys, those it made included.
-        keys = await open_keys(settings)
+        keys = await open_keys(settings, codec)
         if keys is not None:
             await keys.catch_up()
         c.assign(tps)
@@ -211,7 +219,7 @@ async def _ledger_throughput() -> None:
                     first = m.timestamp if first is None else min(first, m.timestamp)
                     last = m.timestamp if last is None else max(last, m.timestamp)
                     n += 1
-                    e = decode(EVENTS.name, m.value)
+                    e = codec.decode(EVENTS.name, m.value)
                     outcome[e.command_id] = e
     finally:
         await c.stop()
@@ -225,14 +233,14 @@ async def _ledger_throughput() -> None:
                            f"{dict(rejected)}): the figure counts applied commands only")
     figure("ledger_commands_per_s", applied / secs, "commands/s", applied, rejected=sum(rejected.values()))
     try:
-        await _ledger_recovery(settings, n)
+        await _ledger_recovery(settings, n, codec)
     finally:
         if keys is not None:
             await keys.stop()
     discard(settings)
 
 
-async def _ledger_recovery(settings: Settings, events: int) -> None:
+async def _ledger_recovery(settings: Settings, events: int, codec: Codec) -> None:
     """How fast a ledger that is assigned partitions reads their state back with no
     snapshot (a new machine, or fewer events than a snapshot waits for): it folds its
     partitions of the event log from the start, so this rate and the log's length set how
@@ -241,7 +249,7 @@ async def _ledger_recovery(settings: Settings, events: int) -> None:
     from workers.processors.ledger.processor import LedgerProcessor
 
     configure("WARNING")  # the per-partition lines would go to stderr among the progress
-    ledger = LedgerProcessor(settings)
+    ledger = LedgerProcessor(settings, codec=codec)
     t0 = time.perf_counter()
     for p in range(EVENTS.partitions):
         await ledger._recover(p)

@@ -44,6 +44,7 @@ from events.rules.ledger import LIVE_FACT_CAP
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID, content_hash
+from services.bootstrap import keys_at
 from services.client import MemlaneClient, TurnPublisher
 from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
@@ -393,7 +394,8 @@ async def run() -> None:
             await _measure(stack, user_key, "_unoptimized_user_scope", MEMBER)
             # Build the per-agent HNSW graphs offline in the next generation; the server swaps to it.
             t1 = time.perf_counter()
-            await rebuild_all(settings, redis_at(settings.redis_url), optimize=True, targets=("qdrant",))
+            await rebuild_all(settings, redis_at(settings.redis_url), keys_at(settings), optimize=True,
+                              targets=("qdrant",))
             async with httpx.AsyncClient(base_url=stack.api_url) as h:
                 while (await h.get("/health", timeout=30)).json()["projection"]["generation"] < 2:
                     await asyncio.sleep(2)

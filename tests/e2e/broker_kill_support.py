@@ -23,10 +23,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from events import Message, ToolCall, codec, decode
+from events import Message, ToolCall
 from events.topics import EVENTS, REDELIVERED, TURNS, keys_topic
 from projections.records import MemoryFold
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from services.client import TurnPublisher
 from services.stack import Stack, free_port, stack_env
 from settings import Settings
@@ -198,10 +199,12 @@ async def broker_kill_round(cluster: Cluster, bootstrap: str, stack: Stack, redi
         victim = led[0]  # the controller leads no event partition: take a partition's leader instead
     res = KillResult(victim=victim, controller=victim == controller, turns=turns,
                      victim_led=sorted(p for p, n in led.items() if n == victim))
-    redis = RedisRecords(redis_at(redis_url)(pooled=True), namespace=prefix)
     # Records and events are sealed under the agents' keys, which the ledger makes as it goes
     # (and publishes before anything sealed under them): each read below catches up first.
-    keys = await open_keys(Settings(topic_prefix=prefix, kafka_bootstrap=bootstrap), follow=False)
+    s = Settings(topic_prefix=prefix, kafka_bootstrap=bootstrap)
+    opening = keys_at(s)()
+    redis = RedisRecords(redis_at(redis_url)(pooled=True), namespace=prefix, codec=opening)
+    keys = await open_keys(s, opening, follow=False)
 
     async def caught_up() -> None:
         if keys is not None:  # None: encryption is off
@@ -254,7 +257,7 @@ async def broker_kill_round(cluster: Cluster, bootstrap: str, stack: Stack, redi
         # come from an older ledger, and projections skip it. An unmarked event id seen twice
         # would be applied twice.
         unmarked = [m for m in msgs if (REDELIVERED, b"1") not in (m.headers or ())]
-        events = [decode(EVENTS.name, m.value) for m in unmarked]
+        events = [opening.decode(EVENTS.name, m.value) for m in unmarked]
         res.redelivered = len(msgs) - len(unmarked)
         stamps = sorted(m.timestamp / 1000 for m in msgs)
         res.pause_s = max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0)
@@ -280,7 +283,6 @@ async def broker_kill_round(cluster: Cluster, bootstrap: str, stack: Stack, redi
         await redis.aclose()
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(None)
     res.seconds = time.monotonic() - t0
     return res
 

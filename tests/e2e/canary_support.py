@@ -343,14 +343,15 @@ async def scan_records(bootstrap: str, prefix: str, canaries: list[Canary]) -> l
 
 
 async def dlq_still_opens(settings, canary: Canary) -> list[str]:
-    """Dead letters of `memlane.turns` (sealed whole, `events.codec.park`) that the data keys
+    """Dead letters of `memlane.turns` (sealed whole, `Codec.park`) that the data keys
     the keys topic holds now still open to text holding the canary."""
-    from events import codec
     from events.sealing import KeyDestroyed
+    from services.bootstrap import keys_at
     from workers.runtime.data_keys import open_keys
 
     msgs = await read_all(settings.kafka_bootstrap, [settings.topic("memlane.turns.dlq")])
-    keys = await open_keys(settings, follow=False)
+    codec = keys_at(settings)()
+    keys = await open_keys(settings, codec, follow=False)
     try:
         out = []
         for m in msgs:
@@ -366,7 +367,6 @@ async def dlq_still_opens(settings, canary: Canary) -> list[str]:
     finally:
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(None)  # the test's own messages stay plaintext, as a platform's are
 
 
 @dataclass

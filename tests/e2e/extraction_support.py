@@ -10,13 +10,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from events import AgentConfig, Message, TurnCommitted, codec
-from events.codec import ContractError, decode, encode
+from events import AgentConfig, Message, TurnCommitted
+from events.codec import ContractError, encode
 from events.commands import GrantConsent, WithdrawConsent
 from events.record import Provenance, Source
 from events.sealing import KeyDestroyed
 from events.topics import COMMANDS, TOPICS, Topic
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from services.client import MemlaneClient
 from services.stack import Stack, stack_env
 from settings import Settings
@@ -86,27 +87,26 @@ async def read_topic_at(settings: Settings, topic: str, registry: str | None = N
     n = 1 if topic.endswith(".dlq") else TOPICS[topic].partitions
     async with TopicReader(settings) as c:
         raw = await c.read_all([TopicPartition(name, p) for p in range(n)])
-    before = codec.cipher()
-    keys = await open_keys(settings, follow=False)
+    opening = keys_at(settings)()
+    keys = await open_keys(settings, opening, follow=False)
     try:
         out = []
         for m in raw:
             try:
-                value = decode(registry, m.value) if registry else m.value
+                value = opening.decode(registry, m.value) if registry else m.value
             except ContractError:
                 continue  # another test's deliberately invalid message on a shared topic
             except KeyDestroyed:
                 continue  # sealed for a subject another test on the shared topic erased
             if topic.endswith(".dlq") and isinstance(value, bytes):
                 h = dict(m.headers)
-                value = codec.unpark(value, "/".join(h[k].decode() for k in ("source_topic", "source_partition",
-                                                                                "source_offset")))
+                value = opening.unpark(value, "/".join(h[k].decode() for k in ("source_topic", "source_partition",
+                                                                                  "source_offset")))
             out.append((m.partition, m.offset, value, m.headers))
         return out
     finally:
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(before)  # the test's own messages stay as they were (plaintext, as a platform's)
 
 
 async def send_commands(settings: Settings, *commands: Any) -> None:

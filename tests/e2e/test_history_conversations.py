@@ -105,14 +105,14 @@ def messages(url, key, session="g1", user=None, **params):
 
 
 async def visible(settings, tenant, agent, refs, user=None, role="agent", session="g1"):
-    from events import codec
     from projections.redis.history_view import RedisHistory
+    from services.bootstrap import keys_at
     from services.http.history_access import visible_messages
     from workers.runtime.data_keys import open_keys
 
-    before = codec.cipher()
-    keys = await open_keys(settings, follow=False)
-    store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, keys=keys)
+    codec = keys_at(settings)()
+    keys = await open_keys(settings, codec, follow=False)
+    store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, keys=keys, codec=codec)
     try:
         ctx = Context(principal=Principal(tenant, agent, role), agent=agent, session=session, user=user)
         return set(await visible_messages(store, ctx, refs))
@@ -120,7 +120,6 @@ async def visible(settings, tenant, agent, refs, user=None, role="agent", sessio
         await store.aclose()
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(before)
 
 
 # ------------------------------------------------------------------------------ membership windows

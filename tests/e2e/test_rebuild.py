@@ -10,6 +10,7 @@ import uuid
 import httpx
 
 from events.config import member_facts
+from services.bootstrap import keys_at
 from services.client import MemlaneClient
 from services.stack import stack_env
 from tests.conftest import eventually
@@ -191,7 +192,7 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
     says how many events it left out. The agent's own facts come back as they were."""
     import json
 
-    from events import SubjectErased, codec
+    from events import SubjectErased
     from events.base import utcnow
     from events.sealing import subject_of
     from events.topics import EVENTS
@@ -210,8 +211,7 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
             for text in texts:
                 await c.add_memory(text, kind="profile")
 
-    before = codec.cipher()
-    keys = await open_keys(settings, follow=False)
+    keys = await open_keys(settings, keys_at(settings)(), follow=False)
     try:
         erasure = SubjectErased(event_id=str(uuid.uuid4()), command_id=f"erase-{uuid.uuid4().hex[:8]}",
                                 tenant=tenant, agent=agent, occurred_at=utcnow(), user="fay")
@@ -219,7 +219,6 @@ async def test_a_rebuild_after_an_erasure_leaves_out_what_it_cannot_open_and_cou
         assert await keys.destroy(subject_of(tenant, agent, "fay")) >= 1
     finally:
         await keys.stop()
-        codec.use_cipher(before)
 
     async with MemlaneClient(stack.api_url, fay_key) as fay:
         async def purged() -> bool:  # the live view drops her facts first

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from events.codec import PLAIN, Codec
 from events.config import AgentConfig
 from events.record import MemoryRecord
 from projections.records import MemoryFold
@@ -15,6 +16,7 @@ class InMemoryCommandPublisher:
     """Keeps what was sent, in order: (command, its encoded bytes)."""
 
     sent: list[tuple[Any, bytes]] = field(default_factory=list)
+    codec: Codec = PLAIN
 
     async def send(self, command: Any, data: bytes) -> None:
         self.sent.append((command, data))

@@ -14,13 +14,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from events import codec
+from events.codec import Codec
 from events.memory import RecordAdded, RecordDeleted, RecordSuperseded
 from events.record import Source
 from events.rules.activity import minute_of
 from events.sealing import SEALED_MARK
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
 from projections.redis.activity_view import ActivityView
+from services.bootstrap import keys_at
 from tests.dead_letters import dead_letters
 from tests.redis_at import redis_at
 from tests.unit.test_activity_rules import record_event, refused, retrieved, turn
@@ -34,7 +35,7 @@ async def deployment(settings, tmp_path):
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}act{uuid.uuid4().hex[:4]}.",
                                     "key_file": tmp_path / "keys" / "memlane.key"})
     await ensure_topics(s)
-    keys = await open_keys(s)
+    keys = await open_keys(s, keys_at(s)())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
     view = ActivityView(redis_at(s.redis_url)(), s.redis_root)
@@ -50,7 +51,7 @@ async def deployment(settings, tmp_path):
 
 
 async def _follow(s, view, keys) -> ActivityFollower:
-    f = ActivityFollower(s, view, keys)
+    f = ActivityFollower(s, view, keys, codec=Codec(keys.keyring))
     await asyncio.wait_for(f.run(until_caught_up=True), 60)
     return f
 
@@ -62,7 +63,7 @@ async def test_the_follower_counts_each_thing_once_however_often_it_is_read(depl
     old = at - timedelta(hours=3)
 
     async def send(topic, m, headers=()):
-        await producer.send_and_wait(s.topic(topic.name), codec.encode(m), key=topic.key_bytes(m),
+        await producer.send_and_wait(s.topic(topic.name), Codec(keys.keyring).encode(m), key=topic.key_bytes(m),
                                      headers=list(headers))
 
     for m in (turn(ten, a1, n=1, at=at), turn(ten, a1, n=1, at=at, rolled_back=True),  # one attempt: one turn
@@ -84,7 +85,7 @@ async def test_the_follower_counts_each_thing_once_however_often_it_is_read(depl
     for topic in (TURNS, USAGE):
         await producer.send_and_wait(s.topic(topic.name), b"\x00not json", key=f"{ten}/{a1}".encode())
     await keys.flush()
-    assert SEALED_MARK in codec.encode(added), "the test's events are sealed, as in a deployment"
+    assert SEALED_MARK in Codec(keys.keyring).encode(added), "the test's events are sealed, as in a deployment"
 
     async def check(followers):
         chart = await view.series(ten, a1, minutes=60)

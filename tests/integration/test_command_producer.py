@@ -14,7 +14,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from events import AddMemory
-from events.codec import decode
+from events.codec import PLAIN, decode
 from events.topics import COMMANDS
 from services.errors import ApiError
 from services.memory.commands import MemoryCommands
@@ -36,7 +36,7 @@ async def test_a_refused_send_does_not_poison_later_sends(settings):
     await ensure_topics(s)
     first = producer(s)
     await first.start()
-    publisher = KafkaCommandPublisher(s, first)
+    publisher = KafkaCommandPublisher(s, first, PLAIN)
     svc = MemoryCommands(s, None, None, publisher)
     try:
         def cmd(summary: str, content: str = "") -> AddMemory:

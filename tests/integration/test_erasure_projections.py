@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from events import BlockChanged, RecordAdded, SubjectErased, codec, encode
+from events import BlockChanged, RecordAdded, SubjectErased, encode
+from events.codec import Codec
 from events.commands import WORKSPACE
 from events.lean import as_lean, decode_lean_vector
 from events.record import MemoryRecord
@@ -29,6 +30,7 @@ from projections.embedders.onnx import OnnxMiniLM
 from projections.embedders.port import MODEL_ID
 from projections.qdrant.index import SearchFilter
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards, shard_of
@@ -43,13 +45,13 @@ EMBEDDER = OnnxMiniLM()
 
 @pytest.fixture
 async def deployment(settings, tmp_path):
-    """Topics, a data directory and a key file of the test's own; its keys are this
-    process's cipher (every event it encodes is sealed)."""
+    """Topics, a data directory and a key file of the test's own; its keys seal every event it
+    publishes (`sealing`)."""
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}erase{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path / "data", "key_file": tmp_path / "keys" / "memlane.key",
                                     "reconcile_every_s": 0.0, "memory_shards": 2})
     await ensure_topics(s)
-    keys = await open_keys(s)
+    keys = await open_keys(s, keys_at(s)())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
     try:
@@ -74,9 +76,14 @@ def erased(agent: str, user: str | None) -> SubjectErased:
                          occurred_at=T0, user=user)
 
 
+def sealing(keys) -> Codec:
+    """A codec over the test's keyring: what the ledger seals its events with."""
+    return Codec(keys.keyring)
+
+
 async def publish(s, keys, producer, *events) -> list:
     """Sealed as the ledger writes them: the keys they are sealed under go out first."""
-    data = [(e, encode(e)) for e in events]
+    data = [(e, sealing(keys).encode(e)) for e in events]
     await keys.flush()
     out = []
     for e, raw in data:
@@ -122,7 +129,7 @@ async def test_a_vector_belongs_to_its_subject_and_goes_with_it(deployment):
                record("shared", "a", text)]
     await publish(s, keys, producer, *map(added, records))
     embedder = Counting()
-    runner = Runner(EmbeddingProcessor(s, embedder), s, group=f"{s.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
+    runner = Runner(EmbeddingProcessor(s, embedder, codec=sealing(keys)), s, group=f"{s.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     try:
         async def three_subjects():
@@ -140,7 +147,7 @@ async def test_a_vector_belongs_to_its_subject_and_goes_with_it(deployment):
         for m in vectors:
             v = decode_lean_vector(m.value)
             assert v.dense == b"" and v.sealed and text.split()[-1].encode() not in m.value
-            assert list(v.floats()) == pytest.approx(EMBEDDER.embed([text])[0], abs=1e-6)
+            assert list(v.floats(keys.keyring)) == pytest.approx(EMBEDDER.embed([text])[0], abs=1e-6)
         ann = by_subject[subject_of("t", "a", "ann")]
 
         await publish(s, keys, producer, erased("a", "ann"))
@@ -155,11 +162,10 @@ async def test_a_vector_belongs_to_its_subject_and_goes_with_it(deployment):
         runner.stopping.set()
         await task
     # Once ann's keys are destroyed her vector is unreadable for good; the others are not.
-    codec.use_cipher(keys.keyring)  # the worker made its own keyring this process's cipher
     await keys.destroy(subject_of("t", "a", "ann"))
     with pytest.raises(KeyDestroyed):
-        decode_lean_vector(ann.value).floats()
-    decode_lean_vector(by_subject[subject_of("t", "a", "bob")].value).floats()
+        decode_lean_vector(ann.value).floats(keys.keyring)
+    decode_lean_vector(by_subject[subject_of("t", "a", "bob")].value).floats(keys.keyring)
 
 
 def agents_on_two_shards() -> tuple[str, str]:
@@ -179,11 +185,11 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
                record("ann-b", b, "ann's note on b", "ann"), record("team-b", b, "the team's note on b")]
     written = await publish(s, keys, producer, *map(added, records))
     for r, md in zip(records, written):
-        _, h, subject = as_lean(added(r)).record.vector_of()
-        v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, codec.cipher())
+        _, h, subject = as_lean(added(r), sealing(keys)).record.vector_of(keys.keyring)
+        v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, keys.keyring)
         await producer.send_and_wait(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),
                                      partition=vector_partition(md.partition))
-    shards = MemoryShards(s, 1, redis_at(s.redis_url), keys=keys)
+    shards = MemoryShards(s, 1, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
     task = asyncio.create_task(shards.run())
     try:
         await eventually(lambda: points(shards, a) == {"ann-a", "bob-a"} and points(shards, b) == {"ann-b", "team-b"},
@@ -204,7 +210,7 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
     # Ann's keys destroyed: a generation built from the log skips her records, and counts them.
     for agent in (a, b):
         await keys.destroy(subject_of("t", agent, "ann"))
-    fresh = MemoryShards(s, 2, redis_at(s.redis_url), keys=keys)
+    fresh = MemoryShards(s, 2, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
     task = asyncio.create_task(fresh.run())
     try:
         await fresh.caught_up()
@@ -222,9 +228,10 @@ async def test_the_record_view_holds_no_plaintext_and_leaves_out_what_it_cannot_
     ann, team = record("ann1", "a", f"ann's locker is {canary}", "ann"), record("team1", "a", "the team meets at nine")
     block = BlockChanged(event_id="b1", command_id="cb1", tenant="t", agent="a", occurred_at=T0, label="style",
                          text=f"Tabs, says {canary}")
-    events = [as_lean(added(ann)), as_lean(added(team)), as_lean(block)]
+    events = [as_lean(e, sealing(keys)) for e in (added(ann), added(team), block)]
     await keys.flush()
-    view = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=1, namespace=s.topic_prefix, keys=keys)
+    view = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=1, namespace=s.topic_prefix, keys=keys,
+                        codec=sealing(keys))
     try:
         await view.apply(events, [("ev:0", 3)])
         stored = [v for k in [k async for k in view.r.scan_iter(f"ml:{s.topic_prefix}*")]
@@ -237,7 +244,8 @@ async def test_the_record_view_holds_no_plaintext_and_leaves_out_what_it_cannot_
         assert await view.get("t", "a", "ann1") is None and view.unreadable == 1
         assert [r.id for r in (await view.page("t", "a", 10)).records] == ["team1"]
         # A generation filled afterwards stores nothing of ann's.
-        again = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=2, namespace=s.topic_prefix, keys=keys)
+        again = RedisRecords(redis_at(s.redis_url)(pooled=True), generation=2, namespace=s.topic_prefix, keys=keys,
+                             codec=sealing(keys))
         try:
             await again.fill(events, [("ev:0", 3)])
             assert again.unreadable == 1

@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from collections import Counter
 
+from events.codec import PLAIN
 from events.topics import COMMANDS, EVENTS
 from settings import Settings
 from tests.conftest import eventually
@@ -32,7 +33,7 @@ class Copy(Processor):
     transactional = True
 
     def __init__(self, settings: Settings, hold_at: bytes | None = None) -> None:
-        super().__init__(settings)
+        super().__init__(settings, codec=PLAIN)
         self.hold_at = hold_at
         self.held, self.go = asyncio.Event(), asyncio.Event()
 

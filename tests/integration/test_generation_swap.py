@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from events import RecordAdded, codec, encode
+from events import RecordAdded, encode
+from events.codec import PLAIN
 from events.lean import as_lean
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
@@ -29,7 +30,7 @@ async def test_a_command_answered_after_the_swap_reaches_its_caller(settings, tm
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}swap{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path})
     await ensure_topics(s)
-    owner = ShardOwner(s, redis_at(s.redis_url))
+    owner = ShardOwner(s, redis_at(s.redis_url), PLAIN)  # the test publishes plaintext
     await owner.open(1)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
@@ -42,8 +43,8 @@ async def test_a_command_answered_after_the_swap_reaches_its_caller(settings, tm
         r = MemoryRecord(id="r1", version=1, created=T0, modified=T0, tenant="t", agent="a", scope="AGENT",
                          kind="fact", summary="sent just before a swap")
         e = RecordAdded(event_id="e1", command_id="c1", tenant="t", agent="a", occurred_at=T0, record=r)
-        _, h, subject = as_lean(e).record.vector_of()
-        v = VectorComputed.of(MODEL_ID, h, np.ones(384, dtype=np.float32), subject, codec.cipher())
+        _, h, subject = as_lean(e).record.vector_of(None)
+        v = VectorComputed.of(MODEL_ID, h, np.ones(384, dtype=np.float32), subject, None)
         key = EVENTS.key_bytes(e)
         await producer.send_and_wait(s.topic(EVENTS.name), encode(e), key=key)
         await producer.send_and_wait(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),

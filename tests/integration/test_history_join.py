@@ -13,7 +13,7 @@ import asyncio
 import uuid
 
 from events import Message
-from events.codec import encode
+from events.codec import PLAIN, encode
 from events.rules.history import kept_events, parts_of
 from events.topics import HISTORY_VECTORS, TURNS
 from events.vectors import VectorComputed
@@ -58,7 +58,7 @@ async def test_a_parked_turn_holds_the_checkpoint_and_a_restart_waits_for_it_alo
 
     index = HistoryIndex(tmp_path / "history-g1")
     try:
-        first = HistoryQdrantProjection(settings, index)
+        first = HistoryQdrantProjection(settings, index, codec=PLAIN)
         await first.run(until_caught_up=True)
         assert index.held(ids[1] + ids[2]) == set(ids[2])
         assert first.status()["parked"] == 1 and first.turns == 1
@@ -67,7 +67,7 @@ async def test_a_parked_turn_holds_the_checkpoint_and_a_restart_waits_for_it_alo
         assert saved[turns_part] == 0  # held back to the parked turn, not past it
         assert saved[READ] == {turns_part: 2}  # the turn after it was indexed
 
-        second = HistoryQdrantProjection(settings, index)
+        second = HistoryQdrantProjection(settings, index, codec=PLAIN)
         task = asyncio.create_task(second.run())
         try:
             await eventually(second.caught_up.is_set, timeout=30)

@@ -13,6 +13,7 @@ import uuid
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
+from events.codec import PLAIN
 from events.rules.history import kept_events
 from events.topics import HISTORY_VECTORS, TURNS
 from projections.embedders.onnx import OnnxMiniLM
@@ -34,7 +35,7 @@ from workers.runtime.runner import Runner
 async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> None:
     """`memlane worker history` into `generation` until it has read `topics` to their ends
     (a fresh generation: from offset 0, a replay)."""
-    proc = HistoryProcessor(settings, redis_at(settings.redis_url), generation=generation)
+    proc = HistoryProcessor(settings, redis_at(settings.redis_url), generation=generation, codec=PLAIN)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.replay.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     store = RedisHistory(redis_at(settings.redis_url)(), settings.topic_prefix, generation)
@@ -54,7 +55,7 @@ async def _fold_redis(settings: Settings, generation: int, topics=(TURNS,)) -> N
 
 async def _embed_history(settings: Settings, embedder) -> list:
     """Runs the history embedding worker until every turn is read; returns the history vectors' keys."""
-    proc = HistoryEmbeddingProcessor(settings, embedder)
+    proc = HistoryEmbeddingProcessor(settings, embedder, codec=PLAIN)
     runner = Runner(proc, settings, group=f"{settings.group_prefix}.embed.{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(runner.run())
     tps = [TopicPartition(settings.topic(TURNS.name), p) for p in range(TURNS.partitions)]
@@ -128,7 +129,7 @@ async def test_replaying_the_turns_topic_rebuilds_both_sides(settings, tmp_path)
     index = HistoryIndex(tmp_path / "history-g1")
     try:
         for _ in range(2):
-            proj = HistoryQdrantProjection(settings, index)
+            proj = HistoryQdrantProjection(settings, index, codec=PLAIN)
             proj.ckpt = {}
             await proj.run(until_caught_up=True)
             assert proj.status()["parked"] == 0 and not proj.held

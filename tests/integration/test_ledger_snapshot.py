@@ -13,11 +13,11 @@ from functools import partial
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from events import AddMemory, AgentConfig, ConfigureAgent, TurnOutcome, codec, encode
-from events.codec import decode
+from events import AddMemory, AgentConfig, ConfigureAgent, TurnOutcome, encode
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS
+from services.bootstrap import keys_at
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
@@ -37,16 +37,20 @@ def same_state(a: LedgerState, b: LedgerState) -> None:
     assert a.turns_since == b.turns_since
 
 
+def ledger_of(s: Settings) -> LedgerProcessor:
+    """A ledger with a codec of its own, as the composition root builds it."""
+    return LedgerProcessor(s, codec=keys_at(s)())
+
+
 async def keyed(ledger: LedgerProcessor) -> LedgerProcessor:
-    """A ledger recovered outside a runner, with the process's keys as a runner gives them."""
-    ledger.keys = await open_keys(ledger.settings, follow=False)
+    """A ledger recovered outside a runner, with its codec's keys loaded as a runner loads them."""
+    ledger.keys = await open_keys(ledger.settings, ledger.codec, follow=False)
     return ledger
 
 
 async def stopped(*ledgers: LedgerProcessor) -> None:
     for ledger in ledgers:
         await ledger.keys.stop()
-    codec.use_cipher(None)  # the test's own commands stay plaintext, as a platform's are
 
 
 async def send(s: Settings, cmds: list) -> None:
@@ -77,7 +81,7 @@ async def test_recovery_starts_at_the_snapshot_and_folds_to_the_same_state(setti
     path = ledger_snapshot.path_for(s, partition)
     await send(s, commands(agent, 20))
 
-    ledger = LedgerProcessor(s)
+    ledger = ledger_of(s)
     ledger.snapshot_every = 10
     task = asyncio.create_task(Runner(ledger, s).run())
     try:
@@ -98,20 +102,20 @@ async def test_recovery_starts_at_the_snapshot_and_folds_to_the_same_state(setti
     snap = ledger_snapshot.read(path)
     assert snap is not None and 0 < snap.next_offset
 
-    recovered = await keyed(LedgerProcessor(s))
+    recovered = await keyed(ledger_of(s))
     n = await recovered._recover(partition)
     assert 0 < n < len(events)  # only what came after the snapshot
     same_state(recovered.states[partition], live)
     assert list(recovered.processed[partition].events) == list(ledger.processed[partition].events)
 
     # Without the snapshot, the whole partition folds to the same state.
-    whole = await keyed(LedgerProcessor(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "elsewhere")))
+    whole = await keyed(ledger_of(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "elsewhere")))
     assert await whole._recover(partition) == len(events)
     same_state(whole.states[partition], live)
 
     # A snapshot whose last event is not the log's (a topic made again) is ignored.
     path.write_bytes(msgspec.msgpack.encode(msgspec.structs.replace(snap, last_sha="0" * 64)))
-    stale = await keyed(LedgerProcessor(s))
+    stale = await keyed(ledger_of(s))
     assert await stale._recover(partition) == len(events)
     same_state(stale.states[partition], live)
     await stopped(recovered, whole, stale)
@@ -135,7 +139,7 @@ async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_comma
     partition = COMMANDS.partition_of(COMMANDS.key_bytes(alice))
     await send(s, [config, alice])
 
-    ledger = LedgerProcessor(s)
+    ledger = ledger_of(s)
     task = asyncio.create_task(Runner(ledger, s).run())
     try:
         async def added():
@@ -150,18 +154,19 @@ async def test_a_restarted_ledger_still_refuses_another_callers_reuse_of_a_comma
     assert original.record.user == "alice" and caller_of(headers)  # the header is in the log
 
     async def answers(recovered: LedgerProcessor, offset: int) -> None:
-        [e] = [decode(EVENTS.name, o.value) for o in await recovered.process(COMMANDS.name, partition, offset, bob)]
+        [e] = [recovered.codec.decode(EVENTS.name, o.value)
+               for o in await recovered.process(COMMANDS.name, partition, offset, bob)]
         assert (e.type, e.code, e.field) == ("CommandRejected", "DUPLICATE_ID", "command_id")
         retry = alice.model_copy(update={"issued_at": T0.replace(minute=5)})
-        [again] = [decode(EVENTS.name, o.value) for o in await recovered.process(COMMANDS.name, partition,
-                                                                                 offset + 1, retry)]
+        [again] = [recovered.codec.decode(EVENTS.name, o.value)
+                   for o in await recovered.process(COMMANDS.name, partition, offset + 1, retry)]
         assert again == original
 
-    whole = await keyed(LedgerProcessor(s))
+    whole = await keyed(ledger_of(s))
     whole.snapshot_every = 1  # and leaves a snapshot of what it folded
     assert await whole._recover(partition) == len(logged)
     await answers(whole, 100)
-    from_snapshot = await keyed(LedgerProcessor(s))
+    from_snapshot = await keyed(ledger_of(s))
     assert await from_snapshot._recover(partition) == 0
     await answers(from_snapshot, 200)
     await stopped(whole, from_snapshot)
@@ -175,7 +180,7 @@ async def test_a_malformed_event_on_the_log_is_skipped_and_the_partition_still_r
     agent = "survivor"
     partition = COMMANDS.partition_of(COMMANDS.key_bytes(commands(agent, 1)[0]))
     await send(s, commands(agent, 3))
-    ledger = LedgerProcessor(s)
+    ledger = ledger_of(s)
     task = asyncio.create_task(Runner(ledger, s).run())
     try:
         async def decided():
@@ -194,7 +199,7 @@ async def test_a_malformed_event_on_the_log_is_skipped_and_the_partition_still_r
     finally:
         await p.stop()
 
-    recovered = await keyed(LedgerProcessor(s))
+    recovered = await keyed(ledger_of(s))
     assert await recovered._recover(partition) > 0
     same_state(recovered.states[partition], ledger.states[partition])
     await stopped(recovered)
@@ -221,14 +226,14 @@ async def test_a_partition_handed_back_folds_only_what_another_owner_wrote_meanw
             await asyncio.wait_for(task, 30)
 
     await send(s, commands(agent, 10))
-    first = LedgerProcessor(s)  # no snapshot file: its default interval is far off
+    first = ledger_of(s)  # no snapshot file: its default interval is far off
     before = await run(first, s, 10)
     await first.revoked({TopicPartition(s.topic(COMMANDS.name), partition)})  # as a rebalance takes it
     assert partition in first.kept and partition not in first.states
 
     # Meanwhile another owner decides more of the partition, then hands it back.
     await send(s, commands(agent, 5, start=10))
-    second = LedgerProcessor(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "second"))
+    second = ledger_of(Settings(topic_prefix=s.topic_prefix, data_dir=tmp_path / "second"))
     after = await run(second, s, 15)
     await keyed(first)
     first.stopping.clear()  # the worker runs on: only its runner for the partition stopped

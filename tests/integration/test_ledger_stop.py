@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from events import AddMemory, encode
 from events.rules.ledger import LedgerState, decide, evolve
 from events.topics import COMMANDS, EVENTS
+from services.bootstrap import keys_at
 from settings import Settings
 from workers.processors.ledger.processor import LedgerProcessor
 from workers.runtime.kafka_io import ensure_topics
@@ -41,7 +42,7 @@ async def test_stop_during_recovery_leaves_no_state_and_refuses_commands(setting
         await p.stop()
     partition = sent[0].partition
 
-    ledger = LedgerProcessor(s)
+    ledger = LedgerProcessor(s, codec=keys_at(s)())
     ledger.stopping.set()
     await ledger._recover(partition)
     assert partition not in ledger.states
@@ -60,7 +61,7 @@ async def test_a_command_during_its_partitions_assignment_recovers_the_partition
 
     s = Settings(topic_prefix=f"{settings.topic_prefix}once{uuid.uuid4().hex[:6]}.", data_dir=settings.data_dir)
     await ensure_topics(s)
-    ledger = LedgerProcessor(s)
+    ledger = LedgerProcessor(s, codec=keys_at(s)())
     calls, recover = [], ledger._recover
 
     async def counted(partition: int) -> int:
@@ -92,6 +93,6 @@ async def test_recovery_skips_the_events_a_redelivered_command_wrote_again(setti
                               headers=[(REDELIVERED, b"1")])
     finally:
         await p.stop()
-    ledger = LedgerProcessor(s)
+    ledger = LedgerProcessor(s, codec=keys_at(s)())
     assert await ledger._recover(first.partition) == 2
     assert ledger.states[first.partition].staged == {"t/a|x:1:1": [staged.command]}  # staged once, as live

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from events import AddMemory
 from events.rules.ledger import LedgerState
 from events.topics import COMMANDS, EVENTS, REPLIES
+from services.bootstrap import keys_at
 from settings import Settings
 from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
 from workers.runtime.kafka_io import ensure_topics
@@ -22,7 +23,7 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
 async def test_a_retry_past_the_held_events_is_answered_with_its_events_read_from_the_log(settings):
     s = Settings(topic_prefix=f"{settings.topic_prefix}window{uuid.uuid4().hex[:6]}.", encryption=False)
     await ensure_topics(s)
-    ledger = LedgerProcessor(s)
+    ledger = LedgerProcessor(s, codec=keys_at(s)())
 
     def cmd(cid: str, summary: str) -> AddMemory:
         return AddMemory(command_id=cid, tenant="t", agent="a", issued_at=NOW, summary=summary, session="s1")

@@ -16,6 +16,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from events import RecordAdded, encode
+from events.codec import PLAIN
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
@@ -96,7 +97,7 @@ def watch_saves(monkeypatch) -> Saves:
 
 
 def start(pipe: Pipeline, path, saves: Saves, live: bool, **run) -> tuple[QdrantProjection, asyncio.Task]:
-    projection = QdrantProjection(pipe.s, EdgeIndex(path))
+    projection = QdrantProjection(pipe.s, EdgeIndex(path), codec=PLAIN)
     if live:  # following the log, not a cold start (which reads every vector first)
         projection.ckpt.setdefault(pipe.vectors_key, 0)
     saves.live.append(projection)
@@ -175,7 +176,7 @@ async def test_a_crash_during_the_first_pass_over_the_vectors_strands_nothing(se
     async with Pipeline(settings) as pipe:
         await pipe.events(*e)
         await pipe.vectors(*e)
-        first = QdrantProjection(pipe.s, EdgeIndex(tmp_path / "shard"))
+        first = QdrantProjection(pipe.s, EdgeIndex(tmp_path / "shard"), codec=PLAIN)
         saves.live.append(first)
         c = qdrant_projection.TopicReader(pipe.s)
         await c.start()

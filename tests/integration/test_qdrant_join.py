@@ -12,6 +12,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from events import RecordAdded, encode
+from events.codec import PLAIN
 from events.record import MemoryRecord
 from events.topics import EVENTS, REDELIVERED, VECTORS
 from events.vectors import VectorComputed
@@ -52,7 +53,7 @@ async def test_a_lagging_projection_strands_no_record(settings, tmp_path):
     index = EdgeIndex(tmp_path / "shard")
     # A tiny cache and a checkpoint (so not a cold start): the projection follows both
     # topics live, thousands of messages behind.
-    projection = QdrantProjection(s, index, vector_cache=50)
+    projection = QdrantProjection(s, index, vector_cache=50, codec=PLAIN)
     projection.ckpt = {f"{s.topic(VECTORS.name)}:0": 0}
     task = asyncio.create_task(projection.run())
     try:
@@ -72,7 +73,7 @@ async def test_a_bad_vector_is_skipped_and_its_record_waits_for_a_good_one(setti
     good = VectorComputed.of(MODEL_ID, content_hash(r.text), np.ones(384, dtype=np.float32))
     key = VECTORS.key_bytes(good)
     index = EdgeIndex(tmp_path / "shard")
-    projection = QdrantProjection(s, index)
+    projection = QdrantProjection(s, index, codec=PLAIN)
     projection.ckpt = {f"{s.topic(VECTORS.name)}:0": 0}  # follow live, not a cold start
     task = asyncio.create_task(projection.run())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
@@ -114,12 +115,12 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
         for e in (e1, e2):
             await producer.send_and_wait(events, encode(e), key=EVENTS.key_bytes(e))
         await producer.send_and_wait(s.topic(VECTORS.name), encode(vec), key=VECTORS.key_bytes(vec))
-        first = QdrantProjection(s, EdgeIndex(tmp_path / "shard"))
+        first = QdrantProjection(s, EdgeIndex(tmp_path / "shard"), codec=PLAIN)
         await first.run(until_caught_up=True)  # flushes and checkpoints at the end
         first.index.close()
 
         index = EdgeIndex(tmp_path / "shard")  # the restart: same shard and checkpoint, no memory
-        again = QdrantProjection(s, index)
+        again = QdrantProjection(s, index, codec=PLAIN)
         task = asyncio.create_task(again.run())
         await again.caught_up.wait()
         waiter = again.wait_for("c-re-1", "t", "a")
@@ -142,7 +143,7 @@ async def test_after_a_restart_a_redelivered_old_event_changes_nothing(settings,
 async def test_a_caller_that_gives_up_leaves_no_waiter_behind(settings, tmp_path):
     # A read-your-writes caller that times out cancels its future; the projection must drop
     # the waiter (and the command, when it was the last), not raise in the callback.
-    projection = QdrantProjection(settings, EdgeIndex(tmp_path / "shard"))
+    projection = QdrantProjection(settings, EdgeIndex(tmp_path / "shard"), codec=PLAIN)
     errors: list[dict] = []
     asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
     first, second = projection.wait_for("c1", "t", "a"), projection.wait_for("c1", "t", "a")

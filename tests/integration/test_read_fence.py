@@ -12,6 +12,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from events import RecordAdded, encode
+from events.codec import PLAIN
 from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
@@ -29,7 +30,7 @@ async def test_a_position_is_reached_once_the_agents_records_are_searchable(sett
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}fence{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path, "encryption": False})
     await ensure_topics(s)
-    shards = MemoryShards(s, 1, redis_at(s.redis_url))
+    shards = MemoryShards(s, 1, redis_at(s.redis_url), codec=PLAIN)
     task = asyncio.create_task(shards.run())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from events import AgentConfigured, ConsentGranted, RecordAdded
-from events.codec import decode
+from events.codec import PLAIN, decode
 from events.config import AgentConfig, member_facts
 from events.errors import ErrorCode
 from events.record import MemoryRecord, Status
@@ -48,14 +48,14 @@ class Subjects:
         self.tenant = f"subj{uuid.uuid4().hex[:8]}"
         self.ns = f"{settings.topic_prefix}subj{uuid.uuid4().hex[:6]}."
         self.view = RedisRecords(redis_at(redis_url or settings.redis_url)(pooled=True), namespace=self.ns)
-        self.shards = MemoryShards(self.settings, 1, redis_at(self.settings.redis_url))
+        self.shards = MemoryShards(self.settings, 1, redis_at(self.settings.redis_url), codec=PLAIN)
         self.n = 0
 
     async def __aenter__(self) -> Subjects:
         await ensure_topics(self.settings, [USAGE])
         self.producer = producer(self.settings)
         await self.producer.start()
-        publisher = KafkaCommandPublisher(self.settings, self.producer)
+        publisher = KafkaCommandPublisher(self.settings, self.producer, PLAIN)
         self.service = MemoryService(self.settings, self.view, self.shards, EMBEDDER, publisher,
                                      KafkaUsageRecorder(self.settings, publisher))
         self.reads = self.service.reads

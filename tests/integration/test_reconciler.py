@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer
 
-from events import RecordAdded, RecordDeleted, codec, encode
+from events import RecordAdded, RecordDeleted, encode
+from events.codec import PLAIN
 from events.lean import as_lean
 from events.record import MemoryRecord, Status
 from events.topics import EVENTS, VECTORS, vector_partition
@@ -70,15 +71,16 @@ class Stack:
             positions.append((f"{md.topic}:{md.partition}", md.offset + 1))
             if vectors and r.status is Status.ACTIVE:
                 # Named as the projection names it: keyed by the record's data key when it is sealed.
-                _, h, subject = as_lean(e).record.vector_of()
-                v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, codec.cipher())
+                _, h, subject = as_lean(e).record.vector_of(None)
+                v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, None)
                 await self.producer.send_and_wait(self.s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),
                                                   partition=vector_partition(md.partition))
         await self.view.apply(events, positions)
 
     async def serve(self) -> MemoryShards:
         # The first pass at once: a served process waits a minute before it.
-        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1, redis_at(self.s.redis_url))
+        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1, redis_at(self.s.redis_url),
+                                   codec=PLAIN)  # the test writes plaintext
         self.task = asyncio.create_task(self.shards.run())
         await self.shards.caught_up()
         # The run at start has nothing to heal.

@@ -40,7 +40,7 @@ async def test_history_kept_under_the_old_names_is_moved_and_read(redis):
     ns = f"ml:{prefix}hist:g1"
     for i in (1, 2):  # as the view wrote them before: `ev:tenant/agent/session`
         e = kept(i)
-        await r.hset(f"{ns}:ev:acme/bot/s1", e.id, seal_event(e))
+        await r.hset(f"{ns}:ev:acme/bot/s1", e.id, seal_event(e, None))
         await r.zadd(f"{ns}:ord:acme/bot/s1", {e.id: e.order})
     await r.hset(f"{ns}:ckpt", "turns:0", 7)
     store = RedisHistory(r, prefix, 1)
@@ -50,7 +50,7 @@ async def test_history_kept_under_the_old_names_is_moved_and_read(redis):
     events, _ = await store.page(HistoryFilter(tenant="acme", agent="bot", session="s1", preview=False, kinds=("message",)), 10)
     assert [e.id for e in events] == ["e2", "e1"]
     # Done once: a key of the old layout written afterwards (an old worker still running) stays.
-    await r.hset(f"{ns}:ev:acme/bot/s2", "e9", seal_event(kept(9, "s2")))
+    await r.hset(f"{ns}:ev:acme/bot/s2", "e9", seal_event(kept(9, "s2"), None))
     await RedisHistory(r, prefix, 1).checkpoints()
     assert await r.exists(f"{ns}:ev:acme/bot/s2")
 

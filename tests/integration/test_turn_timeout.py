@@ -14,6 +14,7 @@ from events import AddMemory, TurnOutcome, encode
 from events.base import utcnow
 from events.rules.ledger import TURN_TIMEOUT
 from events.topics import COMMANDS, EVENTS
+from services.bootstrap import keys_at
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import read_topic
@@ -41,7 +42,7 @@ async def test_a_quiet_agents_overdue_turn_is_discarded_and_an_answered_one_is_k
     finally:
         await p.stop()
 
-    ledger = LedgerProcessor(s)
+    ledger = LedgerProcessor(s, codec=keys_at(s)())
     ledger.tick_every = 0.2
     ledger.clock = lambda: utcnow() + TURN_TIMEOUT + timedelta(seconds=1)  # the timeout has passed
     task = asyncio.create_task(Runner(ledger, s).run())

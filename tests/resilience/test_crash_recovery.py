@@ -16,12 +16,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, codec, decode, encode
+from events import AddMemory, AgentConfig, ConfigureAgent, DeleteMemory, PinMemory, encode
 from events.record import Status
 from events.rules.ledger import LedgerState, decide, evolve, record_id_for
 from events.topics import COMMANDS, EVENTS
 from projections.records import MemoryFold
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import keys_at
 from settings import Settings
 from tests.conftest import eventually
 from tests.redis_at import redis_at
@@ -95,7 +96,8 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
     commands_topic, events_topic = prefix + COMMANDS.name, prefix + EVENTS.name
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, linger_ms=20)
     await producer.start()
-    redis = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=prefix)
+    opening = keys_at(settings)()  # the deployment's keys: events and views are sealed
+    redis = RedisRecords(redis_at(settings.redis_url)(pooled=True), namespace=prefix, codec=opening)
     keys = None
     watcher = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
                                isolation_level="read_committed")
@@ -138,8 +140,8 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
             return msgs if len(of_run(msgs, run)) >= len(expected) else None
 
         msgs = await eventually(all_events, timeout=180, interval=1)
-        keys = await open_keys(settings, follow=False)  # the deployment's: events and views are sealed
-        got = [decode(EVENTS.name, m.value) for m in of_run(msgs, run)]
+        keys = await open_keys(settings, opening, follow=False)
+        got = [opening.decode(EVENTS.name, m.value) for m in of_run(msgs, run)]
         ids = [e.event_id for e in got]
         assert len(ids) == len(set(ids)), "an event was written twice"
         # Same events as a pure run of the rules, per agent in command order.
@@ -171,7 +173,7 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
             assert await redis.pinned(f"crash{run}", f"agent{a}") == await fold.pinned(f"crash{run}", f"agent{a}")
 
         everyone = MemoryFold()  # the index holds the earlier modules' records too
-        await everyone.apply([decode(EVENTS.name, m.value) for m in msgs])
+        await everyone.apply([opening.decode(EVENTS.name, m.value) for m in msgs])
         active = sum(1 for k, v in everyone.current.items() if everyone.versions[k][v].status is Status.ACTIVE)
 
         async def qdrant_matches():
@@ -185,4 +187,3 @@ async def test_kill_9_mid_stream_loses_and_doubles_nothing(bare_stack):
         await redis.aclose()
         if keys is not None:
             await keys.stop()
-        codec.use_cipher(None)

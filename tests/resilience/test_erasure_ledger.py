@@ -15,13 +15,15 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
-from events import AddMemory, AgentConfig, ConfigureAgent, codec, encode
+from events import AddMemory, AgentConfig, ConfigureAgent
 from events.base import utcnow
+from events.codec import PLAIN
 from events.commands import WORKSPACE, DeleteMemory, EraseSubject, RemoveAgent, RemoveUser
 from events.record import Provenance, Source
 from events.topics import COMMANDS, EVENTS
 from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
+from services.bootstrap import keys_at
 from services.http import errors
 from services.http.routes import subjects as subjects_routes
 from services.memory import MemoryService
@@ -46,11 +48,12 @@ def fact(tenant: str, cmd_id: str, user: str, summary: str, at: datetime) -> Add
 
 async def send(s: Settings, cmds: list) -> None:
     """As the API sends commands: sealed, the keys they were sealed under published first."""
-    keys = await open_keys(s, follow=False)
+    codec = keys_at(s)()
+    keys = await open_keys(s, codec, follow=False)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()
     try:
-        data = [(encode(c), COMMANDS.key_bytes(c)) for c in cmds]
+        data = [(codec.encode(c), COMMANDS.key_bytes(c)) for c in cmds]
         await keys.flush()
         for value, key in data:
             await producer.send_and_wait(s.topic(COMMANDS.name), value, key=key)
@@ -71,14 +74,13 @@ async def event_types(s: Settings, tenant: str, agents: tuple[str, ...] = (AGENT
 
 async def subjects(s: Settings, tenant: str) -> dict[str, int]:
     """How many data keys a keyring loaded afresh from the keys topic knows, per subject of the tenant."""
-    keys = await open_keys(s, follow=False)
+    keys = await open_keys(s, keys_at(s)(), follow=False)
     try:
         ring = keys.keyring
         return {subject.split("/", 1)[1]: len(ring.kids(subject)) for subject in ring.subjects()
                 if subject.startswith(f"{tenant}/")}
     finally:
         await keys.stop()
-        codec.use_cipher(None)
 
 
 async def kids(s: Settings, tenant: str) -> dict[str, int]:
@@ -222,7 +224,7 @@ async def test_only_the_deployments_key_removes_a_tenant_and_its_api_keys_go_at_
     store = KeyStore(records.r, "the-deployments-own-key", f"ml:{s.topic_prefix}")
     prod = kafka_producer(s)
     await prod.start()
-    publisher = KafkaCommandPublisher(s, prod)
+    publisher = KafkaCommandPublisher(s, prod, PLAIN)  # encryption off
     app = FastAPI()
     errors.install(app)
     app.include_router(subjects_routes.router)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from events import codec
+from events.codec import Codec
 from projections.keys import Keyring, LocalKeyFile
 
 
 @pytest.fixture
 def keyring(tmp_path):
-    """A local keyring sealing every event and command the codec encodes in the test, and none after."""
-    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    yield ring
-    codec.use_cipher(None)
+    """A local keyring of the test's own."""
+    return Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
+
+
+@pytest.fixture
+def sealing(keyring):
+    """A codec sealing every event and command it encodes with the test's keyring."""
+    return Codec(keyring)

@@ -8,6 +8,7 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+from events.codec import PLAIN
 from events.topics import TURNS
 from settings import Settings
 from workers.runtime import follower_poison
@@ -22,7 +23,7 @@ def _message(offset: int) -> SimpleNamespace:
 
 async def test_parks_against_an_unreachable_broker_each_give_up_within_the_bound(monkeypatch):
     monkeypatch.setattr(follower_poison, "PARK_TIMEOUT_S", 1.0)
-    poison = FollowerPoison(Settings(kafka_bootstrap="127.0.0.1:9"), "activity")
+    poison = FollowerPoison(Settings(kafka_bootstrap="127.0.0.1:9"), "activity", PLAIN)
     t0 = time.monotonic()
     for offset in (1, 2):  # the second park must not reuse the producer that never started
         await asyncio.wait_for(poison.park(TURNS.name, _message(offset), "$: Invalid JSON"), 10)
@@ -32,7 +33,7 @@ async def test_parks_against_an_unreachable_broker_each_give_up_within_the_bound
 
 
 def test_a_replay_for_another_group_is_skipped_and_one_for_this_follower_is_not():
-    poison = FollowerPoison(Settings(topic_prefix="p."), "activity")
+    poison = FollowerPoison(Settings(topic_prefix="p."), "activity", PLAIN)
     m = _message(1)
     assert not poison.for_another(m)
     m.headers = [(REPLAY_FOR, b"memlane.p.extraction")]

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from events import AddMemory, CommandRejected
-from events.codec import decode, encode
+from events.codec import PLAIN, decode, encode
 from events.lean import decode_lean
 from events.limits import EVENT_LIMIT, MESSAGE_LIMIT
 from events.rules.ledger import LedgerState
@@ -27,7 +27,7 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def fresh_ledger() -> LedgerProcessor:
-    ledger = LedgerProcessor(Settings())
+    ledger = LedgerProcessor(Settings(), codec=PLAIN)
     ledger.states[0], ledger.processed[0] = LedgerState(), RecentCommands()
     return ledger
 
@@ -85,7 +85,7 @@ class Emits(Processor):
     sources = (COMMANDS.name,)
 
     def __init__(self, settings, size: int) -> None:
-        super().__init__(settings)
+        super().__init__(settings, codec=PLAIN)
         self.size = size
 
     def decode(self, source, data):
@@ -123,7 +123,7 @@ async def test_a_wait_for_one_agents_command_is_not_resolved_by_anothers(tmp_pat
     from projections.qdrant.index import EdgeIndex
     from workers.followers.qdrant_projection import QdrantProjection
 
-    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
+    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0], codec=PLAIN)
     try:
         mine = proj.wait_for("idem", "ta", "a")
 
@@ -147,7 +147,7 @@ async def test_a_reply_answers_its_waiter_only_once_the_events_before_it_are_app
     from projections.qdrant.index import EdgeIndex
     from workers.followers.qdrant_projection import QdrantProjection
 
-    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
+    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0], codec=PLAIN)
     try:
         waiter = proj.wait_for("idem", "ta", "a")
         answer = decode_lean(encode(CommandRejected(event_id="e", command_id="idem", tenant="ta", agent="a",

@@ -142,11 +142,11 @@ def test_a_stored_part_reads_back_as_written_and_an_old_one_as_it_was():
     parts = [p for e in kept_events(t) for _, p in event_parts(e)]
     assert len(parts) == 2
     for payload in parts + [{**parts[0], "execution_id": None}]:
-        stored = pack(payload)
+        stored = pack(payload, None)
         assert set(stored) - {"doc"} <= set(FILTERED)
         assert ("execution_id" in stored) == (payload["execution_id"] is not None)  # None is not stored as a key
-        assert unpack(stored) == payload
-        assert unpack(payload) == payload
+        assert unpack(stored, None) == payload
+        assert unpack(payload, None) == payload
 
 
 # ----------------------------------------------------------------- whose turns a search sees

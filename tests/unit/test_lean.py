@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from events import ContractError, RecordAdded, RecordPinned, VectorComputed, encode
+from events.codec import PLAIN
 from events.lean import decode_lean, decode_lean_vector
 from events.memory import TurnResolved
 from events.record import MemoryRecord
@@ -31,7 +32,7 @@ def test_lean_record_event_keeps_every_projected_field_and_the_raw_bytes(cls):
     for name in lean.record.provenance.__struct_fields__:  # the run a record came from, for the ledger
         assert getattr(lean.record.provenance, name) == getattr(full.record.provenance, name), name
     assert lean.record.text == full.record.text
-    assert lean.full() == full
+    assert lean.full(PLAIN) == full
 
 
 def test_lean_event_without_a_record():
@@ -62,5 +63,5 @@ def test_lean_vector_decodes_the_same_floats():
     v = VectorComputed.of("m", "h", vec)
     lean = decode_lean_vector(encode(v))
     assert (lean.model, lean.content_hash) == ("m", "h")
-    assert lean.floats() == v.floats()
-    assert np.allclose(np.frombuffer(lean.floats().tobytes(), dtype=np.float32), vec)
+    assert lean.floats(None) == v.floats()
+    assert np.allclose(np.frombuffer(lean.floats(None).tobytes(), dtype=np.float32), vec)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import codec
-from events.codec import encode
+from events.codec import Codec, encode
 from events.commands import (
     WORKSPACE,
     AddMemory,
@@ -38,7 +38,6 @@ from events.memory import RecordAdded
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, covers, decide, erasure_key, evolve, forget, get_record
 from events.sealing import seal_fields
-from projections.keys import Keyring, LocalKeyFile
 from tests.unit.test_ledger_rules import NOW, Ledger, nid
 from workers.processors.ledger.snapshot_file import decode_state, encode_state
 
@@ -48,15 +47,6 @@ SCOPES = {"read": ["session", "user", "agent"], "write": ["session", "user", "ag
 MEMORY = {"scope": SCOPES, "pinned": {"max_tokens": 2000}}
 FIELDS = ("records", "index", "staged", "open_turns", "turns", "turns_before", "configs", "blocks", "stats", "consent",
           "granted_at", "erased_at", "removed_agents", "removed_users", "subject_records", "erasures")
-
-
-@pytest.fixture(autouse=True)
-def no_cipher():
-    """These tests choose their cipher; another test of the session may have left one in use."""
-    before = codec.cipher()
-    codec.use_cipher(None)
-    yield
-    codec.use_cipher(before)
 
 
 def common(**kw):
@@ -325,14 +315,7 @@ def test_the_state_after_erasures_is_the_fold_of_the_log_without_the_erased_subj
 # --------------------------------------------------------------------------- snapshots
 
 
-@pytest.fixture
-def keyring(tmp_path):
-    ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    return ring
-
-
-def _scenario() -> tuple[Ledger, OrderedDict]:
+def _scenario(sealing: Codec) -> tuple[Ledger, OrderedDict]:
     led = configured("a")
     recent: OrderedDict[str, list[bytes]] = OrderedDict()
     runs = [
@@ -344,33 +327,33 @@ def _scenario() -> tuple[Ledger, OrderedDict]:
         led.curate("style", "add", line="CANARY-block"),
     ]
     for i, events in enumerate(runs):
-        recent[f"c{i}"] = [encode(e) for e in events]
+        recent[f"c{i}"] = [sealing.encode(e) for e in events]
     return led, recent
 
 
-def test_a_snapshot_holds_no_plaintext_and_opens_to_the_same_state(keyring):
-    led, recent = _scenario()
-    body = encode_state(led.state, recent)
+def test_a_snapshot_holds_no_plaintext_and_opens_to_the_same_state(keyring, sealing):
+    led, recent = _scenario(sealing)
+    body = encode_state(led.state, recent, c=keyring)
     # "likes tea", not "tea": three letters turn up by chance in a sealed value's base64 (a space never does).
     assert b"CANARY" not in body and b"likes tea" not in body
-    state, _, dropped = decode_state(body)
+    state, _, dropped = decode_state(body, keyring)
     assert dropped == 0
     same(state, led.state, "opened")
     # Nor a hash of a text: a guessed text's uniqueness hash is not found in it.
     hashes = {k.rsplit(":", 1)[1] for k in led.state.index if "|text:" in k}
     assert hashes and not any(h.encode() in body for h in hashes)
-    codec.use_cipher(None)  # without a cipher the same state is written as it is
+    # without a cipher the same state is written as it is
     assert b"CANARY-u1 likes tea" in encode_state(led.state, OrderedDict())
 
 
 @pytest.mark.parametrize(("subject", "erasure"), [("t/a|u:u1", "t/a|u:u1"), ("t/a", "t/a")])
-def test_what_was_sealed_under_a_destroyed_key_is_dropped_when_a_snapshot_is_read(keyring, subject, erasure):
-    led, recent = _scenario()
-    body = encode_state(led.state, recent)
+def test_what_was_sealed_under_a_destroyed_key_is_dropped_when_a_snapshot_is_read(keyring, sealing, subject, erasure):
+    led, recent = _scenario(sealing)
+    body = encode_state(led.state, recent, c=keyring)
     for rec in keyring.kids(subject) + ([r for s in keyring.subjects() if s.startswith(f"{subject}|")
                                          for r in keyring.kids(s)] if "|" not in subject else []):
         keyring.apply(rec.topic_key, None)  # as the keys topic's tombstones do
-    state, kept, dropped = decode_state(body)
+    state, kept, dropped = decode_state(body, keyring)
     expected = copy.deepcopy(led.state)
     forget(expected, erasure)
     same(state, expected, "read after the erasure")
@@ -379,10 +362,9 @@ def test_what_was_sealed_under_a_destroyed_key_is_dropped_when_a_snapshot_is_rea
     assert list(state.staged) == ([] if erasure == "t/a" else ["t/a|x:2:1"])  # u2's write stays
 
 
-def test_a_sealed_snapshot_read_without_keys_is_refused(keyring):
-    led, recent = _scenario()
-    body = encode_state(led.state, recent)
-    codec.use_cipher(None)
+def test_a_sealed_snapshot_read_without_keys_is_refused(keyring, sealing):
+    led, recent = _scenario(sealing)
+    body = encode_state(led.state, recent, c=keyring)
     with pytest.raises(codec.ContractError, match="sealed"):
         decode_state(body)
 

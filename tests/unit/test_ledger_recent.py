@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events import AddMemory
+from events.codec import PLAIN
 from events.rules.ledger import LedgerState
 from events.topics import EVENTS, REDELIVERED, REPLIES
 from settings import Settings
@@ -33,7 +34,7 @@ def test_recent_commands_stay_within_the_budget_and_whole(commands, budget):
 
 
 async def test_a_redelivered_command_gets_its_first_events_back():
-    ledger = LedgerProcessor(Settings())
+    ledger = LedgerProcessor(Settings(), codec=PLAIN)
     ledger.states[0], ledger.processed[0] = LedgerState(), RecentCommands()
     cmd = AddMemory(command_id="c1", tenant="t", agent="a", issued_at=NOW, summary="The sky is blue", session="s1")
     first = await ledger.process("memlane.memory.commands", 0, 0, cmd)

@@ -9,7 +9,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from events.codec import decode
+from events.codec import PLAIN, decode
 from events.commands import WORKSPACE, AddMemory, EraseSubject, GrantConsent, RemoveAgent, RemoveUser
 from events.record import Provenance, Source
 from events.rules.ledger import LedgerState, caller, command_key
@@ -108,7 +108,7 @@ def _bob():
 
 
 def _ledger(state, recent) -> LedgerProcessor:
-    ledger = LedgerProcessor(Settings())
+    ledger = LedgerProcessor(Settings(), codec=PLAIN)
     ledger.states[0], ledger.processed[0] = state, recent
     return ledger
 

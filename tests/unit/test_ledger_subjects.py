@@ -20,7 +20,7 @@ from events import (
     TurnOutcome,
     UnpinMemory,
 )
-from events.codec import decode
+from events.codec import PLAIN, decode
 from events.commands import WORKSPACE, AddMemory, EraseSubject, GrantConsent, RemoveAgent, RemoveUser, WithdrawConsent
 from events.record import LIVE, Provenance, Scope, Source, Status
 from events.rules.ledger import LIVE_FACT_CAP, LedgerState, caller, decide, evolve, get_record
@@ -679,7 +679,7 @@ def test_a_scratch_state_leaves_the_subject_mappings_of_the_real_one_alone():
 
 
 def _worker():
-    ledger = LedgerProcessor(Settings())
+    ledger = LedgerProcessor(Settings(), codec=PLAIN)
     led = Ledger(scope=USER_SCOPES)
     ledger.states[0], ledger.processed[0] = led.state, RecentCommands()
     return ledger

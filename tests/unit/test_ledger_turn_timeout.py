@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from events import AddMemory
-from events.codec import decode
+from events.codec import PLAIN, decode
 from events.rules.ledger import LedgerState
 from settings import Settings
 from workers.processors.ledger.processor import LedgerProcessor, RecentCommands
@@ -15,7 +15,7 @@ COMMANDS = "memlane.memory.commands"
 
 
 def _ledger(**settings) -> LedgerProcessor:
-    ledger = LedgerProcessor(Settings(**settings))
+    ledger = LedgerProcessor(Settings(**settings), codec=PLAIN)
     ledger.states[0], ledger.processed[0] = LedgerState(), RecentCommands()
     return ledger
 

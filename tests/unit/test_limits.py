@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from events import AddMemory, AgentConfig, ConfigureAgent, EditMemory, TurnOutcome
-from events.codec import ContractError, decode, encode, from_validation_error
+from events.codec import PLAIN, ContractError, decode, encode, from_validation_error
 from events.limits import (
     COMMAND_LIMIT,
     EVENT_LIMIT,
@@ -112,16 +112,16 @@ def test_a_turn_reference_is_limited():
 def test_a_command_over_the_command_limit_is_refused_before_it_is_sent():
     big = add(provenance=Provenance(candidates=["c" * 1000] * 300))
     with pytest.raises(ApiError) as e:
-        encoded(big)
+        encoded(big, PLAIN)
     assert (e.value.status, e.value.code, e.value.field) == (413, "LIMIT_EXCEEDED", "provenance")
     assert f"limit of {COMMAND_LIMIT} bytes" in e.value.message
-    assert encoded(add()) == encode(add())
+    assert encoded(add(), PLAIN) == encode(add())
 
 
 def test_a_string_that_is_not_text_is_refused_naming_its_field():
     # Validation refuses lone surrogates in typed strings; this is the net under anything else.
     with pytest.raises(ApiError) as e:
-        encoded(add().model_copy(update={"kind": "f\ud800"}))
+        encoded(add().model_copy(update={"kind": "f\ud800"}), PLAIN)
     assert (e.value.status, e.value.field) == (422, "kind")
 
 

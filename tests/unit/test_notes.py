@@ -267,28 +267,28 @@ def test_a_recovery_from_the_log_folds_the_same_notes():
     assert dict(recovered.notes)["t/a"]["release-rules"] == (2, NOW)
 
 
-def test_a_notes_text_is_sealed_under_its_owners_key(keyring):
+def test_a_notes_text_is_sealed_under_its_owners_key(keyring, sealing):
     led = Ledger()
     saved = only(led.save(user="u1", summary=SECRET, topic=f"topic {SECRET}"), "NoteSaved")
-    data = codec.encode(saved)
+    data = sealing.encode(saved)
     assert SECRET.encode() not in data
-    assert codec.decode("memlane.memory.events", data) == saved
+    assert sealing.decode("memlane.memory.events", data) == saved
     cmd = SaveNote(command_id="c", tenant="t", agent="a", issued_at=NOW, user="u1", note_id="n", topic=SECRET,
                    summary=SECRET, sources=[{"conversation": "s", "id": "m"}], expected_revision=0)
-    assert SECRET.encode() not in codec.encode(cmd)
+    assert SECRET.encode() not in sealing.encode(cmd)
     assert "t/a|u:u1" in keyring.subjects()
 
 
-def test_a_snapshot_keeps_the_notes_sealed_and_drops_an_erased_members(keyring):
+def test_a_snapshot_keeps_the_notes_sealed_and_drops_an_erased_members(keyring, sealing):
     led = Ledger()
     led.save(note_id=f"about-{SECRET}", user="u1"), led.save(user="u2"), led.save()
-    body = encode_state(led.state, OrderedDict())
+    body = encode_state(led.state, OrderedDict(), c=keyring)
     assert SECRET.encode() not in body
-    state, _, dropped = decode_state(body)
+    state, _, dropped = decode_state(body, keyring)
     assert dict(state.notes) == dict(led.state.notes) and dropped == 0
     for rec in keyring.kids("t/a|u:u1"):
         keyring.apply(rec.topic_key, None)  # u1 erased: their key destroyed
-    state, _, dropped = decode_state(body)
+    state, _, dropped = decode_state(body, keyring)
     assert set(state.notes) == {"t/a", owner_key("t/a", "u2")} and dropped == 1
 
 

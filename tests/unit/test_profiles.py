@@ -177,21 +177,21 @@ def test_forgetting_until_a_time_keeps_a_profile_written_later():
     assert profile_of(led.state, "t/a", "u1") == (0, "") and profile_of(led.state, "t/a", "u2") == (1, "After")
 
 
-def test_profile_text_is_sealed_under_the_members_key_in_events_commands_and_snapshots(keyring):
+def test_profile_text_is_sealed_under_the_members_key_in_events_commands_and_snapshots(keyring, sealing):
     led = Ledger()
     e = only(set_profile(led, "CANARY vegetarian"), "ProfileChanged")
-    raw = codec.encode(e)
-    assert b"CANARY" not in raw and codec.decode("memlane.memory.events", raw).text == "CANARY vegetarian"
+    raw = sealing.encode(e)
+    assert b"CANARY" not in raw and sealing.decode("memlane.memory.events", raw).text == "CANARY vegetarian"
     cmd = SetProfile(command_id="c", tenant="t", agent="a", issued_at=NOW, user="u1", text="CANARY cmd")
-    assert b"CANARY" not in codec.encode(cmd)
+    assert b"CANARY" not in sealing.encode(cmd)
     assert keyring.kids(subject_of("t", "a", "u1"))  # the member's key sealed them
-    body = encode_state(led.state, OrderedDict())
+    body = encode_state(led.state, OrderedDict(), c=keyring)
     assert b"CANARY" not in body
-    state, _, dropped = decode_state(body)
+    state, _, dropped = decode_state(body, keyring)
     assert dropped == 0 and dict(state.profiles) == dict(led.state.profiles)
     for rec in keyring.kids(subject_of("t", "a", "u1")):
         keyring.apply(rec.topic_key, None)  # the member's erasure destroys their keys
-    state, _, dropped = decode_state(body)
+    state, _, dropped = decode_state(body, keyring)
     assert dropped == 1 and dict(state.profiles) == {}
 
 

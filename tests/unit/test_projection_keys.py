@@ -10,6 +10,7 @@ import asyncio
 from datetime import UTC, datetime
 
 from events import CommandRejected, RecordAdded, encode
+from events.codec import PLAIN
 from events.lean import decode_lean
 from events.record import MemoryRecord
 from projections.qdrant.index import EdgeIndex
@@ -27,7 +28,7 @@ def added(tenant: str, command_id: str, rid: str = "r1"):
 
 
 async def test_a_parked_event_of_one_tenant_does_not_hold_anothers_wait(tmp_path):
-    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
+    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0], codec=PLAIN)
     try:
         proj._on_event(added("tb", "idem"), _Batch(), "events:0", 0)
         assert proj.parked  # tb's record waits for its vector
@@ -45,7 +46,7 @@ async def test_a_parked_event_of_one_tenant_does_not_hold_anothers_wait(tmp_path
 
 
 def test_record_keys_share_one_tenant_and_agent_string(tmp_path):
-    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0])
+    proj = QdrantProjection(Settings(), EdgeIndex(tmp_path / "shard"), [0], codec=PLAIN)
     try:
         for n in range(2):
             proj._on_event(added("tenant-" + "x" * 20, f"c{n}", f"r{n}"), _Batch(), "events:0", n)

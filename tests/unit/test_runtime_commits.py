@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import TopicPartition
 
+from events.codec import PLAIN
 from settings import Settings
 from workers.runtime.runner import Out, Processor, Runner
 
@@ -72,7 +73,7 @@ def poll(offset: int) -> dict:
 
 
 def runner() -> tuple[Runner, Commits]:
-    r = Runner(Echo(Settings()), Settings())
+    r = Runner(Echo(Settings(), codec=PLAIN), Settings())
     commits = Commits()
     r._commit = commits
     return r, commits

@@ -311,29 +311,26 @@ def test_removing_the_tenant_forgets_its_conventions_and_floors_and_nothing_of_t
 
 
 def test_a_tenants_texts_are_sealed_under_its_workspace_key_and_the_platforms_are_not(tmp_path):
-    from events import codec
+    from events.codec import Codec
     from events.sealing import subject_of
     from projections.keys import Keyring, LocalKeyFile
 
     ring = Keyring(LocalKeyFile.create(tmp_path / "memlane.key"))
-    codec.use_cipher(ring)
-    try:
-        canary = "canary-9d1e wombat"
-        state = LedgerState()
-        [floor_set] = decide(state, floor("f1", canary))
-        [proposed] = decide(state, propose(["a1", "a2"], text=canary))
-        [entry_set] = decide(state, entry("p1", text=canary))
-        for e in (floor_set, proposed):
-            data = codec.encode(e)
-            assert canary.encode() not in data
-            assert codec.decode("memlane.memory.events", data).text == canary
-            assert decode_ledger_view(data).entry_id == e.entry_id  # recovery reads the id without the key
-        assert canary.encode() in codec.encode(entry_set)
-        assert canary.encode() not in codec.encode(propose(["a1", "a2"], text=canary))
-        # Under the tenant's workspace key, which removing the tenant destroys (and no agent's).
-        assert {bytes(rec.topic_key).decode().split("#")[0] for rec in ring.pending} == {subject_of("t", WORKSPACE)}
-    finally:
-        codec.use_cipher(None)
+    sealing = Codec(ring)
+    canary = "canary-9d1e wombat"
+    state = LedgerState()
+    [floor_set] = decide(state, floor("f1", canary))
+    [proposed] = decide(state, propose(["a1", "a2"], text=canary))
+    [entry_set] = decide(state, entry("p1", text=canary))
+    for e in (floor_set, proposed):
+        data = sealing.encode(e)
+        assert canary.encode() not in data
+        assert sealing.decode("memlane.memory.events", data).text == canary
+        assert decode_ledger_view(data, sealing).entry_id == e.entry_id  # recovery reads the id without the key
+    assert canary.encode() in sealing.encode(entry_set)
+    assert canary.encode() not in sealing.encode(propose(["a1", "a2"], text=canary))
+    # Under the tenant's workspace key, which removing the tenant destroys (and no agent's).
+    assert {bytes(rec.topic_key).decode().split("#")[0] for rec in ring.pending} == {subject_of("t", WORKSPACE)}
 
 
 def test_a_fact_in_more_agents_than_a_proposal_names_still_makes_one_valid_proposal():

@@ -18,6 +18,7 @@ from aiokafka.errors import (
     ProducerFenced,
 )
 
+from events.codec import PLAIN
 from services.supervisor import Child, env_of, instance_base, instances, plan
 from settings import Settings
 from workers.runtime.runner import (
@@ -38,7 +39,7 @@ class Txn(Processor):
     transactional = True
 
     def __init__(self, settings) -> None:
-        super().__init__(settings)
+        super().__init__(settings, codec=PLAIN)
         self.revocations: list[set] = []
 
     async def revoked(self, partitions):

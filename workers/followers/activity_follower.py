@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError, decode
+from events.codec import Codec, ContractError
 from events.rules.activity import KEEP_MINUTES, Recalled, Tick, counted, fresh, worth_decoding
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, REDELIVERED, TURNS, USAGE
@@ -42,15 +42,16 @@ BATCH = 250
 
 
 class ActivityFollower:
-    def __init__(self, settings: Settings, view: ActivityView, keys: Any = None) -> None:
+    def __init__(self, settings: Settings, view: ActivityView, keys: Any = None, *, codec: Codec) -> None:
         self.settings = settings
+        self.codec = codec
         self.view = view
         self.keys = keys  # workers.runtime.data_keys.KeyTopic: catches up on keys not known yet; None with encryption off
         self.stopping = asyncio.Event()
         self.caught_up = asyncio.Event()
         self.counted = 0
         self.skipped = 0  # poison: messages that break the contract, parked in their DLQ
-        self.poison = FollowerPoison(settings, "activity")
+        self.poison = FollowerPoison(settings, "activity", codec)
         self.unreadable = 0  # sealed under a destroyed key (an erased subject)
 
     def _source(self, topic: str) -> str:
@@ -73,8 +74,8 @@ class ActivityFollower:
 
     async def _decoded(self, source: str, m: Any) -> Any:
         if self.keys is None:
-            return decode(source, m.value)
-        return await self.keys.opening(decode, source, m.value)
+            return self.codec.decode(source, m.value)
+        return await self.keys.opening(self.codec.decode, source, m.value)
 
     async def _count(self, source: str, m: Any) -> Any:
         """What a message counts; poison and unreadable messages count nothing and are tallied."""

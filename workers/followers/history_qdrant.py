@@ -36,7 +36,7 @@ from typing import Any, cast
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError, decode
+from events.codec import PLAIN, Codec, ContractError
 from events.lean import decode_lean_vector
 from events.memory import SubjectErased
 from events.rules.history import KeptEvent, erased, erasure_marker, kept_events
@@ -88,8 +88,10 @@ class _Batch:
 
 
 class HistoryQdrantProjection:
-    def __init__(self, settings: Settings, index: HistoryIndex, keys: Any = None, model_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, index: HistoryIndex, keys: Any = None, model_id: str | None = None,
+                 *, codec: Codec) -> None:
         self.settings = settings
+        self.codec = codec  # opens sealed vectors and seals a parked turn
         self.index = index
         self.keys = keys  # workers.runtime.data_keys.KeyTopic: publishes the keys parts are sealed under first
         # Must match the embedding worker's model id, or no vector ever joins a part.
@@ -107,7 +109,7 @@ class HistoryQdrantProjection:
         self.events = 0  # kept events whose every part is in the shard
         self.unreadable = 0  # vectors sealed under destroyed keys
         self.stopping = asyncio.Event()
-        self.poison = FollowerPoison(settings, "history-index")
+        self.poison = FollowerPoison(settings, "history-index", codec)
         self.caught_up = asyncio.Event()
 
     # ------------------------------------------------------------------ joining
@@ -182,7 +184,7 @@ class HistoryQdrantProjection:
             if (msg.model, msg.content_hash) != (self.model_id, pid):
                 raise ContractError("content_hash", f"the message key names {self.model_id}/{pid}, the value "
                                     f"{msg.model}/{msg.content_hash}")
-            vec = msg.floats()
+            vec = msg.floats(self.codec.cipher)
         except ContractError as err:
             log.warning("history_skipped_vector", point=pid, error=str(err))  # the embedding worker's to fix
             del self.held[pid]
@@ -209,7 +211,7 @@ class HistoryQdrantProjection:
             t.events[e.id] = t.events.get(e.id, 0) + 1
         self.open.setdefault(part, OrderedDict())[offset] = t
         for e, pid, payload in rows:
-            self.parked.setdefault(pid, []).append(_Part((pid, pack(payload), payload["text"]), e, (part, offset)))
+            self.parked.setdefault(pid, []).append(_Part((pid, pack(payload, self.index.cipher), payload["text"]), e, (part, offset)))
         return [pid for _, pid, _ in rows]
 
     def _indexed(self, pids: set[str]) -> None:
@@ -260,7 +262,7 @@ class HistoryQdrantProjection:
             if kind == EVENTS.name:
                 ev = erasure_of(EVENTS.name, m.value) if m.value else None
             else:
-                ev = decode(TURNS.name, m.value)
+                ev = PLAIN.decode(TURNS.name, m.value)  # the platform's turns are plaintext
         except ContractError as err:
             batch.poison.append((kind, m, str(err)))
             return []

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from events.codec import Codec
 from events.topics import EVENTS
 from projections.embedders.port import Embedder
 from projections.qdrant.index import EdgeIndex, Hit, Mode, SearchFilter
@@ -144,8 +145,9 @@ class MemoryShards:
     projection this process does not run yet, so a write it reported searchable would not be."""
 
     def __init__(self, settings: Settings, generation: int, redis: Connect, embedder: Embedder | None = None,
-                 keys: Any = None) -> None:
+                 keys: Any = None, *, codec: Codec) -> None:
         self.settings = settings
+        self.codec = codec
         self.generation = generation
         self.keys = keys  # the process's data keys (workers.runtime.data_keys.KeyTopic), or None
         n = shard_count(settings, generation)
@@ -153,10 +155,10 @@ class MemoryShards:
             cols.switch(generation)  # a new deployment: its first generation gets the aliases
         # The process's vector cache is shared among its shards, not one per shard.
         # ... and so is the producer that parks what breaks the contract.
-        self.poison = FollowerPoison(settings, "memory-index")
+        self.poison = FollowerPoison(settings, "memory-index", codec)
         self.projections = [
             QdrantProjection(settings, open_index(settings, generation, k), shard_partitions(k, n),
-                             vector_cache=VECTOR_CACHE // n, keys=keys, poison=self.poison)
+                             vector_cache=VECTOR_CACHE // n, keys=keys, poison=self.poison, codec=codec)
             for k in range(n)
         ]
         # An erasure of every agent of a tenant is in one shard's partitions and reaches all.

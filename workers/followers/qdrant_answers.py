@@ -16,7 +16,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from events.base import command_key
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.lean import LeanEvent, decode_lean
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS
@@ -31,6 +31,7 @@ class ReadYourWrites:
     """The read-your-writes part of `QdrantProjection`, which sets this state up."""
 
     settings: Settings
+    codec: Codec  # opens the events a waiter gets
     keys: Any  # workers.runtime.data_keys.KeyTopic: caught up on when a key is not known yet
     parked_commands: Counter[str]  # command_key -> its events still parked (`Join`)
     waiters: dict[str, list[asyncio.Future]]  # command_key -> its callers
@@ -80,7 +81,7 @@ class ReadYourWrites:
         if self._complete(cid):
             done, futs = self.done_commands.pop(cid), self.waiters.pop(cid)
             try:
-                events = [e.full() for e in done]
+                events = [e.full(self.codec) for e in done]
             except (KeyMissing, KeyDestroyed, ContractError) as err:
                 self._answer_later(done, futs, err)
                 return
@@ -131,7 +132,7 @@ class ReadYourWrites:
             try:
                 if isinstance(err, KeyMissing) and self.keys is not None:
                     await self.keys.catch_up()
-                events = [e.full() for e in done]
+                events = [e.full(self.codec) for e in done]
             except Exception as e:
                 for fut in futs:
                     if not fut.done():

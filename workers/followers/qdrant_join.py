@@ -78,7 +78,7 @@ class Join(VectorCache):
             if value is None:
                 return
             msg = decode_lean_vector(value)
-            model, h, held = msg.model, msg.content_hash, msg.floats()
+            model, h, held = msg.model, msg.content_hash, msg.floats(self.codec.cipher)
         else:
             model, _, h = key.decode().rpartition("/")
             held = value
@@ -122,7 +122,7 @@ class Join(VectorCache):
         opened, h, vec = None, "", None
         if indexable(r):
             try:
-                opened, h, _ = r.vector_of()
+                opened, h, _ = r.vector_of(self.codec.cipher)
             except KeyMissing:
                 if not final:
                     raise

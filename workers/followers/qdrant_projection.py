@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.sealing import KeyMissing
 from events.topics import EVENTS, REPLIES, VECTORS, vector_partitions
 from projections.embedders.port import embedder_model_id
@@ -76,8 +76,11 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         also: Also | None = None,
         keys: Any = None,
         poison: FollowerPoison | None = None,
+        *,
+        codec: Codec,
     ) -> None:
         self.settings = settings
+        self.codec = codec
         self.faults = Faults(settings.fault_at)
         self.keys = keys
         self.unreadable = 0
@@ -95,7 +98,7 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         self.serving = serving
         # A message that breaks the contract is parked while serving; a rebuild, which reads
         # the log again, only skips what was parked live.
-        self.poison = poison or FollowerPoison(settings, "memory-index")
+        self.poison = poison or FollowerPoison(settings, "memory-index", codec)
         self._own_poison = poison is None  # else the shards' owner closes it
         # Another view folded from the same pass over the events, each batch with its
         # checkpoint positions: a rebuild's shard process also fills its agents' Redis

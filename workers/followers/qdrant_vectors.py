@@ -14,7 +14,7 @@ from collections import OrderedDict
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.lean import decode_lean_vector
 from events.sealing import KeyDestroyed, KeyMissing
 from workers.runtime.topic_reader import TopicReader
@@ -25,6 +25,7 @@ log = structlog.get_logger()
 class VectorCache:
     """The vectors part of `QdrantProjection`, which sets this state up."""
 
+    codec: Codec  # opens sealed vectors
     model_id: str  # must match the embedder's model id, or no vector ever joins a record
     vectors: OrderedDict[str, array.array | bytes]  # content hash -> the vector, decoded once used
     # Vectors read before their event (content hash -> partition, offset): never
@@ -50,7 +51,7 @@ class VectorCache:
             if (msg.model, msg.content_hash) != (self.model_id, h):
                 raise ContractError("content_hash", f"the message key names {self.model_id}/{h}, the value "
                                     f"{msg.model}/{msg.content_hash}")
-            vec = msg.floats()
+            vec = msg.floats(self.codec.cipher)
         except ContractError as err:
             # Records wait for a good vector; the embedding worker owns its DLQ.
             log.warning("projection_skipped_vector", content_hash=h, error=str(err))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.lean import LeanRecord, decode_lean
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS
@@ -48,6 +48,7 @@ class Shards(Protocol):
     """What the reconciler reads of the shards it heals: the projection of an agent, the
     process's data keys and embedder, and when the projections have caught up."""
 
+    codec: Codec
     keys: Any
     embedder: Embedder | None
 
@@ -159,7 +160,8 @@ class Reconciler:
 
     def _store(self) -> RedisRecords:
         if self.store is None:
-            self.store = RedisRecords(self.redis(pooled=True), namespace=self.settings.topic_prefix)
+            self.store = RedisRecords(self.redis(pooled=True), namespace=self.settings.topic_prefix,
+                                      codec=self.shards.codec)
         return self.store
 
     async def _agent(self, store: RedisRecords, gen: int, tenant: str, agent: str) -> tuple[int, int]:
@@ -220,7 +222,7 @@ class Reconciler:
         destroyed key (an erased subject's: no point to heal)."""
         for attempt in (1, 2):
             try:
-                opened, h, _ = r.vector_of()
+                opened, h, _ = r.vector_of(self.shards.codec.cipher)
                 return opened, h
             except KeyMissing:
                 keys = self.shards.keys

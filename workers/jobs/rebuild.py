@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.qdrant import edge_shard
@@ -48,11 +48,11 @@ Progress = Callable[[int, int], None]
 
 
 @contextlib.asynccontextmanager
-async def data_keys(settings: Settings) -> AsyncIterator[Any]:
-    """The data keys as of now (a rebuild reads a log written before it started), installed
-    as the process's cipher; None with encryption off. The keys it makes (an agent's, to seal
-    a block in the view) are published before anything sealed under them is written."""
-    keys = await open_keys(settings, follow=False)
+async def data_keys(settings: Settings, codec: Codec) -> AsyncIterator[Any]:
+    """The data keys as of now (a rebuild reads a log written before it started), loaded into
+    `codec`'s keyring; None with encryption off. The keys it makes (an agent's, to seal a block
+    in the view) are published before anything sealed under them is written."""
+    keys = await open_keys(settings, codec, follow=False)
     try:
         yield keys
     finally:
@@ -115,6 +115,7 @@ async def _apply_range(
 async def rebuild_redis(
     settings: Settings,
     redis: Connect,
+    codec: Codec,
     progress: Progress | None = None,
     switch: bool = True,
     fill: Callable[[int], Awaitable[int]] | None = None,
@@ -123,13 +124,13 @@ async def rebuild_redis(
 
     `fill(generation)`, when given, does the pass from offset 0 elsewhere (the shard
     processes of `rebuild_all`) and returns the events it applied."""
-    async with data_keys(settings) as keys:
-        return await _rebuild_redis(settings, redis, progress, switch, fill, keys)
+    async with data_keys(settings, codec) as keys:
+        return await _rebuild_redis(settings, redis, progress, switch, fill, keys, codec)
 
 
 async def _rebuild_redis(settings: Settings, redis: Connect, progress: Progress | None, switch: bool,
-                         fill: Callable[[int], Awaitable[int]] | None, keys: Any) -> int:
-    live = RedisRecords(redis(pooled=True), namespace=settings.topic_prefix)
+                         fill: Callable[[int], Awaitable[int]] | None, keys: Any, codec: Codec) -> int:
+    live = RedisRecords(redis(pooled=True), namespace=settings.topic_prefix, codec=codec)
     dropping: asyncio.Future | None = None
     try:
         old = await live.generation()
@@ -138,7 +139,7 @@ async def _rebuild_redis(settings: Settings, redis: Connect, progress: Progress 
         # one fills. The live one stays, to switch back to.
         stale = [g for g in await live.generations() if g < old] if switch else []
         dropping = asyncio.ensure_future(asyncio.gather(*(live.drop_generation(g) for g in stale)))
-        new = RedisRecords(redis(pooled=True), generation=gen, namespace=settings.topic_prefix, keys=keys)
+        new = RedisRecords(redis(pooled=True), generation=gen, namespace=settings.topic_prefix, keys=keys, codec=codec)
         try:
             if fill is None:
                 with collected_between_batches():
@@ -170,11 +171,12 @@ async def _rebuild_redis(settings: Settings, redis: Connect, progress: Progress 
 
 
 async def replay_redis(
-    settings: Settings, redis: Connect, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    settings: Settings, redis: Connect, codec: Codec, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
-    async with data_keys(settings) as keys:
-        store = RedisRecords(redis(pooled=True), generation=generation, namespace=settings.topic_prefix, keys=keys)
+    async with data_keys(settings, codec) as keys:
+        store = RedisRecords(redis(pooled=True), generation=generation, namespace=settings.topic_prefix, keys=keys,
+                             codec=codec)
         try:
             with collected_between_batches():
                 applied = await _apply_range(settings, store, start, stop, progress)
@@ -185,7 +187,7 @@ async def replay_redis(
 
 
 async def replay_qdrant(
-    settings: Settings, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    settings: Settings, codec: Codec, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
     """Fold events into Qdrant generation `generation`, shard after shard, from each
@@ -195,12 +197,12 @@ async def replay_qdrant(
     moves a generation forward: `start` is for a generation that holds no events yet.
     An erasure of every agent of a tenant is in one shard's partitions: once all are
     folded, it is applied to every shard."""
-    async with data_keys(settings) as keys:
-        return await _replay_qdrant(settings, generation, start, stop, progress, keys)
+    async with data_keys(settings, codec) as keys:
+        return await _replay_qdrant(settings, generation, start, stop, progress, keys, codec)
 
 
 async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, int] | None,
-                         stop: dict[int, int] | None, progress: Progress | None, keys: Any) -> int:
+                         stop: dict[int, int] | None, progress: Progress | None, keys: Any, codec: Codec) -> int:
     events_topic = settings.topic(EVENTS.name)
     n = shard_count(settings, generation)
     applied = unreadable = 0
@@ -209,7 +211,7 @@ async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, i
         index = open_index(settings, generation, k)
         try:
             projection = QdrantProjection(settings, index, shard_partitions(k, n), vector_cache=None,
-                                          serving=False, keys=keys)
+                                          serving=False, keys=keys, codec=codec)
             held = {checkpoint_key(events_topic, p): v for p, v in of_topic(projection.ckpt, events_topic).items()}
             if start and held:
                 raise ValueError(
@@ -245,7 +247,7 @@ def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
 
 
 async def _build_shard(
-    settings: Settings, redis: Connect, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
+    settings: Settings, redis: Connect, codec: Codec, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
 ) -> tuple[int, int, int]:
     """Fold shard k of generation `gen` from offset 0 until caught up, and with `redis_gen`
     the Redis records of the shard's agents into that generation in the same pass.
@@ -253,16 +255,16 @@ async def _build_shard(
 
     `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
     docs/decisions/0004-qdrant-edge-embedded-index.md)."""
-    async with data_keys(settings) as keys:
-        return await _build_shard_with(settings, redis, gen, k, progress, optimize, redis_gen, keys)
+    async with data_keys(settings, codec) as keys:
+        return await _build_shard_with(settings, redis, codec, gen, k, progress, optimize, redis_gen, keys)
 
 
-async def _build_shard_with(settings: Settings, redis: Connect, gen: int, k: int, progress: Progress | None, optimize: bool,
-                            redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
+async def _build_shard_with(settings: Settings, redis: Connect, codec: Codec, gen: int, k: int, progress: Progress | None,
+                            optimize: bool, redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
     n = shard_count(settings, gen)
     index = open_index(settings, gen, k)
     store = None if redis_gen is None else RedisRecords(
-        redis(pooled=True), generation=redis_gen, namespace=settings.topic_prefix, keys=keys)
+        redis(pooled=True), generation=redis_gen, namespace=settings.topic_prefix, keys=keys, codec=codec)
     applied = 0
     filling: asyncio.Future | None = None
 
@@ -277,7 +279,7 @@ async def _build_shard_with(settings: Settings, redis: Connect, gen: int, k: int
 
     try:
         projection = QdrantProjection(settings, index, shard_partitions(k, n), vector_cache=None,
-                                      serving=False, also=also if store else None, keys=keys)
+                                      serving=False, also=also if store else None, keys=keys, codec=codec)
         with collected_between_batches():
             await projection.run(until_caught_up=True, progress=progress)
         if filling:
@@ -343,11 +345,11 @@ def _child_init(settings: Settings, queue) -> None:
     _progress_queue = queue
 
 
-def _build_shard_in_child(settings: Settings, redis: Connect, gen: int, k: int, optimize: bool, redis_gen: int | None
-                          ) -> tuple[int, int, int]:
+def _build_shard_in_child(settings: Settings, redis: Connect, codec_at: Callable[[], Codec], gen: int, k: int,
+                          optimize: bool, redis_gen: int | None) -> tuple[int, int, int]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     points, events, unreadable = asyncio.run(
-        _build_shard(settings, redis, gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
+        _build_shard(settings, redis, codec_at(), gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
     )
     log.info("shard_rebuilt", shard=k, points=points, redis_events=events, unreadable=unreadable,
              wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - cpu0, 2))
@@ -357,6 +359,7 @@ def _build_shard_in_child(settings: Settings, redis: Connect, gen: int, k: int, 
 async def rebuild_all(
     settings: Settings,
     redis: Connect,
+    codec_at: Callable[[], Codec],
     progress: Callable[[str, int, int], None] | None = None,
     switch: bool = True,
     optimize: bool = False,
@@ -365,6 +368,7 @@ async def rebuild_all(
     """Rebuild the targets from the log, each memory shard in a process of its own, which
     folds its agents into both projections in one pass: the cores share the work, and
     each event is read and decoded once. `progress(target, done, total)` hears from all.
+    `codec_at` makes a process's codec: a value, pickled into each shard's process.
     Returns each target's generation."""
     import multiprocessing
     import queue as queues
@@ -374,7 +378,7 @@ async def rebuild_all(
         return (lambda done, total: progress(target, done, total)) if progress else None
 
     if "qdrant" not in targets:
-        return {"redis": await rebuild_redis(settings, redis, report("redis"), switch=switch)}
+        return {"redis": await rebuild_redis(settings, redis, codec_at(), report("redis"), switch=switch)}
     old, gen = _next_qdrant_generation(settings)
     n = shard_count(settings, gen)
     points = 0
@@ -388,7 +392,8 @@ async def rebuild_all(
         seen: dict[int, tuple[int, int]] = {}
         loop = asyncio.get_running_loop()
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
-            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, redis, gen, k, optimize, redis_gen)
+            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, redis, codec_at, gen, k, optimize,
+                                          redis_gen)
                       for k in range(n)]
             pending = set(shards)
             while pending:
@@ -413,7 +418,7 @@ async def rebuild_all(
 
     built: dict[str, int] = {}
     if "redis" in targets:
-        built["redis"] = await rebuild_redis(settings, redis, switch=switch, fill=run_shards)
+        built["redis"] = await rebuild_redis(settings, redis, codec_at(), switch=switch, fill=run_shards)
     else:
         await run_shards(None)
     _switch_qdrant(settings, old, gen, points, switch)

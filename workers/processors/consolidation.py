@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from events.codec import encode
+from events.codec import Codec
 from events.rules import consolidation as rules
 from events.rules import subjects
 from events.rules.history import HistoryFilter
@@ -46,8 +46,8 @@ class ConsolidationProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions end independently; each waits on its own model call
 
-    def __init__(self, settings, redis: Connect) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.redis = redis
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
@@ -65,8 +65,9 @@ class ConsolidationProcessor(Processor):
             return
         self.model = ModelClient(s)
         self.api = ApiReader(s)
-        self.history = RedisHistory(self.redis(), s.topic_prefix)
-        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys)
+        self.history = RedisHistory(self.redis(), s.topic_prefix, codec=self.codec)
+        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys,
+                                    codec=self.codec)
         self.runs = RunView(self.records)  # an ended run's entries
         log.info("consolidation_on", model=s.model)
 
@@ -124,7 +125,7 @@ class ConsolidationProcessor(Processor):
         self.tally["sessions"] += 1
         self.tally["proposals"] += len(made.commands)
         return (
-            [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in made.commands]
+            [Out(COMMANDS.name, COMMANDS.key_bytes(c), self.codec.encode(c)) for c in made.commands]
             + [self._usage(u) for u in answer.usage]
             + [self._usage(self._refusal(ended, *r)) for r in made.refused]
         )
@@ -157,9 +158,8 @@ class ConsolidationProcessor(Processor):
             execution_id=ended.execution_id, reason=f"consolidation {what}: {reason}: {detail}",
         )
 
-    @staticmethod
-    def _usage(u: Any) -> Out:
-        return Out(USAGE.name, USAGE.key_bytes(u), encode(u))
+    def _usage(self, u: Any) -> Out:
+        return Out(USAGE.name, USAGE.key_bytes(u), self.codec.encode(u))
 
     async def batch_done(self) -> list[Out]:
         if self.tally:

@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from events.codec import encode
+from events.codec import Codec
 from events.lean import decode_lean
 from events.rules import conventions as rules
 from events.topics import COMMANDS, EVENTS
@@ -40,8 +40,8 @@ class ConventionsProcessor(Processor):
     sources = (EVENTS.name,)
     transactional = True  # a proposal commits with the offset of the fact that made it
 
-    def __init__(self, settings, redis: Connect) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.redis = redis
         self.r: Any = None
         self.root = settings.redis_root
@@ -63,7 +63,7 @@ class ConventionsProcessor(Processor):
         if e.type == "SubjectErased":
             return e
         if e.type == "RecordAdded" and e.record is not None and not e.merged and rules.qualifies(e.record, e.agent):
-            e.record = e.record.opened()
+            e.record = e.record.opened(self.codec.cipher)
             return e
         return None
 
@@ -94,7 +94,7 @@ class ConventionsProcessor(Processor):
             return []
         cmd = rules.propose(e.tenant, key, e.record.summary, set(agents), e.occurred_at)
         self.tally["proposals"] += 1
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))]
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), self.codec.encode(cmd))]
 
     async def _forget(self, tenant: str) -> None:
         _, index = self._keys(tenant, "")

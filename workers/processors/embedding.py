@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import cipher, encode
+from events.codec import Codec
 from events.lean import decode_lean, decode_lean_vector
 from events.record import Status
 from events.topics import EVENTS, VECTORS, Topic, vector_partition
@@ -45,8 +45,8 @@ class EmbeddingProcessor(Processor):
     name = "embedding"
     sources = (EVENTS.name,)
 
-    def __init__(self, settings, embedder: Embedder) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, embedder: Embedder, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         # it keeps its own cache; metered: memlane_embedding_* with caller="worker" (docs/reference/metrics.md)
         self.embedder = MeteredEmbedder(embedder, "worker")
         # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
@@ -64,10 +64,10 @@ class EmbeddingProcessor(Processor):
         r = event.record
         if r is not None and r.status is Status.ACTIVE:
             # Raises KeyMissing (the runner catches up and retries) or KeyDestroyed (skipped).
-            opened, h, subject = r.vector_of()
+            opened, h, subject = r.vector_of(self.codec.cipher)
             self.todo[h, vector_partition(partition)] = (opened.text, subject)
         elif event.type == "SubjectErased":
-            self.erased.append((erasure_at(event.full())[0], partition))
+            self.erased.append((erasure_at(event.full(self.codec))[0], partition))
         return []
 
     async def batch_done(self) -> list[Out]:
@@ -90,8 +90,8 @@ class EmbeddingProcessor(Processor):
         for h, partition in self.todo:
             self.cache.move_to_end(h)
             subject, vec = self.cache[h]
-            msg = VectorComputed.of(self.embedder.model_id, h, vec, subject, cipher())
-            outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), encode(msg), partition=partition))
+            msg = VectorComputed.of(self.embedder.model_id, h, vec, subject, self.codec.cipher)
+            outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), self.codec.encode(msg), partition=partition))
             sent += 1
         while len(self.cache) > CACHE:
             self.cache.popitem(last=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from events.codec import cipher, decode, encode
+from events.codec import PLAIN, Codec
 from events.lean import decode_lean
 from events.rules.history import erased, erasure_marker, kept_events, parts_of
 from events.sealing import subject_of
@@ -43,8 +43,8 @@ class HistoryEmbeddingProcessor(Processor):
     # parts of one length from several turns share a call.
     gather_ms = 50
 
-    def __init__(self, settings, embedder: Embedder) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, embedder: Embedder, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.embedder = MeteredEmbedder(embedder, "worker")
         # (point id, turn partition) -> (text, subject): the batch's parts to embed.
         self.parts: dict[tuple[str, int], tuple[str, str]] = {}
@@ -55,7 +55,7 @@ class HistoryEmbeddingProcessor(Processor):
 
     def decode_message(self, source: str, message: Any) -> Any:
         if source == TURNS.name:
-            return decode(source, message.value)  # the platform's turns are plaintext
+            return PLAIN.decode(source, message.value)  # the platform's turns are plaintext
         if b"SubjectErased" not in message.value:
             return None  # the only event this worker acts on; the rest is not decoded
         e = decode_lean(message.value)
@@ -69,7 +69,7 @@ class HistoryEmbeddingProcessor(Processor):
                     for pid, _, _, text in parts_of(e):
                         self.parts[pid, partition] = (text, subject)
         elif source == EVENTS.name and event is not None:  # `decode_message` keeps erasures alone
-            er, at = erasure_at(event.full())
+            er, at = erasure_at(event.full(self.codec))
             self.erasures.append(er)
             marker = erasure_marker(er.tenant, er.agent, er.user)
             self.erased_at[marker] = max(at, self.erased_at.get(marker, -1))
@@ -92,7 +92,7 @@ class HistoryEmbeddingProcessor(Processor):
         texts = list(dict.fromkeys(text for text, _ in parts.values()))
         by_text = dict(zip(texts, await asyncio.to_thread(self.embedder.embed, texts), strict=True))
         for (pid, partition), (text, subject) in parts.items():
-            msg = VectorComputed.of(self.embedder.model_id, pid, by_text[text], subject, cipher())
-            outs.append(Out(HISTORY_VECTORS.name, HISTORY_VECTORS.key_bytes(msg), encode(msg), partition=partition))
+            msg = VectorComputed.of(self.embedder.model_id, pid, by_text[text], subject, self.codec.cipher)
+            outs.append(Out(HISTORY_VECTORS.name, HISTORY_VECTORS.key_bytes(msg), self.codec.encode(msg), partition=partition))
         log.info("history_vectors_sent", embedded=len(texts), sent=len(outs), model=self.embedder.model_id)
         return outs

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.codec import Codec
 from events.memory import SubjectErased
 from events.rules.history import KeptEvent, kept_events
 from events.topics import EVENTS, TURNS
@@ -43,9 +44,9 @@ class HistoryProcessor(Processor):
     sources = (TURNS.name, EVENTS.name)
     tick_every = VIEW_CHECK_S  # a view Redis lost is folded again
 
-    def __init__(self, settings, redis: Connect, generation: int = 1) -> None:
-        super().__init__(settings)
-        self.store = RedisHistory(redis(), settings.topic_prefix, generation)
+    def __init__(self, settings, redis: Connect, generation: int = 1, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
+        self.store = RedisHistory(redis(), settings.topic_prefix, generation, codec=codec)
         self.pending: list[KeptEvent] = []
         self.erasures: list[tuple[Erasure, int]] = []
         self.memberships: list[tuple[str, str, int, bool, int]] = []

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from events.codec import Codec
 from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.redis.connection import Connect
@@ -30,10 +31,10 @@ class RedisProjectionProcessor(Processor):
     catch_up_on_start = True  # /ready: once the view holds what the log held when assigned
     tick_every = VIEW_CHECK_S
 
-    def __init__(self, settings, redis: Connect, generation: int | None = None) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, redis: Connect, generation: int | None = None, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         # It announces what it applies: API requests with `wait=true` wait for that.
-        self.store = RedisRecords(redis(pooled=True), generation, settings.topic_prefix, announce=True)
+        self.store = RedisRecords(redis(pooled=True), generation, settings.topic_prefix, announce=True, codec=codec)
         self.pending: list[Any] = []
         self.positions: list[tuple[str, int]] = []
         self.assignment: set[TopicPartition] = set()

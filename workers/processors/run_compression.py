@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from events.codec import encode
+from events.codec import Codec
 from events.rules import runs as rules
 from events.rules import write_filter
 from events.topics import COMMANDS, EVENTS, USAGE
@@ -40,8 +40,8 @@ class RunCompressionProcessor(Processor):
     transactional = True
     concurrent_keys = True  # agents compress independently; each waits on its own model call
 
-    def __init__(self, settings, redis: Connect) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.redis = redis
         self.model: ModelClient | None = None
         self.records: RedisRecords | None = None
@@ -55,7 +55,8 @@ class RunCompressionProcessor(Processor):
                         "run buffers are not compressed")
             return
         self.model = ModelClient(s)
-        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys)
+        self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys,
+                                    codec=self.codec)
         self.runs = RunView(self.records)
 
     async def stop(self) -> None:
@@ -102,7 +103,7 @@ class RunCompressionProcessor(Processor):
                                       e.occurred_at, self.model.model, user=e.user)
         self.tally["runs_summarized"] += 1
         log.info("run_compressed", **ctx)
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))] + used
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), self.codec.encode(cmd))] + used
 
     async def _shown(self, partition: int, offset: int, e: Any) -> tuple[list[rules.Entry], str | None]:
         """The run as the view shows it once the redis-projection worker has folded this
@@ -113,9 +114,8 @@ class RunCompressionProcessor(Processor):
                            inclusive=True)
         return await self.runs.session(e.tenant, e.agent, e.run, e.occurred_at, e.user)
 
-    @staticmethod
-    def _usage(u: Any) -> Out:
-        return Out(USAGE.name, USAGE.key_bytes(u), encode(u))
+    def _usage(self, u: Any) -> Out:
+        return Out(USAGE.name, USAGE.key_bytes(u), self.codec.encode(u))
 
     async def batch_done(self) -> list[Out]:
         if self.tally:

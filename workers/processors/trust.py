@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.codec import encode
+from events.codec import Codec
 from events.rules.trust import UsageSpan, fold_usage, usage_commands
 from events.topics import COMMANDS, USAGE
 from workers.runtime.runner import Out, Processor
@@ -29,8 +29,8 @@ class TrustProcessor(Processor):
     # retrieval's count is a ranking signal no reader waits for.
     gather_ms = 1000
 
-    def __init__(self, settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         # The batch being read: (tenant, agent) -> its spans. Emptied by `batch_done`, which
         # the runner calls after each partition's batch, before its offsets commit.
         self.spans: dict[tuple[str, str], list[UsageSpan]] = {}
@@ -43,7 +43,7 @@ class TrustProcessor(Processor):
     async def batch_done(self) -> list[Out]:
         commands, self.spans = usage_commands(self.spans), {}
         self.sent += len(commands)
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in commands]
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(c), self.codec.encode(c)) for c in commands]
 
     async def revoked(self, partitions: set) -> None:
         # The runner commits what was processed before a revocation; nothing is left half-read.

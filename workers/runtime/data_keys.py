@@ -11,10 +11,10 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAlreadyExistsError
 
-from events import codec
+from events.codec import Codec
 from events.sealing import KeyDestroyed, KeyMissing, agent_subject
 from events.topics import keys_topic
-from projections.keys import Keyring, LocalKeyFile
+from projections.keys import Keyring
 from settings import Settings
 from workers.runtime.kafka_io import log_clients, new_topic
 
@@ -179,11 +179,9 @@ class KeyTopic:
             raise KeyDestroyed(e.kid) from None
 
 
-# Followed keys open in this process, by event loop, key file and topic: shared by every runner
-# of the process, since the codec's cipher is one per process. Two keyrings would race: a
-# runner catching up on its own keyring would not teach the codec's the key it lacked, and
-# would take a command sealed under a new key for one whose key was destroyed.
-_OPEN: dict[tuple[int, str, str, str], _Shared] = {}
+# Followed keys open in this process, by event loop, keyring, topic and broker: shared by every
+# runner given the same codec, so a key one of them catches up on is known to all at once.
+_OPEN: dict[tuple[int, int, str, str], _Shared] = {}
 
 
 class _Shared:
@@ -192,30 +190,31 @@ class _Shared:
         self.users = 0
 
 
-async def _started(settings: Settings) -> KeyTopic:
-    keyring = Keyring(LocalKeyFile.create(settings.key_file))
+async def _started(settings: Settings, keyring: Keyring) -> KeyTopic:
     keys = KeyTopic(settings, keyring)
     await keys.start(follow=True)
     return keys
 
 
-async def open_keys(settings: Settings, follow: bool = True) -> KeyTopic | None:
-    """The process's keys: loaded, followed, and the codec's cipher. None with encryption off.
-    Followed keys are opened once per process (and event loop) and shared: each caller stops
-    its own handle, and the last stop closes them. `follow=False` gives a private snapshot."""
-    if not settings.encryption:
-        codec.use_cipher(None)
+async def open_keys(settings: Settings, codec: Codec, follow: bool = True) -> KeyTopic | None:
+    """The keys of `codec`'s keyring (built by the composition root): loaded from the keys topic,
+    and followed. None for a codec without one (encryption off). Followed keys are opened once
+    per keyring (and event loop) and shared: each caller stops its own handle, and the last stop
+    closes them. `follow=False` loads them once and follows nothing."""
+    keyring = codec.cipher
+    if keyring is None:
         return None
+    if not isinstance(keyring, Keyring):
+        raise TypeError(f"data keys: the codec's cipher is a {type(keyring).__name__}, not a Keyring")
     if not follow:
-        keys = KeyTopic(settings, Keyring(LocalKeyFile.create(settings.key_file)))
+        keys = KeyTopic(settings, keyring)
         await keys.start(follow=False)
-        codec.use_cipher(keys.keyring)
         return keys
-    ident = (id(asyncio.get_running_loop()), str(settings.key_file), settings.topic(keys_topic(
-        settings.keys_segment_ms).name), settings.kafka_bootstrap)
+    ident = (id(asyncio.get_running_loop()), id(keyring), settings.topic(keys_topic(settings.keys_segment_ms).name),
+             settings.kafka_bootstrap)
     shared = _OPEN.get(ident)
     if shared is None:
-        shared = _OPEN[ident] = _Shared(asyncio.ensure_future(_started(settings)))
+        shared = _OPEN[ident] = _Shared(asyncio.ensure_future(_started(settings, keyring)))
     shared.users += 1
     try:
         keys = await asyncio.shield(shared.started)
@@ -225,13 +224,12 @@ async def open_keys(settings: Settings, follow: bool = True) -> KeyTopic | None:
             del _OPEN[ident]
         raise
     keys._shared = (ident, shared)
-    codec.use_cipher(keys.keyring)
     return keys
 
 
-async def install_keys(settings: Settings) -> None:
-    """Loads the data keys and installs the cipher, for a command that opens sealed events and
-    makes no key of its own: the keyring stays installed, the keys topic is not followed."""
-    keys = await open_keys(settings, follow=False)
+async def install_keys(settings: Settings, codec: Codec) -> None:
+    """Loads the data keys into `codec`'s keyring, for a command that opens sealed events and
+    makes no key of its own: the keys topic is read once, not followed."""
+    keys = await open_keys(settings, codec, follow=False)
     if keys is not None:
         await keys.stop()

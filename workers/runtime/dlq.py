@@ -36,8 +36,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from events import codec
-from events.codec import ContractError
+from events.codec import Codec, ContractError
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS, TOPICS
 from settings import Settings
@@ -147,9 +146,10 @@ def _letter(m: Any, keep_value: bool) -> Letter:
 class DeadLetters:
     """Reads and replays one deployment's dead letters (Kafka, Redis for the replay record)."""
 
-    def __init__(self, settings: Settings, redis: Any) -> None:
+    def __init__(self, settings: Settings, redis: Any, codec: Codec) -> None:
         self.settings = settings
         self.r = redis
+        self.codec = codec  # opens parked turns before they go back
 
     async def partitions(self, dlq: str) -> list[TopicPartition]:
         """The dead-letter topic's partitions (ensure_topics makes one; an operator may have made more)."""
@@ -270,7 +270,7 @@ class DeadLetters:
                     "partition it came from, beside the rest of its session or agent"}
         where = f"{source}/{h.get('source_partition')}/{h.get('source_offset')}"
         try:
-            value = codec.unpark(x.value, where)  # the platform's plaintext, as it was sent
+            value = self.codec.unpark(x.value, where)  # the platform's plaintext, as it was sent
         except (KeyDestroyed, KeyMissing, ContractError) as e:
             return {"ref": x.ref, "skipped": f"cannot open it ({type(e).__name__}: its subject was erased, or this "
                     "process has no data keys)"}

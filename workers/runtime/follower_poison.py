@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from events.codec import Codec
 from settings import Settings
 from workers.runtime import metrics
 from workers.runtime.dlq import replay_group
@@ -27,9 +28,10 @@ PARK_TIMEOUT_S = 5.0
 
 
 class FollowerPoison:
-    def __init__(self, settings: Settings, follower: str) -> None:
+    def __init__(self, settings: Settings, follower: str, codec: Codec) -> None:
         self.settings = settings
         self.group = f"{settings.group_prefix}.{settings.topic_prefix}{follower}"
+        self.codec = codec  # seals a parked turn, as the runner's parks are
         self.parked = 0
         self._producer: Any = None
 
@@ -40,7 +42,7 @@ class FollowerPoison:
 
     async def park(self, source: str, m: Any, error: str) -> None:
         """Sends `m` (of registry topic `source`) to its DLQ, naming `error`; never its text in a log."""
-        out = dead_letter(source, m, error, 1, self.group)
+        out = dead_letter(source, m, error, 1, self.group, self.codec)
         try:
             sending = await asyncio.wait_for(self._started(), PARK_TIMEOUT_S)
             await asyncio.wait_for(sending.send_and_wait(self.settings.topic(out.topic), out.value, key=out.key,

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from events.codec import park
+from events.codec import Codec
 from events.limits import MESSAGE_LIMIT
 from events.sealing import subject_of
 from events.topics import TOPICS, TURNS
@@ -38,7 +38,7 @@ def fits(o: Out) -> bool:
     return message_size(o) <= MESSAGE_LIMIT
 
 
-def parked_value(source: str, m: Any) -> bytes:
+def parked_value(source: str, m: Any, codec: Codec) -> bytes:
     """The platform writes turns in plaintext: memlane's copy in the DLQ is sealed under the
     agent's key (named by the message key), so an erasure reaches it (docs/features/encryption-and-erasure.md)."""
     value = m.value or b""
@@ -48,15 +48,15 @@ def parked_value(source: str, m: Any) -> bytes:
     agent = rest.partition("/")[0]
     if not (tenant and agent):
         return b""  # no subject to seal it under: the headers name the source offset
-    return park(subject_of(tenant, agent), f"{m.topic}/{m.partition}/{m.offset}", value)
+    return codec.park(subject_of(tenant, agent), f"{m.topic}/{m.partition}/{m.offset}", value)
 
 
-def dead_letter(source: str, m: Any, error: str, attempt: int, group: str) -> Out:
-    """Message `m` of registry topic `source`, parked by consumer group `group`."""
+def dead_letter(source: str, m: Any, error: str, attempt: int, group: str, codec: Codec) -> Out:
+    """Message `m` of registry topic `source`, parked by consumer group `group` (sealed by `codec`)."""
     out = Out(
         topic=TOPICS[source].dlq,
         key=m.key or b"",
-        value=parked_value(source, m),
+        value=parked_value(source, m, codec),
         # Each consumer group parks what it cannot handle, so the header says which one did.
         # A replay parked again keeps its replay headers: `memlane dlq list` shows it is a repeat.
         headers=(*dlq_headers(m.topic, m.partition, m.offset, error, attempt), ("consumer_group", group.encode()),
@@ -69,13 +69,13 @@ def dead_letter(source: str, m: Any, error: str, attempt: int, group: str) -> Ou
     return Out(out.topic, out.key, b"", (*out.headers, ("value_dropped", str(len(out.value)).encode())))
 
 
-def oversized(source: str, m: Any, outs: list[Out], ctx: dict, group: str) -> list[Out]:
+def oversized(source: str, m: Any, outs: list[Out], ctx: dict, group: str, codec: Codec) -> list[Out]:
     """A message with an output over the message limit is parked instead: sent, the output
     would fail the transaction on every restart, and the worker would never get past it."""
     big = max(outs, key=message_size)
     error = f"an output to {big.topic} is {message_size(big)} bytes, over the message limit of {MESSAGE_LIMIT} bytes"
     log.error("output_too_large", output_topic=big.topic, bytes=message_size(big), limit=MESSAGE_LIMIT, **ctx)
-    return [dead_letter(source, m, error, 1, group)]
+    return [dead_letter(source, m, error, 1, group, codec)]
 
 
 def fitting(outs: list[Out], what: str) -> list[Out]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from events.codec import decode
+from events.codec import Codec
 from settings import Settings
 from workers.runtime.data_keys import KeyTopic
 
@@ -84,15 +84,18 @@ class Processor:
     # transaction it costs downstream, covers that much time rather than one message.
     gather_ms = 0
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, codec: Codec) -> None:
         self.settings = settings
+        # Seals what it writes and opens what it reads; its keyring is the process's, which the
+        # runner loads and follows (`keys`) before `start`.
+        self.codec = codec
         # Set on SIGTERM/SIGINT (shared with the runner): long work such as a recovery
         # checks it and gives up, and what it had not committed goes to the next owner.
         self.stopping = asyncio.Event()
 
     def decode(self, source: str, data: bytes) -> Any:
         """The message as `process` takes it; raises `ContractError` for the DLQ."""
-        return decode(source, data)
+        return self.codec.decode(source, data)
 
     def decode_message(self, source: str, message: Any) -> Any:
         """`decode` of a consumed message, for processors that read its headers too."""

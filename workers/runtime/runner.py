@@ -127,7 +127,7 @@ class Runner:
     async def run(self) -> None:
         s = self.settings
         await ensure_topics(s)
-        self.keys = await open_keys(s)
+        self.keys = await open_keys(s, self.processor.codec)
         self.processor.keys = self.keys
         await self._open_producer()
         await self.processor.start()
@@ -282,7 +282,7 @@ class Runner:
             value = await self._opening(self.processor.decode_message, source, m)
         except ContractError as e:
             log.warning("poison_message", error=str(e), field=e.field, **ctx)
-            return [dead_letter(source, m, str(e), 1, self.group)]
+            return [dead_letter(source, m, str(e), 1, self.group, self.processor.codec)]
         except KeyDestroyed:
             return self._unreadable(ctx)
         attempt = 0
@@ -294,9 +294,9 @@ class Runner:
                     # A cast, not an assert: a KeyMissing with no keys (encryption off) fails as it did.
                     await cast(KeyTopic, self.keys).catch_up()
                     result = await self.processor.process(source, m.partition, m.offset, value)
-                outs = [dead_letter(source, m, o.error, o.attempt, self.group) if isinstance(o, DeadLetter) else o
+                outs = [dead_letter(source, m, o.error, o.attempt, self.group, self.processor.codec) if isinstance(o, DeadLetter) else o
                         for o in result]
-                return outs if all(map(fits, outs)) else oversized(source, m, outs, ctx, self.group)
+                return outs if all(map(fits, outs)) else oversized(source, m, outs, ctx, self.group, self.processor.codec)
             except Stopping:
                 raise
             except (KeyDestroyed, KeyMissing):
@@ -308,7 +308,8 @@ class Runner:
                 attempt += 1
                 log.exception("message_failed", attempt=attempt, **ctx)
                 if attempt >= POISON_ATTEMPTS:
-                    return [dead_letter(source, m, f"{type(e).__name__}: {e}", attempt, self.group)]
+                    return [dead_letter(source, m, f"{type(e).__name__}: {e}", attempt, self.group,
+                                        self.processor.codec)]
 
     async def _opening(self, fn, *args):
         return fn(*args) if self.keys is None else await self.keys.opening(fn, *args)

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from events.base import command_key
-from events.codec import decode_stored, encode
+from events.codec import PLAIN, Codec
 from events.commands import (
     AddMemory,
     ConfigureAgent,
@@ -77,16 +77,17 @@ from events.rules.ledger.usage import decide_record_usage
 from events.sealing import KeyDestroyed
 
 
-def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT) -> list[Any]:
+def decide(state: LedgerState, cmd: Any, turn_timeout: timedelta = TURN_TIMEOUT, codec: Codec = PLAIN) -> list[Any]:
     """The events `cmd` produces. Event ids are the command's key plus a position. Writes
-    staged on a turn whose first write is `turn_timeout` older than `cmd` are discarded first."""
+    staged on a turn whose first write is `turn_timeout` older than `cmd` are discarded first.
+    `codec` stages a turn's writes and opens them again, as the ledger's state keeps them."""
     ak = agent_key(cmd.tenant, cmd.agent)
-    expired = _expire_turns(state, ak, cmd, turn_timeout)
+    expired = _expire_turns(state, ak, cmd, turn_timeout, codec)
     if expired:
         state = scratch_state(state)
         for e in expired:
             evolve(state, e)
-    events = expired + _decide(state, ak, cmd)
+    events = expired + _decide(state, ak, cmd, codec)
     n = len(events)
     return [
         e.model_copy(update={"event_id": event_id(cmd.tenant, cmd.agent, cmd.command_id, i), "last": i == n - 1}) for i, e in enumerate(events)
@@ -154,7 +155,7 @@ def overdue(state: LedgerState, now: datetime, turn_timeout: timedelta = TURN_TI
     return out
 
 
-def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta) -> list[Any]:
+def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta, codec: Codec) -> list[Any]:
     """Writes staged on a turn whose outcome never came are discarded after `turn_timeout`.
 
     Time is the command's own `issued_at`, so a replay decides exactly the same.
@@ -171,7 +172,7 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta
         ref = key[len(prefix) :]
         if isinstance(cmd, TurnOutcome) and cmd.turn_ref == ref:
             continue  # the outcome itself arrived: let it decide
-        writes = _staged(state, key)
+        writes = _staged(state, key, codec)
         out.append(event_base(TurnResolved, cmd, turn_ref=ref, committed=False, timed_out=True))
         reason = f"turn timed out: no outcome within {int(turn_timeout.total_seconds())} s"
         out.extend(event_base(WriteDiscarded, w, turn_ref=ref, reason=reason) for w in writes)
@@ -182,11 +183,17 @@ def _expire_turns(state: LedgerState, ak: str, cmd: Any, turn_timeout: timedelta
 Handler = Callable[[LedgerState, str, Any, list], None]
 
 
-def _decide(state: LedgerState, ak: str, cmd: Any) -> list[Any]:
+def _decide(state: LedgerState, ak: str, cmd: Any, codec: Codec) -> list[Any]:
     events: list[Any] = []
     try:
         _admit(state, ak, cmd)
-        _COMMANDS.get(type(cmd), _write)(state, ak, cmd, events)
+        handler = _COMMANDS.get(type(cmd))
+        if handler is not None:
+            handler(state, ak, cmd, events)
+        elif isinstance(cmd, TurnOutcome):
+            _turn_outcome(state, ak, cmd, events, codec)
+        else:
+            _write(state, ak, cmd, events, codec)
     except Rejected as r:
         events = [rejected_event(cmd, r)]
     return events
@@ -201,7 +208,7 @@ def _admit(state: LedgerState, ak: str, cmd: Any) -> None:
         raise Rejected(*why)
 
 
-def _write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
+def _write(state: LedgerState, ak: str, cmd: Any, events: list, codec: Codec) -> None:
     """A write (any command but the turn and configuration ones): staged while its turn is
     open, applied once the turn committed, discarded if it did not."""
     if not cmd.turn_ref:
@@ -210,7 +217,7 @@ def _write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
     outcome = outcome_of(state, f"{ak}|{cmd.turn_ref}")
     if outcome is None:
         _validate_write(state, ak, cmd)
-        events.append(event_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=encode(cmd).decode()))
+        events.append(event_base(WriteStaged, cmd, turn_ref=cmd.turn_ref, command=codec.encode(cmd).decode()))
     elif outcome == "committed":
         _apply_write(state, ak, cmd, events)
     else:
@@ -221,7 +228,7 @@ def _expire(state: LedgerState, ak: str, cmd: ExpireTurns, events: list) -> None
     """Nothing of its own: `decide` expires every overdue turn of the agent before any command."""
 
 
-def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -> None:
+def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list, codec: Codec) -> None:
     ref = f"{ak}|{cmd.turn_ref}"
     if outcome_of(state, ref) is not None:
         return  # already resolved: a forwarded outcome seen twice changes nothing
@@ -229,7 +236,7 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
     # Apply staged writes against a scratch copy, so later writes of the turn see earlier ones
     # without this function touching the real state (evolve does that, from the events).
     scratch = scratch_state(state)
-    for staged in _staged(state, ref):
+    for staged in _staged(state, ref, codec):
         write = _in_turn(staged, cmd.provenance)
         if not cmd.committed:
             reason = cmd.reason or "turn rolled back"
@@ -246,14 +253,14 @@ def _turn_outcome(state: LedgerState, ak: str, cmd: TurnOutcome, events: list) -
         events.extend(sub)
 
 
-def _staged(state: LedgerState, key: str) -> list[Any]:
+def _staged(state: LedgerState, key: str, codec: Codec) -> list[Any]:
     """The writes staged on turn `key`. One sealed under a destroyed key (its member was erased
     on another partition) is gone, as if discarded; `KeyMissing` goes up to the worker, which
     catches up on the keys and decides again."""
     writes = []
     for raw in state.staged.get(key) or []:
         try:
-            writes.append(decode_stored("memlane.memory.commands", raw))
+            writes.append(codec.decode_stored("memlane.memory.commands", raw))
         except KeyDestroyed:
             continue
     return writes
@@ -281,11 +288,10 @@ def _apply_write(state: LedgerState, ak: str, cmd: Any, events: list) -> None:
         handler(state, ak, cmd, events)
 
 
-# Looked up by the command's exact type, once per command. Any other command is a write (`_write`),
-# applied by its entry in `_WRITES`.
+# Looked up by the command's exact type, once per command. A turn's outcome applies its staged
+# writes (`_turn_outcome`); any other command is a write (`_write`), applied by its entry in `_WRITES`.
 _COMMANDS: dict[type, Handler] = {
     ConfigureAgent: decide_configure,
-    TurnOutcome: _turn_outcome,
     ExpireTurns: _expire,
     GrantConsent: decide_consent,
     WithdrawConsent: decide_consent,

@@ -28,9 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.codec import cipher
 from events.config import EveryMessages, ExtractionConfig
-from events.sealing import KeyDestroyed, KeyMissing, open_text, seal_text
+from events.sealing import Cipher, KeyDestroyed, KeyMissing, open_text, seal_text
 from projections.redis.connection import is_cluster
 from workers.runtime.batching import MicroBatcher
 
@@ -69,7 +68,7 @@ class SessionFacts:
     repeated: set[str] = field(default_factory=set)
 
     @classmethod
-    def parse(cls, raw: dict[Any, Any], key: str = "") -> SessionFacts:
+    def parse(cls, raw: dict[Any, Any], key: str = "", cipher: Cipher | None = None) -> SessionFacts:
         """Raises `KeyMissing` for a turn sealed under a key not known yet; a turn sealed under
         a destroyed key (its member was erased) is left out."""
         facts = cls()
@@ -77,7 +76,7 @@ class SessionFacts:
             f = k.decode() if isinstance(k, bytes) else k
             if f.startswith("t:"):
                 try:
-                    facts.add_turn(int(f[2:]), json.loads(_opened(v, f"{key}/{f}")))
+                    facts.add_turn(int(f[2:]), json.loads(_opened(v, f"{key}/{f}", cipher)))
                 except KeyDestroyed:
                     continue
             else:
@@ -175,16 +174,14 @@ def pipelined(redis, transaction: bool) -> MicroBatcher[Commands, list[Any]]:
     return MicroBatcher(send, max_items=500)
 
 
-def _sealed(subject: str, aad: str, text: str) -> str:
-    c = cipher()
+def _sealed(c: Cipher | None, subject: str, aad: str, text: str) -> str:
     return text if c is None else SEALED_PREFIX + seal_text(c, subject, aad, text)
 
 
-def _opened(value: bytes | str, aad: str) -> str:
+def _opened(value: bytes | str, aad: str, c: Cipher | None) -> str:
     text = value.decode() if isinstance(value, bytes) else value
     if not text.startswith(SEALED_PREFIX):
         return text  # written before encryption, or with it off
-    c = cipher()
     if c is None:
         raise KeyMissing("(no cipher in this process)")
     return open_text(c, aad, text[len(SEALED_PREFIX):])
@@ -207,8 +204,10 @@ class ReviewState:
     offset, so a retried turn, or a write landing after a later turn's, changes nothing.
     """
 
-    def __init__(self, redis, namespace: str = "", max_sessions: int = 10_000, keys: Any = None) -> None:
+    def __init__(self, redis, namespace: str = "", max_sessions: int = 10_000, keys: Any = None,
+                 cipher: Cipher | None = None) -> None:
         self.redis = redis
+        self.cipher = cipher  # seals the turns' messages it keeps
         self.namespace = namespace
         self.keys = keys  # workers.runtime.data_keys.KeyTopic: catch up on a key another worker made
         self.reads = pipelined(redis, transaction=False)
@@ -238,12 +237,12 @@ class ReviewState:
             await asyncio.gather(*self.unsaved[key], return_exceptions=True)
         (raw,) = await self.reads.submit([("hgetall", (key,))])
         try:
-            facts = SessionFacts.parse(raw, key)
+            facts = SessionFacts.parse(raw, key, self.cipher)
         except KeyMissing:
             if self.keys is None:
                 raise
             await self.keys.catch_up()
-            facts = SessionFacts.parse(raw, key)
+            facts = SessionFacts.parse(raw, key, self.cipher)
         # A session's turns run one after another (the runner orders them by key), so no
         # other read of this key raced this one.
         self.known[key] = facts
@@ -264,7 +263,7 @@ class ReviewState:
         due = decide_due(cfg, since)
         floor = facts.last_review_below(offset - MAX_UNCOMMITTED)
         facts.add_turn(offset, messages)
-        sealed = _sealed(subject, f"{key}/t:{offset}", json.dumps(messages))
+        sealed = _sealed(self.cipher, subject, f"{key}/t:{offset}", json.dumps(messages))
         if self.keys is not None:
             await self.keys.flush()  # a key made for this turn goes before what it sealed
         writes: Commands = [("hset", (key, f"t:{offset}", sealed))]

@@ -42,7 +42,7 @@ import structlog
 from pydantic import ValidationError
 
 from events.base import utcnow
-from events.codec import encode
+from events.codec import Codec
 from events.commands import AddMemory, TurnOutcome
 from events.config import AgentConfig
 from events.record import Source
@@ -170,8 +170,8 @@ class ExtractionProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions are reviewed in parallel; a session's turns in order
 
-    def __init__(self, settings, redis: Connect) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.redis_at = redis
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
@@ -206,7 +206,7 @@ class ExtractionProcessor(Processor):
             return
         # Even without a model: a tool write is forwarded only for a subject that may have memory.
         self.api = ApiReader(s)
-        self.records = RedisRecords(self.redis_at(pooled=True), namespace=s.topic_prefix)
+        self.records = RedisRecords(self.redis_at(pooled=True), namespace=s.topic_prefix, codec=self.codec)
         if not s.model_configured:
             log.warning(
                 "extraction_off",
@@ -216,7 +216,7 @@ class ExtractionProcessor(Processor):
             return
         self.model = ModelClient(s)
         self.redis = self.redis_at(decode_responses=False)
-        self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys)
+        self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys, cipher=self.codec.cipher)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
 
     async def revoked(self, partitions: set[Any]) -> None:
@@ -284,7 +284,7 @@ class ExtractionProcessor(Processor):
         # committed turn, so its proposals arrive after the outcome and apply at once. Staged
         # instead, each would cost the ledger a `WriteStaged` event (about 1.2 kB, which every
         # projection reads and skips) and a decode when the turn resolves.
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in commands] + proposals + others
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(c), self.codec.encode(c)) for c in commands] + proposals + others
 
     async def refusal(self, cfg: AgentConfig, turn: TurnCommitted) -> subjects.Refusal | None:
         """Why the turn's subject gets no memory, or None: the one rule every entry point
@@ -377,7 +377,7 @@ class ExtractionProcessor(Processor):
             prompt_sha=hashlib.sha256(messages[0]["content"].encode()).hexdigest()[:12],
         )
         return (
-            [Out(COMMANDS.name, COMMANDS.key_bytes(c), encode(c)) for c in decided.commands]
+            [Out(COMMANDS.name, COMMANDS.key_bytes(c), self.codec.encode(c)) for c in decided.commands]
             + [self._usage_out(u) for u in answer.usage]
             + [self._usage_out(refusal_usage(turn, r)) for r in decided.refused]
         )
@@ -392,6 +392,5 @@ class ExtractionProcessor(Processor):
             self.tally = Counter()
         return []
 
-    @staticmethod
-    def _usage_out(u: Any) -> Out:
-        return Out(USAGE.name, USAGE.key_bytes(u), encode(u))
+    def _usage_out(self, u: Any) -> Out:
+        return Out(USAGE.name, USAGE.key_bytes(u), self.codec.encode(u))

@@ -27,7 +27,7 @@ from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from events.base import utcnow
-from events.codec import ContractError, encode, from_validation_error
+from events.codec import Codec, ContractError, from_validation_error
 from events.errors import ErrorCode
 from events.rules.ledger import (
     LedgerState,
@@ -83,8 +83,8 @@ class LedgerProcessor(Processor):
     # each event a bounded share however large the state grows.
     snapshot_every = 100_000
 
-    def __init__(self, settings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings, *, codec: Codec) -> None:
+        super().__init__(settings, codec=codec)
         self.states: dict[int, LedgerState] = {}
         self.processed: dict[int, RecentCommands] = {}
         # What the current batch decided, for its summary line.
@@ -197,7 +197,7 @@ class LedgerProcessor(Processor):
                 # the id's own events; the caller waiting on the id still gets it.
                 log.warning("command_id_reused", command_id=cmd.command_id, agent=cmd.agent, partition=partition,
                             offset=offset)
-                return [Out(REPLIES.name, key, encode(e), ((REDELIVERED, b"1"), named), partition=partition)
+                return [Out(REPLIES.name, key, self.codec.encode(e), ((REDELIVERED, b"1"), named), partition=partition)
                         for e in reused(cmd)]
             # Effectively once: a redelivered command is answered with its first events, same
             # ids, on the replies topic; the event log keeps the first decision only.
@@ -263,8 +263,8 @@ class LedgerProcessor(Processor):
         parks the command in the dead-letter topic for a look."""
         parked: list[DeadLetter] = []
         try:
-            events = decide(state, cmd, self.turn_timeout)
-            raws = [encode(e) for e in events]
+            events = decide(state, cmd, self.turn_timeout, self.codec)
+            raws = [self.codec.encode(e) for e in events]
             instead = oversized(cmd, raws)
             if instead is None:
                 return events, raws, parked
@@ -282,7 +282,7 @@ class LedgerProcessor(Processor):
                           offset=offset)
             reason = f"the ledger could not apply this command ({type(e).__name__}); it was parked for an operator"
             events, parked = refused(cmd, ErrorCode.COMMAND_FAILED, None, reason), [DeadLetter(f"{type(e).__name__}: {e}")]
-        return events, [encode(e) for e in events], parked
+        return events, [self.codec.encode(e) for e in events], parked
 
     async def tick(self) -> list[Out]:
         """An `ExpireTurns` command for each agent with an overdue turn, sent to the ledger's
@@ -296,7 +296,7 @@ class LedgerProcessor(Processor):
         if new:
             log.info("turns_overdue", agents=len(new))
         self.asked |= {cmd.command_id for cmd in new}
-        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), encode(cmd))
+        return [Out(COMMANDS.name, COMMANDS.key_bytes(cmd), self.codec.encode(cmd))
                 for cmd in new + self._retention(now) + self._sweep(now)]
 
     def _sweep(self, now: datetime) -> list[Any]:

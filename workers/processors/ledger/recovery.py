@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 from aiokafka import TopicPartition
 
-from events.codec import ContractError, opened
+from events.codec import Codec, ContractError
 from events.lean import LedgerView, decode_ledger_view
 from events.rules.ledger import LedgerState, command_key, evolve, restage
 from events.sealing import KeyDestroyed, KeyMissing
@@ -43,6 +43,7 @@ class RecoveringLedger(Protocol):
     per partition, its snapshot and erasure bookkeeping, and the count of unreadable events."""
 
     settings: Settings
+    codec: Codec
     keys: KeyTopic | None
     stopping: asyncio.Event
     unreadable: int
@@ -76,10 +77,10 @@ def known_gone(keys: KeyTopic | None, kid: str) -> None:
         keys.keyring.destroyed.add(kid)
 
 
-async def view(keys: KeyTopic | None, raw: bytes) -> LedgerView | None:
+async def view(codec: Codec, keys: KeyTopic | None, raw: bytes) -> LedgerView | None:
     """An event of the log as recovery folds it, or None when it no longer opens."""
     try:
-        return decode_ledger_view(raw)
+        return decode_ledger_view(raw, codec)
     except KeyDestroyed:
         return None
     except KeyMissing as e:
@@ -88,29 +89,29 @@ async def view(keys: KeyTopic | None, raw: bytes) -> LedgerView | None:
         await keys.catch_up()
         known_gone(keys, e.kid)
     try:
-        return decode_ledger_view(raw)
+        return decode_ledger_view(raw, codec)
     except (KeyDestroyed, KeyMissing):
         return None
 
 
-async def unopened_staged(keys: KeyTopic | None, state: LedgerState) -> int:
+async def unopened_staged(codec: Codec, keys: KeyTopic | None, state: LedgerState) -> int:
     """Drops the staged writes whose own fields no longer open (their member was erased), as
     the ledger that folded the erasure dropped them; returns how many. Only open turns hold any."""
     if keys is None:
         return 0
     n = 0
     for key, raws in list(state.staged.items()):
-        kept = [raw for raw in raws if await _opens(keys, raw)]
+        kept = [raw for raw in raws if await _opens(codec, keys, raw)]
         if len(kept) < len(raws):
             n += len(raws) - len(kept)
             restage(state, key, kept)
     return n
 
 
-async def _opens(keys: KeyTopic, raw: str) -> bool:
+async def _opens(codec: Codec, keys: KeyTopic, raw: str) -> bool:
     for _ in range(2):
         try:
-            opened(raw)
+            codec.opened(raw)
             return True
         except ContractError:
             return True  # not a key's doing: left as it was
@@ -146,7 +147,7 @@ async def from_snapshot(ledger: RecoveringLedger, c: Any, tp: TopicPartition,
         if ledger.keys is not None:
             await ledger.keys.catch_up()  # a key it does not know after this was destroyed
         try:
-            loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state)
+            loaded = await asyncio.to_thread(snapshot_file.decode_state, snap.state, ledger.codec.cipher)
             window = await asyncio.to_thread(snapshot_file.decode_window, snap.state)
         except ContractError as e:
             log.warning("ledger_snapshot_ignored", partition=partition, reason=str(e))
@@ -176,14 +177,14 @@ class _Fold:
         self.malformed = 0  # not an event the ledger wrote
         self.stopped = False  # the ledger stopped before the end
 
-    async def message(self, keys: KeyTopic | None, m: Any) -> None:
+    async def message(self, codec: Codec, keys: KeyTopic | None, m: Any) -> None:
         self.n, self.last = self.n + 1, m
         if (REDELIVERED, b"1") in (m.headers or ()):
             # Its original came first and was folded. Folded again, a staged
             # write would be staged twice (and applied twice) on recovery only.
             return
         try:
-            event: LedgerView | Envelope | None = await view(keys, m.value)
+            event: LedgerView | Envelope | None = await view(codec, keys, m.value)
         except ContractError:
             # Not an event the ledger wrote (another producer's bytes on its log):
             # nothing to fold, and the partition must still recover. The offset
@@ -223,7 +224,7 @@ async def _fold_to(ledger: RecoveringLedger, c: Any, tp: TopicPartition, end: in
             return
         batch = await c.getmany(tp, timeout_ms=1000, max_records=2000)
         for m in batch.get(tp, []):
-            await fold.message(ledger.keys, m)
+            await fold.message(ledger.codec, ledger.keys, m)
         fold.seen.evict()
         settle_heap()
         if fold.n >= next_report:
@@ -238,7 +239,7 @@ async def _snapshot_folded(ledger: RecoveringLedger, fold: _Fold) -> None:
     pending = {r.kid for r in ledger.keys.keyring.pending} if ledger.keys is not None else set()
     try:
         body = await asyncio.to_thread(snapshot_file.encode_state, state, seen.events, seen.callers, seen.at,
-                                       seen.window())
+                                       seen.window(), ledger.codec.cipher)
         if ledger.keys is not None and any(r.kid not in pending for r in ledger.keys.keyring.pending):
             # It sealed under a key not published yet: written now, a crash before the next
             # commit publishes the key would leave a snapshot whose entries never open.
@@ -284,7 +285,7 @@ async def recover(ledger: RecoveringLedger, partition: int) -> int:
         await c.stop()
     if fold.stopped:
         return fold.n
-    fold.skipped += await unopened_staged(ledger.keys, state)
+    fold.skipped += await unopened_staged(ledger.codec, ledger.keys, state)
     if fold.last is not None and fold.n >= ledger.snapshot_every:
         await _snapshot_folded(ledger, fold)
     if ledger.epochs[partition] != epoch:

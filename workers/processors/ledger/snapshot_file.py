@@ -8,7 +8,7 @@ whole partition as before: the event log stays the only source of truth.
 `last_sha` is the hash of the event at `next_offset - 1`. A snapshot is used only if that
 event is still there, so a topic deleted and made again is never mistaken for the old one.
 
-With a cipher in use (`events.codec.cipher`) a snapshot holds no plaintext: the records are
+With a cipher (the ledger's codec's) a snapshot holds no plaintext: the records are
 sealed under their subject's key (the member's for a USER record, else the agent's, as their
 events are), all of a subject's records in one token; each staged write under its member's
 key (else its agent's) and each block text under its agent's. Recent commands' events are kept
@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import msgspec
 
-from events.codec import ContractError, cipher
+from events.codec import ContractError
 from events.config import AgentConfig
 from events.rules.ledger import LedgerState, drop_records, restage
 from events.sealing import Cipher, KeyDestroyed, KeyMissing, agent_subject, open_text, seal_text, subject_of
@@ -173,12 +173,12 @@ def _seal_index(c: Cipher, index: Mapping[str, str], records: Mapping[str, bytes
             for subject, entries in by_subject.items()}
 
 
-def _opened_sealed(sealed: dict[str, str], aad: Callable[[str], str], decoder: Any) -> tuple[dict[str, Any], int]:
+def _opened_sealed(c: Cipher | None, sealed: dict[str, str], aad: Callable[[str], str],
+                   decoder: Any) -> tuple[dict[str, Any], int]:
     """Each entry of `sealed` (owner -> token of a msgpack value, hex) opened and decoded, and how
     many did not open: their keys were destroyed (erased), so they are dropped."""
     if not sealed:
         return {}, 0
-    c = cipher()
     if c is None:
         raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
     out: dict[str, Any] = {}
@@ -222,12 +222,12 @@ def _seal_staged(c: Cipher, key: str, i: int, raw: str) -> str:
 
 def encode_state(state: LedgerState, recent: OrderedDict[str, list[bytes]],
                  callers: Mapping[str, str | None] | None = None, recent_at: Mapping[str, int] | None = None,
-                 older: list[tuple[str, str | None, int]] | None = None) -> bytes:
+                 older: list[tuple[str, str | None, int]] | None = None, c: Cipher | None = None) -> bytes:
     """The state as it is now: called between batches, when it folds every event sent so far.
     `recent`, `callers`, `recent_at` and `older` are `RecentCommands`'. A subject with no key
-    yet gets one (`Keyring.pending`): the caller publishes it before writing the snapshot."""
+    yet gets one (`Keyring.pending`): the caller publishes it before writing the snapshot. Sealed
+    by `c`; plaintext without one."""
     callers = callers or {}
-    c = cipher()
     records: dict[str, bytes] = {}
     record_keys: list[str] = []
     sealed_records: list[tuple[str, list[int], str]] = []
@@ -290,7 +290,7 @@ def decode_window(data: bytes) -> tuple[dict[str, int], list[tuple[str, str | No
     return w.recent_at, [(k, who, at) for k, who, at in w.older]
 
 
-def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]], int]:
+def decode_state(data: bytes, c: Cipher | None = None) -> tuple[LedgerState, list[tuple[str, str | None, list[bytes]]], int]:
     """The state, the recent commands, and how many sealed entries did not open: their keys
     were destroyed (the caller catches up on the keys first, so a key still unknown was too).
     Raises `events.codec.ContractError` for a sealed snapshot read without a cipher."""
@@ -323,18 +323,17 @@ def decode_state(data: bytes) -> tuple[LedgerState, list[tuple[str, str | None, 
         shared=cast("MutableMapping[str, Mapping[str, str]]", s.shared),
     )
     # The index first: records that do not open take their index entries with them.
-    index, unopened = _opened_sealed(s.sealed_index, _index_aad, _INDEX)
+    index, unopened = _opened_sealed(c, s.sealed_index, _index_aad, _INDEX)
     for entries in index.values():
         state.index.update(entries)
-    unopened += _opened(state, s.record_keys, s.sealed_records) if s.sealed else 0
-    notes, not_opened = _opened_sealed(s.sealed_notes, _notes_aad, _NOTES)
+    unopened += _opened(c, state, s.record_keys, s.sealed_records) if s.sealed else 0
+    notes, not_opened = _opened_sealed(c, s.sealed_notes, _notes_aad, _NOTES)
     state.notes.update({owner: dict(v) for owner, v in notes.items()})
     return state, s.recent, unopened + not_opened
 
 
-def _opened(state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
+def _opened(c: Cipher | None, state: LedgerState, keys: list[str], sealed: list[tuple[str, list[int], str]]) -> int:
     """Opens the sealed entries into `state`; drops those that do not open, and returns how many."""
-    c = cipher()
     if c is None:
         raise ContractError("sealed", "a sealed ledger snapshot, and this process has no keys")
     try:

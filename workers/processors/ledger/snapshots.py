@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from events.codec import Codec
 from events.rules.ledger import LedgerState
 from events.topics import EVENTS
 from workers.processors.ledger import snapshot_file
@@ -25,9 +26,11 @@ log = structlog.get_logger()
 
 class SnapshottingLedger(Protocol):
     """What the snapshot bookkeeping reads of the ledger that owns it: its settings, its
-    partitions' states and recent commands, and how many events a snapshot waits for."""
+    partitions' states and recent commands, how many events a snapshot waits for, and the
+    codec whose cipher seals it."""
 
     settings: Settings
+    codec: Codec
 
     @property
     def states(self) -> Mapping[int, LedgerState]: ...
@@ -86,7 +89,8 @@ class Snapshots:
                 continue
             recent = self.ledger.processed[p]
             try:
-                body = snapshot_file.encode_state(state, recent.events, recent.callers, recent.at, recent.window())
+                body = snapshot_file.encode_state(state, recent.events, recent.callers, recent.at, recent.window(),
+                                                  self.ledger.codec.cipher)
             except Exception as e:  # a snapshot only saves time: never stop the ledger for one
                 log.error("ledger_snapshot_failed", partition=p, error=f"{type(e).__name__}: {e}")
                 self.since[p] = 0
