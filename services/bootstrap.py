@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from events.codec import Codec
 from settings import Settings
+
+if TYPE_CHECKING:
+    from projections.qdrant.generations import IndexGenerations
 
 # Connections one process opens at most (per node on a cluster). On one server a burst of
 # requests beyond it waits for a free connection (up to POOL_WAIT_S) instead of failing with
@@ -74,6 +77,18 @@ class KeysAt:
 
 def keys_at(settings: Settings) -> KeysAt:
     return KeysAt(settings.key_file if settings.encryption else None)
+
+
+def index_generations(settings: Settings) -> IndexGenerations:
+    """Where the memory index's generations live: a Qdrant server's (or local mode's) collections,
+    or the embedded Edge shards in the data directory."""
+    from projections.qdrant.generations import EdgeGenerations, ServerGenerations
+
+    root = Path(settings.data_dir) / "qdrant"
+    if settings.qdrant_client_mode:
+        return ServerGenerations(root, settings.memory_shards, settings.qdrant_url, settings.qdrant_collection_prefix,
+                                 settings.qdrant_local_path, settings.qdrant_api_key, settings.embedding_dim)
+    return EdgeGenerations(root, settings.memory_shards)
 
 
 # The stream processors `memlane worker NAME` runs, and the processors that run inside another

@@ -9,7 +9,15 @@ import sys
 from functools import partial
 from typing import cast
 
-from services.bootstrap import COMPANIONS, WORKERS, ProcessAdapters, build_processor, keys_at, redis_at
+from services.bootstrap import (
+    COMPANIONS,
+    WORKERS,
+    ProcessAdapters,
+    build_processor,
+    index_generations,
+    keys_at,
+    redis_at,
+)
 from services.cli_clients import add_parsers as client_parsers
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
@@ -156,7 +164,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         targets = ("redis", "qdrant") if args.target == "all" else (args.target,)
         bar, updates = _progress_bars(list(targets))
         with bar:
-            gens = await rebuild_all(settings, redis_at(settings), keys_at(settings), updates, switch=switch,
+            gens = await rebuild_all(settings, redis_at(settings), index_generations(settings), keys_at(settings), updates,
+                                     switch=switch,
                                      optimize=args.optimize, targets=targets)
         for target, gen in gens.items():
             print(f"{target}: generation {gen} built{after[target]}")
@@ -238,7 +247,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     configure(settings.log_level, service="cli")
     codec = keys_at(settings)()
     replay = partial(replay_redis, settings, redis_at(settings), codec) if args.target == "redis" else partial(
-        replay_qdrant, settings, codec)
+        replay_qdrant, settings, index_generations(settings), codec)
 
     async def go():
         await wait_for_broker(settings)

@@ -94,7 +94,7 @@ async def _projection(settings: Settings, r: Any) -> dict[str, Any]:
     """The Redis record view's generation (the one readers use) and those kept; the Qdrant
     generation the API serves from (its data directory: this host's), with when it was made
     current. A rebuild keeps the previous generation of each."""
-    from workers.followers.memory_shards import current_generation, generation_path, qdrant_root
+    from services.bootstrap import index_generations
 
     errors: list[str] = []
     out: dict[str, Any] = {"redis": None, "qdrant": None}
@@ -104,8 +104,9 @@ async def _projection(settings: Settings, r: Any) -> dict[str, Any]:
         out["redis"] = {"generation": int(g) if g else 1, "generations": sorted(int(x) for x in kept)}
     except Exception as e:
         errors.append(f"projection: {type(e).__name__} reading the Redis generation; Redis may be unreachable")
-    gen = current_generation(settings)
-    current, path = qdrant_root(settings) / "CURRENT", generation_path(settings, gen)
+    generations = index_generations(settings)
+    gen = generations.current()
+    current, path = generations.root / "CURRENT", generations.root / f"memory-g{gen}"
     made = current if current.exists() else path if path.exists() else None
     since = made.stat().st_mtime if made is not None else None
     out["qdrant"] = {"generation": gen, "path": str(path), "exists": path.exists(),

@@ -24,7 +24,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from events.topics import TOPICS
 from projections.embedders.port import MODEL_ID
 from settings import Settings
-from workers.followers.memory_shards import current_generation
 from workers.runtime.kafka_io import reader
 
 TIMEOUT_S = 3.0
@@ -52,7 +51,7 @@ async def pipeline_status(settings: Settings, health_probe: Any, shards: Any, ac
         "dlq": dlq,
         "projection": {
             "generation": shards.generation,  # the one served
-            "current_generation": current_generation(settings),  # the one readers should use (a rebuild moves it)
+            "current_generation": shards.generations.current(),  # the one readers should use (a rebuild moves it)
             "status": shards.memory.status(),
         },
         "model": model_config(settings),

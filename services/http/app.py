@@ -15,7 +15,7 @@ from projections.embedders.choose import make_embedder
 from projections.redis.api_key_view import ApiKeyView
 from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
-from services.bootstrap import keys_at, redis_at
+from services.bootstrap import index_generations, keys_at, redis_at
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
@@ -33,7 +33,7 @@ from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
 from workers.followers.api_keys_follower import ApiKeyLog
-from workers.followers.memory_shards import MemoryShards, current_generation
+from workers.followers.memory_shards import MemoryShards
 from workers.runtime.data_keys import open_keys
 from workers.runtime.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.runtime.metrics import MeteredEmbedder
@@ -92,8 +92,9 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         # Metered (memlane_embedding_*, caller "api"): queries and healed points.
         embedder = MeteredEmbedder(make_embedder(settings), "api")
         await asyncio.to_thread(embedder.embed, ["warm up"])
-        shards = ShardOwner(settings, redis, codec, embedder, data_keys)
-        await shards.open(current_generation(settings))
+        generations = index_generations(settings)
+        shards = ShardOwner(settings, generations, redis, codec, embedder, data_keys)
+        await shards.open(generations.current())
         assert shards.memory is not None  # `open` set it
         prod = producer(settings)
         await prod.start()

@@ -21,7 +21,6 @@ import structlog
 
 from settings import Settings
 from settings.environment import child_environment
-from workers.followers.memory_shards import current_generation
 from workers.jobs.optimize_policy import optimize_due, read_left, shard_unindexed
 from workers.runtime.metrics import OPTIMIZE_CHECKS, OPTIMIZE_LAST_SECONDS, OPTIMIZE_RUNS, UNINDEXED_POINTS
 
@@ -95,7 +94,7 @@ class IndexOptimizer:
         while it is not the current one or is still catching up."""
         assert self.settings is not None  # only the loop `start` began checks
         memory = self.owner.memory
-        if memory is None or current_generation(self.settings) != memory.generation:
+        if memory is None or self.owner.generations.current() != memory.generation:
             return None  # a new generation is waiting to be swapped to
         if not all(p.caught_up.is_set() for p in memory.projections):
             return None
@@ -150,7 +149,7 @@ class IndexOptimizer:
         if rc == 0:
             OPTIMIZE_RUNS.labels("ok").inc()
             OPTIMIZE_LAST_SECONDS.set(seconds)
-            log.info("index_optimize_done", previous=gen, generation=current_generation(self.settings),
+            log.info("index_optimize_done", previous=gen, generation=self.owner.generations.current(),
                      seconds=round(seconds, 2))
         else:
             OPTIMIZE_RUNS.labels("failed").inc()

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, cast
 import structlog
 
 from events.codec import Codec
+from projections.qdrant.generations import IndexGenerations
 from settings import Settings
-from workers.followers.memory_shards import MemoryShards, current_generation
+from workers.followers.memory_shards import MemoryShards
 
 if TYPE_CHECKING:
     from projections.embedders.port import Embedder
@@ -33,9 +34,10 @@ class ShardOwner:
     the owner then opens the new shards, lets their projections catch up, and swaps.
     """
 
-    def __init__(self, settings: Settings, redis: Connect, codec: Codec, embedder: Embedder | None = None,
-                 keys: KeyTopic | None = None) -> None:
+    def __init__(self, settings: Settings, generations: IndexGenerations, redis: Connect, codec: Codec,
+                 embedder: Embedder | None = None, keys: KeyTopic | None = None) -> None:
         self.settings = settings
+        self.generations = generations
         self.codec = codec
         self.redis = redis
         self.generation = 0
@@ -47,7 +49,8 @@ class ShardOwner:
         self._retiring: set[asyncio.Task] = set()
 
     async def open(self, generation: int) -> None:
-        memory = MemoryShards(self.settings, generation, self.redis, self.embedder, self.keys, codec=self.codec)
+        memory = MemoryShards(self.settings, self.generations, generation, self.redis, self.embedder, self.keys,
+                              codec=self.codec)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:
@@ -75,7 +78,7 @@ class ShardOwner:
             await asyncio.sleep(1)
             try:
                 # With a Qdrant server this asks it which generation the aliases name.
-                gen = await asyncio.to_thread(current_generation, self.settings)
+                gen = await asyncio.to_thread(self.generations.current)
             except Exception as e:  # a server restarting: serve what is open, ask again
                 log.warning("qdrant_generation_unknown", error=f"{type(e).__name__}: {e}")
                 continue

@@ -418,13 +418,13 @@ def rebuild_once(settings: Settings, codec: Codec) -> tuple[float, float]:
 import asyncio, json, resource, sys, time
 from settings import Settings
 from workers.jobs.rebuild import rebuild_all
-from services.bootstrap import keys_at
+from services.bootstrap import index_generations, keys_at
 from tests.redis_at import redis_at
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 s = Settings(topic_prefix={settings.topic_prefix!r}, data_dir={str(settings.data_dir)!r},
              redis_url={settings.redis_url!r}, encryption={settings.encryption!r})
-c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), keys_at(s))); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
+c0, t0 = cpu(), time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), index_generations(s), keys_at(s))); secs, cpu_s = time.perf_counter() - t0, cpu() - c0
 print(json.dumps({{"built": built, "secs": secs, "cpu_s": cpu_s}}), flush=True)
 sys.stdin.readline()
 """

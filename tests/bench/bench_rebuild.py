@@ -25,11 +25,10 @@ from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID, content_hash
 from projections.qdrant.index import EdgeIndex
 from projections.redis.record_view import RedisRecords
-from services.bootstrap import keys_at
+from services.bootstrap import index_generations, keys_at
 from settings import ROOT, Settings
 from tests.bench.common import discard, figure, median, progress
 from tests.redis_at import redis_at
-from workers.followers.memory_shards import shard_paths
 from workers.runtime.data_keys import open_keys
 from workers.runtime.kafka_io import ensure_topics
 
@@ -97,11 +96,11 @@ def _rebuild_child(prefix: str, data_dir: str) -> dict:
 import asyncio, json, sys, time
 from settings import Settings
 from workers.jobs.rebuild import rebuild_all
-from services.bootstrap import keys_at
+from services.bootstrap import index_generations, keys_at
 from tests.redis_at import redis_at
 s = Settings(topic_prefix={prefix!r}, data_dir={data_dir!r}, redis_url={_bench_redis_url()!r})
 def timed(targets):
-    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), keys_at(s), targets=targets)); secs = time.perf_counter() - t0
+    t0 = time.perf_counter(); built = asyncio.run(rebuild_all(s, redis_at(s.redis_url), index_generations(s), keys_at(s), targets=targets)); secs = time.perf_counter() - t0
     print(json.dumps({{"built": built}}), flush=True)
     sys.stdin.readline()
     return secs
@@ -140,7 +139,7 @@ print(json.dumps({{"redis_s": redis_s, "qdrant_s": qdrant_s, "both_s": both}}), 
 def qdrant_points(settings: Settings, gen: int) -> int:
     """The points of every shard of Qdrant generation `gen`."""
     n = 0
-    for path in shard_paths(settings, gen):
+    for path in index_generations(settings).paths(gen):
         index = EdgeIndex(path)
         try:
             n += index.count()

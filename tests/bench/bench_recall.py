@@ -44,13 +44,12 @@ from events.rules.ledger import LIVE_FACT_CAP
 from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID, content_hash
-from services.bootstrap import keys_at
+from services.bootstrap import index_generations, keys_at
 from services.client import MemlaneClient, TurnPublisher
 from settings import Settings
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
 from tests.redis_at import redis_at
-from workers.followers.memory_shards import current_generation
 from workers.jobs.rebuild import rebuild_all
 
 AGENT_RECORDS = 100_000
@@ -389,12 +388,12 @@ async def run() -> None:
         else:
             progress("reusing the deployment loaded by an earlier run")
             await _wait_loaded(stack, settings)
-        if current_generation(settings) < 2:
+        if index_generations(settings).current() < 2:
             await _measure(stack, key, "_unoptimized")
             await _measure(stack, user_key, "_unoptimized_user_scope", MEMBER)
             # Build the per-agent HNSW graphs offline in the next generation; the server swaps to it.
             t1 = time.perf_counter()
-            await rebuild_all(settings, redis_at(settings.redis_url), keys_at(settings), optimize=True,
+            await rebuild_all(settings, redis_at(settings.redis_url), index_generations(settings), keys_at(settings), optimize=True,
                               targets=("qdrant",))
             async with httpx.AsyncClient(base_url=stack.api_url) as h:
                 while (await h.get("/health", timeout=30)).json()["projection"]["generation"] < 2:

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from events.config import AgentConfig
+from services.bootstrap import index_generations
 from services.client import MemlaneClient
 from settings import Settings
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent
-from workers.followers.memory_shards import collections_of, qdrant_root
 
 AGENT_SCOPE = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})
 FACTS = (
@@ -54,20 +54,20 @@ def qstack(bare_stack, tmp_path):
     finally:
         stack.stop()
         if os.environ.get("QDRANT_URL"):  # a shared server keeps nothing of a test run
-            cols = collections_of(qsettings)
+            cols = index_generations(qsettings).collections()
             for gen in cols.generations():
                 cols.drop(gen)
 
 
 def aliases(settings: Settings) -> dict[str, str]:
-    cols = collections_of(settings)
+    cols = index_generations(settings).collections()
     with cols.catalog() as c:
         return {a.alias_name: a.collection_name for a in c.get_aliases().aliases if a.alias_name.startswith(cols.prefix)}
 
 
 async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(qstack):
     stack, settings, env = qstack
-    cols = collections_of(settings)
+    cols = index_generations(settings).collections()
     assert cols is not None and settings.qdrant_client_mode
     _, _, key = await new_agent(stack.api_url, settings.operator_key, AGENT_SCOPE)
     health = httpx.get(f"{stack.api_url}/health").json()["projection"]
@@ -75,7 +75,7 @@ async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(
     assert health["generation"] == 1
     # A new deployment's first generation: a collection per shard, each aliased, and no Edge shard.
     assert aliases(settings) == {cols.alias(k): cols.name(1, k) for k in range(shards)}
-    assert not list(qdrant_root(settings).glob("memory-g*"))
+    assert not list(index_generations(settings).root.glob("memory-g*"))
 
     async with MemlaneClient(stack.api_url, key) as c:
         for text in FACTS:
@@ -131,4 +131,4 @@ async def test_rebuild_builds_a_new_generation_collection_and_swaps_the_aliases(
                           env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert set(cols.generations()) == {2, 3, 9} and cols.live() == 3
-    assert not [p for p in (settings.qdrant_local_path or qdrant_root(settings) / "server").glob("*memory-g1-*")]
+    assert not [p for p in (settings.qdrant_local_path or index_generations(settings).root / "server").glob("*memory-g1-*")]

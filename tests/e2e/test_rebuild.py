@@ -113,7 +113,7 @@ async def test_rebuild_switches_generations_and_keeps_every_record(stack, new_ag
 
 async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, settings, new_agent):
     from projections.redis.record_view import RedisRecords
-    from workers.followers.memory_shards import qdrant_root
+    from services.bootstrap import index_generations
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -137,14 +137,14 @@ async def test_rebuilds_keep_only_the_live_and_the_previous_generation(stack, se
         assert stale == []
     finally:
         await store.aclose()
-    shards = sorted(p.name for p in qdrant_root(settings).glob("memory-g*") if p.is_dir())
-    current = int((qdrant_root(settings) / "CURRENT").read_text())
+    shards = sorted(p.name for p in index_generations(settings).root.glob("memory-g*") if p.is_dir())
+    current = int((index_generations(settings).root / "CURRENT").read_text())
     assert shards == sorted([f"memory-g{current - 1}", f"memory-g{current}"])
 
 
 async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settings, new_agent):
     from projections.qdrant.index import EdgeIndex
-    from workers.followers.memory_shards import shard_paths
+    from services.bootstrap import index_generations
 
     _, _, key = await new_agent()
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
@@ -158,7 +158,7 @@ async def test_replay_moves_a_named_qdrant_generation_forward_only(stack, settin
 
     def points():
         total = 0
-        for path in shard_paths(settings, gen):
+        for path in index_generations(settings).paths(gen):
             index = EdgeIndex(path)
             try:
                 total += index.count()

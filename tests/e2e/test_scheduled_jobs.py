@@ -16,11 +16,12 @@ from events.config import AgentConfig
 from events.memory import RecordExpired
 from events.rules.ledger import record_id_for
 from events.topics import COMMANDS, EVENTS
+from services.bootstrap import index_generations
 from services.client import MemlaneClient
 from tests.conftest import eventually
 from tests.e2e.extraction_support import new_agent, read_topic, send_to
 from tests.stacks import JOBS_PROFILE
-from workers.followers.memory_shards import current_generation, shard_of, shard_paths
+from workers.followers.memory_shards import shard_of
 from workers.jobs.optimize_policy import read_left
 
 THRESHOLD = int(JOBS_PROFILE["MEMLANE_OPTIMIZE_UNINDEXED_POINTS"])
@@ -69,7 +70,7 @@ async def test_the_api_optimises_a_shard_past_the_threshold_and_swaps_to_it(ssta
     tenant, agent, key = await new_agent(stack.api_url, settings.operator_key, AGENT_SCOPE)
     async with MemlaneClient(stack.api_url, key) as c:
         before = (await c.health())["projection"]["generation"]
-        assert before == current_generation(settings)
+        assert before == index_generations(settings).current()
         for i in range(THRESHOLD + 3):
             await c.add_memory(f"Optimise policy fact number {i} about the harbour crane {i}", scope="AGENT")
 
@@ -78,10 +79,10 @@ async def test_the_api_optimises_a_shard_past_the_threshold_and_swaps_to_it(ssta
             return gen if gen > before else None
 
         after = await eventually(swapped, timeout=120, interval=0.5)
-        assert current_generation(settings) == after
+        assert index_generations(settings).current() == after
         # The optimise wrote what it left unindexed beside the agent's shard (at least what made
         # it due): this small a shard stays a full scan, and only what comes after counts.
-        paths = shard_paths(settings, after)
+        paths = index_generations(settings).paths(after)
         assert read_left(paths[shard_of(tenant, agent, len(paths))]) >= THRESHOLD
 
         async def found():
@@ -93,7 +94,7 @@ async def test_the_api_optimises_a_shard_past_the_threshold_and_swaps_to_it(ssta
         # three looks that began after this point have ended.
         looks = optimize_checks(stack.api_url)
         await eventually(lambda: optimize_checks(stack.api_url) >= looks + 4, timeout=60, interval=0.5)
-        assert (await c.health())["projection"]["generation"] == after == current_generation(settings)
+        assert (await c.health())["projection"]["generation"] == after == index_generations(settings).current()
 
 
 def optimize_checks(api_url: str) -> float:

@@ -30,7 +30,7 @@ from projections.embedders.onnx import OnnxMiniLM
 from projections.embedders.port import MODEL_ID
 from projections.qdrant.index import SearchFilter
 from projections.redis.record_view import RedisRecords
-from services.bootstrap import keys_at
+from services.bootstrap import index_generations, keys_at
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards, shard_of
@@ -189,7 +189,7 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
         v = VectorComputed.of(MODEL_ID, h, EMBEDDER.embed([r.text])[0], subject, keys.keyring)
         await producer.send_and_wait(s.topic(VECTORS.name), encode(v), key=VECTORS.key_bytes(v),
                                      partition=vector_partition(md.partition))
-    shards = MemoryShards(s, 1, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
+    shards = MemoryShards(s, index_generations(s), 1, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
     task = asyncio.create_task(shards.run())
     try:
         await eventually(lambda: points(shards, a) == {"ann-a", "bob-a"} and points(shards, b) == {"ann-b", "team-b"},
@@ -210,7 +210,7 @@ async def test_an_erasure_of_a_member_on_every_agent_reaches_every_shard(deploym
     # Ann's keys destroyed: a generation built from the log skips her records, and counts them.
     for agent in (a, b):
         await keys.destroy(subject_of("t", agent, "ann"))
-    fresh = MemoryShards(s, 2, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
+    fresh = MemoryShards(s, index_generations(s), 2, redis_at(s.redis_url), keys=keys, codec=sealing(keys))
     task = asyncio.create_task(fresh.run())
     try:
         await fresh.caught_up()

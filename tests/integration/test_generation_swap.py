@@ -18,6 +18,7 @@ from events.record import MemoryRecord
 from events.topics import EVENTS, VECTORS, vector_partition
 from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID
+from services.bootstrap import index_generations
 from services.http.shards import ShardOwner
 from tests.conftest import eventually
 from tests.redis_at import redis_at
@@ -30,7 +31,7 @@ async def test_a_command_answered_after_the_swap_reaches_its_caller(settings, tm
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}swap{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path})
     await ensure_topics(s)
-    owner = ShardOwner(s, redis_at(s.redis_url), PLAIN)  # the test publishes plaintext
+    owner = ShardOwner(s, index_generations(s), redis_at(s.redis_url), PLAIN)  # the test publishes plaintext
     await owner.open(1)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()

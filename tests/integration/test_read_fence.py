@@ -18,6 +18,7 @@ from events.topics import EVENTS, VECTORS
 from events.vectors import VectorComputed
 from projections.embedders.port import MODEL_ID, content_hash
 from projections.qdrant.index import SearchFilter
+from services.bootstrap import index_generations
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards
@@ -30,7 +31,7 @@ async def test_a_position_is_reached_once_the_agents_records_are_searchable(sett
     s = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}fence{uuid.uuid4().hex[:4]}.",
                                     "data_dir": tmp_path, "encryption": False})
     await ensure_topics(s)
-    shards = MemoryShards(s, 1, redis_at(s.redis_url), codec=PLAIN)
+    shards = MemoryShards(s, index_generations(s), 1, redis_at(s.redis_url), codec=PLAIN)
     task = asyncio.create_task(shards.run())
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
     await producer.start()

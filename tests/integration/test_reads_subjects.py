@@ -26,6 +26,7 @@ from events.topics import USAGE
 from projections.embedders.onnx import OnnxMiniLM
 from projections.redis.record_view import RedisRecords
 from services.auth import Principal
+from services.bootstrap import index_generations
 from services.errors import ApiError
 from services.memory import Context, MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
@@ -48,7 +49,8 @@ class Subjects:
         self.tenant = f"subj{uuid.uuid4().hex[:8]}"
         self.ns = f"{settings.topic_prefix}subj{uuid.uuid4().hex[:6]}."
         self.view = RedisRecords(redis_at(redis_url or settings.redis_url)(pooled=True), namespace=self.ns)
-        self.shards = MemoryShards(self.settings, 1, redis_at(self.settings.redis_url), codec=PLAIN)
+        self.shards = MemoryShards(self.settings, index_generations(self.settings), 1, redis_at(self.settings.redis_url),
+                                   codec=PLAIN)
         self.n = 0
 
     async def __aenter__(self) -> Subjects:

@@ -20,6 +20,7 @@ from projections.embedders.onnx import OnnxMiniLM
 from projections.embedders.port import MODEL_ID
 from projections.qdrant.index import SearchFilter
 from projections.redis.record_view import RedisRecords
+from services.bootstrap import index_generations
 from tests.conftest import eventually
 from tests.redis_at import redis_at
 from workers.followers.memory_shards import MemoryShards
@@ -79,7 +80,8 @@ class Stack:
 
     async def serve(self) -> MemoryShards:
         # The first pass at once: a served process waits a minute before it.
-        self.shards = MemoryShards(self.s.model_copy(update={"reconcile_delay_s": 0.0}), 1, redis_at(self.s.redis_url),
+        at_once = self.s.model_copy(update={"reconcile_delay_s": 0.0})
+        self.shards = MemoryShards(at_once, index_generations(at_once), 1, redis_at(self.s.redis_url),
                                    codec=PLAIN)  # the test writes plaintext
         self.task = asyncio.create_task(self.shards.run())
         await self.shards.caught_up()

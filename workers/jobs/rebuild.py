@@ -25,18 +25,12 @@ from events.codec import Codec, ContractError
 from events.lean import decode_logged
 from events.topics import EVENTS
 from projections.qdrant import edge_shard
+from projections.qdrant.generations import IndexGenerations
 from projections.qdrant.index import EdgeIndex
 from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from settings import Settings
-from workers.followers.memory_shards import (
-    current_generation,
-    open_index,
-    prepare_generation,
-    shard_count,
-    shard_partitions,
-    switch_to,
-)
+from workers.followers.memory_shards import shard_partitions
 from workers.followers.qdrant_projection import QdrantProjection
 from workers.jobs.optimize_policy import shard_unindexed, write_left
 from workers.runtime.data_keys import open_keys
@@ -187,7 +181,7 @@ async def replay_redis(
 
 
 async def replay_qdrant(
-    settings: Settings, codec: Codec, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
+    settings: Settings, generations: IndexGenerations, codec: Codec, generation: int, start: dict[int, int] | None, stop: dict[int, int] | None,
     progress: Progress | None = None,
 ) -> int:
     """Fold events into Qdrant generation `generation`, shard after shard, from each
@@ -198,17 +192,18 @@ async def replay_qdrant(
     An erasure of every agent of a tenant is in one shard's partitions: once all are
     folded, it is applied to every shard."""
     async with data_keys(settings, codec) as keys:
-        return await _replay_qdrant(settings, generation, start, stop, progress, keys, codec)
+        return await _replay_qdrant(settings, generations, generation, start, stop, progress, keys, codec)
 
 
-async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, int] | None,
-                         stop: dict[int, int] | None, progress: Progress | None, keys: Any, codec: Codec) -> int:
+async def _replay_qdrant(settings: Settings, generations: IndexGenerations, generation: int,
+                         start: dict[int, int] | None, stop: dict[int, int] | None, progress: Progress | None,
+                         keys: Any, codec: Codec) -> int:
     events_topic = settings.topic(EVENTS.name)
-    n = shard_count(settings, generation)
+    n = generations.count(generation)
     applied = unreadable = 0
     everywhere = []
     for k in range(n):
-        index = open_index(settings, generation, k)
+        index = generations.open(generation, k)
         try:
             projection = QdrantProjection(settings, index, shard_partitions(k, n), vector_cache=None,
                                           serving=False, keys=keys, codec=codec)
@@ -229,7 +224,7 @@ async def _replay_qdrant(settings: Settings, generation: int, start: dict[int, i
             index.close()
     if everywhere and n > 1:
         for k in range(n):
-            index = open_index(settings, generation, k)
+            index = generations.open(generation, k)
             try:
                 for er in everywhere:
                     index.purge(er)
@@ -247,7 +242,7 @@ def _share(progress: Progress | None, k: int, n: int) -> Progress | None:
 
 
 async def _build_shard(
-    settings: Settings, redis: Connect, codec: Codec, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
+    settings: Settings, redis: Connect, generations: IndexGenerations, codec: Codec, gen: int, k: int, progress: Progress | None, optimize: bool, redis_gen: int | None = None
 ) -> tuple[int, int, int]:
     """Fold shard k of generation `gen` from offset 0 until caught up, and with `redis_gen`
     the Redis records of the shard's agents into that generation in the same pass.
@@ -256,13 +251,14 @@ async def _build_shard(
     `optimize` builds the HNSW index too: slow to build, faster filtered queries (figures:
     docs/decisions/0004-qdrant-edge-embedded-index.md)."""
     async with data_keys(settings, codec) as keys:
-        return await _build_shard_with(settings, redis, codec, gen, k, progress, optimize, redis_gen, keys)
+        return await _build_shard_with(settings, redis, generations, codec, gen, k, progress, optimize, redis_gen, keys)
 
 
-async def _build_shard_with(settings: Settings, redis: Connect, codec: Codec, gen: int, k: int, progress: Progress | None,
-                            optimize: bool, redis_gen: int | None, keys: Any) -> tuple[int, int, int]:
-    n = shard_count(settings, gen)
-    index = open_index(settings, gen, k)
+async def _build_shard_with(settings: Settings, redis: Connect, generations: IndexGenerations, codec: Codec, gen: int,
+                            k: int, progress: Progress | None, optimize: bool, redis_gen: int | None, keys: Any
+                            ) -> tuple[int, int, int]:
+    n = generations.count(gen)
+    index = generations.open(gen, k)
     store = None if redis_gen is None else RedisRecords(
         redis(pooled=True), generation=redis_gen, namespace=settings.topic_prefix, keys=keys, codec=codec)
     applied = 0
@@ -305,17 +301,17 @@ async def _build_shard_with(settings: Settings, redis: Connect, codec: Codec, ge
             await store.aclose()
 
 
-def _next_qdrant_generation(settings: Settings) -> tuple[int, int]:
+def _next_qdrant_generation(generations: IndexGenerations) -> tuple[int, int]:
     """(live generation, an empty next one with the configured shard count)."""
-    old = current_generation(settings)
-    prepare_generation(settings, old + 1)
+    old = generations.current()
+    generations.prepare(old + 1)
     return old, old + 1
 
 
-def _switch_qdrant(settings: Settings, old: int, gen: int, points: int, switch: bool) -> None:
+def _switch_qdrant(generations: IndexGenerations, old: int, gen: int, points: int, switch: bool) -> None:
     if switch:
         # The CURRENT file, or with a Qdrant server the collection aliases; older generations go.
-        switch_to(settings, old, gen)
+        generations.switch(old, gen)
     log.info("qdrant_rebuilt", generation=gen, previous=old, points=points, switched=switch)
 
 
@@ -345,11 +341,12 @@ def _child_init(settings: Settings, queue) -> None:
     _progress_queue = queue
 
 
-def _build_shard_in_child(settings: Settings, redis: Connect, codec_at: Callable[[], Codec], gen: int, k: int,
-                          optimize: bool, redis_gen: int | None) -> tuple[int, int, int]:
+def _build_shard_in_child(settings: Settings, redis: Connect, generations: IndexGenerations,
+                          codec_at: Callable[[], Codec], gen: int, k: int, optimize: bool, redis_gen: int | None
+                          ) -> tuple[int, int, int]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     points, events, unreadable = asyncio.run(
-        _build_shard(settings, redis, codec_at(), gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
+        _build_shard(settings, redis, generations, codec_at(), gen, k, lambda d, t: _progress_queue.put((k, d, t)), optimize, redis_gen)
     )
     log.info("shard_rebuilt", shard=k, points=points, redis_events=events, unreadable=unreadable,
              wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - cpu0, 2))
@@ -359,6 +356,7 @@ def _build_shard_in_child(settings: Settings, redis: Connect, codec_at: Callable
 async def rebuild_all(
     settings: Settings,
     redis: Connect,
+    generations: IndexGenerations,
     codec_at: Callable[[], Codec],
     progress: Callable[[str, int, int], None] | None = None,
     switch: bool = True,
@@ -368,7 +366,8 @@ async def rebuild_all(
     """Rebuild the targets from the log, each memory shard in a process of its own, which
     folds its agents into both projections in one pass: the cores share the work, and
     each event is read and decoded once. `progress(target, done, total)` hears from all.
-    `codec_at` makes a process's codec: a value, pickled into each shard's process.
+    `generations` and `codec_at` (which makes a process's codec) are values, pickled into each
+    shard's process.
     Returns each target's generation."""
     import multiprocessing
     import queue as queues
@@ -379,8 +378,8 @@ async def rebuild_all(
 
     if "qdrant" not in targets:
         return {"redis": await rebuild_redis(settings, redis, codec_at(), report("redis"), switch=switch)}
-    old, gen = _next_qdrant_generation(settings)
-    n = shard_count(settings, gen)
+    old, gen = _next_qdrant_generation(generations)
+    n = generations.count(gen)
     points = 0
 
     async def run_shards(redis_gen: int | None) -> int:
@@ -392,8 +391,8 @@ async def rebuild_all(
         seen: dict[int, tuple[int, int]] = {}
         loop = asyncio.get_running_loop()
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_child_init, initargs=(settings, q)) as pool:
-            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, redis, codec_at, gen, k, optimize,
-                                          redis_gen)
+            shards = [loop.run_in_executor(pool, _build_shard_in_child, settings, redis, generations, codec_at, gen,
+                                           k, optimize, redis_gen)
                       for k in range(n)]
             pending = set(shards)
             while pending:
@@ -421,6 +420,6 @@ async def rebuild_all(
         built["redis"] = await rebuild_redis(settings, redis, codec_at(), switch=switch, fill=run_shards)
     else:
         await run_shards(None)
-    _switch_qdrant(settings, old, gen, points, switch)
+    _switch_qdrant(generations, old, gen, points, switch)
     built["qdrant"] = gen
     return built
