@@ -1,10 +1,13 @@
 """The composition root: where settings become adapters and processors.
 
-Every process builds its processors here and hands them the deployment's Redis (`RedisAt`), the
-process's codec (`KeysAt`: the keyring that seals and opens personal fields) and their embedders
-through their constructors: nothing below this module opens a Redis connection from a URL, makes
-a keyring or reads the environment. Kafka clients, the model client and the vector index are still
-built below, from the settings passed down. Test stacks build through the same functions."""
+Every process builds its processors here and hands them, through their constructors, the
+deployment's Redis (`RedisAt`), the process's codec (`KeysAt`: the keyring that seals and opens
+personal fields), where the memory index's generations live (`index_generations`), and their
+embedders and ways to make the model's and the API's clients. Nothing below this module opens a
+Redis connection from a URL, makes a keyring, chooses an index adapter or reads the environment.
+Kafka clients are the one exception by design: the runtime makes and remakes them (a rejoin, a
+producer renewed after a failed send) from the settings passed down. Test stacks build through
+the same functions."""
 
 from __future__ import annotations
 
@@ -116,6 +119,11 @@ COMPANIONS = {"consolidation": ("run-compression",), "ledger": ("trust", "conven
 # process's embedder.
 USE_REDIS = {"extraction", "consolidation", "redis-projection", "history", "run-compression", "conventions"}
 USE_EMBEDDER = {"embedding", "history-embedding"}
+# Those that call the model get a way to make its client, and those that read the agent's
+# configuration and similar memories through the API, the API's reader: both made in the
+# processor's own event loop, when it starts.
+USE_MODEL = {"extraction", "consolidation", "run-compression"}
+USE_API = {"extraction", "consolidation"}
 
 
 def processor_class(name: str) -> Any:
@@ -128,8 +136,8 @@ def processor_class(name: str) -> Any:
 
 
 class ProcessAdapters:
-    """The adapters of one process's processors: the deployment's Redis, the process's codec, and
-    an embedder each.
+    """The adapters of one process's processors: the deployment's Redis, the process's codec, an
+    embedder each, and the model's and the API's clients.
     The embedding worker and its history companion keep a model session each, so a turn's long
     parts never queue a record's vector behind them in one session's thread pool."""
 
@@ -144,13 +152,27 @@ class ProcessAdapters:
         # No cache of its own: a worker caches vectors per subject (workers.processors.embedding).
         return make_embedder(self.settings, cache_size=0)
 
+    def model(self) -> Any:
+        from workers.clients.model_client import ModelClient
+
+        return ModelClient(self.settings)
+
+    def api(self) -> Any:
+        from workers.clients.api_reader import ApiReader
+
+        return ApiReader(self.settings)
+
 
 def build_processor(name: str, adapters: ProcessAdapters) -> Any:
     """The processor `name` (a worker of `WORKERS` or a companion), with its adapters."""
     cls, settings = processor_class(name), adapters.settings
-    codec = adapters.codec
+    made: dict[str, Any] = {"codec": adapters.codec}
+    if name in USE_MODEL:
+        made["model"] = adapters.model
+    if name in USE_API:
+        made["api"] = adapters.api
     if name in USE_REDIS:
-        return cls(settings, adapters.redis, codec=codec)
+        return cls(settings, adapters.redis, **made)
     if name in USE_EMBEDDER:
-        return cls(settings, adapters.embedder(), codec=codec)
-    return cls(settings, codec=codec)
+        return cls(settings, adapters.embedder(), **made)
+    return cls(settings, **made)

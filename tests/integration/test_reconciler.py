@@ -81,7 +81,7 @@ class Stack:
     async def serve(self) -> MemoryShards:
         # The first pass at once: a served process waits a minute before it.
         at_once = self.s.model_copy(update={"reconcile_delay_s": 0.0})
-        self.shards = MemoryShards(at_once, index_generations(at_once), 1, redis_at(self.s.redis_url),
+        self.shards = MemoryShards(at_once, index_generations(at_once), 1, redis_at(self.s.redis_url), EMBEDDER,
                                    codec=PLAIN)  # the test writes plaintext
         self.task = asyncio.create_task(self.shards.run())
         await self.shards.caught_up()

@@ -64,7 +64,7 @@ class MemoryShards:
         for proj in self.projections:
             proj.peers = [other for other in self.projections if other is not proj]
         # The process's embedder, for points the reconciler heals whose vector is not cached
-        # (it makes its own if none is given).
+        # (without one, it heals only those whose vector is).
         self.embedder = embedder
         self.reconciler = Reconciler(settings, self, redis)
 

@@ -32,7 +32,6 @@ from events.codec import Codec, ContractError
 from events.lean import LeanRecord, decode_lean
 from events.sealing import KeyDestroyed, KeyMissing
 from events.topics import EVENTS
-from projections.embedders.choose import make_embedder
 from projections.embedders.port import Embedder
 from projections.qdrant.index import indexable
 from projections.redis.connection import Connect
@@ -95,14 +94,12 @@ def settled(landed: int, view_at: int, started: int) -> bool:
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, shards: Shards, redis: Connect, store: RedisRecords | None = None,
-                 embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, shards: Shards, redis: Connect, store: RedisRecords | None = None) -> None:
         self.settings = settings
         self.shards = shards
         self.redis = redis
         self.store = store
         self._own_store = store is None
-        self.embedder = embedder
         self.generation: int | None = None  # of the view the scan cursor walks
         self.cursor = 0
         self.pending: list[tuple[str, str]] = []  # (tenant, agent) of a scan page not visited yet
@@ -245,10 +242,12 @@ class Reconciler:
                 continue
             vec = proj.cached_vector(got[1])
             (todo if vec is None else out).append((got[0], vec))
-        if todo:
-            if self.embedder is None:
-                self.embedder = self.shards.embedder or make_embedder(self.settings, cache_size=0)
-            vecs = await asyncio.to_thread(self.embedder.embed, [r.text for r, _ in todo])
+        embedder = self.shards.embedder
+        if todo and embedder is None:
+            # A process given no embedder heals only the points whose vectors are cached.
+            self.deferred += len(todo)
+        elif embedder is not None and todo:
+            vecs = await asyncio.to_thread(embedder.embed, [r.text for r, _ in todo])
             out += [(r, v) for (r, _), v in zip(todo, vecs, strict=True)]
         return out
 

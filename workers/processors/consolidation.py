@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -46,9 +47,11 @@ class ConsolidationProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions end independently; each waits on its own model call
 
-    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+    def __init__(self, settings, redis: Connect, *, codec: Codec, model: Callable[[], ModelClient],
+                 api: Callable[[], ApiReader]) -> None:
         super().__init__(settings, codec=codec)
         self.redis = redis
+        self.make_model, self.make_api = model, api  # made in `start`, in the worker's event loop
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
         self.history: RedisHistory | None = None
@@ -63,8 +66,8 @@ class ConsolidationProcessor(Processor):
                 "no model configured (set OPENAI_BASE_URL and/or OPENAI_API_KEY)")
             log.warning("consolidation_off", reason=f"{why}; ended sessions are not consolidated")
             return
-        self.model = ModelClient(s)
-        self.api = ApiReader(s)
+        self.model = self.make_model()
+        self.api = self.make_api()
         self.history = RedisHistory(self.redis(), s.topic_prefix, codec=self.codec)
         self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys,
                                     codec=self.codec)

@@ -13,6 +13,7 @@ input offset. A model that keeps failing sends the event to the DLQ. It runs ins
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -40,9 +41,10 @@ class RunCompressionProcessor(Processor):
     transactional = True
     concurrent_keys = True  # agents compress independently; each waits on its own model call
 
-    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+    def __init__(self, settings, redis: Connect, *, codec: Codec, model: Callable[[], ModelClient]) -> None:
         super().__init__(settings, codec=codec)
         self.redis = redis
+        self.make_model = model  # made in `start`, in the worker's event loop
         self.model: ModelClient | None = None
         self.records: RedisRecords | None = None
         self.runs: RunView | None = None
@@ -54,7 +56,7 @@ class RunCompressionProcessor(Processor):
             log.warning("run_compression_off", reason="no model configured, or the memory kill switch is set; "
                         "run buffers are not compressed")
             return
-        self.model = ModelClient(s)
+        self.model = self.make_model()
         self.records = RedisRecords(self.redis(pooled=True), namespace=s.topic_prefix, keys=self.keys,
                                     codec=self.codec)
         self.runs = RunView(self.records)

@@ -36,6 +36,7 @@ import hashlib
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import structlog
@@ -170,9 +171,11 @@ class ExtractionProcessor(Processor):
     transactional = True
     concurrent_keys = True  # sessions are reviewed in parallel; a session's turns in order
 
-    def __init__(self, settings, redis: Connect, *, codec: Codec) -> None:
+    def __init__(self, settings, redis: Connect, *, codec: Codec, model: Callable[[], ModelClient],
+                 api: Callable[[], ApiReader]) -> None:
         super().__init__(settings, codec=codec)
         self.redis_at = redis
+        self.make_model, self.make_api = model, api  # made in `start`, in the worker's event loop
         self.model: ModelClient | None = None
         self.api: ApiReader | None = None
         self.records: RedisRecords | None = None
@@ -205,7 +208,7 @@ class ExtractionProcessor(Processor):
             )
             return
         # Even without a model: a tool write is forwarded only for a subject that may have memory.
-        self.api = ApiReader(s)
+        self.api = self.make_api()
         self.records = RedisRecords(self.redis_at(pooled=True), namespace=s.topic_prefix, codec=self.codec)
         if not s.model_configured:
             log.warning(
@@ -214,7 +217,7 @@ class ExtractionProcessor(Processor):
                 "turn outcomes and add_memory tool calls are still forwarded",
             )
             return
-        self.model = ModelClient(s)
+        self.model = self.make_model()
         self.redis = self.redis_at(decode_responses=False)
         self.state = ReviewState(self.redis, namespace=s.redis_root, keys=self.keys, cipher=self.codec.cipher)
         log.info("extraction_on", model=s.model, base_url=s.openai_base_url or "api.openai.com")
