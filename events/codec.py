@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from events.commands import Command
 from events.limits import STORED
 from events.memory import MemoryEvent
-from events.sealing import PERSONAL, SEALED_MARK, Cipher, open_fields, open_record, seal_fields
+from events.sealing import PERSONAL, SEALED_MARK, Cipher, open_fields, seal_fields
 from events.turns import TurnEvent
 from events.usage import UsageEvent
 from events.vectors import VectorComputed
@@ -72,20 +72,6 @@ class Codec:
             raise ContractError("$", str(e)) from None
         try:
             open_fields(as_dict, self.cipher)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
-        return msgspec.json.encode(as_dict)
-
-    def opened_record(self, data: bytes | str) -> bytes | str:
-        """A record's JSON on its own (as the ledger's state keeps it), opened like `opened`."""
-        mark = SEALED_MARK if isinstance(data, bytes) else SEALED_MARK.decode()
-        if mark not in data:
-            return data
-        if self.cipher is None:
-            raise ContractError("sealed", f"a sealed record, and {_NO_KEYS}")
-        as_dict = _JSON.decode(data)
-        try:
-            open_record(as_dict, self.cipher)
         except (ValueError, KeyError, TypeError) as e:
             raise ContractError("sealed", f"cannot open the sealed fields: {type(e).__name__}") from None
         return msgspec.json.encode(as_dict)

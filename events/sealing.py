@@ -166,16 +166,6 @@ def open_fields(message: dict, cipher: Cipher) -> bool:
     return True
 
 
-def open_record(record: dict, cipher: Cipher) -> bool:
-    """Opens a record's JSON kept on its own (the ledger's state keeps a record as the JSON
-    its event held), in place."""
-    token = record.pop(SEALED, None)
-    if token is None:
-        return False
-    record.update(msgspec.json.decode(cipher.open(token, f"{record['id']}#{record['version']}".encode())))
-    return True
-
-
 def seal_text(cipher: Cipher, subject: str, aad: str, text: str) -> str:
     """One personal text outside a message (a block's text in a view, a history part)."""
     return cipher.seal(subject, aad.encode(), text.encode())
