@@ -94,6 +94,9 @@ class MemoryConfig(_Strict):
     search: SearchConfig = SearchConfig()
     extraction: ExtractionConfig = ExtractionConfig()
     profiles: ProfileConfig = ProfileConfig()
+    # Whether a member may export their own memory with their key (`GET /v1/export`); operators
+    # and agents always may export what they may read.
+    member_export: bool = True
 
     @field_validator("labels")
     @classmethod
@@ -153,6 +156,7 @@ def member_facts(**memory: object) -> AgentConfig:
         "fact_chars": MEMBER_FACT_CHARS,
         "kinds": ["profile", "semantic", "episodic"],
         "recall": RecallConfig(format="facts", recalled="render"),
+        "member_export": False,  # members read their facts in the app; there is no export
         **memory,
     }))
 

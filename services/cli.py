@@ -19,6 +19,7 @@ from services.bootstrap import (
     redis_at,
 )
 from services.cli_clients import add_parsers as client_parsers
+from services.cli_portable import add_parsers as portable_parsers
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
 from settings.logging import configure
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.set_defaults(fn=cmd_sweep)
 
     client_parsers(sub)  # `mcp`, `keys`
+    portable_parsers(sub)  # `export`, `import`
 
     from services.operator_cli import add_parsers as operator_parsers
 

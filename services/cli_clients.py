@@ -102,13 +102,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_key(args: argparse.Namespace, settings) -> str:
-    """An operator key from --key-file or MEMLANE_API_KEY, else the deployment's MEMLANE_OPERATOR_KEY."""
+def admin_key(args: argparse.Namespace, settings, command: str = "keys") -> str:
+    """A key from --key-file or MEMLANE_API_KEY, else the deployment's MEMLANE_OPERATOR_KEY."""
     if args.key_file:
         try:
             return open(args.key_file, encoding="utf-8").read().strip()
         except (OSError, UnicodeDecodeError) as e:
-            raise SystemExit(f"memlane keys: cannot read --key-file: {type(e).__name__}") from None
+            raise SystemExit(f"memlane {command}: cannot read --key-file: {type(e).__name__}") from None
     return ClientEnvironment().api_key or settings.operator_key
 
 
@@ -124,7 +124,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     api_url = args.api_url or settings.api_url
 
     async def go() -> object:
-        async with MemlaneClient(api_url, _admin_key(args, settings)) as c:
+        async with MemlaneClient(api_url, admin_key(args, settings)) as c:
             if args.action == "issue":
                 return await c.issue_key_entry(args.tenant, args.agent, args.role, args.user)
             if args.action == "list":

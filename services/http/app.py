@@ -23,6 +23,7 @@ from services.http.input_guard import GuardBodies
 from services.http.no_store import NoStore
 from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
+from services.http.routes import export as export_routes
 from services.http.routes import notes as notes_routes
 from services.http.routes import profiles as profiles_routes
 from services.http.routes import runs as runs_routes
@@ -45,7 +46,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     health.router, keys.router, whoami.router, config.router, search.router, recall.router,
     blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
     profiles_routes.router, tenant_routes.router)
-ROUTERS += (notes_routes.router,)  # notes (docs/features/notes.md)
+ROUTERS += (notes_routes.router, export_routes.router)  # notes (docs/features/notes.md), portable export
 
 
 class Extension(Protocol):

@@ -1,0 +1,74 @@
+"""`GET /v1/export`: what the caller may read of an agent, as a portable file (JSON lines,
+`events.rules.portable`): every record with its versions, then blocks, the member's profile and
+notes. A member's own export needs the agent's `memory.member_export`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from events.base import utcnow
+from events.errors import ErrorCode
+from events.rules import portable
+from services.errors import ApiError
+from services.http.deps import Ctx, Svc
+from services.http.responses import record_out
+from services.http.routes.blocks import block_out
+from services.memory.context import Context
+from services.memory.service import MemoryService
+
+router = APIRouter()
+PAGE = 200
+
+
+async def _lines(s: MemoryService, ctx: Context) -> AsyncIterator[dict[str, Any]]:
+    page = await s.reads.memories(ctx, PAGE, None, ascending=True)  # refusals come before the header
+    yield portable.header(ctx.tenant, ctx.agent, ctx.user, utcnow().isoformat())
+    while True:
+        for r in page.records:
+            versions = await s.reads.history(ctx, r.id)  # newest first
+            yield {"type": "record", "id": r.id, "versions": [record_out(v) for v in reversed(versions)]}
+        if not page.next_cursor:
+            break
+        page = await s.reads.memories(ctx, PAGE, page.next_cursor, ascending=True)
+    if ctx.principal.role != "member":
+        for b in await s.reads.blocks(ctx):
+            yield {"type": "block", **block_out(*b)}
+    if ctx.user is not None and ctx.principal.role != "operator":
+        try:
+            yield {"type": "profile", **await s.profiles.read(ctx, ctx.user)}
+        except ApiError as e:
+            if e.status != 404:
+                raise
+    cursor = None
+    while True:
+        got = await s.notes.search(ctx, None, 100, cursor)
+        for n in got["notes"]:
+            yield {"type": "note", **n}
+        if not (cursor := got.get("next_cursor")):
+            break
+
+
+@router.get("/v1/export")
+async def export(ctx: Ctx, s: Svc) -> StreamingResponse:
+    """The caller's readable memory of the agent as JSON lines (`application/x-ndjson`): a header,
+    then each record with every version (oldest first), each block, the member's profile and
+    notes. `memlane import` loads such a file into another agent or deployment."""
+    if ctx.principal.role == "member":
+        cfg = await s.config(ctx.tenant, ctx.agent)
+        if not cfg.memory.member_export:
+            raise ApiError(ErrorCode.FORBIDDEN, "memory.member_export", "this agent offers members no export of "
+                           "their memory (memory.member_export is false); ask its operator", 403)
+    lines = _lines(s, ctx)
+    first = await anext(lines)  # a refusal (a disabled agent, no consent) is an error, not a 200
+
+    async def body() -> AsyncIterator[bytes]:
+        yield (json.dumps(first) + "\n").encode()
+        async for line in lines:
+            yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
+
+    return StreamingResponse(body(), media_type="application/x-ndjson")

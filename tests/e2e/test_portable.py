@@ -1,0 +1,101 @@
+"""`memlane export` and `memlane import` on the shared stack, as an operator runs them: an agent's
+memory moves to another agent with every version in the file and each record written once however
+often the import runs; a Mem0 export loads the same way, with a line per memory it refuses; a
+member's own export follows the agent's `memory.member_export`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+
+from events import AgentConfig
+from events.config import member_facts
+from events.limits import MAX_SUMMARY_BYTES
+from services.client import MemlaneClient
+from tests.conftest import ROOT
+
+CONFIG = AgentConfig.model_validate({"memory": {
+    "scope": {"read": ["agent"], "write": ["agent"]}, "pinned": {"max_tokens": 200},
+    "tools": ["add_memory", "read_memory", "delete_memory", "pin_memory", "unpin_memory"]}})
+
+
+def memlane(stack, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env={**stack.env, "COLUMNS": "200"},
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+async def summaries(stack, key: str) -> list[str]:
+    async with MemlaneClient(stack.api_url, key) as c:
+        return sorted(r["summary"] for r in (await c.list_memory(first=200))["records"])
+
+
+async def test_an_export_moves_to_another_agent_once_however_often_it_is_imported(stack, new_agent, tmp_path):
+    tenant, src, key = await new_agent(CONFIG)
+    async with MemlaneClient(stack.api_url, key) as c:
+        await c.add_memory("The office closes at six", scope="AGENT")
+        deploys = await c.add_memory("Deploys happen on Thursdays", scope="AGENT", key="deploy.day")
+        await c.pin(deploys["id"])  # a second version
+        gone = await c.add_memory("A plan that was dropped", scope="AGENT")
+        await c.delete_memory(gone["id"])
+    out = tmp_path / "export.jsonl"
+    r = await asyncio.to_thread(memlane, stack, "export", "--tenant", tenant, "--agent", src, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["format"] == "memlane.export" and lines[0]["agent"] == src
+    records = {x["versions"][-1]["summary"]: x for x in lines if x["type"] == "record"}
+    assert set(records) == {"The office closes at six", "Deploys happen on Thursdays"}
+    pinned = records["Deploys happen on Thursdays"]["versions"]
+    assert [(v["version"], v["pinned"]) for v in pinned] == [(1, False), (2, True)]
+    assert pinned[-1]["provenance"]["source"] and pinned[-1]["key"] == "deploy.day"
+
+    t2, dst, key2 = await new_agent(CONFIG)
+    for _ in range(2):  # the second run writes nothing new
+        r = await asyncio.to_thread(memlane, stack, "import", str(out), "--tenant", t2, "--agent", dst)
+        assert r.returncode == 0, r.stderr
+        assert "imported 2 of 2 memories" in r.stderr
+    assert await summaries(stack, key2) == ["Deploys happen on Thursdays", "The office closes at six"]
+    async with MemlaneClient(stack.api_url, key2) as c:
+        [moved] = [x for x in (await c.list_memory())["records"] if x["key"] == "deploy.day"]
+        assert moved["pinned"] is True and moved["tenant"] == t2 and moved["agent"] == dst
+
+
+async def test_a_mem0_export_loads_and_each_memory_it_cannot_take_is_named(stack, new_agent, tmp_path):
+    tenant, agent, key = await new_agent(CONFIG)
+    doc = {"results": [
+        {"id": "m1", "memory": "Prefers the window seat", "agent_id": agent, "metadata": {"source": "mem0"},
+         "created_at": "2024-07-20T01:34:02-07:00"},
+        {"id": "m2", "memory": "x" * (MAX_SUMMARY_BYTES + 1)},
+        {"id": "m3", "memory": "Belongs elsewhere", "agent_id": "someone-else"},
+    ]}
+    path = tmp_path / "mem0.json"
+    path.write_text(json.dumps(doc))
+    r = await asyncio.to_thread(memlane, stack, "import", str(path), "--tenant", tenant, "--agent", agent)
+    assert r.returncode == 1  # something was refused
+    assert "line 2: summary:" in r.stderr and str(MAX_SUMMARY_BYTES) in r.stderr.replace(",", "")
+    assert "line 3: agent_id:" in r.stderr and "imported 1 of 2 memories" in r.stderr
+    assert await summaries(stack, key) == ["Prefers the window seat"]
+
+
+async def test_a_members_own_export_follows_the_agents_setting(stack, settings, new_agent):
+    tenant, facts_agent, _ = await new_agent(member_facts())
+    open_tenant, open_agent, _ = await new_agent(AgentConfig())
+    async with MemlaneClient(stack.api_url, settings.operator_key) as op:
+        closed = await op.issue_key(tenant, facts_agent, "member", user="fay")
+        opened = await op.issue_key(open_tenant, open_agent, "member", user="fay")
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as http:
+        got = await http.get("/v1/export", headers={"Authorization": f"Bearer {closed}"})
+        assert got.status_code == 403
+        assert got.json()["error"]["field"] == "memory.member_export"
+        # The operator exports what it may read of the same agent.
+        got = await http.get("/v1/export", headers={"Authorization": f"Bearer {settings.operator_key}",
+                                                    "X-Tenant": tenant, "X-Agent": facts_agent})
+        assert got.status_code == 200 and got.headers["content-type"].startswith("application/x-ndjson")
+        assert json.loads(got.text.splitlines()[0])["format"] == "memlane.export"
+        # A default agent offers its members their own export.
+        got = await http.get("/v1/export", headers={"Authorization": f"Bearer {opened}"})
+        assert got.status_code == 200, got.text
+        assert json.loads(got.text.splitlines()[0])["user"] == "fay"
