@@ -128,23 +128,24 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"memlane import: refused {r}", file=sys.stderr)
         return 0 if not refused else 1
     key = admin_key(args, settings, "import")
-    written = 0
+    written = restated = 0
     bar, task = _bar(f"importing {parsed.kind}", len(parsed.writes))
 
     async def go() -> None:
-        nonlocal written
+        nonlocal written, restated
         clients: dict[str | None, MemlaneClient] = {}
         gate = asyncio.Semaphore(CONCURRENT_WRITES)
 
         async def one(w: portable.Write) -> None:
-            nonlocal written
+            nonlocal written, restated
             c = clients.setdefault(w.user, MemlaneClient(api_url, key, tenant=args.tenant, agent=args.agent,
                                                          user=w.user))
             fields = dict(w.fields)
             async with gate:
                 try:
-                    await c.add_memory(fields.pop("summary"), command_id=w.command_id, **fields)
+                    answer = await c.add_memory(fields.pop("summary"), command_id=w.command_id, **fields)
                     written += 1
+                    restated += bool(answer.get("merged"))  # the agent held it already, from elsewhere
                 except MemlaneError as e:
                     refused.append(portable.Refusal(w.line, e.field or "$", f"{e.code}: {e.message}"))
             bar.update(task, advance=1)
@@ -164,6 +165,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 1
     for r in sorted(refused, key=lambda r: r.line):
         print(f"memlane import: refused {r}", file=sys.stderr)
-    print(f"imported {written} of {len(parsed.writes)} memories from {args.file} ({parsed.kind}) into {args.agent}; "
-          f"{len(refused)} refused, {parsed.skipped} not live or not records", file=sys.stderr)
+    print(f"imported {written} of {len(parsed.writes)} memories from {args.file} ({parsed.kind}) into {args.agent} "
+          f"({restated} restating a record it held); {len(refused)} refused, {parsed.skipped} not live or not "
+          "records", file=sys.stderr)
     return 0 if not refused else 1

@@ -14,7 +14,7 @@ import httpx
 
 from events import AgentConfig
 from events.config import member_facts
-from events.limits import MAX_SUMMARY_BYTES
+from events.record import MAX_SUMMARY_BYTES
 from services.client import MemlaneClient
 from tests.conftest import ROOT
 
@@ -56,11 +56,13 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
     for _ in range(2):  # the second run writes nothing new
         r = await asyncio.to_thread(memlane, stack, "import", str(out), "--tenant", t2, "--agent", dst)
         assert r.returncode == 0, r.stderr
-        assert "imported 2 of 2 memories" in r.stderr
+        # The second run's writes are the first's commands, answered as before: none restates.
+        assert "imported 2 of 2 memories" in r.stderr and "(0 restating a record it held)" in r.stderr
     assert await summaries(stack, key2) == ["Deploys happen on Thursdays", "The office closes at six"]
     async with MemlaneClient(stack.api_url, key2) as c:
         [moved] = [x for x in (await c.list_memory())["records"] if x["key"] == "deploy.day"]
         assert moved["pinned"] is True and moved["tenant"] == t2 and moved["agent"] == dst
+        assert moved["version"] == 1, moved
 
 
 async def test_a_mem0_export_loads_and_each_memory_it_cannot_take_is_named(stack, new_agent, tmp_path):

@@ -25,8 +25,33 @@ router = APIRouter()
 PAGE = 200
 
 
+async def _others(s: MemoryService, ctx: Context) -> list[dict[str, Any]]:
+    """Blocks, the member's profile and notes: each only for the keys that may read it (blocks
+    are not a member's, a profile is never an operator's, notes are only their writer's)."""
+    out: list[dict[str, Any]] = []
+    role = ctx.principal.role
+    if role != "member":
+        out += [{"type": "block", **block_out(*b)} for b in await s.reads.blocks(ctx)]
+    if ctx.user is not None and role != "operator":
+        try:
+            out.append({"type": "profile", **await s.profiles.read(ctx, ctx.user)})
+        except ApiError as e:
+            if e.status != 404:
+                raise
+    if role not in ("member", "operator"):
+        cursor = None
+        while True:
+            got = await s.notes.search(ctx, None, 100, cursor)
+            out += [{"type": "note", **n} for n in got["notes"]]
+            if not (cursor := got.get("next_cursor")):
+                break
+    return out
+
+
 async def _lines(s: MemoryService, ctx: Context) -> AsyncIterator[dict[str, Any]]:
-    page = await s.reads.memories(ctx, PAGE, None, ascending=True)  # refusals come before the header
+    # What may refuse is read before the header, so a refusal is an error answer, not a cut stream.
+    page = await s.reads.memories(ctx, PAGE, None, ascending=True)
+    others = await _others(s, ctx)
     yield portable.header(ctx.tenant, ctx.agent, ctx.user, utcnow().isoformat())
     while True:
         for r in page.records:
@@ -35,22 +60,8 @@ async def _lines(s: MemoryService, ctx: Context) -> AsyncIterator[dict[str, Any]
         if not page.next_cursor:
             break
         page = await s.reads.memories(ctx, PAGE, page.next_cursor, ascending=True)
-    if ctx.principal.role != "member":
-        for b in await s.reads.blocks(ctx):
-            yield {"type": "block", **block_out(*b)}
-    if ctx.user is not None and ctx.principal.role != "operator":
-        try:
-            yield {"type": "profile", **await s.profiles.read(ctx, ctx.user)}
-        except ApiError as e:
-            if e.status != 404:
-                raise
-    cursor = None
-    while True:
-        got = await s.notes.search(ctx, None, 100, cursor)
-        for n in got["notes"]:
-            yield {"type": "note", **n}
-        if not (cursor := got.get("next_cursor")):
-            break
+    for line in others:
+        yield line
 
 
 @router.get("/v1/export")
