@@ -35,6 +35,7 @@ from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
 from workers.followers.api_keys_follower import ApiKeyLog
 from workers.followers.memory_shards import MemoryShards
+from workers.followers.past_memory import PastMemory
 from workers.runtime.data_keys import open_keys
 from workers.runtime.kafka_io import ensure_topics, producer, wait_for_broker
 from workers.runtime.metrics import MeteredEmbedder
@@ -103,7 +104,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys, codec=codec)
         # Notes check their sources as history reads them (docs/features/notes.md).
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
-                                KafkaUsageRecorder(settings, publisher), visible=visible_messages)
+                                KafkaUsageRecorder(settings, publisher), visible=visible_messages,
+                                past=PastMemory(settings, codec, data_keys))
         # An owner calls `on_swap` once it holds its new shards.
         shards.on_swap = lambda owner: service.use_shards(cast(MemoryShards, owner.memory))
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")

@@ -9,6 +9,7 @@ recall (`recall`) and listing (`listing`) have modules beside it and read throug
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import TYPE_CHECKING, Any
 
 from events.commands import WORKSPACE, block_of_field
@@ -61,6 +62,13 @@ class MemoryReads:
         self._batch = BatchSearch(self, self._searching)
         self._recalling = MemoryRecall(self, self._searching)
         self._listing = MemoryListing(self)
+
+    def over(self, records: Any) -> MemoryReads:
+        """These reads over another record view: memory as it stood at a past point (`past.PastView`)."""
+        clone = copy.copy(self)
+        clone.records = records
+        clone._listing = MemoryListing(clone)
+        return clone
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()

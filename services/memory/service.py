@@ -13,6 +13,7 @@ from services.memory.context import Context
 from services.memory.fair_embedding import FairEmbedding
 from services.memory.merge import MergeCheck
 from services.memory.notes import MemoryNotes, Visible
+from services.memory.past import PastView
 from services.memory.ports import CommandPublisher, UsageRecorder
 from services.memory.profiles import MemoryProfiles
 from services.memory.reads import MemoryReads
@@ -25,12 +26,15 @@ if TYPE_CHECKING:
     from projections.embedders.port import Embedder
     from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
+    from workers.followers.past_memory import PastMemory, Point
 
 
 class MemoryService:
     def __init__(self, settings: Settings, records: RedisRecords, memory: MemoryShards | None, embedder: Embedder,
-                 publisher: CommandPublisher, recorder: UsageRecorder, visible: Visible | None = None) -> None:
+                 publisher: CommandPublisher, recorder: UsageRecorder, visible: Visible | None = None,
+                 past: PastMemory | None = None) -> None:
         self.settings = settings
+        self.past_memory = past  # folds an agent's log up to a point, for `as_of` reads
         self.embedder = embedder
         self.records = records
         self.usage = UsageLog(recorder, embedder.model_id if embedder is not None else "embedder")
@@ -44,6 +48,13 @@ class MemoryService:
         self.reads.layer_sources.append(self.profiles.layer)
         self.tenant = TenantMemory(self.commands)  # docs/features/tenant-platform-memory.md
         self.reads.layer_sources.append(self.tenant.layers)
+
+    async def past(self, ctx: Context, point: Point) -> MemoryReads:
+        """The reads of memory as it stood at `point`: listing, one record and its versions."""
+        if self.past_memory is None:
+            raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API reads no log; ask one that serves", 503)
+        fold = await self.past_memory.fold(ctx.tenant, ctx.agent, point)
+        return self.reads.over(PastView(self.records, fold))
 
     def use_shards(self, memory: MemoryShards) -> None:
         self.reads.memory = self.commands.memory = memory

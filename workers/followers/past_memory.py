@@ -1,0 +1,94 @@
+"""Memory as it stood at a moment: an agent's events folded from the log up to a point.
+
+The point is a time (the log's own: when the ledger wrote each event) or a position (an offset of
+the agent's event partition: the events before it). The fold is the reference fold the projections
+agree with (`projections.records.MemoryFold`), so a listing, a read or a record's versions as of
+a point are those a projection rebuilt from the log cut there would give.
+
+What is gone now stays gone as of any point: an event sealed under a destroyed key (an erased
+member or agent) does not open and is left out, and the agent's erasures and purges written after
+the point are applied too. Cost: a read of the agent's event partition from its start up to now,
+once per call (docs/features/time-travel.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from events.codec import Codec, ContractError
+from events.memory import RecordsPurged, SubjectErased
+from events.topics import EVENTS
+from projections.records import MemoryFold, opening
+from settings import Settings
+from workers.runtime.topic_reader import TopicReader
+
+GONE = (SubjectErased, RecordsPurged)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A moment of an agent's log: a time, or a position in its event partition."""
+
+    at: datetime | None = None
+    position: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Point:
+        """`as_of`: an ISO 8601 time with its offset, or a whole number, a log position. Raises
+        ValueError naming the forms it takes."""
+        if text.isdigit():
+            return cls(position=int(text))
+        try:
+            at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError("as_of: a time such as 2026-03-01T12:00:00Z, or a log position (a whole number, "
+                             "the offset of the agent's event partition a read gave in X-Memlane-Position)") from None
+        if at.tzinfo is None:
+            raise ValueError("as_of: give the time's offset from UTC (for example Z or +02:00)")
+        return cls(at=at)
+
+
+class PastMemory:
+    """Reads the agent's events from the log and folds those before a point."""
+
+    def __init__(self, settings: Settings, codec: Codec, keys: Any = None) -> None:
+        self.settings = settings
+        self.codec = codec
+        self.keys = keys  # workers.runtime.data_keys.KeyTopic: catches up on a key not known yet
+
+    async def fold(self, tenant: str, agent: str, point: Point) -> MemoryFold:
+        key = f"{tenant}/{agent}".encode()
+        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
+        async with TopicReader(self.settings) as reader:
+            await reader.assign([tp])
+            end = (await reader.ends([tp]))[tp]
+            cut = end if point.position is None else min(point.position, end)
+            if point.at is not None:
+                found = (await reader.consumer.offsets_for_times({tp: int(point.at.timestamp() * 1000)}))[tp]
+                cut = found.offset if found is not None else end
+            before, after = [], []
+            while await reader.position(tp) < end:
+                for msgs in (await reader.poll(tp, timeout_ms=500, max_records=5000)).values():
+                    for m in msgs:
+                        if m.key != key or (e := await self._opened(m.value)) is None:
+                            continue
+                        if m.offset < cut:
+                            before.append(e)
+                        elif isinstance(e, GONE):
+                            after.append(e)
+        fold = MemoryFold()
+        await fold.apply(before + after)
+        return fold
+
+    async def _opened(self, value: bytes | None) -> Any:
+        """The event, or None for one that no longer opens (its key destroyed) or is not one."""
+        if not value:
+            return None
+        try:
+            return await opening(self.keys, self.codec.decode, EVENTS.name, value)
+        except ContractError:
+            return None
