@@ -26,7 +26,7 @@ from events.commands_subject import (
 )
 from events.config import AgentConfig
 from events.limits import check_labels, check_metadata, check_one_line, check_tags, unless_stored
-from events.record import Content, Scope, Summary
+from events.record import Content, Scope, Status, Summary
 
 # Limited on commands, where a write enters, and not on records: events already in the
 # log keep decoding whatever they hold, and so does a staged write decoded as stored
@@ -279,6 +279,31 @@ class PurgeRecords(CommandBase):
     record_ids: Annotated[list[Ident], Field(min_length=1, max_length=1000)]
 
 
+class UndoChange(BaseModel):
+    """One record an undo puts back: at `expected_version` now (else the undo is refused: the
+    record moved on since it was planned), it gets a new version with the status, pin and expiry
+    it had before the undone writes (status DELETED: the undone writes made it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    record_id: Ident
+    expected_version: Annotated[int, Field(ge=1)]
+    status: Status
+    pinned: bool = False
+    expires_at: datetime | None = None
+    valid_to: datetime | None = None
+
+
+class UndoWrites(CommandBase):
+    """An operator's undo of what a command, a turn or a session wrote (`events.rules.undo`
+    plans it from the records' versions; the ledger checks each record is where the plan saw it).
+    Itself a command whose writes an undo can take back."""
+
+    type: Literal["UndoWrites"] = "UndoWrites"
+    target: Literal["command", "turn", "session"]
+    ref: Annotated[str, Field(min_length=1, max_length=256)]
+    changes: Annotated[list[UndoChange], Field(max_length=1000)]
+
+
 class SummarizeRun(CommandBase):
     """The run-compression worker's summary of a run's older entries (`events.rules.runs`):
     `summary` takes the place of the run's summary, and `entry_ids` leave its entries."""
@@ -403,6 +428,6 @@ Command = Annotated[
     | ConfigureAgent | CurateBlock | ReportOutcome | GrantConsent | WithdrawConsent | EraseSubject | RemoveAgent
     | RemoveUser | RemoveTenant | RestoreUser | RestoreTenant | PurgeRecords | RecordUsage | SummarizeRun | SetProfile | DeleteProfile | EnrichProfile
     | ProposeConvention | DecideConvention | SetTenantFloor | RemoveTenantFloor | SetPlatformEntry | RemovePlatformEntry
-    | SaveNote | ForgetNote,
+    | SaveNote | ForgetNote | UndoWrites,
     Field(discriminator="type"),
 ]

@@ -64,6 +64,13 @@ class RecordUnpinned(_RecordEvent):
     type: Literal["RecordUnpinned"] = "RecordUnpinned"
 
 
+class RecordRestored(_RecordEvent):
+    """An undo brought a record back to the version that stood before the undone writes: a new
+    version with that version's status, pin and expiry (`events.rules.undo`)."""
+
+    type: Literal["RecordRestored"] = "RecordRestored"
+
+
 class RecordRevised(_RecordEvent):
     """A procedure's counts after an outcome was reported for it: a new version
     with the same text."""
@@ -325,6 +332,7 @@ MemoryEvent = Annotated[
     | RecordPinned
     | RecordUnpinned
     | RecordRevised
+    | RecordRestored
     | EpisodeLinked
     | WriteStaged
     | TurnResolved
@@ -357,4 +365,4 @@ MemoryEvent = Annotated[
 ]
 
 RECORD_EVENTS = (RecordAdded, RecordSuperseded, RecordDeleted, RecordExpired, RecordPinned, RecordUnpinned,
-                 RecordRevised, EpisodeLinked)
+                 RecordRevised, RecordRestored, EpisodeLinked)

@@ -107,7 +107,7 @@ RECORD_FIELDS = {"summary": "", "content": "", "metadata": {}, "key": None}
 _RECORD = Personal(RECORD_FIELDS, _record_subject, _record_aad, container="record")
 PERSONAL: dict[str, Personal] = {
     **{t: _RECORD for t in ("RecordAdded", "RecordSuperseded", "RecordDeleted", "RecordExpired", "RecordPinned",
-                            "RecordUnpinned", "RecordRevised", "EpisodeLinked")},
+                            "RecordUnpinned", "RecordRevised", "RecordRestored", "EpisodeLinked")},
     "AddMemory": Personal(RECORD_FIELDS, _member_subject, _command_aad),
     "EditMemory": Personal({"summary": None, "content": None, "metadata": None}, _member_subject, _command_aad),
     "CurateBlock": Personal({"line": None, "old": None}, _agent_subject, _command_aad),

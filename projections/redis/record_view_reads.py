@@ -14,7 +14,7 @@ from projections.records import Keys, Page, decode_cursor, encode_cursor, openin
 from projections.redis.connection import scan_page
 from projections.redis.record_view_generations import Generations
 from projections.redis.record_view_keys import PAGE, REMOVED_TENANTS, agent_key, tagged_agents, user_list_key
-from projections.redis.record_view_stored import lean_record, open_block, snapshot
+from projections.redis.record_view_stored import lean_record, made, open_block, snapshot
 
 LIST_PAGE = 2000  # ids per ZRANGE when a reader walks a whole listing
 
@@ -144,6 +144,17 @@ class RecordReads:
             return []
         raws = await self.r.hmget(key, [f"{rid}#{v}" for v in range(int(cur), 0, -1)])
         return await self._snapshots(raws)
+
+    async def every_version(self, tenant: str, agent: str) -> dict[str, list[tuple[str, MemoryRecord]]]:
+        """Every version of every record of the agent, each with the command that made it, by
+        record id: for an undo's plan. Reads all the agent holds; versions sealed under destroyed
+        keys are left out."""
+        key = self._keys(await self._read_generation(), tenant, agent)[0]
+        out: dict[str, list[tuple[str, MemoryRecord]]] = {}
+        async for field, raw in self.r.hscan_iter(key, count=1000):
+            if "#" in field and (got := await self.open_counted(made, raw, self.codec)) is not None:
+                out.setdefault(got[1].id, []).append(got)
+        return out
 
     async def page(self, tenant, agent, limit, after=None, ascending=False, user=None) -> Page:
         """A page of the agent's listing, or with `user` of that member's (their USER

@@ -48,8 +48,15 @@ def snapshot(raw: str, codec: Codec) -> MemoryRecord:
     return _STORED.validate_json(codec.opened(raw)).record
 
 
+def made(raw: str, codec: Codec) -> tuple[str, MemoryRecord]:
+    """A stored version and the command that made it. Raises as `snapshot` does."""
+    stored = _STORED.validate_json(codec.opened(raw))
+    return stored.command_id, stored.record
+
+
 class _Stored(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    command_id: str = ""
     record: MemoryRecord
 
 

@@ -28,6 +28,7 @@ from services.http.routes import notes as notes_routes
 from services.http.routes import profiles as profiles_routes
 from services.http.routes import runs as runs_routes
 from services.http.routes import tenant as tenant_routes
+from services.http.routes import undo as undo_routes
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
@@ -47,7 +48,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     health.router, keys.router, whoami.router, config.router, search.router, recall.router,
     blocks.router, memory.router, subjects.router, agents.router, pipeline_router, runs_routes.router,
     profiles_routes.router, tenant_routes.router)
-ROUTERS += (notes_routes.router, export_routes.router)  # notes (docs/features/notes.md), portable export
+# Notes (docs/features/notes.md), the portable export, and undo.
+ROUTERS += (notes_routes.router, export_routes.router, undo_routes.router)
 
 
 class Extension(Protocol):

@@ -19,6 +19,7 @@ from services.memory.profiles import MemoryProfiles
 from services.memory.reads import MemoryReads
 from services.memory.rules import check_role
 from services.memory.tenant import TenantMemory
+from services.memory.undo import MemoryUndo
 from services.memory.usage import UsageLog
 from settings import Settings
 
@@ -47,6 +48,7 @@ class MemoryService:
         self.profiles = MemoryProfiles(self.reads, self.commands)  # docs/features/profiles.md
         self.reads.layer_sources.append(self.profiles.layer)
         self.tenant = TenantMemory(self.commands)  # docs/features/tenant-platform-memory.md
+        self.undo = MemoryUndo(self.commands)  # docs/features/time-travel.md
         self.reads.layer_sources.append(self.tenant.layers)
 
     async def past(self, ctx: Context, point: Point) -> MemoryReads:

@@ -36,6 +36,7 @@ from events.commands import (
     SummarizeRun,
     SweepExpired,
     TurnOutcome,
+    UndoWrites,
     UnpinMemory,
     WithdrawConsent,
 )
@@ -73,6 +74,7 @@ from events.rules.ledger.subject_commands import (
     decide_restore_tenant,
     decide_restore_user,
 )
+from events.rules.ledger.undo import decide_undo
 from events.rules.ledger.usage import decide_record_usage
 from events.sealing import KeyDestroyed
 
@@ -302,6 +304,8 @@ _COMMANDS: dict[type, Handler] = {
     RestoreUser: decide_restore_user,
     RestoreTenant: decide_restore_tenant,
     SummarizeRun: summarize,
+    # An operator's undo: its plan names each record and the version it saw; never staged.
+    UndoWrites: decide_undo,
     # Not a write: usage is the trust worker's count, with no turn and no new version.
     RecordUsage: decide_record_usage,
     # Notes: the agent's own, applied at once, never staged on a turn: they cite committed messages (docs/features/notes.md).
