@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -517,4 +518,27 @@ async def test_an_operator_sees_dead_letters_lags_and_members_by_count_and_erase
         await expect(cells.nth(2)).to_have_text(members["alice"]["consent"] or "never asked")
     else:
         await expect(alice).to_have_count(0)
+    assert errors == []
+
+
+async def test_an_operator_undoes_a_command_from_the_tab(wstack, world, page):  # noqa: F811
+    w = world
+    await w.granted("carol")
+    cid = f"tab-undo-{uuid.uuid4().hex[:8]}"
+    body = await w.ok(w.agent_key, "POST", "/v1/memory", user="carol", session="s-carol",
+                      json={"summary": "Takes the night train on Fridays", "kind": "profile", "scope": "USER",
+                            "command_id": cid})
+    assert body["id"] in [f["id"] for f in await w.facts("carol")]
+    errors = console_errors(page)
+    await sign_in(page, w.base, w.settings.operator_key, "/ui/operator")
+    await page.goto(f"{w.base}/ui/operator?tenant={w.tenant}&agent={w.agent}")
+    form = page.locator("#undo")
+    await form.get_by_label("Command id").fill(cid)
+    dialogs: list[str] = []
+    accept_next_dialog(page, dialogs)
+    async with page.expect_navigation():  # the page reloads once the API has undone it
+        await form.get_by_role("button", name="Undo").click()
+    assert dialogs and dialogs[0].startswith(f"Take back everything it wrote on {w.agent}?"), dialogs
+    assert body["id"] not in [f["id"] for f in await w.facts("carol")]
+    assert (await w.fact("carol", body["id"]))["status"] == "DELETED"
     assert errors == []
