@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from services.http.deps import Ctx, Svc
 from services.http.models import Body
+from services.memory.undo import Target
 
 router = APIRouter()
 
@@ -33,6 +34,7 @@ async def undo(body: UndoRequest, ctx: Ctx, s: Svc) -> dict[str, Any]:
     version that stood before it (one it added is tombstoned), as an undo command on the log,
     which can itself be undone (`command_id` of the undo). A later write by another command to
     such a record stops it with 409 naming `force`; `preview` answers the plan alone."""
-    target, ref = next((t, r) for t, r in (("command", body.command_id), ("turn", body.turn),
-                                            ("session", body.session)) if r is not None)
+    named: list[tuple[Target, str | None]] = [("command", body.command_id), ("turn", body.turn),
+                                              ("session", body.session)]
+    target, ref = next((t, r) for t, r in named if r is not None)
     return await s.undo.undo(ctx, target, ref, force=body.force, preview=body.preview)
