@@ -38,10 +38,12 @@ def add_parsers(sub: Any) -> None:
 
 
 def _bar(label: str, total: int | None) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # On standard error: standard output is the export's, or the caller's to pipe.
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=None, transient=False)
+                   console=Console(stderr=True))
     return bar, bar.add_task(label, total=total)
 
 
@@ -69,7 +71,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 print(f"memlane export: {resp.status_code} {err.get('code')}{where}: {err.get('message')}",
                       file=sys.stderr)
                 return 1
-            with bar if out is not sys.stdout else _Quiet():
+            with bar:
                 async for line in resp.aiter_lines():
                     if line:
                         out.write(line + "\n")
@@ -90,14 +92,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         what = ", ".join(f"{n} {k}s" for k, n in counts.items() if k != "header") or "nothing"
         print(f"exported {what} of {args.agent}" + (f" to {args.out}" if args.out != "-" else ""), file=sys.stderr)
     return code
-
-
-class _Quiet:
-    """No progress bar while the export itself goes to standard output."""
-
-    def __enter__(self) -> None: ...
-
-    def __exit__(self, *exc: Any) -> None: ...
 
 
 def cmd_import(args: argparse.Namespace) -> int:
