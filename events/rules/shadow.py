@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.record import LIVE, MemoryRecord
+from events.record import LIVE, MemoryRecord, Scope
 
 SHOWN = 8  # existing memories a shadow review is shown, at most
 
@@ -26,17 +26,23 @@ class Decisions:
         return {"added": sorted(self.added), "replaced": sorted(self.replaced), "deleted": sorted(self.deleted)}
 
 
+def shown_text(r: MemoryRecord) -> str:
+    """A record's text as a report shows it: a member's fact is theirs to read, so it shows as
+    whose fact it is, never its text."""
+    return f"(a fact of member {r.user})" if r.scope is Scope.USER else r.summary
+
+
 def decisions_of(events: Iterable[Any]) -> Decisions:
     """The record events one policy's commands made, as decisions. A write that restated a live
     record (merged) added nothing."""
     out = Decisions()
     for e in events:
         if e.type == "RecordAdded" and not getattr(e, "merged", False):
-            out.added.append(e.record.summary)
+            out.added.append(shown_text(e.record))
         elif e.type == "RecordSuperseded":
-            out.replaced.append(e.record.summary)
+            out.replaced.append(shown_text(e.record))
         elif e.type == "RecordDeleted":
-            out.deleted.append(e.record.summary)
+            out.deleted.append(shown_text(e.record))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from events.memory import RecordAdded, RecordDeleted, RecordSuperseded
-from events.record import MemoryRecord, Status
+from events.record import MemoryRecord, Scope, Status
 from events.rules import shadow
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
@@ -27,6 +27,8 @@ def test_decisions_are_what_the_record_events_did_and_a_restatement_adds_nothing
     got = shadow.decisions_of(events)
     assert got.as_json() == {"added": ["likes tea"], "replaced": ["works at Acme"], "deleted": ["has a cat"]}
     assert shadow.differs(got, shadow.Decisions(added=["likes tea"]))
+    theirs = rec("r5", "Fay's locker code is 4411").model_copy(update={"scope": Scope.USER, "user": "fay"})
+    assert shadow.decisions_of([RecordAdded(**base, record=theirs)]).added == ["(a fact of member fay)"]
     assert not shadow.differs(got, shadow.decisions_of(events))
 
 

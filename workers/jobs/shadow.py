@@ -9,9 +9,9 @@ it comes in the log, and the shadow policy's decisions in place of live extracti
 completed turn is reviewed with its own messages (no cadence), shown the existing memories that
 share the most words with them.
 
-A run is named and resumable: its report lines and its state (sealed as the ledger's snapshots
-are) are kept under `<data dir>/shadow/<name>/` after every turn, and a run of that name goes on
-after the last turn it finished.
+A run is named and resumable: its report lines and the shadow's commands per turn (sealed by the
+codec) are kept under `<data dir>/shadow/<name>/` after every turn; a run of that name folds the
+log again, applies the commands of the turns it reviewed before, and reviews the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,12 +33,11 @@ from events.rules import extraction_review as review
 from events.rules import shadow as rules
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.state import config_of, get_record
-from events.topics import EVENTS, TURNS
+from events.topics import COMMANDS, EVENTS, TURNS
 from events.turns import TurnCommitted, TurnRolledBack
 from projections.records import opening
 from settings import Settings
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
-from workers.processors.ledger import snapshot_file
 from workers.runtime.topic_reader import TopicReader
 
 ANSWER_SCHEMA = review.answer_schema()
@@ -99,40 +97,42 @@ class Shadow:
         for e in events:
             if (turn := live_ids.get(e.item.command_id)) is not None:
                 live.setdefault(turn, []).append(e.item)
-        report_path, state_path = where / "report.jsonl", where / "state.bin"
+        # What a run did is its report and the shadow's commands per turn (sealed by the codec): a
+        # resumed run folds the log again and applies those commands where it reviewed before.
+        report_path, made_path = where / "report.jsonl", where / "commands.jsonl"
         done = [json.loads(x) for x in report_path.read_text().splitlines()] if report_path.exists() else []
-        if done and state_path.exists():
-            state = snapshot_file.decode_state(state_path.read_bytes(), self.codec.cipher)[0]
-            applied_to = done[-1]["log_ms"]
-        else:
-            done, state, applied_to = [], LedgerState(), -1
-            report_path.write_text("")
-            for e in (e for e in events if e.at_ms < start_ms):
-                evolve(state, e.item)
-            applied_to = start_ms - 1
-        finished = {d["event_id"] for d in done}
-        ak = f"{run.tenant}/{run.agent}"
+        made = {(x := json.loads(line))["event_id"]: x["commands"]
+                for line in (made_path.read_text().splitlines() if made_path.exists() else [])}
+        done = [d for d in done if d["event_id"] in made]  # a line whose commands were not kept is redone
+        state, applied_to, ak = LedgerState(), start_ms - 1, f"{run.tenant}/{run.agent}"
+        for e in (e for e in events if e.at_ms < start_ms):
+            evolve(state, e.item)
         for i, t in enumerate(turns):
             if progress:
                 progress(i, len(turns))
-            if t.item.event_id in finished:
-                continue
             # Live changes up to the turn, but live extraction's: the shadow decides those.
             for e in events:
                 if applied_to < e.at_ms <= t.at_ms and e.item.command_id not in live_ids:
                     evolve(state, e.item)
             applied_to = t.at_ms
-            line = await self._review(state, ak, config_of(state, ak), t, live.get(t.item.event_id, []), run)
+            if t.item.event_id in made:
+                _apply(state, [self.codec.decode(COMMANDS.name, raw) for raw in made[t.item.event_id]])
+                continue
+            line, commands = await self._review(state, ak, config_of(state, ak), t, live.get(t.item.event_id, []),
+                                                run)
+            with made_path.open("a") as f:
+                f.write(json.dumps({"event_id": t.item.event_id,
+                                    "commands": [self.codec.encode(c).decode() for c in commands]}) + "\n")
             with report_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
-            state_path.write_bytes(snapshot_file.encode_state(state, OrderedDict(), c=self.codec.cipher))
             done.append(line)
         if progress:
             progress(len(turns), len(turns))
         return done
 
     async def _review(self, state: LedgerState, ak: str, cfg: AgentConfig, t: _Logged, live_events: list[Any],
-                      run: ShadowRun) -> dict[str, Any]:
+                      run: ShadowRun) -> tuple[dict[str, Any], list[Any]]:
+        """The turn's report line, and the shadow's commands, applied to `state`."""
         turn: TurnCommitted = t.item
         line: dict[str, Any] = {"turn": f"{turn.session}/{turn.turn}", "event_id": turn.event_id, "log_ms": t.at_ms,
                                 "live": rules.decisions_of(live_events).as_json(), "tokens": [0, 0]}
@@ -150,17 +150,15 @@ class Shadow:
                 answer = await self.model.json_call(messages, ANSWER_SCHEMA, review.parse_answer, call)
             except ModelFailed as failed:
                 line.update(shadow=decided.as_json(), error=failed.error, differs=True, tokens=_tokens(failed.usage))
-                return line
-            made = review.to_commands(turn, cfg, answer.value, shown, handles, self.model.model)
-            out: list[Any] = []
-            for cmd in made.commands:
-                for e in decide(state, cmd.model_copy(update={"turn_ref": None})):  # a committed turn's writes
-                    evolve(state, e)
-                    out.append(e)
-            decided = rules.decisions_of(out)
-            line.update(skipped=made.skipped, refused=len(made.refused), tokens=_tokens(answer.usage))
+                return line, []
+            proposed = review.to_commands(turn, cfg, answer.value, shown, handles, self.model.model)
+            commands = [c.model_copy(update={"turn_ref": None}) for c in proposed.commands]  # a committed turn's
+            decided = rules.decisions_of(_apply(state, commands))
+            line.update(skipped=proposed.skipped, refused=len(proposed.refused), tokens=_tokens(answer.usage))
+        else:
+            commands = []
         line.update(shadow=decided.as_json(), differs=line["live"] != decided.as_json())
-        return line
+        return line, commands
 
     async def _agent_events(self, run: ShadowRun) -> list[_Logged]:
         key = f"{run.tenant}/{run.agent}".encode()
@@ -200,6 +198,16 @@ class Shadow:
             elif isinstance(t, TurnCommitted) and t.status == "completed" and not t.preview:
                 turns.append(_Logged(m.timestamp, m.partition, m.offset, t))
         return sorted(turns), rolled_back
+
+
+def _apply(state: LedgerState, commands: list[Any]) -> list[Any]:
+    """The ledger's rules over the shadow state: the events `commands` make, folded in."""
+    out = []
+    for cmd in commands:
+        for e in decide(state, cmd):
+            evolve(state, e)
+            out.append(e)
+    return out
 
 
 def _record_ids(state: LedgerState, ak: str) -> list[str]:
