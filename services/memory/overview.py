@@ -18,11 +18,12 @@ async def agents(service: Any, tenant: str) -> list[dict[str, Any]]:
     return [{"agent": a, "config": c.model_dump(mode="json")} for a, c in zip(names, configs, strict=True) if c]
 
 
-async def overview(service: Any, ctx: Context) -> dict[str, Any]:
+async def overview(service: Any, ctx: Context, records: Any = None) -> dict[str, Any]:
     """One agent: counts by status, kind and scope; blocks (label and size); episodes and
-    procedures live; members with their fact counts and consent (operator keys)."""
+    procedures live; members with their fact counts and consent (operator keys). `records`: the
+    record view to count (memory as of a past point, `past.PastView`); the live one by default."""
     check_role(ctx, ("operator",), "see an agent's overview")
-    census = await service.records.census(ctx.tenant, ctx.agent)
+    census = await (records or service.records).census(ctx.tenant, ctx.agent)
     by_status: dict[str, int] = {}
     by_kind: dict[str, int] = {}
     by_scope: dict[str, int] = {}

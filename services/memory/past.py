@@ -39,6 +39,16 @@ class PastView:
     async def shadowed(self, tenant: str, agent: str) -> set[str]:
         return await self.fold.shadowed(tenant, agent)
 
+    async def census(self, tenant: str, agent: str) -> dict[tuple[str, str, str], int]:
+        """How many of the agent's records were in each (status, kind, scope) at the point."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for (t, a, rid), v in self.fold.current.items():
+            if (t, a) == (tenant, agent):
+                r = self.fold.versions[(t, a, rid)][v]
+                k = (r.status.value, r.kind, r.scope.value)
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+
 
 def holds_at(r: MemoryRecord, at: datetime) -> bool:
     """Whether a fact held in the world at `at`: from its `valid_from` (open when unset) until its

@@ -51,12 +51,15 @@ class MemoryService:
         self.undo = MemoryUndo(self.commands)  # docs/features/time-travel.md
         self.reads.layer_sources.append(self.tenant.layers)
 
-    async def past(self, ctx: Context, point: Point) -> MemoryReads:
-        """The reads of memory as it stood at `point`: listing, one record and its versions."""
+    async def past_view(self, ctx: Context, point: Point) -> PastView:
+        """The agent's record view as it stood at `point`."""
         if self.past_memory is None:
             raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API reads no log; ask one that serves", 503)
-        fold = await self.past_memory.fold(ctx.tenant, ctx.agent, point)
-        return self.reads.over(PastView(self.records, fold))
+        return PastView(self.records, await self.past_memory.fold(ctx.tenant, ctx.agent, point))
+
+    async def past(self, ctx: Context, point: Point) -> MemoryReads:
+        """The reads of memory as it stood at `point`: listing, one record and its versions."""
+        return self.reads.over(await self.past_view(ctx, point))
 
     def use_shards(self, memory: MemoryShards) -> None:
         self.reads.memory = self.commands.memory = memory

@@ -19,6 +19,7 @@ import jinja2
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from events.errors import ErrorCode
 from services.auth import Principal
 from services.errors import ApiError
 from services.http.deps import checked_agent, checked_user, resolve_context
@@ -26,6 +27,7 @@ from services.http.sessions import COOKIE, SESSION_TTL_S, WebSession, WebSession
 from services.memory import overview
 from services.memory.member_reads import MEMBER_LIST
 from settings import Settings
+from workers.followers.past_memory import Point
 from workers.followers.web_sessions_follower import WebSessionLog
 
 HERE = Path(__file__).parent
@@ -49,6 +51,15 @@ STATIC = {name: ((HERE / "static" / name).read_bytes(), media)
 
 templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                undefined=jinja2.StrictUndefined)
+
+
+async def past_records(svc: Any, ctx: Any, as_of: str) -> Any:
+    """The agent's records as they stood at `as_of` (the operator view's picker)."""
+    try:
+        point = Point.parse(as_of)
+    except ValueError as e:
+        raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
+    return await svc.past_view(ctx, point)
 
 
 def render(request: Request, name: str, session: WebSession | None, status: int = 200, **values: Any) -> Response:
@@ -199,7 +210,8 @@ class WebExtension:
 
     # ------------------------------------------------------------------ operator
 
-    async def operator(self, request: Request, tenant: str | None = None, agent: str | None = None) -> Response:
+    async def operator(self, request: Request, tenant: str | None = None, agent: str | None = None,
+                       as_of: str | None = None) -> Response:
         session = await signed_in(request)
         if session is None or session.principal.role != "operator":
             return to_sign_in()
@@ -209,13 +221,15 @@ class WebExtension:
         agent = checked_agent(agent, "agent") if agent else (agents[0]["agent"] if agents else None)
         view, error = None, None
         if tenant and agent:
+            ctx = resolve_context(p, agent, tenant, None, False)
             try:
-                view = await overview.overview(svc, resolve_context(p, agent, tenant, None, False))
+                records = await past_records(svc, ctx, as_of) if as_of else None
+                view = await overview.overview(svc, ctx, records)
             except ApiError as e:
                 error = e.message
         pipeline = await self._pipeline(request, session, tenant)
         return render(request, "operator.html", session, tenant=tenant, agents=agents, agent=agent, overview=view,
-                      overview_error=error, pipeline=pipeline)
+                      overview_error=error, pipeline=pipeline, as_of=as_of)
 
     async def _pipeline(self, request: Request, session: WebSession, tenant: str | None) -> dict[str, Any] | None:
         from services.pipeline_status import pipeline_status

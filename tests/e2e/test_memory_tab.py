@@ -542,3 +542,34 @@ async def test_an_operator_undoes_a_command_from_the_tab(wstack, world, page):  
     assert body["id"] not in [f["id"] for f in await w.facts("carol")]
     assert (await w.fact("carol", body["id"]))["status"] == "DELETED"
     assert errors == []
+
+
+async def test_an_operator_sees_an_agents_records_as_they_stood_before_an_undo(wstack, world, page):  # noqa: F811
+    from datetime import UTC, datetime
+
+    from events import AgentConfig
+
+    w, op_key = world, world.settings.operator_key
+    config = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}})
+    tenant, agent, key = await new_agent(w.base, op_key, config)
+    async with httpx.AsyncClient(base_url=w.base, timeout=30, headers={"Authorization": f"Bearer {key}"}) as h:
+        r = await h.post("/v1/memory", json={"summary": "The office closes at six", "scope": "AGENT",
+                                             "command_id": "tab-asof-1"})
+        assert r.status_code == 201, r.text
+    await asyncio.sleep(0.05)  # the log's clock: the point lies between the write and its undo
+    point = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=w.base, timeout=30, headers={
+            "Authorization": f"Bearer {op_key}", "X-Tenant": tenant, "X-Agent": agent}) as h:
+        assert (await h.post("/v1/undo", json={"command_id": "tab-asof-1"})).status_code == 200
+    errors = console_errors(page)
+    await sign_in(page, w.base, op_key, "/ui/operator")
+    await page.goto(f"{w.base}/ui/operator?tenant={tenant}&agent={agent}")
+    by_status = page.locator(".card", has_text="Records by status")
+    await expect(by_status).to_contain_text("deleted")
+    await page.locator("#as-of").get_by_label("Records as of").fill(point)
+    await page.locator("#as-of").get_by_role("button", name="Show").click()
+    await expect(page.locator("#agent-h")).to_contain_text(f"as of {point}")
+    await expect(by_status).to_contain_text("active")
+    assert "deleted" not in await by_status.inner_text()
+    assert errors == []
