@@ -25,6 +25,7 @@ GROUPS = {
     "apikeys": "tests.bench.bench_api_keys",
     "fairness": "tests.bench.bench_fairness",
     "redisloss": "tests.bench.bench_redis_loss",
+    "timetravel": "tests.bench.bench_timetravel",
 }
 
 
