@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 
 import httpx
 
@@ -16,16 +14,7 @@ from events import AgentConfig
 from events.config import member_facts
 from events.record import MAX_SUMMARY_BYTES
 from services.client import MemlaneClient
-from tests.conftest import ROOT
-
-CONFIG = AgentConfig.model_validate({"memory": {
-    "scope": {"read": ["agent"], "write": ["agent"]}, "pinned": {"max_tokens": 200},
-    "tools": ["add_memory", "read_memory", "delete_memory", "pin_memory", "unpin_memory"]}})
-
-
-def memlane(stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env={**stack.env, "COLUMNS": "200"},
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+from tests.e2e.cli_support import AGENT_MEMORY, memlane
 
 
 async def summaries(stack, key: str) -> list[str]:
@@ -34,7 +23,7 @@ async def summaries(stack, key: str) -> list[str]:
 
 
 async def test_an_export_moves_to_another_agent_once_however_often_it_is_imported(stack, new_agent, tmp_path):
-    tenant, src, key = await new_agent(CONFIG)
+    tenant, src, key = await new_agent(AGENT_MEMORY)
     async with MemlaneClient(stack.api_url, key) as c:
         await c.add_memory("The office closes at six", scope="AGENT")
         deploys = await c.add_memory("Deploys happen on Thursdays", scope="AGENT", key="deploy.day")
@@ -52,7 +41,7 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
     assert [(v["version"], v["pinned"]) for v in pinned] == [(1, False), (2, True)]
     assert pinned[-1]["provenance"]["source"] and pinned[-1]["key"] == "deploy.day"
 
-    t2, dst, key2 = await new_agent(CONFIG)
+    t2, dst, key2 = await new_agent(AGENT_MEMORY)
     for _ in range(2):  # the second run writes nothing new
         r = await asyncio.to_thread(memlane, stack, "import", str(out), "--tenant", t2, "--agent", dst)
         assert r.returncode == 0, r.stderr
@@ -66,7 +55,7 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
 
 
 async def test_a_mem0_export_loads_and_each_memory_it_cannot_take_is_named(stack, new_agent, tmp_path):
-    tenant, agent, key = await new_agent(CONFIG)
+    tenant, agent, key = await new_agent(AGENT_MEMORY)
     doc = {"results": [
         {"id": "m1", "memory": "Prefers the window seat", "agent_id": agent, "metadata": {"source": "mem0"},
          "created_at": "2024-07-20T01:34:02-07:00"},

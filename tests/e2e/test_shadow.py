@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from functools import partial
 
 import pytest
@@ -16,7 +14,8 @@ import pytest
 from events import AgentConfig
 from events.topics import EVENTS
 from services.client import MemlaneClient, TurnPublisher
-from tests.conftest import ROOT, eventually
+from tests.conftest import eventually
+from tests.e2e.cli_support import memlane
 from tests.e2e.extraction_support import answer, new_agent, read_topic, turn
 from tests.e2e.test_consent_extraction import marker
 from tests.e2e.test_extraction import cand
@@ -27,11 +26,6 @@ CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "wr
 @pytest.fixture(scope="module")
 def sstack(model_stack):
     return model_stack
-
-
-def memlane(stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env={**stack.env, "COLUMNS": "200"},
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
 async def added(settings, agent: str) -> list | None:

@@ -6,27 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 
 import httpx
 
-from events import AgentConfig
 from services.client import MemlaneClient
-from tests.conftest import ROOT
-
-CONFIG = AgentConfig.model_validate({"memory": {
-    "scope": {"read": ["agent"], "write": ["agent"]}, "pinned": {"max_tokens": 200},
-    "tools": ["add_memory", "read_memory", "delete_memory", "pin_memory", "unpin_memory"]}})
-
-
-def memlane(stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env={**stack.env, "COLUMNS": "200"},
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+from tests.e2e.cli_support import AGENT_MEMORY, memlane
 
 
 async def test_an_undo_takes_back_a_commands_writes_and_is_itself_undone(stack, settings, new_agent):
-    tenant, agent, key = await new_agent(CONFIG)
+    tenant, agent, key = await new_agent(AGENT_MEMORY)
     async with MemlaneClient(stack.api_url, key) as c:
         wrong = await c.add_memory("The launch moved to May", scope="AGENT", command_id="bad-import-1")
         kept = await c.add_memory("The office closes at six", scope="AGENT")
