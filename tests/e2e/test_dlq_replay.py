@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import uuid
 from functools import partial
 
@@ -20,7 +18,8 @@ import pytest
 from events import AgentConfig
 from events.topics import TURNS
 from services.client import MemlaneClient, TurnPublisher
-from tests.conftest import ROOT, eventually
+from tests.conftest import eventually
+from tests.e2e.cli_support import memlane
 from tests.e2e.extraction_support import new_agent, turn
 from tests.fakes.model_server import Delay, Reply
 from tests.stacks import JOBS_PROFILE
@@ -35,11 +34,6 @@ def dstack(jobs_stack):
     # The jobs stack: `memlane dlq replay --all` takes no key filter, and on the model stack it would
     # resend other modules' dead letters.
     return jobs_stack
-
-
-def memlane(stack, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env={**stack.env, "COLUMNS": "250"},
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 async def letters(stack) -> list[dict]:
