@@ -37,7 +37,7 @@ RECORD_EVENT_TYPES = frozenset(_type_name(c) for c in RECORD_EVENTS)
 
 def _open(c: Any, token: str, aad: bytes) -> bytes:
     """`c.open`, a token that does not match (a bad tag, bad base64) being a `ContractError`
-    as in `events.codec.opened`: readers skip it instead of dying on a ValueError."""
+    as in `Codec.opened`: readers skip it instead of dying on a ValueError."""
     try:
         return c.open(token, aad)
     except ValueError as e:

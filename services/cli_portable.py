@@ -66,7 +66,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=60) as http, http.stream("GET", f"{api_url}/v1/export",
                                                                         headers=headers) as resp:
             if resp.status_code != 200:
-                err = json.loads(await resp.aread() or b"{}").get("error", {})
+                try:
+                    err = json.loads(await resp.aread()).get("error", {})
+                except ValueError:
+                    err = {"message": "the answer was not JSON"}
                 where = f" (field {err.get('field')})" if err.get("field") else ""
                 print(f"memlane export: {resp.status_code} {err.get('code')}{where}: {err.get('message')}",
                       file=sys.stderr)
@@ -78,18 +81,24 @@ def cmd_export(args: argparse.Namespace) -> int:
                         kind = json.loads(line)["type"]
                         counts[kind] = counts.get(kind, 0) + 1
                         bar.update(task, advance=1)
+        if "end" not in counts:
+            print("memlane export: the export was cut short (no end line); run it again", file=sys.stderr)
+            return 1
         return 0
 
     try:
         code = asyncio.run(go())
     except httpx.HTTPError as e:
-        print(f"memlane export: cannot reach the API at {api_url} ({type(e).__name__})", file=sys.stderr)
-        return 1
+        print(f"memlane export: the API at {api_url} did not answer in full ({type(e).__name__}); run it again",
+              file=sys.stderr)
+        code = 1
     finally:
         if out is not sys.stdout:
             out.close()
+    if code != 0 and args.out != "-":
+        Path(args.out).unlink(missing_ok=True)  # never leave a partial file that looks like an export
     if code == 0:
-        what = ", ".join(f"{n} {k}s" for k, n in counts.items() if k != "header") or "nothing"
+        what = ", ".join(f"{n} {k}s" for k, n in counts.items() if k not in ("header", "end")) or "nothing"
         print(f"exported {what} of {args.agent}" + (f" to {args.out}" if args.out != "-" else ""), file=sys.stderr)
     return code
 
@@ -127,13 +136,15 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     async def go() -> None:
         nonlocal written, restated
-        clients: dict[str | None, MemlaneClient] = {}
+        clients: dict[tuple[str | None, str | None], MemlaneClient] = {}
         gate = asyncio.Semaphore(CONCURRENT_WRITES)
 
         async def one(w: portable.Write) -> None:
             nonlocal written, restated
-            c = clients.setdefault(w.user, MemlaneClient(api_url, key, tenant=args.tenant, agent=args.agent,
-                                                         user=w.user))
+            c = clients.get((w.user, w.session))
+            if c is None:
+                c = clients[w.user, w.session] = MemlaneClient(api_url, key, tenant=args.tenant, agent=args.agent,
+                                                               user=w.user, session=w.session)
             fields = dict(w.fields)
             async with gate:
                 try:

@@ -55,6 +55,11 @@ def cmd_undo(args: argparse.Namespace) -> int:
         if preview.status_code != 200:
             return refused(preview)
         plan = preview.json()
+        if plan["members_records_left"]:
+            print(f"left as they are: {plan['members_records_left']} records naming a member (theirs to delete)")
+        if not plan["changes"]:
+            print(f"nothing to undo: the {plan['unchanged']} records it changed are as they were before it")
+            return 0
         for c in plan["changes"]:
             pin = ", pinned" if c["pinned"] else ""
             print(f"record {c['record_id']} (now version {c['expected_version']}) -> {c['status']}{pin}")

@@ -19,9 +19,8 @@ FORMAT = "memlane.export"
 VERSION = 1
 # Fields of an exported record version that a write carries over; the rest (ids, versions,
 # status, usage, times the ledger sets) are the importing deployment's to make.
-CARRIED = ("summary", "content", "kind", "scope", "user", "session", "key", "labels", "tags", "metadata",
-           "pinned", "classification", "confidence", "importance", "expires_at", "observed_at", "valid_from",
-           "valid_to")
+CARRIED = ("summary", "content", "kind", "scope", "key", "labels", "tags", "metadata", "pinned",
+           "classification", "confidence", "importance", "expires_at", "observed_at", "valid_from", "valid_to")
 LIVE = ("ACTIVE", "PENDING", "CONFLICT")
 
 
@@ -32,8 +31,9 @@ class Write:
 
     line: int
     command_id: str
-    user: str | None
+    user: str | None  # sent as X-User
     fields: dict[str, Any]
+    session: str | None = None  # sent as X-Session
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class Parsed:
 def header(tenant: str, agent: str, user: str | None, exported_at: str) -> dict[str, Any]:
     return {"type": "header", "format": FORMAT, "version": VERSION, "tenant": tenant, "agent": agent,
             "user": user, "exported_at": exported_at}
+
+
+def trailer(records: int, others: int) -> dict[str, Any]:
+    """An export's last line: a file without it was cut short."""
+    return {"type": "end", "records": records, "others": others}
 
 
 def command_id(source: str, *parts: str) -> str:
@@ -97,6 +102,8 @@ def _memlane(lines: Iterable[str], tenant: str, agent: str) -> Parsed:
                 out.refused.append(Refusal(n, "format", f"expected {FORMAT} version {VERSION}, got "
                                            f"{item.get('format')!r} version {item.get('version')!r}"))
             continue
+        if kind == "end":
+            continue
         if kind != "record":
             if kind not in ("block", "note", "profile"):
                 out.refused.append(Refusal(n, "type", f"unknown line type {kind!r}"))
@@ -113,7 +120,8 @@ def _memlane(lines: Iterable[str], tenant: str, agent: str) -> Parsed:
             continue
         fields = {k: last[k] for k in CARRIED if last.get(k) not in (None, "", [], {})}
         origin = f"{last.get('tenant')}/{last.get('agent')}/{last.get('id')}#{last.get('version')}"
-        out.writes.append(Write(n, command_id("memlane", tenant, agent, origin), last.get("user"), fields))
+        out.writes.append(Write(n, command_id("memlane", tenant, agent, origin), last.get("user"), fields,
+                                last.get("session")))
     return out
 
 

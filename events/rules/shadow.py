@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.record import LIVE, MemoryRecord, Scope
+from events.record import LIVE, MemoryRecord
 
 SHOWN = 8  # existing memories a shadow review is shown, at most
 
@@ -27,9 +27,9 @@ class Decisions:
 
 
 def shown_text(r: MemoryRecord) -> str:
-    """A record's text as a report shows it: a member's fact is theirs to read, so it shows as
-    whose fact it is, never its text."""
-    return f"(a fact of member {r.user})" if r.scope is Scope.USER else r.summary
+    """A record's text as a report shows it: a record naming a member (whatever its scope) is
+    theirs to read, so it shows as whose it is, never its text."""
+    return f"(a record of member {r.user})" if r.user is not None else r.summary
 
 
 def decisions_of(events: Iterable[Any]) -> Decisions:

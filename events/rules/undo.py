@@ -43,6 +43,7 @@ class Plan:
     changes: list[UndoChange] = field(default_factory=list)
     dependents: list[Dependent] = field(default_factory=list)
     touched: int = 0  # records the target changed
+    unchanged: int = 0  # of those, the ones already as they were before it
 
 
 def matcher(target: str, ref: str) -> Callable[[Version], bool]:
@@ -74,6 +75,10 @@ def plan(records: Iterable[list[Version]], made_by: Callable[[Version], bool]) -
             status, pinned, expires_at, valid_to = Status.DELETED, False, current.expires_at, current.valid_to
         else:
             status, pinned, expires_at, valid_to = before.status, before.pinned, before.expires_at, before.valid_to
+        if (current.status, current.pinned, current.expires_at, current.valid_to) == (status, pinned, expires_at,
+                                                                                      valid_to):
+            out.unchanged += 1  # nothing to write (an undo run again, a change of counts alone)
+            continue
         out.changes.append(UndoChange(record_id=current.id, expected_version=current.version, status=status,
                                       pinned=pinned, expires_at=expires_at, valid_to=valid_to))
     return out

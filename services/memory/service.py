@@ -55,7 +55,10 @@ class MemoryService:
         """The agent's record view as it stood at `point`."""
         if self.past_memory is None:
             raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API reads no log; ask one that serves", 503)
-        return PastView(self.records, await self.past_memory.fold(ctx.tenant, ctx.agent, point))
+        try:
+            return PastView(self.records, await self.past_memory.fold(ctx.tenant, ctx.agent, point))
+        except ValueError as e:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
 
     async def past(self, ctx: Context, point: Point) -> MemoryReads:
         """The reads of memory as it stood at `point`: listing, one record and its versions."""

@@ -162,7 +162,8 @@ class CommandSubmission:
                 if getattr(e, "merged", False):
                     result["merged"] = True
                     result["id"] = e.record.id
-                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned", "RecordRevised"):
+                elif e.type in ("RecordAdded", "RecordDeleted", "RecordPinned", "RecordUnpinned", "RecordRevised",
+                                "RecordRestored"):
                     result.setdefault("id", e.record.id)
         # Read-your-writes: the Redis projection is a separate process; wait for it too, and
         # never answer "applied" for what a read right after would not show.

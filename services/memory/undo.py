@@ -14,7 +14,7 @@ from events.rules import undo
 from services.errors import ApiError
 from services.memory.commands import MemoryCommands
 from services.memory.context import Context
-from services.memory.rules import check_role
+from services.memory.rules import check_role, members_data
 
 Target = Literal["command", "turn", "session"]
 
@@ -33,14 +33,20 @@ class MemoryUndo:
         except ValueError as e:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "ref", str(e), 422) from None
         held = await self.commands.records.every_version(ctx.tenant, ctx.agent)
-        p = undo.plan(([undo.Version(c, r) for c, r in versions] for versions in held.values()), made_by)
-        if not p.touched:
+        # A member's data is theirs: an operator's undo neither shows nor changes a record naming a
+        # member (they delete their own facts), and says how many it left.
+        theirs = {rid for rid, versions in held.items() if any(members_data(ctx, r) for _, r in versions)}
+        p = undo.plan(([undo.Version(c, r) for c, r in versions] for rid, versions in held.items()
+                       if rid not in theirs), made_by)
+        left = undo.plan(([undo.Version(c, r) for c, r in held[rid]] for rid in theirs), made_by).touched
+        if not p.touched and not left:
             raise ApiError(ErrorCode.NOT_FOUND, "ref", f"nothing of this agent was written by {target} {ref}", 404)
-        out: dict[str, Any] = {"target": target, "ref": ref, "touched": p.touched,
+        out: dict[str, Any] = {"target": target, "ref": ref, "touched": p.touched, "unchanged": p.unchanged,
+                               "members_records_left": left,
                                "changes": [c.model_dump(mode="json") for c in p.changes],
                                "dependents": [str(d) for d in p.dependents]}
-        if preview:
-            return {**out, "status": "preview"}
+        if preview or not p.changes:
+            return {**out, "status": "preview" if preview else "nothing_to_undo"}
         if p.dependents and not force:
             shown = "; ".join(str(d) for d in p.dependents[:10]) + (" ..." if len(p.dependents) > 10 else "")
             raise ApiError(ErrorCode.VERSION_CONFLICT, "force", f"later writes depend on what this undo takes back: "

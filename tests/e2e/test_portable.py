@@ -35,11 +35,18 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines[0]["type"] == "header" and lines[0]["format"] == "memlane.export" and lines[0]["agent"] == src
+    assert lines[-1] == {"type": "end", "records": 2, "others": 0}  # a file without it was cut short
     records = {x["versions"][-1]["summary"]: x for x in lines if x["type"] == "record"}
     assert set(records) == {"The office closes at six", "Deploys happen on Thursdays"}
     pinned = records["Deploys happen on Thursdays"]["versions"]
     assert [(v["version"], v["pinned"]) for v in pinned] == [(1, False), (2, True)]
     assert pinned[-1]["provenance"]["source"] and pinned[-1]["key"] == "deploy.day"
+
+    # The agent's own key exports what it reads (it has no history, so no notes to show).
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as http:
+        own = await http.get("/v1/export", headers={"Authorization": f"Bearer {key}"})
+        assert own.status_code == 200, own.text
+        assert json.loads(own.text.splitlines()[-1])["records"] == 2
 
     t2, dst, key2 = await new_agent(AGENT_MEMORY)
     for _ in range(2):  # the second run writes nothing new

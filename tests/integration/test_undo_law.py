@@ -28,8 +28,19 @@ def versions_of(events: list) -> list[list[undo.Version]]:
     by_id: dict[str, dict[int, undo.Version]] = {}
     for e in events:
         if hasattr(e, "record") and e.type != "CommandRejected":
-            by_id.setdefault(e.record.id, {})[e.record.version] = undo.Version(e.command_id, e.record)
+            # The first event of a version made it; a later one (a restatement, an unchanged answer)
+            # repeats it, and the record view keeps the first too.
+            by_id.setdefault(e.record.id, {}).setdefault(e.record.version, undo.Version(e.command_id, e.record))
     return [list(v.values()) for v in by_id.values()]
+
+
+def untouched_after(events: list, target: str) -> bool:
+    """Whether no later command addressed a record `target` changed, even to change nothing (an
+    unpin of an unpinned record repeats its version, and the log without `target` would keep it)."""
+    mine = {e.record.id for e in events if e.command_id == target and hasattr(e, "record")}
+    first = next(i for i, e in enumerate(events) if e.command_id == target)
+    return not any(hasattr(e, "record") and e.record.id in mine and e.command_id != target
+                   for e in events[first:])
 
 
 def undone(events: list, target: str, n: int) -> list:
@@ -68,7 +79,7 @@ async def test_an_undone_command_leaves_what_the_log_without_it_makes(settings, 
     writes = sorted({e.command_id for e in events if hasattr(e, "record") and e.type != "CommandRejected"})
     assume(writes)
     target = data.draw(st.sampled_from(writes))
-    assume(not undo.plan(versions_of(events), undo.matcher("command", target)).dependents)
+    assume(untouched_after(events, target))
     rids = sorted({e.record.id for e in events if hasattr(e, "record")})
     first = undone(events, target, 1)
     assert all(e.type != "CommandRejected" for e in first), first

@@ -17,6 +17,7 @@ def test_as_of_is_a_time_with_its_offset_or_a_log_position():
     assert Point.parse("2026-03-01T00:00:00Z") == Point(at=T)
     assert Point.parse("2026-03-01T02:00:00+02:00").at == T
     assert Point.parse("1200") == Point(position=1200)
+    assert Point.parse("3:1200") == Point(position=1200, partition=3)  # as X-Memlane-Position reports it
     with pytest.raises(ValueError, match="offset from UTC"):
         Point.parse("2026-03-01T00:00:00")
     with pytest.raises(ValueError, match="as_of: a time such as"):

@@ -28,7 +28,9 @@ def test_decisions_are_what_the_record_events_did_and_a_restatement_adds_nothing
     assert got.as_json() == {"added": ["likes tea"], "replaced": ["works at Acme"], "deleted": ["has a cat"]}
     assert shadow.differs(got, shadow.Decisions(added=["likes tea"]))
     theirs = rec("r5", "Fay's locker code is 4411").model_copy(update={"scope": Scope.USER, "user": "fay"})
-    assert shadow.decisions_of([RecordAdded(**base, record=theirs)]).added == ["(a fact of member fay)"]
+    made_from_her_turn = rec("r6", "Fay's team ships on Fridays").model_copy(update={"user": "fay"})  # agent scope
+    assert shadow.decisions_of([RecordAdded(**base, record=r) for r in (theirs, made_from_her_turn)]).added == [
+        "(a record of member fay)", "(a record of member fay)"]
     assert not shadow.differs(got, shadow.decisions_of(events))
 
 

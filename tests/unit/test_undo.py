@@ -33,7 +33,9 @@ class Agent:
         for e in events:
             evolve(self.state, e)
             if hasattr(e, "record") and e.type != "CommandRejected":
-                self.versions.setdefault(e.record.id, {})[e.record.version] = undo.Version(e.command_id, e.record)
+                # The first event of a version made it, as the record view keeps it.
+                self.versions.setdefault(e.record.id, {}).setdefault(e.record.version,
+                                                                     undo.Version(e.command_id, e.record))
         return events
 
     def add(self, cid: str, summary: str, **fields) -> str:

@@ -20,9 +20,10 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from events.codec import Codec, ContractError
+from events.commands import WORKSPACE
 from events.memory import RecordsPurged, SubjectErased
 from events.topics import EVENTS
-from projections.records import MemoryFold, opening
+from projections.records import ERASED_MARK, MemoryFold, opening
 from settings import Settings
 from workers.runtime.topic_reader import TopicReader
 
@@ -35,13 +36,18 @@ class Point:
 
     at: datetime | None = None
     position: int | None = None
+    partition: int | None = None  # the partition a `partition:offset` position names, checked
 
     @classmethod
     def parse(cls, text: str) -> Point:
-        """`as_of`: an ISO 8601 time with its offset, or a whole number, a log position. Raises
-        ValueError naming the forms it takes."""
+        """`as_of`: an ISO 8601 time with its offset, or a log position: an offset, or
+        `partition:offset` as `X-Memlane-Position` reports them. Raises ValueError naming the forms
+        it takes."""
         if text.isdigit():
             return cls(position=int(text))
+        partition, colon, offset = text.partition(":")
+        if colon and partition.isdigit() and offset.isdigit():
+            return cls(position=int(offset), partition=int(partition))
         try:
             at = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
@@ -61,8 +67,13 @@ class PastMemory:
         self.keys = keys  # workers.runtime.data_keys.KeyTopic: catches up on a key not known yet
 
     async def fold(self, tenant: str, agent: str, point: Point) -> MemoryFold:
+        """Raises ValueError for a position of another partition than the agent's."""
         key = f"{tenant}/{agent}".encode()
-        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
+        partition = EVENTS.partition_of(key)
+        if point.partition is not None and point.partition != partition:
+            raise ValueError(f"as_of: position {point.partition}:{point.position} is of event partition "
+                             f"{point.partition}; this agent's events are in partition {partition}")
+        tp = TopicPartition(self.settings.topic(EVENTS.name), partition)
         async with TopicReader(self.settings) as reader:
             await reader.assign([tp])
             end = (await reader.ends([tp]))[tp]
@@ -71,18 +82,28 @@ class PastMemory:
                 found = (await reader.consumer.offsets_for_times({tp: int(point.at.timestamp() * 1000)}))[tp]
                 cut = found.offset if found is not None else end
             before, after = [], []
-            while await reader.position(tp) < end:
-                for msgs in (await reader.poll(tp, timeout_ms=500, max_records=5000)).values():
-                    for m in msgs:
-                        if m.key != key or (e := await self._opened(m.value)) is None:
-                            continue
-                        if m.offset < cut:
-                            before.append(e)
-                        elif isinstance(e, GONE):
-                            after.append(e)
+            for m in await reader.read_all([tp]):
+                if m.key != key or (e := await self._opened(m.value)) is None:
+                    continue
+                if m.offset < cut:
+                    before.append(e)
+                elif isinstance(e, GONE):
+                    after.append(e)
         fold = MemoryFold()
-        await fold.apply(before + after)
+        await fold.apply(before + after + await self._tenant_erasures(tenant, agent))
         return fold
+
+    async def _tenant_erasures(self, tenant: str, agent: str) -> list[Any]:
+        """Erasures of the tenant's members on every agent, and of the tenant, whenever written:
+        they are filed under its workspace agent, in that agent's partition."""
+        if agent == WORKSPACE:
+            return []  # read with the agent's own events
+        key = f"{tenant}/{WORKSPACE}".encode()
+        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
+        async with TopicReader(self.settings) as reader:
+            msgs = await reader.read_all([tp])
+        return [e for m in msgs if m.key == key and ERASED_MARK in (m.value or b"")
+                and isinstance(e := await self._opened(m.value), SubjectErased)]
 
     async def _opened(self, value: bytes | None) -> Any:
         """The event, or None for one that no longer opens (its key destroyed) or is not one."""

@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,38 +97,48 @@ class Shadow:
         for e in events:
             if (turn := live_ids.get(e.item.command_id)) is not None:
                 live.setdefault(turn, []).append(e.item)
-        # What a run did is its report and the shadow's commands per turn (sealed by the codec): a
-        # resumed run folds the log again and applies those commands where it reviewed before.
-        report_path, made_path = where / "report.jsonl", where / "commands.jsonl"
-        done = [json.loads(x) for x in report_path.read_text().splitlines()] if report_path.exists() else []
-        made = {(x := json.loads(line))["event_id"]: x["commands"]
-                for line in (made_path.read_text().splitlines() if made_path.exists() else [])}
-        done = [d for d in done if d["event_id"] in made]  # a line whose commands were not kept is redone
-        state, applied_to, ak = LedgerState(), start_ms - 1, f"{run.tenant}/{run.agent}"
-        for e in (e for e in events if e.at_ms < start_ms):
-            evolve(state, e.item)
+        # What a run did, a line per turn: its report line and the shadow's commands (sealed by the
+        # codec). A resumed run folds the log again and applies those commands where it reviewed
+        # before; a line cut short by a crash is reviewed again.
+        kept_path = where / "turns.jsonl"
+        made = {x["line"]["event_id"]: x for x in _lines(kept_path)}
+        done: list[dict[str, Any]] = []
+        state, ak, at = LedgerState(), f"{run.tenant}/{run.agent}", 0
+        while at < len(events) and events[at].at_ms < start_ms:
+            evolve(state, events[at].item)
+            at += 1
         for i, t in enumerate(turns):
             if progress:
                 progress(i, len(turns))
             # Live changes up to the turn, but live extraction's: the shadow decides those.
-            for e in events:
-                if applied_to < e.at_ms <= t.at_ms and e.item.command_id not in live_ids:
-                    evolve(state, e.item)
-            applied_to = t.at_ms
-            if t.item.event_id in made:
-                _apply(state, [self.codec.decode(COMMANDS.name, raw) for raw in made[t.item.event_id]])
+            while at < len(events) and events[at].at_ms <= t.at_ms:
+                if events[at].item.command_id not in live_ids:
+                    evolve(state, events[at].item)
+                at += 1
+            if (kept := made.get(t.item.event_id)) is not None:
+                self._apply(state, [self.codec.decode(COMMANDS.name, raw) for raw in kept["commands"]])
+                done.append(kept["line"])
                 continue
             line, commands = await self._review(state, ak, config_of(state, ak), t, live.get(t.item.event_id, []),
                                                 run)
-            with made_path.open("a") as f:
-                f.write(json.dumps({"event_id": t.item.event_id,
-                                    "commands": [self.codec.encode(c).decode() for c in commands]}) + "\n")
-            with report_path.open("a") as f:
-                f.write(json.dumps(line) + "\n")
+            with kept_path.open("a") as f:
+                f.write(json.dumps({"line": line, "commands": [self.codec.encode(c).decode() for c in commands]})
+                        + "\n")
             done.append(line)
         if progress:
             progress(len(turns), len(turns))
         return done
+
+    def _apply(self, state: LedgerState, commands: list[Any]) -> list[Any]:
+        """The ledger's rules over the shadow state, as the live ledger applies them (its codec for
+        staged writes, its turn timeout): the events `commands` make, folded in."""
+        out = []
+        timeout = timedelta(seconds=self.settings.turn_timeout_s)
+        for cmd in commands:
+            for e in decide(state, cmd, timeout, self.codec):
+                evolve(state, e)
+                out.append(e)
+        return out
 
     async def _review(self, state: LedgerState, ak: str, cfg: AgentConfig, t: _Logged, live_events: list[Any],
                       run: ShadowRun) -> tuple[dict[str, Any], list[Any]]:
@@ -153,7 +163,7 @@ class Shadow:
                 return line, []
             proposed = review.to_commands(turn, cfg, answer.value, shown, handles, self.model.model)
             commands = [c.model_copy(update={"turn_ref": None}) for c in proposed.commands]  # a committed turn's
-            decided = rules.decisions_of(_apply(state, commands))
+            decided = rules.decisions_of(self._apply(state, commands))
             line.update(skipped=proposed.skipped, refused=len(proposed.refused), tokens=_tokens(answer.usage))
         else:
             commands = []
@@ -200,13 +210,14 @@ class Shadow:
         return sorted(turns), rolled_back
 
 
-def _apply(state: LedgerState, commands: list[Any]) -> list[Any]:
-    """The ledger's rules over the shadow state: the events `commands` make, folded in."""
+def _lines(path: Path) -> list[dict[str, Any]]:
+    """A run's kept lines; a last line cut short by a crash is left out."""
     out = []
-    for cmd in commands:
-        for e in decide(state, cmd):
-            evolve(state, e)
-            out.append(e)
+    for raw in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:
+            break
     return out
 
 

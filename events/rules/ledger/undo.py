@@ -6,7 +6,7 @@ from __future__ import annotations
 from events.commands import UndoChange, UndoWrites
 from events.errors import ErrorCode
 from events.memory import RecordDeleted, RecordRestored
-from events.record import LIVE, MemoryRecord, Status
+from events.record import LIVE, MemoryRecord, Source, Status
 from events.rules.ledger.state import LedgerState, Rejected, event_base, get_record
 
 
@@ -14,8 +14,10 @@ def decide_undo(state: LedgerState, ak: str, cmd: UndoWrites, events: list) -> N
     """All or nothing: one record that moved on since the plan refuses the whole undo, naming it,
     so the operator plans again against what is there now. Tombstones go first, so a restored
     keyed fact never meets the record that replaced it still live."""
-    changes = sorted(cmd.changes, key=lambda c: c.status is not Status.DELETED)
-    for i, c in enumerate(changes):
+    if cmd.provenance.source is not Source.OPERATOR:
+        raise Rejected(ErrorCode.FORBIDDEN, None, "only an operator undoes writes")
+    # Tombstones first; `i` stays the change's place in the command, which a refusal names.
+    for i, c in sorted(enumerate(cmd.changes), key=lambda ic: ic[1].status is not Status.DELETED):
         r = get_record(state, ak, c.record_id)
         if r is None:
             raise Rejected(ErrorCode.NOT_FOUND, f"changes.{i}.record_id", f"record {c.record_id} does not exist "

@@ -38,9 +38,9 @@ async def _others(s: MemoryService, ctx: Context) -> list[dict[str, Any]]:
         except ApiError as e:
             if e.status != 404:
                 raise
-    if role not in ("member", "operator"):
+    if role not in ("member", "operator") and (await s.config(ctx.tenant, ctx.agent)).history is not None:
         cursor = None
-        while True:
+        while True:  # notes cite history: an agent without it has none
             got = await s.notes.search(ctx, None, 100, cursor)
             out += [{"type": "note", **n} for n in got["notes"]]
             if not (cursor := got.get("next_cursor")):
@@ -53,15 +53,23 @@ async def _lines(s: MemoryService, ctx: Context) -> AsyncIterator[dict[str, Any]
     page = await s.reads.memories(ctx, PAGE, None, ascending=True)
     others = await _others(s, ctx)
     yield portable.header(ctx.tenant, ctx.agent, ctx.user, utcnow().isoformat())
+    records = 0
     while True:
         for r in page.records:
-            versions = await s.reads.history(ctx, r.id)  # newest first
+            try:
+                versions = await s.reads.history(ctx, r.id)  # newest first
+            except ApiError as e:
+                if e.status == 404:
+                    continue  # purged or erased since the page was read: not there to export
+                raise
+            records += 1
             yield {"type": "record", "id": r.id, "versions": [record_out(v) for v in reversed(versions)]}
         if not page.next_cursor:
             break
         page = await s.reads.memories(ctx, PAGE, page.next_cursor, ascending=True)
     for line in others:
         yield line
+    yield portable.trailer(records, len(others))
 
 
 @router.get("/v1/export")
