@@ -58,6 +58,13 @@ class Point:
         return cls(at=at)
 
 
+@dataclass(frozen=True)
+class Logged:
+    offset: int
+    at_ms: int  # the log's time: when the ledger wrote it
+    event: Any
+
+
 class PastMemory:
     """Reads the agent's events from the log and folds those before a point."""
 
@@ -73,25 +80,27 @@ class PastMemory:
         if point.partition is not None and point.partition != partition:
             raise ValueError(f"as_of: position {point.partition}:{point.position} is of event partition "
                              f"{point.partition}; this agent's events are in partition {partition}")
-        tp = TopicPartition(self.settings.topic(EVENTS.name), partition)
-        async with TopicReader(self.settings) as reader:
-            await reader.assign([tp])
-            end = (await reader.ends([tp]))[tp]
-            cut = end if point.position is None else min(point.position, end)
-            if point.at is not None:
-                found = (await reader.consumer.offsets_for_times({tp: int(point.at.timestamp() * 1000)}))[tp]
-                cut = found.offset if found is not None else end
-            before, after = [], []
-            for m in await reader.read_all([tp]):
-                if m.key != key or (e := await self._opened(m.value)) is None:
-                    continue
-                if m.offset < cut:
-                    before.append(e)
-                elif isinstance(e, GONE):
-                    after.append(e)
+        logged = await self.events(tenant, agent)
+        end = logged[-1].offset + 1 if logged else 0
+        cut = end if point.position is None else point.position
+        if point.at is not None:
+            at_ms = int(point.at.timestamp() * 1000)
+            cut = next((x.offset for x in logged if x.at_ms >= at_ms), end)
+        before = [x.event for x in logged if x.offset < cut]
+        after = [x.event for x in logged if x.offset >= cut and isinstance(x.event, GONE)]
         fold = MemoryFold()
         await fold.apply(before + after + await self._tenant_erasures(tenant, agent))
         return fold
+
+    async def events(self, tenant: str, agent: str) -> list[Logged]:
+        """The agent's events as the log holds them now, each with its offset and log time; those
+        that no longer open (their keys destroyed) are left out."""
+        key = f"{tenant}/{agent}".encode()
+        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
+        async with TopicReader(self.settings) as reader:
+            msgs = await reader.read_all([tp])
+        return [Logged(m.offset, m.timestamp, e) for m in msgs
+                if m.key == key and (e := await self._opened(m.value)) is not None]
 
     async def _tenant_erasures(self, tenant: str, agent: str) -> list[Any]:
         """Erasures of the tenant's members on every agent, and of the tenant, whenever written:

@@ -33,11 +33,11 @@ from events.rules import extraction_review as review
 from events.rules import shadow as rules
 from events.rules.ledger import LedgerState, decide, evolve
 from events.rules.ledger.state import config_of, get_record
-from events.topics import COMMANDS, EVENTS, TURNS
+from events.topics import COMMANDS, TURNS
 from events.turns import TurnCommitted, TurnRolledBack
-from projections.records import opening
 from settings import Settings
 from workers.clients.model_client import CallContext, ModelClient, ModelFailed
+from workers.followers.past_memory import PastMemory
 from workers.runtime.topic_reader import TopicReader
 
 ANSWER_SCHEMA = review.answer_schema()
@@ -88,7 +88,8 @@ class Shadow:
             raise RunMismatch(f"shadow run {run.name!r} was started with other parameters ({meta}); choose another "
                               "--name, or remove that directory to start it again")
         meta.write_text(json.dumps(run.fingerprint()))
-        events = await self._agent_events(run)
+        past = PastMemory(self.settings, self.codec, self.keys)
+        events = [_Logged(x.at_ms, 0, x.offset, x.event) for x in await past.events(run.tenant, run.agent)]
         turns, rolled_back = await self._turns(run)
         turns = [t for t in turns if t.item.turn_ref not in rolled_back]
         start_ms = int(run.start.timestamp() * 1000) if run.start else (turns[0].at_ms if turns else 0)
@@ -169,22 +170,6 @@ class Shadow:
             commands = []
         line.update(shadow=decided.as_json(), differs=line["live"] != decided.as_json())
         return line, commands
-
-    async def _agent_events(self, run: ShadowRun) -> list[_Logged]:
-        key = f"{run.tenant}/{run.agent}".encode()
-        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
-        out = []
-        async with TopicReader(self.settings) as reader:
-            for m in await reader.read_all([tp]):
-                if m.key != key or not m.value:
-                    continue
-                try:
-                    e = await opening(self.keys, self.codec.decode, EVENTS.name, m.value)
-                except ContractError:
-                    continue
-                if e is not None:
-                    out.append(_Logged(m.timestamp, m.partition, m.offset, e))
-        return out
 
     async def _turns(self, run: ShadowRun) -> tuple[list[_Logged], set[str]]:
         """The agent's committed turns in the range, in log time, and the turn refs rolled back."""
