@@ -84,3 +84,23 @@ async def test_what_was_purged_after_a_point_is_gone_as_of_it_too(settings):
     fold = await past.fold("t", "a", before_delete)
     assert await fold.get("t", "a", tea) is None and await fold.history("t", "a", tea) == []
     assert [r.summary for r in (await fold.page("t", "a", 10)).records] == ["Lisbon"]
+
+
+async def test_a_members_erasure_filed_under_the_workspace_reaches_the_past_of_every_agent(settings):
+    from events.commands import WORKSPACE
+    from events.memory import RecordAdded, SubjectErased
+    from events.record import MemoryRecord, Scope
+
+    at = datetime(2026, 2, 1, tzinfo=UTC)
+    theirs = MemoryRecord(id="r-fay", version=1, created=at, modified=at, tenant="t", agent="a", scope=Scope.USER,
+                          user="fay", kind="fact", summary="Fay's locker code is 4411")
+    ours = theirs.model_copy(update={"id": "r-team", "scope": Scope.AGENT, "user": None,
+                                     "summary": "The team meets at nine"})
+    added = [RecordAdded(event_id=f"e-{r.id}", command_id=f"c-{r.id}", tenant="t", agent="a", occurred_at=at,
+                         record=r) for r in (theirs, ours)]
+    erased = SubjectErased(event_id="e-erase", command_id="c-erase", tenant="t", agent=WORKSPACE,
+                           occurred_at=at + timedelta(days=1), user="fay")
+    s, offsets = await publish(settings, [*added, erased])
+    fold = await PastMemory(s, PLAIN).fold("t", "a", Point(position=offsets[1] + 1))  # before the erasure
+    assert [r.id for r in (await fold.page("t", "a", 10)).records] == ["r-team"]
+    assert await fold.get("t", "a", "r-fay") is None

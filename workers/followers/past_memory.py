@@ -80,7 +80,7 @@ class PastMemory:
         if point.partition is not None and point.partition != partition:
             raise ValueError(f"as_of: position {point.partition}:{point.position} is of event partition "
                              f"{point.partition}; this agent's events are in partition {partition}")
-        logged = await self.events(tenant, agent)
+        logged, erasures = await self._read(tenant, agent)
         end = logged[-1].offset + 1 if logged else 0
         cut = end if point.position is None else point.position
         if point.at is not None:
@@ -89,30 +89,33 @@ class PastMemory:
         before = [x.event for x in logged if x.offset < cut]
         after = [x.event for x in logged if x.offset >= cut and isinstance(x.event, GONE)]
         fold = MemoryFold()
-        await fold.apply(before + after + await self._tenant_erasures(tenant, agent))
+        await fold.apply(before + after + erasures)
         return fold
 
     async def events(self, tenant: str, agent: str) -> list[Logged]:
         """The agent's events as the log holds them now, each with its offset and log time; those
         that no longer open (their keys destroyed) are left out."""
-        key = f"{tenant}/{agent}".encode()
-        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
-        async with TopicReader(self.settings) as reader:
-            msgs = await reader.read_all([tp])
-        return [Logged(m.offset, m.timestamp, e) for m in msgs
-                if m.key == key and (e := await self._opened(m.value)) is not None]
+        return (await self._read(tenant, agent, erasures=False))[0]
 
-    async def _tenant_erasures(self, tenant: str, agent: str) -> list[Any]:
-        """Erasures of the tenant's members on every agent, and of the tenant, whenever written:
-        they are filed under its workspace agent, in that agent's partition."""
-        if agent == WORKSPACE:
-            return []  # read with the agent's own events
-        key = f"{tenant}/{WORKSPACE}".encode()
-        tp = TopicPartition(self.settings.topic(EVENTS.name), EVENTS.partition_of(key))
+    async def _read(self, tenant: str, agent: str, erasures: bool = True) -> tuple[list[Logged], list[Any]]:
+        """The agent's events, and the tenant's erasures of its members on every agent and of the
+        tenant itself, whenever written: those are filed under its workspace agent, in that agent's
+        partition. One reader for both: starting a consumer costs more than reading a partition."""
+        key, erasing = f"{tenant}/{agent}".encode(), f"{tenant}/{WORKSPACE}".encode()
+        topic = self.settings.topic(EVENTS.name)
+        tps = {TopicPartition(topic, EVENTS.partition_of(key))}
+        if erasures and agent != WORKSPACE:
+            tps.add(TopicPartition(topic, EVENTS.partition_of(erasing)))
         async with TopicReader(self.settings) as reader:
-            msgs = await reader.read_all([tp])
-        return [e for m in msgs if m.key == key and ERASED_MARK in (m.value or b"")
-                and isinstance(e := await self._opened(m.value), SubjectErased)]
+            msgs = await reader.read_all(sorted(tps))
+        logged, erased = [], []
+        for m in sorted(msgs, key=lambda m: (m.partition, m.offset)):
+            if m.key == key and (e := await self._opened(m.value)) is not None:
+                logged.append(Logged(m.offset, m.timestamp, e))
+            elif (erasures and m.key == erasing and ERASED_MARK in (m.value or b"")
+                  and isinstance(e := await self._opened(m.value), SubjectErased)):
+                erased.append(e)
+        return logged, erased
 
     async def _opened(self, value: bytes | None) -> Any:
         """The event, or None for one that no longer opens (its key destroyed) or is not one."""
