@@ -59,6 +59,11 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
         [moved] = [x for x in (await c.list_memory())["records"] if x["key"] == "deploy.day"]
         assert moved["pinned"] is True and moved["tenant"] == t2 and moved["agent"] == dst
         assert moved["version"] == 1, moved
+    # Searched alike: the same records answer the same query in both agents.
+    for query in ("when does the office close", "deploys Thursday"):
+        async with MemlaneClient(stack.api_url, key) as a, MemlaneClient(stack.api_url, key2) as b:
+            found = [[f.record.summary for f in (await c.search_memory(query, mode="lexical"))[0]] for c in (a, b)]
+        assert found[0] == found[1] and found[0], (query, found)
 
 
 async def test_a_mem0_export_loads_and_each_memory_it_cannot_take_is_named(stack, new_agent, tmp_path):
