@@ -538,6 +538,11 @@ async def test_an_operator_undoes_a_command_from_the_tab(wstack, world, page):  
     await page.goto(f"{w.base}/ui/operator?tenant={tenant}&agent={agent}")
     form = page.locator("#undo")
     await form.get_by_label("Command id").fill(cid)
+    # The plan first: it says what the undo would change, and changes nothing.
+    await form.get_by_role("button", name="Preview").click()
+    await expect(page.locator("#status")).to_have_text("Would take back changes to 1 record.")
+    async with httpx.AsyncClient(base_url=w.base, timeout=30, headers={"Authorization": f"Bearer {key}"}) as h:
+        assert (await h.get(f"/v1/memory/{rid}")).json()["status"] == "ACTIVE"
     dialogs: list[str] = []
     accept_next_dialog(page, dialogs)
     async with page.expect_navigation():  # the page reloads once the API has undone it

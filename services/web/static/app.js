@@ -26,8 +26,17 @@
     return el.closest(`[data-${name}]`)?.dataset[name] || "";
   }
 
-  async function send(el) {
-    if (el.dataset.confirm && !window.confirm(el.dataset.confirm)) return;
+  // What a preview answered (an undo's plan), said in the status line instead of reloading.
+  function planOf(answer) {
+    const n = (answer.changes || []).length, deps = answer.dependents || [];
+    let text = n ? `Would take back changes to ${n} record${n === 1 ? "" : "s"}.` : "Nothing to undo.";
+    if (deps.length) text += ` Later writes depend on it: ${deps.join("; ")}.`;
+    if (answer.members_records_left) text += ` ${answer.members_records_left} records naming a member stay.`;
+    return text;
+  }
+
+  async function send(el, preview) {
+    if (!preview && el.dataset.confirm && !window.confirm(el.dataset.confirm)) return;
     const method = (el.dataset.method || "POST").toUpperCase();
     const headers = { "Accept": "application/json", "X-CSRF-Token": csrf };
     const agent = inherited(el, "agent"), tenant = inherited(el, "tenant");
@@ -35,6 +44,7 @@
     if (tenant) headers["X-Tenant"] = tenant;
     const init = { method, headers, credentials: "same-origin" };
     const body = bodyOf(el);
+    if (preview) body.preview = true;
     if (method !== "GET" && method !== "DELETE" && Object.keys(body).length) {
       headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -48,6 +58,10 @@
       if (!res.ok) {
         const err = answer.error || {};
         say(`${err.message || res.statusText} (${err.code || res.status})`, true);
+        return;
+      }
+      if (preview) {
+        say(planOf(answer), false);
         return;
       }
       say(el.dataset.done || "Done.", false);
@@ -75,7 +89,7 @@
     const form = ev.target.closest("form[data-api]");
     if (!form) return;
     ev.preventDefault();
-    send(form);
+    send(form, ev.submitter?.hasAttribute("data-preview"));
   });
 
   document.addEventListener("click", (ev) => {
