@@ -9,10 +9,11 @@ import asyncio
 import json
 from functools import partial
 
+import httpx
 import pytest
 
 from events import AgentConfig
-from events.topics import EVENTS
+from events.topics import COMMANDS, EVENTS, USAGE
 from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
 from tests.e2e.cli_support import memlane
@@ -26,6 +27,21 @@ CONFIG = AgentConfig.model_validate({"memory": {"scope": {"read": ["agent"], "wr
 @pytest.fixture(scope="module")
 def sstack(model_stack):
     return model_stack
+
+
+async def ends(settings, agent: str) -> dict[str, int]:
+    """How many messages of the agent each of memlane's own topics holds now (other tests share
+    the stack, so only the agent's count)."""
+    out = {}
+    for topic in (COMMANDS, EVENTS, USAGE):
+        out[topic.name] = sum(1 for v, _ in await read_topic(settings, topic.name, topic.name)
+                              if getattr(v, "agent", None) == agent)
+    return out
+
+
+async def generation(stack) -> dict:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as h:
+        return (await h.get("/health")).json()["projection"]["generation"]
 
 
 async def added(settings, agent: str) -> list | None:
@@ -46,6 +62,7 @@ async def test_a_shadow_prompt_is_replayed_beside_live_extraction_and_changes_no
         before = (await c.list_memory())["records"]
     assert [r["summary"] for r in before] == [f"Likes green tea {live}"]
 
+    logs_before, generation_before = await ends(settings, agent), await generation(stack)
     fake.on(shadow, answer(cand("add", f"Dislikes coffee {shadow}", scope="agent")))
     prompt, expected = tmp_path / "prompt.txt", tmp_path / "expected.json"
     prompt.write_text(f"Keep what people dislike, nothing else. {shadow}")
@@ -64,6 +81,9 @@ async def test_a_shadow_prompt_is_replayed_beside_live_extraction_and_changes_no
     assert asked == 1
     async with MemlaneClient(stack.api_url, key) as c:  # nothing live moved
         assert (await c.list_memory())["records"] == before
+    # Nor the log's other topics (usage above all: the shadow's model calls are not the agent's),
+    # nor the projections' generation.
+    assert await ends(settings, agent) == logs_before and await generation(stack) == generation_before
 
     # The same name again: the run is finished, so nothing is asked; its report stands.
     again = await asyncio.to_thread(memlane, stack, *args)
