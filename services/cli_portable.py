@@ -139,12 +139,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         clients: dict[tuple[str | None, str | None], MemlaneClient] = {}
         gate = asyncio.Semaphore(CONCURRENT_WRITES)
 
+        def client(user: str | None, session: str | None) -> MemlaneClient:
+            c = clients.get((user, session))
+            if c is None:
+                c = clients[user, session] = MemlaneClient(api_url, key, tenant=args.tenant, agent=args.agent,
+                                                           user=user, session=session)
+            return c
+
         async def one(w: portable.Write) -> None:
             nonlocal written, restated
-            c = clients.get((w.user, w.session))
-            if c is None:
-                c = clients[w.user, w.session] = MemlaneClient(api_url, key, tenant=args.tenant, agent=args.agent,
-                                                               user=w.user, session=w.session)
+            c = client(w.user, w.session)
             fields = dict(w.fields)
             async with gate:
                 try:
@@ -155,9 +159,26 @@ def cmd_import(args: argparse.Namespace) -> int:
                     refused.append(portable.Refusal(w.line, e.field or "$", f"{e.code}: {e.message}"))
             bar.update(task, advance=1)
 
+        async def block(b: portable.BlockLine) -> None:
+            async with gate:
+                try:
+                    await client(None, None).curate_block(b.label, "add", line=b.text, scope=b.scope,
+                                                          application=b.application)
+                except MemlaneError as e:
+                    refused.append(portable.Refusal(b.line, e.field or "$", f"{e.code}: {e.message}"))
+
+        async def profile(p: portable.ProfileWrite) -> None:
+            try:
+                await client(p.user, None).write_profile(p.user, p.text)
+            except MemlaneError as e:
+                refused.append(portable.Refusal(p.line, e.field or "$", f"{e.code}: {e.message}"))
+
         try:
             with bar:
                 await asyncio.gather(*(one(w) for w in parsed.writes))
+                for b in parsed.blocks:  # in order: a block's lines keep theirs
+                    await block(b)
+                await asyncio.gather(*(profile(p) for p in parsed.profiles))
         finally:
             for c in clients.values():
                 await c.aclose()
@@ -171,6 +192,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     for r in sorted(refused, key=lambda r: r.line):
         print(f"memlane import: refused {r}", file=sys.stderr)
     print(f"imported {written} of {len(parsed.writes)} memories from {args.file} ({parsed.kind}) into {args.agent} "
-          f"({restated} restating a record it held); {len(refused)} refused, {parsed.skipped} not live or not "
-          "records", file=sys.stderr)
+          f"({restated} restating a record it held), {len(parsed.blocks)} block lines and {len(parsed.profiles)} "
+          f"profiles; {len(refused)} refused, {parsed.skipped} not live records or notes", file=sys.stderr)
     return 0 if not refused else 1

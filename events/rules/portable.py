@@ -46,12 +46,33 @@ class Refusal:
         return f"line {self.line}: {self.field}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class BlockLine:
+    """One line of an exported block, added to the block of that label (a line already there is
+    not added twice)."""
+
+    line: int
+    label: str
+    scope: str
+    application: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class ProfileWrite:
+    line: int
+    user: str
+    text: str
+
+
 @dataclass
 class Parsed:
     kind: str  # "memlane" or "mem0"
     writes: list[Write] = field(default_factory=list)
+    blocks: list[BlockLine] = field(default_factory=list)
+    profiles: list[ProfileWrite] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
-    skipped: int = 0  # records not live (deleted, expired, superseded): nothing to write
+    skipped: int = 0  # records not live, and notes (they cite the source deployment's history)
 
 
 def header(tenant: str, agent: str, user: str | None, exported_at: str) -> dict[str, Any]:
@@ -104,11 +125,18 @@ def _memlane(lines: Iterable[str], tenant: str, agent: str) -> Parsed:
             continue
         if kind == "end":
             continue
+        if kind == "block" and isinstance(item.get("text"), str) and item.get("label"):
+            out.blocks += [BlockLine(n, item["label"], item.get("scope") or "agent", item.get("application"), text)
+                           for text in item["text"].splitlines() if text.strip()]
+            continue
+        if kind == "profile" and isinstance(item.get("text"), str) and item.get("user"):
+            out.profiles.append(ProfileWrite(n, item["user"], item["text"]))
+            continue
         if kind != "record":
-            if kind not in ("block", "note", "profile"):
-                out.refused.append(Refusal(n, "type", f"unknown line type {kind!r}"))
+            if kind == "note":
+                out.skipped += 1  # a note cites messages of the source's history, which are not here
             else:
-                out.skipped += 1  # kept in the file for the reader; an import writes memory records
+                out.refused.append(Refusal(n, "type", f"unknown line type {kind!r}"))
             continue
         versions = item.get("versions")
         if not isinstance(versions, list) or not versions or not isinstance(versions[-1], dict):

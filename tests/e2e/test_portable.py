@@ -22,7 +22,8 @@ async def summaries(stack, key: str) -> list[str]:
         return sorted(r["summary"] for r in (await c.list_memory(first=200))["records"])
 
 
-async def test_an_export_moves_to_another_agent_once_however_often_it_is_imported(stack, new_agent, tmp_path):
+async def test_an_export_moves_to_another_agent_once_however_often_it_is_imported(stack, settings, new_agent,
+                                                                                  tmp_path):
     tenant, src, key = await new_agent(AGENT_MEMORY)
     async with MemlaneClient(stack.api_url, key) as c:
         await c.add_memory("The office closes at six", scope="AGENT")
@@ -30,12 +31,17 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
         await c.pin(deploys["id"])  # a second version
         gone = await c.add_memory("A plan that was dropped", scope="AGENT")
         await c.delete_memory(gone["id"])
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=src) as op:
+        for line in ("Answer in two sentences.", "Never promise dates."):
+            await op.curate_block("style", "add", line=line)
     out = tmp_path / "export.jsonl"
     r = await asyncio.to_thread(memlane, stack, "export", "--tenant", tenant, "--agent", src, "--out", str(out))
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines[0]["type"] == "header" and lines[0]["format"] == "memlane.export" and lines[0]["agent"] == src
-    assert lines[-1] == {"type": "end", "records": 2, "others": 0}  # a file without it was cut short
+    assert lines[-1] == {"type": "end", "records": 2, "others": 1}  # a file without it was cut short
+    assert [x for x in lines if x["type"] == "block"] == [
+        {"type": "block", "scope": "agent", "label": "style", "text": "Answer in two sentences.\nNever promise dates."}]
     records = {x["versions"][-1]["summary"]: x for x in lines if x["type"] == "record"}
     assert set(records) == {"The office closes at six", "Deploys happen on Thursdays"}
     pinned = records["Deploys happen on Thursdays"]["versions"]
@@ -54,7 +60,11 @@ async def test_an_export_moves_to_another_agent_once_however_often_it_is_importe
         assert r.returncode == 0, r.stderr
         # The second run's writes are the first's commands, answered as before: none restates.
         assert "imported 2 of 2 memories" in r.stderr and "(0 restating a record it held)" in r.stderr
+        assert "2 block lines" in r.stderr and "0 refused" in r.stderr
     assert await summaries(stack, key2) == ["Deploys happen on Thursdays", "The office closes at six"]
+    async with MemlaneClient(stack.api_url, settings.operator_key, tenant=t2, agent=dst) as op:
+        blocks = (await op._call("GET", "/v1/blocks"))["blocks"]
+    assert [(b["label"], b["text"]) for b in blocks] == [("style", "Answer in two sentences.\nNever promise dates.")]
     async with MemlaneClient(stack.api_url, key2) as c:
         [moved] = [x for x in (await c.list_memory())["records"] if x["key"] == "deploy.day"]
         assert moved["pinned"] is True and moved["tenant"] == t2 and moved["agent"] == dst

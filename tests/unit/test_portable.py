@@ -25,7 +25,8 @@ def test_a_memlane_export_writes_each_live_records_newest_version_once():
                        record("r2", {"status": "DELETED"}),
                        {"type": "block", "scope": "agent", "label": "style", "text": "terse"})
     parsed = portable.parse(text, "t", "a")
-    assert parsed.kind == "memlane" and not parsed.refused and parsed.skipped == 2
+    assert parsed.kind == "memlane" and not parsed.refused and parsed.skipped == 1
+    assert parsed.blocks == [portable.BlockLine(4, "style", "agent", None, "terse")]
     [w] = parsed.writes
     assert w.fields == {"summary": "r1 now", "kind": "fact", "scope": "AGENT", "valid_from": "2026-03-01T00:00:00Z"}
     assert "usage_count" not in w.fields and "id" not in w.fields  # the importing ledger's to set
