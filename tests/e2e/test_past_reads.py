@@ -4,7 +4,6 @@ times it held in the world; a bad `as_of` is refused naming it."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 
 import httpx
@@ -23,9 +22,10 @@ async def test_memory_as_it_stood_before_a_delete(stack, settings, new_agent):
         kept = await c.add_memory("The office closes at six", scope="AGENT")
         gone = await c.add_memory("Deploys happen on Tuesdays", scope="AGENT")
         await c.pin(gone["id"])
-        await asyncio.sleep(0.05)  # the log's clock: the point lies between the writes above and below
-        point = datetime.now(UTC).isoformat()
-        await asyncio.sleep(0.05)
+        # The point: the position of the agent's log the pin's answer was served at (every write
+        # above is before it, the delete below after it), as X-Memlane-Position reports it.
+        [(partition, offset)] = c.positions.items()
+        point = f"{partition}:{offset}"
         await c.delete_memory(gone["id"])
         now = sorted(r["summary"] for r in (await c.list_memory())["records"])
     assert now == ["The office closes at six"]
