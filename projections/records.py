@@ -275,6 +275,10 @@ class MemoryFold:
         vs = self.versions.get((tenant, agent, rid)) or {}
         return [vs[v] for v in sorted(vs, reverse=True)]
 
+    def records_of(self, tenant: str, agent: str) -> list[MemoryRecord]:
+        """The agent's records in their current versions, whatever their status."""
+        return list(self._current(tenant, agent))
+
     def _current(self, tenant, agent):
         for (t, a, rid), v in self.current.items():
             if t == tenant and a == agent:

@@ -188,9 +188,11 @@ class MemlaneClient:
         return found, data["next_cursor"]
 
     async def recall(self, conversation: str, text: str, run_id: str | None = None,
-                     application: str | None = None) -> dict[str, Any]:
+                     application: str | None = None, as_of: str | None = None) -> dict[str, Any]:
+        """`as_of`: what recall would have shown at a past time or log position."""
         body = {"conversation": conversation, "text": text} | ({"run_id": run_id} if run_id else {}) | (
-            {"application": application} if application else {}) | {"request_id": uuid.uuid4().hex}
+            {"application": application} if application else {}) | ({"as_of": as_of} if as_of else {}) | {
+            "request_id": uuid.uuid4().hex}
         return await self._call("POST", "/v1/recall", json=body)  # a retry sends the same request_id
 
     async def search_history(self, query: str | None = None, **filters: Any) -> dict[str, Any]:
@@ -285,10 +287,13 @@ class MemlaneClient:
     async def remove_platform_entry(self, entry_id: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/v1/platform/entries/{entry_id}")
 
-    async def list_memory(self, first: int = 20, after: str | None = None, sort: str = "DESC") -> dict[str, Any]:
+    async def list_memory(self, first: int = 20, after: str | None = None, sort: str = "DESC",
+                          as_of: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"first": first, "sort": sort}
         if after:
             params["after"] = after
+        if as_of:
+            params["as_of"] = as_of
         return await self._call("GET", "/v1/memory", params=params)
 
     async def consent(self) -> dict[str, Any]:

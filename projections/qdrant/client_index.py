@@ -176,6 +176,16 @@ class ClientIndex:
             if offset is None:
                 return ids
 
+    def vectors(self, tenant: str, agent: str, ids: list[str]) -> dict[str, list[float]]:
+        """The dense vectors of those of the agent's records that are points (its live ones)."""
+        got: dict[str, list[float]] = {}
+        for at in range(0, len(ids), SCROLL_PAGE):
+            with self._lock:
+                points = self.client.retrieve(self.collection, [point_id(tenant, agent, i) for i in ids[at:at + SCROLL_PAGE]],
+                                              with_payload=["record_id"], with_vectors=[DENSE])
+            got.update((p.payload["record_id"], p.vector[DENSE]) for p in points if p.payload and isinstance(p.vector, dict))
+        return got
+
     def optimize(self) -> None:
         """A server indexes on its own schedule; local mode has no index to build."""
 

@@ -266,6 +266,16 @@ class EdgeIndex:
 
     # ------------------------------------------------------------------ read side
 
+    def vectors(self, tenant: str, agent: str, ids: list[str]) -> dict[str, list[float]]:
+        """The dense vectors of those of the agent's records that are points (its live ones)."""
+        got: dict[str, list[float]] = {}
+        for at in range(0, len(ids), SCROLL_PAGE):
+            with self._lock:
+                points = self.shard.retrieve([point_id(tenant, agent, i) for i in ids[at:at + SCROLL_PAGE]],
+                                             PayloadSelector.Include(["record_id"]), [DENSE])
+            got.update((p.payload["record_id"], p.vector[DENSE]) for p in points)
+        return got
+
     @staticmethod
     @functools.lru_cache(maxsize=4096)
     def _filter(f: SearchFilter) -> Filter:

@@ -36,6 +36,7 @@ from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
 from workers.followers.api_keys_follower import ApiKeyLog
 from workers.followers.memory_shards import MemoryShards
+from workers.followers.past_index import PastIndexes
 from workers.followers.past_memory import PastMemory
 from workers.runtime.data_keys import open_keys
 from workers.runtime.kafka_io import ensure_topics, producer, wait_for_broker
@@ -105,9 +106,10 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         publisher = KafkaCommandPublisher(settings, prod, codec, data_keys)
         records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys, codec=codec)
         # Notes check their sources as history reads them (docs/features/notes.md).
+        past, past_indexes = PastMemory(settings, codec, data_keys), PastIndexes(settings.data_dir / "past")
         service = MemoryService(settings, records, shards.memory, embedder, publisher,
                                 KafkaUsageRecorder(settings, publisher), visible=visible_messages,
-                                past=PastMemory(settings, codec, data_keys))
+                                past=past, past_indexes=past_indexes)
         # An owner calls `on_swap` once it holds its new shards.
         shards.on_swap = lambda owner: service.use_shards(cast(MemoryShards, owner.memory))
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
@@ -133,6 +135,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
             await api_keys.stop()
             await app.state.health.close()
             await shards.close()
+            await past.aclose()
+            past_indexes.close()
             await prod.stop()
             await publisher.stop()  # the publisher renews its producer after a failed send
             await records.aclose()  # its applied-listener, then the Redis client everything here shares

@@ -1,10 +1,11 @@
 """Reads of memory as it stood at a past point (`as_of`), and of the facts that held in the world at
 a time (`valid_at`).
 
-A past read goes through the same rules as a read of now: only the records it reads come from the
-fold of the log up to the point (`workers.followers.past_memory`). Who may read, and whether the
-agent or member is removed or without consent, is decided as of now: a withdrawn consent or a
-removal hides the past too."""
+A past read goes through the same rules as a read of now: only the records it reads (and the
+agent's own blocks) come from the fold of the log up to the point (`workers.followers.past_memory`),
+and a ranked search goes to an index of the records live then (`workers.followers.past_index`). Who
+may read, and whether the agent or member is removed or without consent, is decided as of now: a
+withdrawn consent or a removal hides the past too."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ class PastView:
     """The record view as of a point: records, their versions and preview shadows from `fold`,
     everything else (configuration, consent, removals, blocks) from the live view."""
 
-    def __init__(self, now: Any, fold: MemoryFold) -> None:
+    def __init__(self, now: Any, fold: MemoryFold, agent: tuple[str, str]) -> None:
         self.now = now
         self.fold = fold
+        self.agent = agent  # (tenant, agent) whose log `fold` is
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.now, name)
@@ -32,6 +34,20 @@ class PastView:
 
     async def get(self, tenant: str, agent: str, rid: str, version: int | None = None) -> MemoryRecord | None:
         return await self.fold.get(tenant, agent, rid, version)
+
+    async def get_many(self, tenant: str, agent: str, rids: list[str]) -> list[MemoryRecord]:
+        got = [await self.fold.get(tenant, agent, rid) for rid in rids]
+        return [r for r in got if r is not None]
+
+    async def pinned(self, tenant: str, agent: str) -> list[MemoryRecord]:
+        return await self.fold.pinned(tenant, agent)
+
+    async def blocks(self, tenant: str, agent: str) -> dict[str, str]:
+        """The agent's own blocks as they stood; its workspace's are read as they are now (the
+        fold is of this agent's log only)."""
+        if (tenant, agent) == self.agent:
+            return await self.fold.blocks(tenant, agent)
+        return await self.now.blocks(tenant, agent)
 
     async def history(self, tenant: str, agent: str, rid: str) -> list[MemoryRecord]:
         return await self.fold.history(tenant, agent, rid)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from events.base import utcnow
 from events.commands import WORKSPACE, block_of_field
 from events.config import AgentConfig
 from events.record import Scope
@@ -53,6 +55,7 @@ class MemoryReads:
         # Queries are embedded through each tenant's queue, in turn (docs/features/fairness.md).
         self.fair = fair or FairEmbedding(embedder, settings.embed_slots, settings.tenant_queued_texts)
         self.usage = usage
+        self.at: datetime | None = None  # a past point's moment (`over`), else None: now
         self.recalled = recalled or RecalledVersions(records)
         # Recall's shared layers (profiles, notes, tenant and platform memory): each source
         # is read beside the search (`RecallAsk` in, entries by layer heading out).
@@ -63,12 +66,23 @@ class MemoryReads:
         self._recalling = MemoryRecall(self, self._searching)
         self._listing = MemoryListing(self)
 
-    def over(self, records: Any) -> MemoryReads:
-        """These reads over another record view: memory as it stood at a past point (`past.PastView`)."""
+    def over(self, records: Any, memory: Any = None, at: datetime | None = None) -> MemoryReads:
+        """These reads over another record view and index: memory as it stood at a past point
+        (`past.PastView`), whose moment `at` is when records must have been in force. Such reads
+        record no use: they show what was, to no model."""
         clone = copy.copy(self)
         clone.records = records
+        clone.memory = memory if memory is not None else self.memory
+        clone.at = at
+        clone._searching = MemorySearch(clone)
+        clone._batch = BatchSearch(clone, clone._searching)
+        clone._recalling = MemoryRecall(clone, clone._searching)
         clone._listing = MemoryListing(clone)
         return clone
+
+    def now(self) -> datetime:
+        """The moment whose records in force these reads show: now, or a past point's."""
+        return self.at or utcnow()
 
     async def config(self, tenant: str, agent: str) -> AgentConfig:
         return await self.records.config(tenant, agent) or AgentConfig()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from events.base import utcnow
 from events.config import AgentConfig
 from events.record import MemoryRecord
 from events.rules.ledger import LIVE_FACT_CAP, RESERVED_KINDS
@@ -133,8 +133,11 @@ class RecallReads(Protocol):
     recalled: RecalledVersions
     usage: UsageLog
     layer_sources: list[LayerSource]
+    at: datetime | None  # a past point's moment: a recall of the past, which marks and records nothing
 
     async def config(self, tenant: str, agent: str) -> AgentConfig: ...
+
+    def now(self) -> datetime: ...
 
     async def _state(self, ctx: Context) -> SubjectState: ...
 
@@ -196,7 +199,7 @@ class MemoryRecall:
                       run: str | None = None, application: str | None = None,
                       request: str | None = None) -> RecallResult:
         reads = self.reads
-        scopes, now = reads._scopes(ctx, cfg), utcnow()
+        scopes, now = reads._scopes(ctx, cfg), reads.now()
         # Every read that does not depend on the search runs while it runs, each one Redis call
         # or two: pins, blocks, the run's session memory and the shared layers. The search
         # stays in this task: its embedding time is the request's (Server-Timing).
@@ -221,18 +224,27 @@ class MemoryRecall:
         # (why, and the figures: docs/decisions/0010-recall-sections-from-one-search.md).
         pinned_ids = {r.id for r in pinned}
         fresh = [(r, s) for r, s in found.records if r.id not in pinned_ids]
-        fresh, again, retried = await self._seen_before(ctx, cfg, conversation, fresh, request)
+        again: set[str] = set()
+        retried: set[str] = set()
+        if reads.at is None:
+            fresh, again, retried = await self._seen_before(ctx, cfg, conversation, fresh, request)
         facts = [r for r, _ in fresh if r.kind not in RESERVED_KINDS]
         if cfg.memory.recall.format == "facts":
             shown = _facts_block(pinned, facts, summary, entries)
         else:
             shown = _layered_block(cfg, pinned, facts, fresh, blocks, summary, entries, shared)
+        if reads.at is not None:  # a recall of the past shows what was: it marks nothing and records no use
+            return self._result(shown, fresh, blocks)
         await reads.usage.pinned(ctx, shown.pinned, conversation)
         new = [r for r in shown.records + shown.episodes + shown.procedures + shown.avoid
                if r.id not in again and r.id not in retried]
         if new:
             await reads.recalled.mark(ctx.tenant, ctx.agent, conversation, new, request)
             await reads.usage.retrieved(ctx, "recall", new, conversation)
+        return self._result(shown, fresh, blocks)
+
+    @staticmethod
+    def _result(shown: _Shown, fresh: list[tuple[MemoryRecord, float | None]], blocks: list[Block]) -> RecallResult:
         scores = dict((r.id, s) for r, s in fresh)
         return RecallResult(shown.pinned, [(r, scores[r.id]) for r in shown.records], shown.rendered, shown.episodes,
                             shown.procedures, blocks, session_summary=shown.session_summary,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from events.base import utcnow
 from events.config import AgentConfig
 from events.record import MemoryRecord, Scope
 from projections.qdrant.index import Mode, SearchFilter
@@ -71,6 +71,8 @@ class SearchReads(Protocol):
 
     async def config(self, tenant: str, agent: str) -> AgentConfig: ...
 
+    def now(self) -> datetime: ...
+
     def _check_enabled(self, ctx: Context, cfg: AgentConfig) -> None: ...
 
     async def _check_subject(self, ctx: Context, cfg: AgentConfig) -> None: ...
@@ -118,7 +120,7 @@ class MemorySearch:
         if ids:
             found = await self.reads.records.get_many(ctx.tenant, ctx.agent, ids[:100])
             hidden = await self.reads._shadowed(ctx)
-            keep = [r for r in found if shown_to(ctx, r, scopes) and r.in_force(utcnow()) and r.id not in hidden]
+            keep = [r for r in found if shown_to(ctx, r, scopes) and r.in_force(self.reads.now()) and r.id not in hidden]
             return SearchResult([(r, None) for r in keep], None)
         if not query:
             return await self.listed(ctx, scopes, kind, labels or {}, limit, after, tags or ())
@@ -130,7 +132,7 @@ class MemorySearch:
     async def listed(self, ctx, scopes, kind, labels, limit, after, tags=()) -> SearchResult:
         """A search without a query: the records `ctx` may read in `scopes`, as filtered, a page
         of `limit` from the cursor `after`."""
-        now = utcnow()
+        now = self.reads.now()
         hidden = await self.reads._shadowed(ctx)
 
         def wanted(r: MemoryRecord) -> bool:
@@ -163,7 +165,7 @@ class MemorySearch:
         # A cast, not an assert: a service built without shards fails here as it always did.
         hits = await asyncio.to_thread(lambda: [q.run(cast("MemoryShards", self.reads.memory)) for q in queries])
         recs = await self.reads.records.get_many(ctx.tenant, ctx.agent, [h.record_id for part in hits for h in part])
-        by_id, now = {r.id: r for r in recs}, utcnow()
+        by_id, now = {r.id: r for r in recs}, self.reads.now()
         return [q.result(part, by_id, now) for q, part in zip(queries, hits, strict=True)]
 
     def ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,

@@ -22,20 +22,23 @@ from services.memory.tenant import TenantMemory
 from services.memory.undo import MemoryUndo
 from services.memory.usage import UsageLog
 from settings import Settings
+from workers.followers.past_memory import Point
 
 if TYPE_CHECKING:
     from projections.embedders.port import Embedder
     from projections.redis.record_view import RedisRecords
     from workers.followers.memory_shards import MemoryShards
-    from workers.followers.past_memory import PastMemory, Point
+    from workers.followers.past_index import PastIndexes
+    from workers.followers.past_memory import Past, PastMemory
 
 
 class MemoryService:
     def __init__(self, settings: Settings, records: RedisRecords, memory: MemoryShards | None, embedder: Embedder,
                  publisher: CommandPublisher, recorder: UsageRecorder, visible: Visible | None = None,
-                 past: PastMemory | None = None) -> None:
+                 past: PastMemory | None = None, past_indexes: PastIndexes | None = None) -> None:
         self.settings = settings
         self.past_memory = past  # folds an agent's log up to a point, for `as_of` reads
+        self.past_indexes = past_indexes  # indexes of the records live at a point, for `as_of` searches
         self.embedder = embedder
         self.records = records
         self.usage = UsageLog(recorder, embedder.model_id if embedder is not None else "embedder")
@@ -51,18 +54,44 @@ class MemoryService:
         self.undo = MemoryUndo(self.commands)  # docs/features/time-travel.md
         self.reads.layer_sources.append(self.tenant.layers)
 
+    async def reads_at(self, ctx: Context, as_of: str | None, ranked: bool = False) -> MemoryReads:
+        """The reads of now, or of memory as it stood at `as_of` (`Point.parse`)."""
+        if as_of is None:
+            return self.reads
+        try:
+            point = Point.parse(as_of)
+        except ValueError as e:
+            raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
+        return await self.past(ctx, point, ranked)
+
     async def past_view(self, ctx: Context, point: Point) -> PastView:
         """The agent's record view as it stood at `point`."""
+        return PastView(self.records, (await self._past(ctx, point)).fold, (ctx.tenant, ctx.agent))
+
+    async def _past(self, ctx: Context, point: Point) -> Past:
         if self.past_memory is None:
             raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API reads no log; ask one that serves", 503)
         try:
-            return PastView(self.records, await self.past_memory.fold(ctx.tenant, ctx.agent, point))
+            return await self.past_memory.past(ctx.tenant, ctx.agent, point)
         except ValueError as e:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
 
-    async def past(self, ctx: Context, point: Point) -> MemoryReads:
-        """The reads of memory as it stood at `point`: listing, one record and its versions."""
-        return self.reads.over(await self.past_view(ctx, point))
+    async def past(self, ctx: Context, point: Point, ranked: bool = False) -> MemoryReads:
+        """The reads of memory as it stood at `point`: listing, one record and its versions, and
+        with `ranked` search and recall, over an index of the records live then."""
+        past = await self._past(ctx, point)
+        view = PastView(self.records, past.fold, (ctx.tenant, ctx.agent))
+        if not ranked:
+            return self.reads.over(view, at=past.at)
+        if self.past_indexes is None:
+            raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API keeps no index of the past; ask one "
+                           "that serves", 503)
+
+        async def embed(texts: list[str]) -> list[list[float]]:
+            return await self.fair.embed(ctx.tenant, texts)
+
+        index = await self.past_indexes.index(past, self.reads.memory, embed)
+        return self.reads.over(view, memory=index, at=past.at)
 
     def use_shards(self, memory: MemoryShards) -> None:
         self.reads.memory = self.commands.memory = memory

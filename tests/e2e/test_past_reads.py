@@ -1,6 +1,7 @@
 """`as_of` and `valid_at` over the API on the shared stack: a record deleted since is listed, read
 and versioned as it stood; a member's facts stay theirs in the past too; a fact is listed for the
-times it held in the world; a bad `as_of` is refused naming it."""
+times it held in the world; a search and a recall rank and show the records live then, and the
+recall marks nothing recalled; a bad `as_of` is refused naming it."""
 
 from __future__ import annotations
 
@@ -67,3 +68,36 @@ async def test_facts_are_listed_for_the_times_they_held(stack, new_agent):
         assert await where("2025-06-01T00:00:00Z") == ["Dana lives in Lisbon"]
         assert await where("2026-03-01T00:00:00Z") == ["Dana lives in Porto"]
         assert await where("2024-01-01T00:00:00Z") == []
+
+
+async def test_search_and_recall_as_they_stood(stack, settings, new_agent):
+    tenant, agent, key = await new_agent(CONFIG)
+    async with MemlaneClient(stack.api_url, key) as c:
+        gone = await c.add_memory("The staging database lives in Frankfurt", scope="AGENT")
+        await c.add_memory("Invoices go out on the first of the month", scope="AGENT")
+        [(partition, offset)] = c.positions.items()
+        point = f"{partition}:{offset}"
+        await c.delete_memory(gone["id"])
+        later = await c.add_memory("The staging database moved to Dublin", scope="AGENT")
+        then, _ = await c.search_memory("where is the staging database", as_of=point)
+        assert [f.record.id for f in then][:1] == [gone["id"]] and later["id"] not in [f.record.id for f in then]
+        now, _ = await c.search_memory("where is the staging database")
+        assert gone["id"] not in [f.record.id for f in now] and later["id"] in [f.record.id for f in now]
+        lexical, _ = await c.search_memory("Frankfurt", as_of=point, mode="lexical")
+        assert [f.record.id for f in lexical] == [gone["id"]]
+        recalled = await c.recall("c-past", "where is the staging database?", as_of=point)
+        assert "Frankfurt" in recalled["rendered"] and "Dublin" not in recalled["rendered"]
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, headers=auth, timeout=30) as http:
+        # A recall of the past marks nothing recalled: the record was never shown to a model.
+        assert (await http.get(f"/v1/memory/{gone['id']}/recalls")).json()["count"] == 0
+        bad = await http.post("/v1/memory/search", json={"query": "x", "as_of": "yesterday"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "as_of"
+    # An operator's past search holds no member's facts, as its present one holds none.
+    async with MemlaneClient(stack.api_url, key, user="gil") as gil:
+        await gil.add_memory("Gil's staging password hint is a bird", scope="USER")
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}", "X-Tenant": tenant, "X-Agent": agent}) as op:
+        found = (await op.post("/v1/memory/search", json={"query": "staging password", "as_of":
+                                                          datetime.now(UTC).isoformat()})).json()["records"]
+        assert found and "Gil's staging password hint is a bird" not in [r["summary"] for r in found]

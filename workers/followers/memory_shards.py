@@ -75,6 +75,9 @@ class MemoryShards:
                mode: Mode = "hybrid", min_score: float = 0.0) -> list[Hit]:
         return self.of(f.tenant, f.agent).index.search(f, dense, text, limit, mode, min_score)
 
+    def vectors(self, tenant: str, agent: str, ids: list[str]) -> dict[str, list[float]]:
+        return self.of(tenant, agent).index.vectors(tenant, agent, ids)
+
     def wait_for(self, command_id: str, tenant: str, agent: str) -> asyncio.Future:
         return self.of(tenant, agent).wait_for(command_id, tenant, agent)
 

@@ -7,7 +7,7 @@ deletes them; it never adds, pins or reports an outcome (those are the agent's t
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 
@@ -22,7 +22,6 @@ from services.http.deps import Ctx, Svc
 from services.http.models import Body
 from services.http.responses import record_out
 from services.memory.past import holds_at
-from workers.followers.past_memory import Point
 
 router = APIRouter()
 
@@ -95,17 +94,6 @@ AsOf = Annotated[str | None, Query(max_length=40, description="memory as it stoo
                                    "(2026-03-01T12:00:00Z), or a log position of the agent's event partition")]
 
 
-async def reads_at(ctx: Ctx, s: Svc, as_of: str | None) -> Any:
-    """The reads of now, or of memory as it stood at `as_of`."""
-    if as_of is None:
-        return s.reads
-    try:
-        point = Point.parse(as_of)
-    except ValueError as e:
-        raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
-    return await s.past(ctx, point)
-
-
 @router.get("/v1/memory")
 async def list_memory(
     ctx: Ctx,
@@ -117,7 +105,7 @@ async def list_memory(
     valid_at: Annotated[datetime | None, Query(description="only the facts that held in the world then: "
                                                "valid_from at or before it, valid_to after it (unset: open)")] = None,
 ):
-    page = await (await reads_at(ctx, s, as_of)).memories(ctx, first, after, ascending=sort == "ASC")
+    page = await (await s.reads_at(ctx, as_of)).memories(ctx, first, after, ascending=sort == "ASC")
     records = page.records if valid_at is None else [r for r in page.records if holds_at(r, valid_at)]
     return {"records": [record_out(r) for r in records], "next_cursor": page.next_cursor}
 
@@ -125,7 +113,7 @@ async def list_memory(
 @router.get("/v1/memory/{rid}")
 async def read_memory(rid: str, ctx: Ctx, s: Svc, version: Annotated[int | None, Query(ge=1)] = None,
                       as_of: AsOf = None):
-    return record_out(await (await reads_at(ctx, s, as_of)).read(ctx, rid, version))
+    return record_out(await (await s.reads_at(ctx, as_of)).read(ctx, rid, version))
 
 
 @router.get("/v1/memory/{rid}/history")
@@ -138,7 +126,7 @@ async def memory_history(rid: str, ctx: Ctx, s: Svc, first: Annotated[int, Query
         if not after.isdigit() or not 1 <= int(after) <= 2**31:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "after", "after: pass the next_cursor of the page before", 422)
         below = int(after)
-    reads = await reads_at(ctx, s, as_of)
+    reads = await s.reads_at(ctx, as_of)
     versions = [r for r in await reads.history(ctx, rid) if below is None or r.version < below]
     page = versions[:first]
     more = len(versions) > first

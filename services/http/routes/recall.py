@@ -17,7 +17,7 @@ from events.base import AppId, RunId
 from events.rules.recall_render import LAYERS, SHARED
 from events.rules.subjects import Refusal
 from services.http.deps import Ctx, Svc
-from services.http.models import Body
+from services.http.models import Body, PastPoint
 from services.http.responses import FastJSONResponse, record_out
 from services.http.routes.blocks import block_out
 from services.memory.reads import EMBED_MS
@@ -35,12 +35,16 @@ class RecallRequest(Body):
     # Names this attempt: the same request sent again (a retry on another replica) is shown
     # what the first attempt showed, though that attempt marked its records recalled.
     request_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = None
+    # What recall would have shown at a past point, from memory as it stood then: nothing is
+    # marked recalled and no use recorded.
+    as_of: PastPoint = None
 
 
 @router.post("/v1/recall")
 async def recall(body: RecallRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, "recall memory")
-    res = await s.reads.recall(ctx, body.conversation, body.text, body.run_id, body.application, body.request_id)
+    reads = await s.reads_at(ctx, body.as_of, ranked=True)
+    res = await reads.recall(ctx, body.conversation, body.text, body.run_id, body.application, body.request_id)
     # The layers' names, in the order the block renders them (`LAYERS` in events.rules.recall_render).
     body_out: dict[str, Any] = {
         "blocks": [block_out(*b) for b in res.blocks],

@@ -18,7 +18,7 @@ from services.auth import Principal
 from services.errors import ApiError
 from services.http.deps import Caller, Ctx, Svc, checked_channel, checked_user, resolve_context
 from services.http.errors import api_error_item
-from services.http.models import Body
+from services.http.models import Body, PastPoint
 from services.http.responses import FastJSONResponse, record_out
 from services.memory import Context
 from services.memory.rules import NOT_MEMBER, check_role
@@ -26,7 +26,7 @@ from services.memory.rules import NOT_MEMBER, check_role
 router = APIRouter()
 
 
-class SearchRequest(Body):
+class SearchFields(Body):
     query: Annotated[str, Field(max_length=4000)] | None = None
     kind: str | None = None
     labels: dict[str, str] = {}
@@ -38,7 +38,11 @@ class SearchRequest(Body):
     min_score: Annotated[float, Field(ge=-1, le=1)] | None = None
 
 
-class SearchItem(SearchRequest):
+class SearchRequest(SearchFields):
+    as_of: PastPoint = None
+
+
+class SearchItem(SearchFields):
     # Whose memory the search reads: the X-Tenant, X-Agent, X-Session, X-Preview, X-User and
     # X-Channel headers of a single search, given per item (the request's headers when left out).
     tenant: str | None = None
@@ -65,9 +69,15 @@ NO_SEARCH = "search memory"
 @router.post("/v1/memory/search")
 async def search_memory(body: SearchRequest, ctx: Ctx, s: Svc):
     check_role(ctx, NOT_MEMBER, NO_SEARCH)
-    res = await s.reads.search(ctx, **body.model_dump())
-    await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
-    now = utcnow()
+    fields = body.model_dump(exclude={"as_of"})
+    if body.as_of is not None:  # a search of the past shows what was: no use is recorded
+        reads = await s.reads_at(ctx, body.as_of, ranked=True)
+        res = await reads.search(ctx, **fields)
+        now = reads.now()
+    else:
+        res = await s.reads.search(ctx, **fields)
+        await s.usage.retrieved(ctx, "search_memory", [r for r, _ in res.records])
+        now = utcnow()
     return FastJSONResponse({"records": [hit_out(r, sc, now) for r, sc in res.records], "next_cursor": res.next_cursor})
 
 
