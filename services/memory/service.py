@@ -72,7 +72,9 @@ class MemoryService:
         if self.past_memory is None:
             raise ApiError(ErrorCode.UNAVAILABLE, "as_of", "as_of: this API reads no log; ask one that serves", 503)
         try:
-            return await self.past_memory.past(ctx.tenant, ctx.agent, point)
+            memory = self.reads.memory
+            served = None if memory is None else (lambda tenant, agent: memory.position(tenant, agent)[1])
+            return await self.past_memory.past(ctx.tenant, ctx.agent, point, served)
         except ValueError as e:
             raise ApiError(ErrorCode.VALIDATION_FAILED, "as_of", str(e), 422) from None
 

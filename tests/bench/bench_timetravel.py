@@ -9,6 +9,13 @@ One agent on a private stack (ledger, Redis projection, embedding worker, API):
   `as_of`, LISTS calls each, alternating; the two pages must be the same records. The as-of call
   folds the agent's event partition each time, so it grows with the log (docs/features/time-travel.md).
 - `undo_ms`: `POST /v1/undo` of a turn that wrote 10 records; checked by its 10 changes applied.
+- `as_of_search_ms_p95` beside `search_ms_p95` (`as_of_` figures at AGENT_RECORDS records in the
+  agent, on a stack of its own): hybrid searches over HTTP, SEARCHES of each alternating, every
+  query text distinct (each embeds its query), as of a point after the agent's first AGENT_RECORDS
+  records and before CHANGED of them were deleted and CHANGED others added. Checked: the as-of
+  answers hold only records of the point (deleted ones among them), the live ones no deleted
+  record. `as_of_search_first_ms`: the first as-of search, which reads the log, folds it and
+  builds the point's index; later ones find both kept.
 - `shadow_turns_per_s`: `memlane shadow`'s job in-process over SHADOW_TURNS recorded turns with an
   instant scripted model answering one candidate per turn; checked by its report (every turn
   reviewed, each adding one record).
@@ -23,20 +30,32 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import numpy as np
 
-from events import AgentConfig, Message, TurnCommitted
+from events import AgentConfig, Message, RecordAdded, TurnCommitted, encode
 from events.codec import PLAIN
+from events.memory import RecordDeleted
+from events.record import MemoryRecord
 from events.rules import portable
+from events.topics import EVENTS, VECTORS
+from events.vectors import VectorComputed
+from projections.embedders.port import MODEL_ID, content_hash
 from services.client import MemlaneClient, TurnPublisher
+from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
 from tests.fakes.model_server import FakeModel, Reply
 from workers.clients.model_client import ModelClient
 from workers.jobs.shadow import Shadow, ShadowRun
 
+AGENT_RECORDS = 100_000
+CHANGED = 2_000
+SEARCHES = 100
+WORDS = "invoice shipping refund parcel customer account password billing order delivery address contract".split()
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RECORDS = 190  # with the undo's 10, the most live records an agent holds outside members' facts
 LISTS = 60
 SHADOW_TURNS = 200
@@ -120,6 +139,7 @@ async def run() -> None:
         figure("undo_ms", ms, "ms", 10, agent_records=RECORDS + 10)
 
         await shadow_figure(stack, settings, tenant)
+    await as_of_search_figures()
 
 
 async def shadow_figure(stack, settings, tenant: str) -> None:
@@ -150,3 +170,91 @@ async def shadow_figure(stack, settings, tenant: str) -> None:
         fake.stop()
     assert len(lines) == SHADOW_TURNS and all(len(x["shadow"]["added"]) == 1 for x in lines), lines[:3]
     figure("shadow_turns_per_s", SHADOW_TURNS / secs, "turns/s", SHADOW_TURNS)
+
+
+def _records(settings, first: int, n: int, rng):
+    """Records `first`..`first + n - 1` of the big agent, each with its vector, as the pipeline
+    writes them."""
+    for i in range(first, first + n):
+        text = f"{WORDS[i % 12]} {WORDS[(i // 12) % 12]} note {i} about case {i % 997}"
+        vec = rng.standard_normal(384).astype(np.float32)
+        v = VectorComputed.of(MODEL_ID, content_hash(text), vec / np.linalg.norm(vec))
+        yield settings.topic(VECTORS.name), VECTORS.key_bytes(v), encode(v), vector_partition_of("big")
+        r = MemoryRecord(id=f"r{i}", version=1, created=T0 + timedelta(seconds=i), modified=T0, tenant="bench",
+                         agent="big", scope="AGENT", kind="fact", summary=text)
+        e = RecordAdded(event_id=f"e{i}", command_id=f"c{i}", tenant="bench", agent="big", occurred_at=T0, record=r)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+
+
+def _deletes(settings, n: int):
+    """Every 50th of the first records deleted: version 2, DELETED."""
+    for i in range(0, n * 50, 50):
+        text = f"{WORDS[i % 12]} {WORDS[(i // 12) % 12]} note {i} about case {i % 997}"
+        r = MemoryRecord(id=f"r{i}", version=2, created=T0 + timedelta(seconds=i), modified=T0, tenant="bench",
+                         agent="big", scope="AGENT", kind="fact", summary=text, status="DELETED")
+        e = RecordDeleted(event_id=f"d{i}", command_id=f"cd{i}", tenant="bench", agent="big", occurred_at=T0,
+                          record=r)
+        yield settings.topic(EVENTS.name), EVENTS.key_bytes(e), encode(e)
+
+
+async def _end_of_agent_partition(settings) -> str:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    partition = EVENTS.partition_of(b"bench/big")
+    c = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    await c.start()
+    try:
+        tp = TopicPartition(settings.topic(EVENTS.name), partition)
+        return f"{partition}:{(await c.end_offsets([tp]))[tp]}"
+    finally:
+        await c.stop()
+
+
+async def as_of_search_figures() -> None:
+    with bench_stack("asof", workers=("ledger", "redis-projection")) as (stack, settings):
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant="bench", agent="big") as op:
+            key = await op.issue_key("bench", "big")
+            await op.configure(CONFIG)
+        rng = np.random.default_rng(11)
+        await _produce(settings, _records(settings, 0, AGENT_RECORDS, rng))
+        point = await _end_of_agent_partition(settings)
+        await _produce(settings, _deletes(settings, CHANGED))
+        await _produce(settings, _records(settings, AGENT_RECORDS, CHANGED, rng))
+        deleted = {f"r{i}" for i in range(0, CHANGED * 50, 50)}
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=600) as h:
+            last = AGENT_RECORDS + CHANGED - 1  # written after the deletes: once both views hold it, they hold all
+            while True:
+                read = await h.get(f"/v1/memory/r{last}")
+                found = await h.post("/v1/memory/search", json={"query": f"note {last}", "mode": "lexical"})
+                if read.status_code == 200 and f"r{last}" in [x["id"] for x in found.json()["records"]]:
+                    break
+                progress(f"loading: {(await h.get('/health')).json()['projection']['points']} points indexed")
+                await asyncio.sleep(5)
+
+            async def search(q: int, as_of: str | None) -> tuple[float, list[str]]:
+                body = {"query": f"the {WORDS[q % 12]} {WORDS[(q * 7) % 12]} of case {q % 997} ({q})", "limit": 20,
+                        "mode": "hybrid"} | ({"as_of": as_of} if as_of else {})
+                t0 = time.perf_counter()
+                got = await h.post("/v1/memory/search", json=body)
+                ms = (time.perf_counter() - t0) * 1000
+                got.raise_for_status()
+                return ms, [x["id"] for x in got.json()["records"]]
+
+            first_ms, _ = await search(-1, point)
+            past, live, saw_deleted = [], [], 0
+            for q in range(SEARCHES):
+                ms, ids = await search(q, point)
+                past.append(ms)
+                assert ids and all(int(i[1:]) < AGENT_RECORDS for i in ids), "an as-of answer held a later record"
+                saw_deleted += bool(deleted & set(ids))
+                ms, ids = await search(q, None)
+                live.append(ms)
+                assert ids and not deleted & set(ids), "a live answer held a deleted record"
+        assert saw_deleted, "no as-of answer held a record deleted after the point"
+        figure("as_of_search_first_ms", first_ms, "ms", AGENT_RECORDS)
+        figure("as_of_search_ms_p95", percentile(past, 95), "ms", SEARCHES, agent_records=AGENT_RECORDS,
+               answers_with_deleted=saw_deleted)
+        figure("search_ms_p95", percentile(live, 95), "ms", SEARCHES, agent_records=AGENT_RECORDS)
+        figure("as_of_search_ratio_p95", percentile(past, 95) / percentile(live, 95), "x", SEARCHES,
+               agent_records=AGENT_RECORDS)

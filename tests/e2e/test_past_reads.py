@@ -78,7 +78,12 @@ async def test_search_and_recall_as_they_stood(stack, settings, new_agent):
         [(partition, offset)] = c.positions.items()
         point = f"{partition}:{offset}"
         await c.delete_memory(gone["id"])
+        then, _ = await c.search_memory("where is the staging database", as_of=point)
+        assert [f.record.id for f in then][:1] == [gone["id"]]
+        # Written after the API read and kept the log: a search as of now still finds it.
         later = await c.add_memory("The staging database moved to Dublin", scope="AGENT")
+        since, _ = await c.search_memory("where is the staging database", as_of=datetime.now(UTC).isoformat())
+        assert later["id"] in [f.record.id for f in since] and gone["id"] not in [f.record.id for f in since]
         then, _ = await c.search_memory("where is the staging database", as_of=point)
         assert [f.record.id for f in then][:1] == [gone["id"]] and later["id"] not in [f.record.id for f in then]
         now, _ = await c.search_memory("where is the staging database")

@@ -15,7 +15,9 @@ on the first call, then of what it gained; a fold per point asked, the last few 
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +92,10 @@ class Past:
     key: tuple[str, str, int, int]
 
 
+# How far this process's live reads serve an agent's event partition: the offset before which
+# they hold all of it.
+Served = Callable[[str, str], int]
+
 # Decoded events kept across calls (every agent's together), and folds kept: a fold of 100,000
 # records is some 200 MB, so only the last few points asked are kept.
 CACHED_EVENTS = 400_000
@@ -116,14 +122,19 @@ class PastMemory:
         """Raises ValueError for a position of another partition than the agent's."""
         return (await self.past(tenant, agent, point)).fold
 
-    async def past(self, tenant: str, agent: str, point: Point) -> Past:
-        """Raises ValueError for a position of another partition than the agent's."""
+    async def past(self, tenant: str, agent: str, point: Point, served: Served | None = None) -> Past:
+        """Raises ValueError for a position of another partition than the agent's. `served`: how far
+        this process's live reads serve a partition; when the events kept reach as far, the log
+        is not asked again (a past read is then as fresh as a read of now)."""
         partition = EVENTS.partition_of(f"{tenant}/{agent}".encode())
         if point.partition is not None and point.partition != partition:
             raise ValueError(f"as_of: position {point.partition}:{point.position} is of event partition "
                              f"{point.partition}; this agent's events are in partition {partition}")
         async with self._lock:
-            log = await self._caught_up(tenant, agent)
+            log = self.logs.get((tenant, agent))
+            if log is None or not kept_enough(log, tenant, agent, point, served):
+                log = await self._caught_up(tenant, agent)
+            self.logs.move_to_end((tenant, agent))
             logged = log.logged
             end = logged[-1].offset + 1 if logged else 0
             cut = end if point.position is None else point.position
@@ -198,7 +209,11 @@ class PastMemory:
         behind = [tp for tp in tps if end[tp] > next_at.get(tp.partition, 0)]
         if not behind:
             return []
-        await reader.assign(behind, start=next_at)
+        # Kept assigned where the last call left off, the reader has fetched what came since
+        # already; assigning or seeking again would drop that and wait for a new fetch.
+        if reader.consumer.assignment() != set(tps) or [
+                tp for tp in tps if await reader.position(tp) != next_at.get(tp.partition, 0)]:
+            await reader.assign(tps, start=next_at)
         out: list[Any] = []
         while [tp for tp in behind if await reader.position(tp) < end[tp]]:
             for msgs in (await reader.poll(*behind, timeout_ms=500, max_records=5000)).values():
@@ -232,8 +247,20 @@ class PastMemory:
             return None
 
 
+def kept_enough(log: AgentLog, tenant: str, agent: str, point: Point, served: Served | None) -> bool:
+    """Whether `log` holds the point's position and every event of the agent's and its workspace's
+    partitions that `served` says this process's live reads serve."""
+    if served is None:
+        return False
+    mine, workspace = (EVENTS.partition_of(f"{tenant}/{a}".encode()) for a in (agent, WORKSPACE))
+    if point.position is not None and point.position > log.next.get(mine, 0):
+        return False
+    return log.next.get(mine, 0) >= served(tenant, agent) and (
+        agent == WORKSPACE or log.next.get(workspace, 0) >= served(tenant, WORKSPACE))
+
+
 def moment_of(logged: list[Logged], cut: int) -> datetime:
     """The moment a position stands for: when the event at it was written (just before it), or
     now for the log's end."""
-    at = next((x.at_ms for x in logged if x.offset >= cut), None)
-    return utcnow() if at is None else datetime.fromtimestamp((at - 1) / 1000, tz=UTC)
+    at = bisect.bisect_left(logged, cut, key=lambda x: x.offset)
+    return utcnow() if at == len(logged) else datetime.fromtimestamp((logged[at].at_ms - 1) / 1000, tz=UTC)
