@@ -13,7 +13,7 @@ from typing import Any
 
 from settings import get_settings
 
-CONCURRENT_WRITES = 8  # an import's writes in flight at once; each waits for the ledger's answer
+CONCURRENT_WRITES = 32  # an import's writes in flight at once; each waits for the ledger's answer
 
 
 def add_parsers(sub: Any) -> None:

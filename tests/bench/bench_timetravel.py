@@ -16,6 +16,8 @@ One agent on a private stack (ledger, Redis projection, embedding worker, API):
   answers hold only records of the point (deleted ones among them), the live ones no deleted
   record. `as_of_search_first_ms`: the first as-of search, which reads the log, folds it and
   builds the point's index; later ones find both kept.
+- `export_records_per_s_100k`: `memlane export` of that agent's AGENT_RECORDS listed records, each
+  with its versions; checked by counting them, none of them deleted.
 - `shadow_turns_per_s`: `memlane shadow`'s job in-process over SHADOW_TURNS recorded turns with an
   instant scripted model answering one candidate per turn; checked by its report (every turn
   reviewed, each adding one record).
@@ -258,3 +260,15 @@ async def as_of_search_figures() -> None:
         figure("search_ms_p95", percentile(live, 95), "ms", SEARCHES, agent_records=AGENT_RECORDS)
         figure("as_of_search_ratio_p95", percentile(past, 95) / percentile(live, 95), "x", SEARCHES,
                agent_records=AGENT_RECORDS)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "big.jsonl"
+            t0 = time.perf_counter()
+            r = await asyncio.to_thread(memlane, stack, "export", "--tenant", "bench", "--agent", "big",
+                                        "--out", str(out))
+            secs = time.perf_counter() - t0
+            assert r.returncode == 0, r.stderr[-2000:]
+            lines = [json.loads(x) for x in out.read_text().splitlines()]
+        records = [x for x in lines if x["type"] == "record"]
+        # The agent's listed records: those deleted are not exported, the ones added after are.
+        assert len(records) == AGENT_RECORDS and not deleted & {x["id"] for x in records}, len(records)
+        figure("export_records_per_s_100k", len(records) / secs, "records/s", len(records))
