@@ -112,3 +112,29 @@ async def test_a_members_own_export_follows_the_agents_setting(stack, settings, 
         got = await http.get("/v1/export", headers={"Authorization": f"Bearer {opened}"})
         assert got.status_code == 200, got.text
         assert json.loads(got.text.splitlines()[0])["user"] == "fay"
+
+
+async def test_a_members_profile_is_imported_by_a_key_that_speaks_for_them(stack, settings, new_agent, tmp_path):
+    from datetime import UTC, datetime
+
+    from events.rules import portable
+    from tests.e2e.test_profiles import CFG, members
+
+    tenant, agent, key = await new_agent(CFG)
+    dana_key = (await members(stack, settings, tenant, agent, "dana"))["dana"]
+    async with MemlaneClient(stack.api_url, dana_key) as dana:
+        await dana.grant_consent()
+    path = tmp_path / "profiles.jsonl"
+    lines = [portable.header(tenant, "elsewhere", None, datetime.now(UTC).isoformat()),
+             {"type": "profile", "user": "dana", "text": "Vegetarian\nPrefers metric units"}, portable.trailer(0, 1)]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    # An operator never writes a member's profile: the line is refused, naming it.
+    r = await asyncio.to_thread(memlane, stack, "import", str(path), "--tenant", tenant, "--agent", agent)
+    assert r.returncode == 1 and "line 2:" in r.stderr, r.stderr
+    key_file = tmp_path / "agent.key"
+    key_file.write_text(key)
+    r = await asyncio.to_thread(memlane, stack, "import", str(path), "--tenant", tenant, "--agent", agent,
+                                "--key-file", str(key_file))
+    assert r.returncode == 0 and "1 profiles" in r.stderr, r.stderr
+    async with MemlaneClient(stack.api_url, dana_key) as dana:
+        assert (await dana.read_profile("dana"))["text"] == "Vegetarian\nPrefers metric units"
