@@ -17,6 +17,7 @@ import pytest
 from services.stack import stop_leftovers
 from settings import Settings
 from tests import scheduling
+from workers.runtime.processes import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -170,7 +171,7 @@ def pytest_configure(config):
     # A run killed before its fixtures stopped its stacks left them holding their ports.
     pids = run / "pids"
     pids.mkdir(exist_ok=True)
-    if left := stop_leftovers(sorted(pids.glob("*.log")), _alive):
+    if left := stop_leftovers(sorted(pids.glob("*.log")), running):
         print(f"memlane: stopped {len(left)} processes an earlier, killed test run left running")
     os.environ["MEMLANE_PID_LOG"] = str(pids / f"{os.getpid()}.log")
     path, failed = run / f"starts-{os.getpid()}.log", run / f"failed-tiers-{os.getpid()}"
@@ -182,14 +183,6 @@ def pytest_configure(config):
     config._memlane_starts = path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def pytest_unconfigure(config):

@@ -10,6 +10,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 from fastapi import APIRouter, FastAPI
+from starlette.routing import Route
 
 from projections.embedders.choose import make_embedder
 from projections.redis.api_key_view import ApiKeyView
@@ -20,6 +21,7 @@ from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
 from services.http.input_guard import GuardBodies
+from services.http.mcp_remote import RemoteMcp
 from services.http.no_store import NoStore
 from services.http.positions import Positions
 from services.http.routes import agents, blocks, config, health, keys, memory, recall, search, subjects, whoami
@@ -81,6 +83,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     """The API; `extra`: features the bootstrap adds on top (the web page: services.cli)."""
     settings = settings or get_settings()
     exts = [*extensions(), *extra]
+    remote_mcp = RemoteMcp(settings.api_url)  # the tools over MCP's HTTP transport, calling this API
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,6 +142,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
             past_indexes.close()
             await prod.stop()
             await publisher.stop()  # the publisher renews its producer after a failed send
+            await remote_mcp.aclose()
             await records.aclose()  # its applied-listener, then the Redis client everything here shares
             if data_keys is not None:
                 await data_keys.stop()
@@ -158,4 +162,6 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     for ext in exts:
         if ext.router is not None:
             app.include_router(ext.router)
+    app.router.routes.append(Route("/mcp", endpoint=remote_mcp, methods=["GET", "POST", "DELETE"],
+                                   include_in_schema=False))
     return app

@@ -26,6 +26,7 @@ GROUPS = {
     "fairness": "tests.bench.bench_fairness",
     "redisloss": "tests.bench.bench_redis_loss",
     "timetravel": "tests.bench.bench_timetravel",
+    "ecosystem": "tests.bench.bench_ecosystem",
 }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from events.record import MemoryRecord
 from projections.qdrant.index import EdgeIndex, indexable
 from workers.followers.past_memory import Past
+from workers.runtime.processes import running
 
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
 KEPT = 2
@@ -90,12 +91,3 @@ class PastIndexes:
         self.built.clear()
         self.retired = []
 
-
-def running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
