@@ -40,7 +40,13 @@ $(STAMP): pyproject.toml
 	  aptget install -y chromium 2>/dev/null || { aptget update && aptget install -y chromium; }; }
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The TypeScript client's compiler and its tests' types (clients/typescript), from its lockfile.
+TS_STAMP := clients/typescript/node_modules/.installed
+$(TS_STAMP): clients/typescript/package.json clients/typescript/package-lock.json
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(TS_STAMP)
+
+install: $(STAMP) $(TS_STAMP)
 
 up: install
 	@PYTHON=$(PY) deploy/local/kafka.sh start
@@ -83,6 +89,8 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 	@# The type checker over services/, workers/ and tests/fakes/ ([tool.mypy]): a fake cannot drift from its port.
 	$(PY) -m mypy
+	@# The TypeScript client compiles with strict types, and its request types match the OpenAPI document.
+	cd clients/typescript && npm run --silent build && node --test dist/test/openapi.test.js >/dev/null
 
 clean: down
 	rm -rf .run
