@@ -83,8 +83,8 @@ async def _scenario(stack: Stack, settings: Settings) -> int:
     console.print(f"\n{len(found)} records stored in {time.monotonic() - t0:.1f} s (the rolled-back turn left none)")
     table = Table("id", "summary", "scope", "source", "turn")
     for f in found:
-        r = f.record
-        table.add_row(r.id[:8], r.summary, r.scope.value, r.provenance.source.value, str(r.provenance.turn))
+        r = f.record.model_dump(mode="json")
+        table.add_row(r["id"][:8], r["summary"], r["scope"], r["provenance"]["source"], str(r["provenance"]["turn"]))
     console.print(table)
     for q, mode in QUERIES:
         hits, _ = await client.search_memory(q, limit=1, mode=mode)

@@ -147,7 +147,7 @@ class GuardBodies:
             status, field, message = refusal
             code = ErrorCode.LIMIT_EXCEEDED if status == 413 else ErrorCode.VALIDATION_FAILED
             answer: dict[str, Any] = {"error": {"code": code, "field": field, "message": message}}
-            if scope["path"].startswith("/mcp"):  # an MCP client reads JSON-RPC errors (parse error: -32700)
+            if scope.get("path", "").startswith("/mcp"):  # an MCP client reads JSON-RPC errors (parse error: -32700)
                 answer = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": message}}
             await JSONResponse(answer, status_code=status)(scope, receive, send)
             return
