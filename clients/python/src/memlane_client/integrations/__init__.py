@@ -1,0 +1,1 @@
+"""Adapters for agent frameworks, each an extra of this package: `langgraph`, `langchain`."""
