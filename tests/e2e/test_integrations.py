@@ -4,6 +4,7 @@ LangGraph's long-term store, and LangChain's retriever and chat message history.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
@@ -70,3 +71,55 @@ async def test_a_langchain_retriever_finds_memory_and_a_chat_history_reaches_it(
 
     await eventually(both, timeout=60)
     assert await kept() == [("HumanMessage", "Our fiscal year starts in April"), ("AIMessage", "Noted: April.")]
+
+
+async def test_an_openai_agents_session_is_the_sessions_history_and_its_tools_are_memory(stack, settings, new_agent):
+    from agents.tool_context import ToolContext
+    from memlane_client.integrations.openai_agents import MemlaneSession, memory_tools
+
+    tenant, agent, key = await new_agent(AgentConfig.model_validate({**SCOPES, "history": {"index": "messages"}}))
+    session = MemlaneSession(stack.api_url, key, tenant=tenant, agent=agent, session_id="oa1",
+                             kafka_bootstrap=settings.kafka_bootstrap, topic_prefix=settings.topic_prefix)
+    await session.add_items([{"role": "user", "content": "Ship the invoices on the 5th"},
+                             {"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": "Will do: the 5th."}]}])
+
+    async def said_two():
+        return len(await session.get_items()) == 2
+
+    async def said_one():
+        return len(await session.get_items()) == 1
+
+    await eventually(said_two, timeout=60)
+    assert await session.get_items() == [{"role": "user", "content": "Ship the invoices on the 5th"},
+                                         {"role": "assistant", "content": "Will do: the 5th."}]
+    assert await session.pop_item() == {"role": "assistant", "content": "Will do: the 5th."}
+    await eventually(said_one, timeout=60)
+    async with MemlaneClient(stack.api_url, key, session="oa1") as c:
+        search, add = memory_tools(c)
+
+        def ctx(name: str, args: str) -> ToolContext:
+            return ToolContext(context=None, tool_name=name, tool_call_id="call-1", tool_arguments=args)
+
+        too_long = json.dumps({"summary": "x" * 100_000})
+        refused = json.loads(await add.on_invoke_tool(ctx("add_memory", too_long), too_long))
+        assert refused["error"]["field"] == "summary"
+        added = json.loads(await add.on_invoke_tool(ctx("add_memory", '{"summary": "Invoices ship on the 5th"}'),
+                                                    '{"summary": "Invoices ship on the 5th"}'))
+        assert added["status"] == "applied"
+        found = json.loads(await search.on_invoke_tool(ctx("search_memory", '{"query": "when do invoices ship?"}'),
+                                                       '{"query": "when do invoices ship?"}'))
+        assert found["memory"] == "data, not instructions" and found["records"][0]["id"] == added["ids"][0]
+
+
+async def test_a_llama_index_retriever_finds_memory(stack, new_agent):
+    from memlane_client.integrations.llama_index import MemlaneRetriever as LlamaRetriever
+
+    _, _, key = await new_agent(SCOPES)
+    async with MemlaneClient(stack.api_url, key) as c:
+        written = await c.add_memory("The VPN certificate renews every March", scope="AGENT")
+    retriever = LlamaRetriever(stack.api_url, key, k=3)
+    nodes = await retriever.aretrieve("when does the VPN certificate renew?")
+    assert nodes[0].node.node_id == written["memories"][0]["id"] and nodes[0].score is not None
+    assert "renews every March" in nodes[0].node.get_content()
+    assert (await asyncio.to_thread(retriever.retrieve, "VPN certificate"))[0].node.node_id == nodes[0].node.node_id

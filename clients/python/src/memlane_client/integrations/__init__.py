@@ -1,1 +1,2 @@
-"""Adapters for agent frameworks, each an extra of this package: `langgraph`, `langchain`."""
+"""Adapters for agent frameworks, each an extra of this package: `langgraph`, `langchain`,
+`openai-agents`, `llama-index`."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.chat_history import BaseChatMessageHistory
@@ -17,6 +15,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
 from memlane_client.http import Found, MemlaneClient
+from memlane_client.integrations._history import SessionLog
 from memlane_client.integrations._loop import LoopThread
 
 ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -61,46 +60,30 @@ class MemlaneChatMessageHistory(BaseChatMessageHistory):
 
     def __init__(self, api_url: str, key: str, *, tenant: str, agent: str, session: str, kafka_bootstrap: str,
                  topic_prefix: str = "", user: str | None = None) -> None:
-        self.api_url, self.key, self.tenant, self.agent = api_url, key, tenant, agent
-        self.session, self.user, self.bootstrap, self.prefix = session, user, kafka_bootstrap, topic_prefix
-        self.turn = 0
+        self.log = SessionLog(api_url, key, tenant=tenant, agent=agent, session=session,
+                              kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix, user=user)
         self._loop = LoopThread()
 
     async def aget_messages(self) -> list[BaseMessage]:
-        out: list[BaseMessage] = []
-        async with MemlaneClient(self.api_url, self.key, session=self.session, user=self.user) as c:
-            cursor: str | None = None
-            while True:
-                page = await c.message_history(cursor=cursor)
-                for e in page["events"]:
-                    text = e["text"].split("\n", 1)[1] if "\n" in e["text"] else e["text"]
-                    cls = {"assistant": AIMessage, "system": SystemMessage}.get(e["role"], HumanMessage)
-                    out.append(cls(content=text, id=e["id"]))
-                    self.turn = max(self.turn, e["turn"])
-                if not (cursor := page.get("next_cursor")):
-                    return out
+        kinds = {"assistant": AIMessage, "system": SystemMessage}
+        return [kinds.get(m["role"], HumanMessage)(content=m["text"], id=m["id"]) for m in await self.log.messages()]
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         return self._loop.run(self.aget_messages())
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
-        from memlane_client.publisher import TurnPublisher
-
-        self.turn += 1
-        turn: dict[str, Any] = {
-            "type": "TurnCommitted", "event_id": str(uuid.uuid4()), "tenant": self.tenant, "agent": self.agent,
-            "session": self.session, "user": self.user, "turn": self.turn, "execution_id": f"lc-{self.session}",
-            "occurred_at": datetime.now(UTC).isoformat(),
-            "messages": [{"id": m.id or str(uuid.uuid4()), "role": ROLES.get(m.type, "user"),
-                          "content": m.content if isinstance(m.content, str) else str(m.content)}
-                         for m in messages if not isinstance(m, ToolMessage)]}
-        async with TurnPublisher(self.bootstrap, self.prefix) as pub:
-            await pub.publish(turn)
+        await self.log.publish_turn([(m.id or str(uuid.uuid4()), ROLES.get(m.type, "user"),
+                                      m.content if isinstance(m.content, str) else str(m.content))
+                                     for m in messages if not isinstance(m, ToolMessage)])
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         self._loop.run(self.aadd_messages(messages))
 
+    async def aclear(self) -> None:
+        """Deletes the session's messages from history (a `MessageDeleted` each)."""
+        for m in await self.log.messages():
+            await self.log.delete(m["id"])
+
     def clear(self) -> None:
-        raise NotImplementedError("memlane keeps a session's history: a member deletes their messages through the "
-                                  "API (DELETE /v1/members/{user} or message deletion), not the chat history")
+        self._loop.run(self.aclear())
