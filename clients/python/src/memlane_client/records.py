@@ -55,3 +55,5 @@ class Record(BaseModel):
     valid_from: datetime | None = None
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
+    superseded_at: datetime | None = None
+    confirmations: int = 0  # times a later write restated it
