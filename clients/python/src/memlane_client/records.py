@@ -56,4 +56,4 @@ class Record(BaseModel):
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
     superseded_at: datetime | None = None
-    confirmations: int = 0  # times a later write restated it
+    confirmations: int = 0  # how many later writes from other runs restated it
