@@ -21,6 +21,7 @@ from events.sealing import PERSONAL, SEALED_MARK, Cipher, open_fields, seal_fiel
 from events.turns import TurnEvent
 from events.usage import UsageEvent
 from events.vectors import VectorComputed
+from events.webhooks import DeadLetter, Registration
 
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     "memlane.turns": TypeAdapter(TurnEvent),
@@ -29,6 +30,8 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     "memlane.vectors": TypeAdapter(VectorComputed),
     "memlane.history.vectors": TypeAdapter(VectorComputed),
     "memlane.usage": TypeAdapter(UsageEvent),
+    "memlane.webhooks": TypeAdapter(Registration),
+    "memlane.webhooks.dead": TypeAdapter(DeadLetter),
 }
 
 

@@ -133,3 +133,9 @@ WEB_SESSION_TTL_S = 8 * 3600
 WEB_SESSIONS = Topic("memlane.websessions", 1, lambda r: r, compacted=True, config={
     "cleanup.policy": "compact,delete", "retention.ms": str(WEB_SESSION_TTL_S * 1000),
     "delete.retention.ms": "3600000"})
+
+# Webhook registrations by tenant/id (events/webhooks.py): compacted, a removal is a key's last value.
+WEBHOOKS = Topic("memlane.webhooks", 1, lambda r: f"{r.tenant}/{r.webhook_id}", compacted=True,
+                 config={"cleanup.policy": "compact"})
+# Deliveries parked after their last attempt, and the operator's replays of them, by tenant; kept.
+WEBHOOKS_DEAD = Topic("memlane.webhooks.dead", 1, lambda r: r.tenant, config={"retention.ms": "-1"})

@@ -22,6 +22,7 @@ from services.cli_clients import add_parsers as client_parsers
 from services.cli_portable import add_parsers as portable_parsers
 from services.cli_shadow import add_parsers as shadow_parsers
 from services.cli_undo import add_parsers as undo_parsers
+from services.cli_webhooks import add_parsers as webhook_parsers
 from services.stack import ALL  # `memlane worker all`: every worker in one process (test and demo stacks)
 from settings import get_settings
 from settings.logging import configure
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     portable_parsers(sub)  # `export`, `import`
     undo_parsers(sub)  # `undo`
     shadow_parsers(sub)  # `shadow`
+    webhook_parsers(sub)  # `webhooks deliver`
 
     from services.operator_cli import add_parsers as operator_parsers
 

@@ -12,6 +12,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from starlette.routing import Route
 
+from events.topics import WEBHOOKS, WEBHOOKS_DEAD
 from projections.embedders.choose import make_embedder
 from projections.redis.api_key_view import ApiKeyView
 from projections.redis.record_view import RedisRecords
@@ -31,6 +32,7 @@ from services.http.routes import profiles as profiles_routes
 from services.http.routes import runs as runs_routes
 from services.http.routes import tenant as tenant_routes
 from services.http.routes import undo as undo_routes
+from services.http.routes import webhooks as webhooks_routes
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
 from services.memory import MemoryService
@@ -53,6 +55,8 @@ ROUTERS: tuple[APIRouter, ...] = (
     profiles_routes.router, tenant_routes.router)
 # Notes (docs/features/notes.md), the portable export, and undo.
 ROUTERS += (notes_routes.router, export_routes.router, undo_routes.router)
+# Signed webhooks (docs/features/webhooks.md).
+ROUTERS += (webhooks_routes.router,)
 
 
 class Extension(Protocol):
@@ -89,6 +93,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     async def lifespan(app: FastAPI):
         await wait_for_broker(settings)
         await ensure_topics(settings)
+        await ensure_topics(settings, [WEBHOOKS, WEBHOOKS_DEAD])  # registrations are written here
         codec = keys_at(settings)()
         data_keys = await open_keys(settings, codec)
         redis = redis_at(settings)
@@ -118,6 +123,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         watcher = asyncio.create_task(shards.watch_generation(), name="qdrant-generation-watch")
         app.state.settings = settings
         app.state.redis_at = redis  # for the extensions' own clients
+        app.state.producer = prod  # the webhook routes' registrations and replays
         app.state.codec = codec  # the process's: the extensions' followers seal and open with it
         app.state.service = service
         app.state.keys = KeyStore(redis_client, settings.operator_key, settings.redis_root, log=api_keys)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from events.record import MemoryRecord, Provenance, Scope
-from memlane_client import Record
 from memlane_client import Provenance as ClientProvenance
+from memlane_client import Record
+
+from events.record import MemoryRecord, Provenance, Scope
 
 
 def test_the_client_record_names_the_servers_fields():

@@ -1,0 +1,81 @@
+"""What a webhook is told, and how: the notices an event of the log makes, each delivery's id and
+signature, and which endpoint URLs are refused.
+
+A delivery's id names the event by its place in the log and the webhook it goes to, so a replay,
+a restart or a second worker sends a notice again with the same id (the receiver drops the copy).
+The signature is HMAC-SHA256 of `<timestamp>.<body>` under the webhook's secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+# Record events, and what happened to the record in each.
+ACTIONS = {"RecordAdded": "added", "RecordSuperseded": "replaced", "RecordDeleted": "deleted",
+           "RecordExpired": "expired", "RecordRestored": "restored", "RecordRevised": "revised",
+           "RecordPinned": "pinned", "RecordUnpinned": "unpinned"}
+
+
+@dataclass(frozen=True)
+class Notice:
+    kind: str
+    tenant: str
+    agent: str
+    data: dict[str, Any]
+
+
+def notices(event: Any) -> list[Notice]:
+    """What `event` (a lean event of the log, or a full one) tells webhooks: ids and kinds, never text."""
+    action = ACTIONS.get(event.type)
+    if action is not None and event.record is not None:
+        r = event.record
+        scope = getattr(r.scope, "value", r.scope)
+        return [Notice("memory.changed", event.tenant, event.agent, {
+            "action": action, "record_id": r.id, "version": r.version, "kind": r.kind, "scope": scope,
+            **({"user": r.user} if r.user else {}), **({"session": r.session} if r.session else {})})]
+    if event.type == "SubjectErased":
+        return [Notice("subject.erased", event.tenant, event.agent, {
+            "agent": None if getattr(event, "tenant_wide", False) else event.agent,
+            **({"user": event.user} if event.user else {})})]
+    return []
+
+
+def delivery_id(webhook_id: str, partition: int, offset: int, kind: str) -> str:
+    return hashlib.sha256(f"{webhook_id}\0{partition}\0{offset}\0{kind}".encode()).hexdigest()[:32]
+
+
+def body_of(delivery: str, notice: Notice, at: str) -> str:
+    return json.dumps({"id": delivery, "type": notice.kind, "created_at": at, "tenant": notice.tenant,
+                       "agent": notice.agent, "data": notice.data}, separators=(",", ":"))
+
+
+def signature(secret: str, timestamp: int, body: str) -> str:
+    mac = hmac.new(secret.encode(), f"{timestamp}.{body}".encode(), hashlib.sha256).hexdigest()
+    return f"v1={mac}"
+
+
+def url_refusal(url: str, dev: bool, resolve: Callable[[str], list[str]]) -> str | None:
+    """Why `url` cannot be an endpoint, or None. Outside development mode an endpoint must not
+    resolve to a loopback, link-local or unspecified address (a webhook is not a way into the
+    deployment's own network)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "url: an http or https URL with a host, such as https://example.com/hooks/memlane"
+    if dev:
+        return None
+    try:
+        addresses = resolve(parts.hostname)
+    except OSError:
+        return f"url: {parts.hostname} does not resolve; give a host this deployment can reach"
+    for a in addresses:
+        ip = ipaddress.ip_address(a)
+        if ip.is_loopback or ip.is_link_local or ip.is_unspecified:
+            return f"url: {parts.hostname} resolves to {a}, a loopback or link-local address; webhooks go to other hosts"
+    return None

@@ -1,0 +1,185 @@
+"""Signed webhooks on the shared stack: an operator registers endpoints, the delivery worker reads
+the log and delivers `memory.changed` and `subject.erased`, signed; an endpoint that fails is
+retried, one that keeps failing is parked and replayed with the same ids, and one that stalls
+holds up no other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from events.rules.webhooks import signature
+from services.bootstrap import keys_at
+from services.client import MemlaneClient
+from tests.conftest import eventually
+from workers.followers.webhook_delivery import WebhookDelivery
+from workers.runtime.data_keys import open_keys
+
+AGENT_MEMORY = {"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}}
+
+
+@dataclass
+class Receiver:
+    """A local HTTP endpoint: `answer(n)` says what the n-th request gets (a status, or a stall in s)."""
+
+    answer: Callable[[int], Awaitable[int]]
+    got: list[dict] = field(default_factory=list)
+    server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def start(self) -> Receiver:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+            headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+            body = (await reader.readexactly(int(headers.get("content-length", 0)))).decode()
+            n = len(self.got)
+            self.got.append({"headers": headers, "body": body, "status": None})
+            status = await self.answer(n)
+            self.got[n]["status"] = status
+            writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def delivered(self) -> list[dict]:
+        return [json.loads(g["body"]) for g in self.got if g["status"] == 200]
+
+    async def stop(self) -> None:
+        self.server.close()
+
+
+async def status(code: int) -> int:
+    return code
+
+
+@pytest.fixture
+async def worker(settings):
+    """The delivery worker as `memlane webhooks deliver` runs it (the deployment's keys open the
+    secrets), retrying four times, quickly."""
+    codec = keys_at(settings)()
+    keys = await open_keys(settings, codec)
+    w = WebhookDelivery(settings, codec, keys, backoff_s=(0.05, 0.1, 0.2, 0.4), attempt_timeout_s=1.0)
+    task = asyncio.create_task(w.run())
+    yield w
+    w.stopping.set()
+    await asyncio.wait_for(task, 30)
+    if keys is not None:
+        await keys.stop()
+
+
+async def register(stack, settings, tenant: str, url: str, **body) -> dict:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}"}) as op:
+        r = await op.post("/v1/admin/webhooks", params={"tenant": tenant},
+                          json={"url": url, "events": ["memory.changed", "subject.erased"], **body})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+async def test_deliveries_are_signed_retried_and_parked_then_replayed(stack, settings, new_agent, worker):
+    tenant, agent, key = await new_agent(AGENT_MEMORY)
+
+    async def flaky(n: int) -> int:  # two failures, a stall longer than an attempt's limit, then fine
+        if n == 2:
+            await asyncio.sleep(1.5)
+        return 500 if n < 3 else 200
+
+    good = await Receiver(flaky).start()
+    down = await Receiver(lambda n: status(503)).start()
+    hook = await register(stack, settings, tenant, good.url, agent=agent)
+    dead = await register(stack, settings, tenant, down.url, agent=agent)
+    assert hook["secret"] and "secret" not in json.dumps((await _list(stack, settings, tenant))["webhooks"])
+    async with MemlaneClient(stack.api_url, key) as c:
+        ids = [(await c.add_memory(f"Fact {i}: the on-call phone is in drawer {i}", scope="AGENT"))["memories"][0]["id"]
+               for i in range(3)]
+    await eventually(lambda: {d["data"]["record_id"] for d in good.delivered()} == set(ids), timeout=60)
+    for g in good.got:  # every attempt signed with the secret shown once
+        h = g["headers"]
+        assert h["memlane-webhook-signature"] == signature(hook["secret"], int(h["memlane-webhook-timestamp"]),
+                                                           g["body"])
+    sent = [json.loads(g["body"])["id"] for g in good.got]
+    assert len(set(sent)) == 3 and all(json.loads(g["body"])["data"]["action"] == "added" for g in good.got)
+    assert "drawer" not in " ".join(g["body"] for g in good.got)  # ids, never text
+
+    # The endpoint that never answered well: each delivery parked after its last attempt, listed, replayed.
+    async def parked() -> list[dict]:
+        return (await _dead(stack, settings, tenant))["deliveries"]
+
+    async def three_parked() -> bool:
+        return len(await parked()) == 3
+
+    await eventually(three_parked, timeout=60)
+    first = {json.loads(g["body"])["id"] for g in down.got}
+    down.answer = lambda n: status(200)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}"}) as op:
+        r = await op.post("/v1/admin/webhooks/dead/replay", params={"tenant": tenant}, json={})
+        assert r.json() == {"replayed": 3}
+    await eventually(lambda: {d["id"] for d in down.delivered()} == first, timeout=60)
+    assert await parked() == [] and dead["id"]
+    await good.stop()
+    await down.stop()
+
+
+async def test_a_stalled_endpoint_holds_up_no_other(stack, settings, new_agent, worker):
+    tenant, agent, key = await new_agent(AGENT_MEMORY)
+
+    async def stall(n: int) -> int:
+        await asyncio.sleep(5)
+        return 200
+
+    slow = await Receiver(stall).start()
+    fast = await Receiver(lambda n: status(200)).start()
+    await register(stack, settings, tenant, slow.url, agent=agent)
+    await register(stack, settings, tenant, fast.url, agent=agent)
+    async with MemlaneClient(stack.api_url, key) as c:
+        await c.add_memory("The deploy freeze starts Friday", scope="AGENT")
+        t0 = time.monotonic()
+        await c.add_memory("The deploy freeze ends Monday", scope="AGENT")
+    await eventually(lambda: len(fast.delivered()) == 2, timeout=30)
+    assert time.monotonic() - t0 < 4, "the fast endpoint waited for the stalled one"
+    assert not slow.delivered()  # still stalling: its own queue waits
+    await slow.stop()
+    await fast.stop()
+
+
+async def test_a_bad_endpoint_or_event_is_refused_naming_the_field(stack, settings, new_agent):
+    tenant, _, _ = await new_agent(AGENT_MEMORY)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}"}) as op:
+        r = await op.post("/v1/admin/webhooks", params={"tenant": tenant},
+                          json={"url": "ftp://example.com/x", "events": ["memory.changed"]})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "url"
+        r = await op.post("/v1/admin/webhooks", params={"tenant": tenant},
+                          json={"url": "http://example.com/x", "events": ["memory.exploded"]})
+        assert r.status_code == 422 and "events" in r.json()["error"]["field"]
+        r = await op.delete("/v1/admin/webhooks/nope", params={"tenant": tenant})
+        assert r.status_code == 404 and r.json()["error"]["field"] == "webhook_id"
+
+
+async def _list(stack, settings, tenant: str) -> dict:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}"}) as op:
+        return (await op.get("/v1/admin/webhooks", params={"tenant": tenant})).json()
+
+
+async def _dead(stack, settings, tenant: str) -> dict:
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, headers={
+            "Authorization": f"Bearer {settings.operator_key}"}) as op:
+        return (await op.get("/v1/admin/webhooks/dead", params={"tenant": tenant})).json()
+
