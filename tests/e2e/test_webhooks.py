@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from events.rules.webhooks import signature
+from events.topics import EVENTS
 from services.bootstrap import keys_at
 from services.client import MemlaneClient
 from tests.conftest import eventually
@@ -104,6 +106,15 @@ async def test_deliveries_are_signed_retried_and_parked_then_replayed(stack, set
     hook = await register(stack, settings, tenant, good.url, agent=agent)
     dead = await register(stack, settings, tenant, down.url, agent=agent)
     assert hook["secret"] and "secret" not in json.dumps((await _list(stack, settings, tenant))["webhooks"])
+    # A poison event in the agent's partition, before the writes: the worker skips it and goes on.
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic(EVENTS.name), json.dumps(
+            {"type": "RecordAdded", "command_id": "poison", "tenant": tenant, "agent": agent}).encode(),
+            key=f"{tenant}/{agent}".encode())
+    finally:
+        await producer.stop()
     async with MemlaneClient(stack.api_url, key) as c:
         ids = [(await c.add_memory(f"Fact {i}: the on-call phone is in drawer {i}", scope="AGENT"))["memories"][0]["id"]
                for i in range(3)]

@@ -22,7 +22,7 @@ import httpx
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from events.codec import Codec
+from events.codec import Codec, ContractError
 from events.commands import WORKSPACE
 from events.lean import decode_logged
 from events.rules import webhooks as rules
@@ -120,7 +120,11 @@ class WebhookDelivery:
                 await asyncio.wait_for(self.progressed.wait(), 1.0)
 
     def _take(self, tp: TopicPartition, m: Any) -> None:
-        event = decode_logged(m.value, m.headers) if m.value else None
+        try:
+            event = decode_logged(m.value, m.headers) if m.value else None
+        except ContractError as e:  # a poison event tells no webhook anything; the projections park it
+            log.warning("webhook_event_skipped", partition=m.partition, offset=m.offset, field=e.field)
+            event = None
         deliveries: list[Delivery] = []
         for notice in rules.notices(event) if event is not None else ():
             for ep in self._endpoints_for(notice):
