@@ -1,5 +1,6 @@
 """ecosystem: what reaching memlane through the frameworks' ways costs.
 
+- `webhook_delivery_ms_p95`, `webhook_deliveries_per_s`, `webhook_lost_after_kill`: `webhook_figures`.
 - `mcp_search_ms_p95` beside `http_search_ms_p95`: `search_memory` over remote MCP (the official
   client's streamable HTTP transport, one session) and `POST /v1/memory/search`, SEARCHES of each
   of each query in turn, each first
@@ -70,3 +71,87 @@ async def run() -> None:
                 assert mcp_ids and mcp_ids == http_ids, query
         figure("mcp_search_ms_p95", percentile(mcp_ms, 95), "ms", SEARCHES, agent_records=RECORDS)
         figure("http_search_ms_p95", percentile(http_ms, 95), "ms", SEARCHES, agent_records=RECORDS)
+    await webhook_figures()
+
+
+WRITES = 300
+
+
+async def webhook_figures() -> None:
+    """`webhook_delivery_ms_p95` (a write's answer to its delivery at a local receiver) and
+    `webhook_deliveries_per_s` with one `memlane webhooks deliver` process, over WRITES writes; then
+    the worker is killed (-9) halfway through a burst of WRITES more and started again, and every
+    record must have been delivered: `webhook_lost_after_kill` (must be 0) and the copies, which carry
+    their first delivery's id."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    received: dict[str, list[tuple[str, float]]] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+        body = json.loads(await reader.readexactly(int(headers["content-length"])))
+        if body["data"]["action"] == "added":  # a replacement also tells the replaced record's change
+            received.setdefault(body["data"]["record_id"], []).append((body["id"], time.perf_counter()))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    with bench_stack("webhooks", workers=("ledger", "redis-projection", "embedding")) as (stack, settings):
+        tenant, agent = "bench", f"wh{uuid.uuid4().hex[:6]}"
+        async with MemlaneClient(stack.api_url, settings.operator_key, tenant=tenant, agent=agent) as op:
+            key = await op.issue_key(tenant, agent)
+            await op.configure(CONFIG)
+        async with httpx.AsyncClient(base_url=stack.api_url, timeout=30,
+                                     headers={"Authorization": f"Bearer {settings.operator_key}"}) as h:
+            r = await h.post("/v1/admin/webhooks", params={"tenant": tenant},
+                             json={"url": url, "events": ["memory.changed"], "agent": agent})
+            assert r.status_code == 201, r.text
+
+        def start() -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "services.cli", "webhooks", "deliver"], env=stack.env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        worker = start()
+        sent: dict[str, float] = {}
+        try:
+            async with MemlaneClient(stack.api_url, key) as c:
+                # Writes are capped at 200 live records an agent: each replaces the one before.
+                last = None
+                t0 = time.perf_counter()
+                for i in range(WRITES):
+                    out = await c.add_memory(f"Ticket {i} closed", scope="AGENT", replaces=last)
+                    last = out["memories"][-1]["id"]
+                    sent[last] = time.perf_counter()
+                while len([r for r in sent if r in received]) < WRITES:
+                    await asyncio.sleep(0.05)
+                secs = time.perf_counter() - t0
+                lat = [(received[r][0][1] - at) * 1000 for r, at in sent.items()]
+                figure("webhook_delivery_ms_p95", percentile(lat, 95), "ms", WRITES, workers=1)
+                figure("webhook_deliveries_per_s", WRITES / secs, "deliveries/s", WRITES,
+                       note="paced by the writes, each waited for")
+                burst: list[str] = []
+                for i in range(WRITES):
+                    if i == WRITES // 2:
+                        worker.send_signal(signal.SIGKILL)
+                        worker.wait()
+                        worker = start()
+                    out = await c.add_memory(f"Burst {i} closed", scope="AGENT", replaces=last)
+                    last = out["memories"][-1]["id"]
+                    burst.append(last)
+                deadline = time.monotonic() + 120
+                while [r for r in burst if r not in received] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+        finally:
+            worker.kill()
+            server.close()
+        lost = [r for r in burst if r not in received]
+        copies = sum(len(received[r]) - 1 for r in burst if r in received)
+        assert all(len({d for d, _ in received[r]}) == 1 for r in burst if r in received), "a copy had another id"
+        figure("webhook_lost_after_kill", len(lost), "deliveries", WRITES, duplicates=copies)
+        assert not lost, f"{len(lost)} deliveries lost after the kill"
