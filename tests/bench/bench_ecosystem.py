@@ -1,11 +1,12 @@
 """ecosystem: what reaching memlane through the frameworks' ways costs.
 
-- `webhook_delivery_ms_p95`, `webhook_deliveries_per_s`, `webhook_lost_after_kill`: `webhook_figures`.
 - `mcp_search_ms_p95` beside `http_search_ms_p95`: `search_memory` over remote MCP (the official
-  client's streamable HTTP transport, one session) and `POST /v1/memory/search`, SEARCHES of each
-  of each query in turn, each first
-  half the time (the second finds the query's embedding cached), over an agent of RECORDS records on a
-  private stack. Checked: both answers of a query hold the same records.
+  client's streamable HTTP transport, one session) and `POST /v1/memory/search`, SEARCHES queries
+  each asked both ways, each way first half the time (the second finds the query's embedding
+  cached), over an agent of RECORDS records on a private stack. Checked: both answers of a query
+  hold the same records.
+- `webhook_delivery_ms_p95`, `webhook_deliveries_per_s` and `webhook_lost_after_kill`
+  (`webhook_figures`): one `memlane webhooks deliver` process and a local receiver.
 """
 
 from __future__ import annotations
