@@ -85,11 +85,21 @@ async def webhook_figures() -> None:
     record must have been delivered: `webhook_lost_after_kill` (must be 0) and the copies, which carry
     their first delivery's id."""
     import asyncio
+    import contextlib
     import signal
     import subprocess
     import sys
 
     received: dict[str, list[tuple[str, float]]] = {}
+    arrived = asyncio.Event()  # set at each delivery
+
+    async def until_delivered(ids: list[str], timeout: float) -> None:
+        async def every() -> None:
+            while [r for r in ids if r not in received]:
+                arrived.clear()
+                await arrived.wait()
+
+        await asyncio.wait_for(every(), timeout)
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
@@ -97,6 +107,7 @@ async def webhook_figures() -> None:
         body = json.loads(await reader.readexactly(int(headers["content-length"])))
         if body["data"]["action"] == "added":  # a replacement also tells the replaced record's change
             received.setdefault(body["data"]["record_id"], []).append((body["id"], time.perf_counter()))
+            arrived.set()
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
         await writer.drain()
         writer.close()
@@ -129,8 +140,7 @@ async def webhook_figures() -> None:
                     out = await c.add_memory(f"Ticket {i} closed", scope="AGENT", replaces=last)
                     last = out["memories"][-1]["id"]
                     sent[last] = time.perf_counter()
-                while len([r for r in sent if r in received]) < WRITES:
-                    await asyncio.sleep(0.05)
+                await until_delivered(list(sent), 120)
                 secs = time.perf_counter() - t0
                 lat = [(received[r][0][1] - at) * 1000 for r, at in sent.items()]
                 figure("webhook_delivery_ms_p95", percentile(lat, 95), "ms", WRITES, workers=1)
@@ -145,9 +155,8 @@ async def webhook_figures() -> None:
                     out = await c.add_memory(f"Burst {i} closed", scope="AGENT", replaces=last)
                     last = out["memories"][-1]["id"]
                     burst.append(last)
-                deadline = time.monotonic() + 120
-                while [r for r in burst if r not in received] and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
+                with contextlib.suppress(TimeoutError):  # what is still missing then was lost
+                    await until_delivered(burst, 120)
         finally:
             worker.kill()
             server.close()

@@ -49,6 +49,7 @@ from projections.embedders.port import MODEL_ID, content_hash
 from services.client import MemlaneClient, TurnPublisher
 from tests.bench.bench_rebuild import _produce, vector_partition_of
 from tests.bench.common import bench_stack, figure, percentile, progress
+from tests.conftest import eventually
 from tests.fakes.model_server import FakeModel, Reply
 from workers.clients.model_client import ModelClient
 from workers.jobs.shadow import Shadow, ShadowRun
@@ -226,13 +227,16 @@ async def as_of_search_figures() -> None:
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=600) as h:
             last = AGENT_RECORDS + CHANGED - 1  # written after the deletes: once both views hold it, they hold all
-            while True:
+
+            async def loaded() -> bool:
                 read = await h.get(f"/v1/memory/r{last}")
                 found = await h.post("/v1/memory/search", json={"query": f"note {last}", "mode": "lexical"})
                 if read.status_code == 200 and f"r{last}" in [x["id"] for x in found.json()["records"]]:
-                    break
+                    return True
                 progress(f"loading: {(await h.get('/health')).json()['projection']['points']} points indexed")
-                await asyncio.sleep(5)
+                return False
+
+            await eventually(loaded, timeout=900, interval=5)
 
             async def search(q: int, as_of: str | None) -> tuple[float, list[str]]:
                 body = {"query": f"the {WORDS[q % 12]} {WORDS[(q * 7) % 12]} of case {q % 997} ({q})", "limit": 20,

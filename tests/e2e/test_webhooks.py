@@ -26,9 +26,12 @@ from workers.runtime.data_keys import open_keys
 AGENT_MEMORY = {"memory": {"scope": {"read": ["agent"], "write": ["agent"]}}}
 
 
+STALL = 0  # an answer that is no answer: the receiver holds the request until the caller hangs up
+
+
 @dataclass
 class Receiver:
-    """A local HTTP endpoint: `answer(n)` says what the n-th request gets (a status, or a stall in s)."""
+    """A local HTTP endpoint: `answer(n)` says what the n-th request gets (a status, or STALL)."""
 
     answer: Callable[[int], Awaitable[int]]
     got: list[dict] = field(default_factory=list)
@@ -50,6 +53,9 @@ class Receiver:
             n = len(self.got)
             self.got.append({"headers": headers, "body": body, "status": None})
             status = await self.answer(n)
+            if status == STALL:
+                await reader.read()  # returns once the worker gives up on the attempt and closes
+                return
             self.got[n]["status"] = status
             writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
             await writer.drain()
@@ -96,10 +102,8 @@ async def register(stack, settings, tenant: str, url: str, **body) -> dict:
 async def test_deliveries_are_signed_retried_and_parked_then_replayed(stack, settings, new_agent, worker):
     tenant, agent, key = await new_agent(AGENT_MEMORY)
 
-    async def flaky(n: int) -> int:  # two failures, a stall longer than an attempt's limit, then fine
-        if n == 2:
-            await asyncio.sleep(1.5)
-        return 500 if n < 3 else 200
+    async def flaky(n: int) -> int:  # two failures, a stall past an attempt's limit, then fine
+        return 500 if n < 2 else STALL if n == 2 else 200
 
     good = await Receiver(flaky).start()
     down = await Receiver(lambda n: status(503)).start()
@@ -150,11 +154,8 @@ async def test_deliveries_are_signed_retried_and_parked_then_replayed(stack, set
 async def test_a_stalled_endpoint_holds_up_no_other(stack, settings, new_agent, worker):
     tenant, agent, key = await new_agent(AGENT_MEMORY)
 
-    async def stall(n: int) -> int:
-        await asyncio.sleep(5)
-        return 200
-
-    slow = await Receiver(stall).start()
+    # Each attempt stalls until the worker gives up on it: five attempts, some 6 s, for each delivery.
+    slow = await Receiver(lambda n: status(STALL)).start()
     fast = await Receiver(lambda n: status(200)).start()
     await register(stack, settings, tenant, slow.url, agent=agent)
     await register(stack, settings, tenant, fast.url, agent=agent)
