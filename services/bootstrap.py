@@ -136,15 +136,16 @@ def processor_class(name: str) -> Any:
 
 
 class ProcessAdapters:
-    """The adapters of one process's processors: the deployment's Redis, the process's codec, an
-    embedder each, and the model's and the API's clients.
+    """The adapters of one process's processors: the deployment's Redis, the process's codec and
+    tracing, an embedder each, and the model's and the API's clients.
     The embedding worker and its history companion keep a model session each, so a turn's long
     parts never queue a record's vector behind them in one session's thread pool."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, service: str = "worker") -> None:
         self.settings = settings
         self.redis = redis_at(settings)
         self.codec = keys_at(settings)()
+        self.tracing = tracing(settings, service)
 
     def embedder(self) -> Any:
         from projections.embedders.choose import make_embedder
@@ -176,3 +177,17 @@ def build_processor(name: str, adapters: ProcessAdapters) -> Any:
     if name in USE_EMBEDDER:
         return cls(settings, adapters.embedder(), **made)
     return cls(settings, **made)
+
+
+def tracing(settings: Settings, service: str) -> Any:
+    """The process's tracing (`workers.runtime.tracing`): off unless an OTLP endpoint is set."""
+    from workers.runtime.tracing import NO_TRACING, OtelTracing
+
+    if not settings.otlp_endpoint:
+        return NO_TRACING
+    try:
+        return OtelTracing(f"memlane-{service}", settings.otlp_endpoint, settings.trace_sample_ratio,
+                           settings.trace_export_delay_ms)
+    except ImportError as e:
+        raise SystemExit(f"OTEL_EXPORTER_OTLP_ENDPOINT is set but {e.name} is not installed: install "
+                         "memlane with the tracing extra (pip install 'memlane[tracing]'), or unset it") from None

@@ -61,7 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 0
     if (refused := _refuse_default_operator_key(settings, f"worker {args.name}")) is not None:
         return refused
-    adapters = ProcessAdapters(settings)
+    adapters = ProcessAdapters(settings, f"worker-{args.name}")
     processors = {name: build_processor(name, adapters) for name in names}
     tune_for_service()
 
@@ -73,7 +73,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     # uvloop: a worker is one event loop moving small messages between sockets, and
     # asyncio's pure-Python loop and transports were a visible share of its CPU.
-    uvloop.run(run())
+    try:
+        uvloop.run(run())
+    finally:
+        adapters.tracing.shutdown()
     return 0
 
 
@@ -85,7 +88,7 @@ async def _run_worker(name: str, processor, adapters: ProcessAdapters) -> None:
     from workers.runtime.runner import Runner
 
     settings = adapters.settings
-    runner = Runner(processor, settings)
+    runner = Runner(processor, settings, tracing=adapters.tracing)
     # The heartbeat /health reads names the group the runner consumes in. The probe serves
     # the worker's /metrics, /health and /ready on its own port (docs/reference/metrics.md).
     async with heartbeat(settings, adapters.redis, name, runner.group, list(processor.sources)):
@@ -101,7 +104,7 @@ async def _with_companions(name: str, processor, adapters: ProcessAdapters, main
     for companion_name in COMPANIONS.get(name, ()):
         companion = build_processor(companion_name, adapters)
         companion.stopping = processor.stopping
-        runners.append(Runner(companion, adapters.settings).run())
+        runners.append(Runner(companion, adapters.settings, tracing=adapters.tracing).run())
     await asyncio.gather(main, *runners)
 
 

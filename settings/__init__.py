@@ -135,6 +135,13 @@ class Settings(BaseSettings):
     metrics_port_base: int = Field(default=39100, ge=1, le=65000)
     metrics_host: str = "127.0.0.1"
     metrics_every_s: float = Field(default=5.0, gt=0)
+    # Traces (docs/operations/tracing.md): off unless an OTLP/HTTP endpoint is set, under the
+    # standard OpenTelemetry names. A trace is kept for this share of turns and requests that
+    # arrive without one (a caller's sampled trace is always followed); spans leave in batches
+    # this often.
+    otlp_endpoint: str = Field(default="", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0, validation_alias="OTEL_TRACES_SAMPLER_ARG")
+    trace_export_delay_ms: int = Field(default=5000, ge=10, le=600_000, validation_alias="OTEL_BSP_SCHEDULE_DELAY")
     # Scheduled jobs (docs/operations/scheduled-jobs.md). The ledger sweeps its partitions' expired records
     # this often (0: only the nightly retention pass and `memlane sweep` do).
     sweep_every_s: float = Field(default=3600.0, ge=0)

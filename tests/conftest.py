@@ -240,5 +240,5 @@ def _written_since(line: str, since: float) -> bool:
 
 # The shared stacks' fixtures, registered here so each starts once a session whatever tiers run
 # (imported last: the stacks' support modules import this module's helpers).
-from tests.stacks import (BARE_ORDER, bare_deployment, bare_stack, fake, jobs_stack, model_stack,  # noqa: E402, F401, I001
+from tests.stacks import (BARE_ORDER, bare_deployment, bare_stack, fake, jobs_stack, model_stack, otlp,  # noqa: E402, F401, I001
                           new_agent, operator, publisher, stack)

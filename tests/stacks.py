@@ -19,6 +19,7 @@ from settings import Settings
 # The module, not the name: it imports this one's conftest, so a bench importing it first finds it half made.
 from tests.e2e import extraction_support
 from tests.fakes.model_server import FakeModel
+from tests.otlp_receiver import OtlpReceiver
 from tests.private_redis import PrivateRedis
 
 # The session stack's API port; the model stack's ports sit beside it (clear of the ephemeral range).
@@ -89,13 +90,23 @@ def fake():
 
 
 @pytest.fixture(scope="session")
-def model_stack(fake, infra, settings, tmp_path_factory):
+def otlp():
+    """The trace receiver the model stack exports to."""
+    r = OtlpReceiver().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="session")
+def model_stack(fake, otlp, infra, settings, tmp_path_factory):
     """The pipeline wired to the scripted model (chat and embeddings), shared by every module
     that needs the model and no settings of its own: (stack, its settings). One process per
-    worker, so a test can kill one of them and start it again."""
+    worker, so a test can kill one of them and start it again. It traces, to `otlp`; the other
+    stacks do not, so both ways are run."""
     prefix = f"{settings.topic_prefix}model."  # deleted with the run's topics
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     stack, msettings = extraction_support.extraction_stack(
-        fake.url, prefix, tmp_path_factory.mktemp("model"), MODEL_API_PORT, **MODEL_PROFILE, **infra)
+        fake.url, prefix, tmp_path_factory.mktemp("model"), MODEL_API_PORT, **MODEL_PROFILE, **traced, **infra)
     try:
         stack.start_all()
         yield stack, msettings

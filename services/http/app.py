@@ -18,6 +18,7 @@ from projections.redis.api_key_view import ApiKeyView
 from projections.redis.record_view import RedisRecords
 from services.auth import KeyStore
 from services.bootstrap import index_generations, keys_at, redis_at
+from services.bootstrap import tracing as bootstrap_tracing
 from services.http import errors
 from services.http.health_probe import HealthProbe
 from services.http.history_access import visible_messages
@@ -35,6 +36,7 @@ from services.http.routes import undo as undo_routes
 from services.http.routes import webhooks as webhooks_routes
 from services.http.routes.pipeline import router as pipeline_router
 from services.http.shards import ShardOwner
+from services.http.traced import Traced
 from services.memory import MemoryService
 from services.memory.kafka import KafkaCommandPublisher, KafkaUsageRecorder
 from settings import Settings, get_settings
@@ -87,6 +89,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     """The API; `extra`: features the bootstrap adds on top (the web page: services.cli)."""
     settings = settings or get_settings()
     exts = [*extensions(), *extra]
+    tracing = bootstrap_tracing(settings, "api")
     remote_mcp = RemoteMcp(settings.api_url)  # the tools over MCP's HTTP transport, calling this API
 
     @asynccontextmanager
@@ -106,12 +109,12 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
         embedder = MeteredEmbedder(make_embedder(settings), "api")
         await asyncio.to_thread(embedder.embed, ["warm up"])
         generations = index_generations(settings)
-        shards = ShardOwner(settings, generations, redis, codec, embedder, data_keys)
+        shards = ShardOwner(settings, generations, redis, codec, embedder, data_keys, tracing)
         await shards.open(generations.current())
         assert shards.memory is not None  # `open` set it
         prod = producer(settings)
         await prod.start()
-        publisher = KafkaCommandPublisher(settings, prod, codec, data_keys)
+        publisher = KafkaCommandPublisher(settings, prod, codec, data_keys, tracing)
         records = RedisRecords(redis_client, namespace=settings.topic_prefix, keys=data_keys, codec=codec)
         # Notes check their sources as history reads them (docs/features/notes.md).
         past, past_indexes = PastMemory(settings, codec, data_keys), PastIndexes(settings.data_dir / "past")
@@ -152,6 +155,7 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
             await records.aclose()  # its applied-listener, then the Redis client everything here shares
             if data_keys is not None:
                 await data_keys.stop()
+            tracing.shutdown()
 
     app = FastAPI(
         title="memlane",
@@ -162,6 +166,8 @@ def build_app(settings: Settings | None = None, extra: Sequence[Extension] = ())
     app.add_middleware(GuardBodies)
     app.add_middleware(Positions)
     app.add_middleware(NoStore)
+    if tracing.enabled:  # outermost: the span covers the whole request
+        app.add_middleware(Traced, tracing=tracing)
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)

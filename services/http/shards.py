@@ -18,6 +18,7 @@ from events.codec import Codec
 from projections.qdrant.generations import IndexGenerations
 from settings import Settings
 from workers.followers.memory_shards import MemoryShards
+from workers.runtime.tracing import NO_TRACING, Tracing
 
 if TYPE_CHECKING:
     from projections.embedders.port import Embedder
@@ -35,8 +36,10 @@ class ShardOwner:
     """
 
     def __init__(self, settings: Settings, generations: IndexGenerations, redis: Connect, codec: Codec,
-                 embedder: Embedder | None = None, keys: KeyTopic | None = None) -> None:
+                 embedder: Embedder | None = None, keys: KeyTopic | None = None,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.settings = settings
+        self.tracing = tracing
         self.generations = generations
         self.codec = codec
         self.redis = redis
@@ -50,7 +53,7 @@ class ShardOwner:
 
     async def open(self, generation: int) -> None:
         memory = MemoryShards(self.settings, self.generations, generation, self.redis, self.embedder, self.keys,
-                              codec=self.codec)
+                              codec=self.codec, tracing=self.tracing)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
         old = (self.memory, self.task)
         if old[0] is not None:

@@ -17,6 +17,7 @@ from services.errors import ApiError
 from settings import Settings
 from workers.runtime.data_keys import KeyTopic
 from workers.runtime.kafka_io import producer as kafka_producer
+from workers.runtime.tracing import NO_TRACING, Tracing
 
 log = structlog.get_logger()
 
@@ -25,11 +26,12 @@ class KafkaCommandPublisher:
     """Sends commands with one producer, renewed when a failed send left it unusable."""
 
     def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
-                 keys: KeyTopic | None = None) -> None:
+                 keys: KeyTopic | None = None, tracing: Tracing = NO_TRACING) -> None:
         self.settings = settings
         self.producer = producer
         self.codec = codec
         self.keys = keys
+        self.tracing = tracing  # a command carries on the trace of the request that sent it
         self._renewing = asyncio.Lock()
         self._closing: set[asyncio.Future] = set()
 
@@ -44,7 +46,8 @@ class KafkaCommandPublisher:
         for attempt in (1, 2):
             used = self.producer
             try:
-                await used.send_and_wait(self.settings.topic(COMMANDS.name), data, key=COMMANDS.key_bytes(cmd))
+                await used.send_and_wait(self.settings.topic(COMMANDS.name), data, key=COMMANDS.key_bytes(cmd),
+                                         headers=list(self.tracing.current()))
                 return
             except KafkaError as e:
                 log.warning("command_send_failed", error=type(e).__name__, retriable=e.retriable, attempt=attempt)

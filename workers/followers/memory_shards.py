@@ -25,6 +25,7 @@ from settings import Settings
 from workers.followers.qdrant_projection import VECTOR_CACHE, QdrantProjection
 from workers.followers.reconciler import Reconciler
 from workers.runtime.follower_poison import FollowerPoison
+from workers.runtime.tracing import NO_TRACING, Tracing
 
 
 def shard_of(tenant: str, agent: str, shards: int) -> int:
@@ -45,7 +46,8 @@ class MemoryShards:
     projection this process does not run yet, so a write it reported searchable would not be."""
 
     def __init__(self, settings: Settings, generations: IndexGenerations, generation: int, redis: Connect,
-                 embedder: Embedder | None = None, keys: Any = None, *, codec: Codec) -> None:
+                 embedder: Embedder | None = None, keys: Any = None, *, codec: Codec,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.settings = settings
         self.codec = codec
         self.generation = generation
@@ -57,7 +59,8 @@ class MemoryShards:
         self.poison = FollowerPoison(settings, "memory-index", codec)
         self.projections = [
             QdrantProjection(settings, generations.open(generation, k), shard_partitions(k, n),
-                             vector_cache=VECTOR_CACHE // n, keys=keys, poison=self.poison, codec=codec)
+                             vector_cache=VECTOR_CACHE // n, keys=keys, poison=self.poison, codec=codec,
+                             tracing=tracing)
             for k in range(n)
         ]
         # An erasure of every agent of a tenant is in one shard's partitions and reaches all.

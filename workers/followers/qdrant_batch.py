@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+from typing import Any
 
 from events.lean import LeanEvent, LeanRecord
 from projections.qdrant.index import RecordKey
@@ -24,6 +25,7 @@ class Batch:
         self.read_to: dict[str, int] = {}  # events' positions after this batch, commit markers and all
         self.events: list[LeanEvent] = []  # for `also`
         self.event_positions: list[tuple[str, int]] = []
+        self.spans: list[Any] = []  # traced messages' spans (`workers.runtime.tracing`): ended once written
         self.seen = 0
 
     def writes(self) -> int:

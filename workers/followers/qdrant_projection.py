@@ -54,6 +54,7 @@ from workers.runtime.faults import INDEX_CHECKPOINT_WITH_PARKED, Faults
 from workers.runtime.follower_poison import FollowerPoison
 from workers.runtime.heap import settle_heap
 from workers.runtime.topic_reader import TopicReader, reached, read_so_far, tp_key
+from workers.runtime.tracing import NO_TRACING, Tracing
 
 if TYPE_CHECKING:
     from projections.qdrant.client_index import ClientIndex
@@ -78,9 +79,12 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         poison: FollowerPoison | None = None,
         *,
         codec: Codec,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.settings = settings
         self.codec = codec
+        # A traced message's span ends once its batch is written: from there it is searchable.
+        self.tracing = tracing
         self.faults = Faults(settings.fault_at)
         self.keys = keys
         self.unreadable = 0
@@ -255,6 +259,10 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
         """`_take` of a message, parked (`_poison`) if it breaks the contract."""
         if self.poison.for_another(m):
             return
+        if self.tracing.enabled:
+            batch.spans.append(self.tracing.begun(f"memory-index {VECTORS.name if is_vector else EVENTS.name}",
+                                                  m.headers, **{"messaging.destination.name": topic,
+                                                                "messaging.kafka.offset": m.offset}))
         try:
             self._take(m, is_vector, batch, part)
         except ContractError as err:
@@ -304,6 +312,8 @@ class QdrantProjection(ReadYourWrites, Heals, Purges):
             for fut in batch.purge_futs:
                 if not fut.done():
                     fut.set_result(None)
+            for span in batch.spans:
+                span.end()
             f.dirty = True
 
     def _read_to(self, f: _Pass, read_to: dict[str, int]) -> None:

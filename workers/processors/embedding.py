@@ -36,6 +36,7 @@ from projections.records import Erasure, erasure_at
 from workers.runtime.metrics import MeteredEmbedder
 from workers.runtime.runner import Out, Processor
 from workers.runtime.topic_reader import TopicReader
+from workers.runtime.tracing import processing
 
 log = structlog.get_logger()
 CACHE = 20_000  # vectors kept for texts seen lately
@@ -52,7 +53,8 @@ class EmbeddingProcessor(Processor):
         # content hash -> (subject, vector): the hash is the subject's, so a text is embedded
         # once per subject, never shared with another.
         self.cache: OrderedDict[str, tuple[str | None, list[float]]] = OrderedDict()
-        self.todo: dict[tuple[str, int], tuple[str, str | None]] = {}  # (hash, vector partition) -> (text, subject)
+        # (hash, vector partition) -> (text, subject, the trace its vector carries on)
+        self.todo: dict[tuple[str, int], tuple[str, str | None, tuple[tuple[str, bytes], ...]]] = {}
         self.erased: list[tuple[Erasure, int]] = []  # (erasure, the event partition it came on)
 
     def decode_message(self, source: str, message: Any) -> Any:
@@ -65,7 +67,7 @@ class EmbeddingProcessor(Processor):
         if r is not None and r.status is Status.ACTIVE:
             # Raises KeyMissing (the runner catches up and retries) or KeyDestroyed (skipped).
             opened, h, subject = r.vector_of(self.codec.cipher)
-            self.todo[h, vector_partition(partition)] = (opened.text, subject)
+            self.todo[h, vector_partition(partition)] = (opened.text, subject, processing())
         elif event.type == "SubjectErased":
             self.erased.append((erasure_at(event.full(self.codec))[0], partition))
         return []
@@ -83,15 +85,15 @@ class EmbeddingProcessor(Processor):
             return outs
         new = {h: item for (h, _), item in self.todo.items() if h not in self.cache}
         # In a thread: the history companion's runner shares this loop.
-        vecs = await asyncio.to_thread(self.embedder.embed, [t for t, _ in new.values()]) if new else []
-        for (h, (_, subject)), v in zip(new.items(), vecs):
+        vecs = await asyncio.to_thread(self.embedder.embed, [t for t, _, _ in new.values()]) if new else []
+        for (h, (_, subject, _)), v in zip(new.items(), vecs):
             self.cache[h] = (subject, v)
         sent = 0
-        for h, partition in self.todo:
+        for (h, partition), (_, _, traced) in self.todo.items():
             self.cache.move_to_end(h)
             subject, vec = self.cache[h]
             msg = VectorComputed.of(self.embedder.model_id, h, vec, subject, self.codec.cipher)
-            outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), self.codec.encode(msg), partition=partition))
+            outs.append(Out(VECTORS.name, VECTORS.key_bytes(msg), self.codec.encode(msg), traced, partition=partition))
             sent += 1
         while len(self.cache) > CACHE:
             self.cache.popitem(last=False)

@@ -25,6 +25,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
@@ -54,6 +55,7 @@ from workers.runtime.ownership import (
 )
 from workers.runtime.parking import dead_letter, fits, fitting, message_size, oversized
 from workers.runtime.processor import DeadLetter, Out, Processor, Stopping, Transient, until_folded
+from workers.runtime.tracing import NO_TRACING, Tracing, carried
 
 # Processors, the CLI and the tests import the runtime's names from here.
 __all__ = [
@@ -95,9 +97,11 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class Runner:
-    def __init__(self, processor: Processor, settings: Settings, group: str | None = None) -> None:
+    def __init__(self, processor: Processor, settings: Settings, group: str | None = None,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.processor = processor
         self.settings = settings
+        self.tracing = tracing
         self.group = group or f"{settings.group_prefix}.{settings.topic_prefix}{processor.name}"
         self.stopping = processor.stopping
         self.consumer: Any = None
@@ -274,6 +278,17 @@ class Runner:
             raise self.commit_error
 
     async def _one(self, m: Any) -> list[Out]:
+        """`_message`; traced, in a span whose `traceparent` its outputs carry on."""
+        if not self.tracing.enabled:
+            return await self._message(m)
+        with self.tracing.consumed(f"{self.processor.name} {self._registry_name(m.topic)}", getattr(m, "headers", None),
+                                   **{"messaging.destination.name": m.topic, "messaging.kafka.partition": m.partition,
+                                      "messaging.kafka.offset": m.offset}) as header:
+            outs = await self._message(m)
+        traced = [replace(o, headers=carried(o.headers, header)) for o in outs]
+        return [t if fits(t) else o for t, o in zip(traced, outs, strict=True)]  # a full message goes untraced
+
+    async def _message(self, m: Any) -> list[Out]:
         source = self._registry_name(m.topic)
         ctx = dict(topic=m.topic, partition=m.partition, offset=m.offset)
         if (group := replay_group(getattr(m, "headers", None))) is not None and group != self.group:

@@ -12,6 +12,7 @@ import httpx
 from pydantic import BaseModel
 
 from memlane_client.records import Record
+from memlane_client.trace_context import traceparent
 
 # POSTs that only read: sent again to another replica when the first did not answer.
 _READS = frozenset({"/v1/memory/search", "/v1/memory/search/batch", "/v1/recall", "/v1/history/search"})
@@ -111,6 +112,8 @@ class MemlaneClient:
         again = method == "GET" or path in _READS or (isinstance(kw.get("json"), dict) and "command_id" in kw["json"])
         failed = httpx.TransportError if again else (httpx.ConnectError, httpx.ConnectTimeout)
         tried = 0
+        if (parent := traceparent()) is not None:  # the request joins the caller's trace
+            kw["headers"] = {**kw.get("headers", {}), "traceparent": parent}
         while True:
             if self.positions:
                 kw["headers"] = {**kw.get("headers", {}), "X-Memlane-After": ",".join(

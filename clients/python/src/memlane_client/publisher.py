@@ -8,6 +8,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from memlane_client.trace_context import traceparent
+
 TURNS_TOPIC = "memlane.turns"
 
 
@@ -15,6 +17,12 @@ def turn_key(event: Any) -> bytes:
     """tenant/agent/session (`-` without a session): a session's events stay in one partition, in order."""
     get = event.get if isinstance(event, dict) else lambda k: getattr(event, k, None)
     return f"{get('tenant')}/{get('agent')}/{get('session') or '-'}".encode()
+
+
+def trace_headers() -> list[tuple[str, bytes]]:
+    """The caller's trace as a Kafka header: memlane's workers carry it on to the turn's records."""
+    parent = traceparent()
+    return [] if parent is None else [("traceparent", parent.encode())]
 
 
 def turn_bytes(event: Any) -> bytes:
@@ -41,10 +49,11 @@ class TurnPublisher:
     async def publish(self, event: Any) -> None:
         """`event`: TurnCommitted, TurnRolledBack, SessionEnded, MembershipChanged or MessageDeleted,
         as a model or its JSON fields."""
-        await self.producer.send_and_wait(self.topic, turn_bytes(event), key=turn_key(event))
+        await self.producer.send_and_wait(self.topic, turn_bytes(event), key=turn_key(event), headers=trace_headers())
 
     async def publish_many(self, events: list[Any]) -> None:
         """Publishes in order without waiting for each acknowledgement (the idempotent
         producer keeps each partition's order), then waits for them all."""
-        futs = [await self.producer.send(self.topic, turn_bytes(e), key=turn_key(e)) for e in events]
+        headers = trace_headers()
+        futs = [await self.producer.send(self.topic, turn_bytes(e), key=turn_key(e), headers=headers) for e in events]
         await asyncio.gather(*futs)
