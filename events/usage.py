@@ -76,5 +76,26 @@ class MemorySkipped(_UsageBase):
     detail: str = ""
 
 
-UsageEvent = Annotated[ModelUsage | Retrieved | PinnedListed | CandidateRefused | MemorySkipped,
+class Decision(Message_):
+    """One write a review decided: the record it adds (its id as the ledger will give it) and
+    the one it replaces, or the record it deletes."""
+
+    decision: Literal["add", "replace", "delete"]
+    record_id: str
+    replaces: str | None = None
+    kind: str | None = None
+
+
+class TurnReviewed(_UsageBase):
+    """A review of a session's messages finished with this turn: what it decided (the ledger
+    then writes each decision, or refuses it). Counts and ids, never text."""
+
+    type: Literal["TurnReviewed"] = "TurnReviewed"
+    user: Ident | None = None
+    decided: list[Decision] = []
+    skipped: int = 0
+    refused: int = 0
+
+
+UsageEvent = Annotated[ModelUsage | Retrieved | PinnedListed | CandidateRefused | MemorySkipped | TurnReviewed,
                        Field(discriminator="type")]

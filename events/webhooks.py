@@ -10,8 +10,8 @@ from pydantic import Field
 
 from events.base import Ident, Message_
 
-Kind = Literal["memory.changed", "subject.erased"]
-KINDS: tuple[str, ...] = ("memory.changed", "subject.erased")
+Kind = Literal["memory.changed", "turn.processed", "subject.erased"]
+KINDS: tuple[str, ...] = ("memory.changed", "turn.processed", "subject.erased")
 
 
 class WebhookRegistered(Message_):
@@ -21,6 +21,8 @@ class WebhookRegistered(Message_):
     url: str
     events: list[Kind]
     agent: Ident | None = None  # only this agent's events; None: every agent of the tenant
+    # `memory.changed` carries the summary and content of a record written, except a member's.
+    include_text: bool = False
     # The signing secret, sealed under the tenant's workspace key when the deployment encrypts.
     secret: str
     registered_at: datetime

@@ -20,9 +20,11 @@ from events.limits import one_line
 from events.record import MAX_CONTENT_BYTES, MAX_SUMMARY_BYTES, MemoryRecord, Scope, Source
 from events.rules import write_filter
 from events.rules.ledger import normalized_hash
+from events.rules.ledger.state import record_id_for
 from events.rules.model_answer import Malformed, parse_json_object
 from events.rules.visibility import default_scope
 from events.turns import Message, TurnCommitted
+from events.usage import Decision
 
 WINDOW_MESSAGES = 12
 WINDOW_CHARS = 16_000
@@ -402,4 +404,17 @@ def to_commands(
                 **common,
             )
         )
+    return out
+
+
+def decisions(decided: Decided) -> list[Decision]:
+    """What a review decided, by record id: what a `turn.processed` webhook reports."""
+    out = []
+    for c in decided.commands:
+        if isinstance(c, DeleteMemory):
+            out.append(Decision(decision="delete", record_id=c.record_id))
+        else:
+            rid = c.record_id or record_id_for(c.tenant, c.agent, c.command_id)
+            out.append(Decision(decision="replace" if c.replaces else "add", record_id=rid, replaces=c.replaces,
+                                kind=c.kind))
     return out

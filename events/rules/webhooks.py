@@ -32,7 +32,8 @@ class Notice:
 
 
 def notices(event: Any) -> list[Notice]:
-    """What `event` (a lean event of the log, or a full one) tells webhooks: ids and kinds, never text."""
+    """What `event` (a lean event of the log, a full one, or a usage record) tells webhooks: ids,
+    kinds and counts, never text."""
     action = ACTIONS.get(event.type)
     if action is not None and event.record is not None:
         r = event.record
@@ -40,11 +41,41 @@ def notices(event: Any) -> list[Notice]:
         return [Notice("memory.changed", event.tenant, event.agent, {
             "action": action, "record_id": r.id, "version": r.version, "kind": r.kind, "scope": scope,
             **({"user": r.user} if r.user else {}), **({"session": r.session} if r.session else {})})]
+    if event.type in ("TurnReviewed", "MemorySkipped") and event.turn is not None:
+        return [turn_processed(event)]
     if event.type == "SubjectErased":
         return [Notice("subject.erased", event.tenant, event.agent, {
             "agent": None if getattr(event, "tenant_wide", False) else event.agent,
             **({"user": event.user} if event.user else {})})]
     return []
+
+
+TEXT_ACTIONS = ("added", "replaced", "revised", "restored")  # the actions whose record has text to tell
+
+
+def text_to_tell(notice: Notice, record: Any) -> bool:
+    """Whether a `memory.changed` notice may carry `record`'s text to an endpoint that asked for it:
+    a record written, and not a member's (whose facts no operator reads)."""
+    return notice.kind == "memory.changed" and notice.data["action"] in TEXT_ACTIONS and record.user is None
+
+
+def with_text(notice: Notice, record: Any) -> Notice:
+    """`notice` with the summary and content of `record` (opened)."""
+    return Notice(notice.kind, notice.tenant, notice.agent,
+                  {**notice.data, "summary": record.summary, "content": record.content})
+
+
+def turn_processed(usage: Any) -> Notice:
+    """A turn's review finished (`TurnReviewed`), or the turn got none and why (`MemorySkipped`)."""
+    data: dict[str, Any] = {"session": usage.session, "turn": usage.turn,
+                            **({"user": usage.user} if usage.user else {})}
+    if usage.type == "MemorySkipped":
+        data.update(reviewed=False, reason=usage.reason)
+    else:
+        decided = [d.model_dump(exclude_none=True, exclude={"schema_version"}) for d in usage.decided]
+        data.update(reviewed=True, decided=decided,
+                    skipped=usage.skipped, refused=usage.refused)
+    return Notice("turn.processed", usage.tenant, usage.agent, data)
 
 
 def delivery_id(webhook_id: str, partition: int, offset: int, kind: str) -> str:

@@ -1,5 +1,5 @@
 """Signed webhooks on the shared stack: an operator registers endpoints, the delivery worker reads
-the log and delivers `memory.changed` and `subject.erased`, signed; an endpoint that fails is
+the log and delivers `memory.changed`, `turn.processed` and `subject.erased`, signed; an endpoint that fails is
 retried, one that keeps failing is parked and replayed with the same ids, and one that stalls
 holds up no other."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -18,8 +19,11 @@ from aiokafka import AIOKafkaProducer
 from events.rules.webhooks import signature
 from events.topics import EVENTS
 from services.bootstrap import keys_at
-from services.client import MemlaneClient
+from services.client import MemlaneClient, TurnPublisher
 from tests.conftest import eventually
+from tests.e2e.extraction_support import answer, turn
+from tests.e2e.extraction_support import new_agent as new_model_agent
+from tests.e2e.test_members import CONFIG, Members
 from workers.followers.webhook_delivery import WebhookDelivery
 from workers.runtime.data_keys import open_keys
 
@@ -195,3 +199,82 @@ async def _dead(stack, settings, tenant: str) -> dict:
             "Authorization": f"Bearer {settings.operator_key}"}) as op:
         return (await op.get("/v1/admin/webhooks/dead", params={"tenant": tenant})).json()
 
+
+
+async def test_text_goes_only_where_asked_and_never_a_members(stack, settings, worker):
+    m = Members(stack.api_url, settings.operator_key, f"ten{uuid.uuid4().hex[:6]}", f"agent{uuid.uuid4().hex[:6]}")
+    async with m.op() as op:
+        await op.configure(CONFIG)
+        m.keys["agent"], m.keys["dana"] = (await op.issue_key(m.tenant, m.agent),
+                                           await op.issue_key(m.tenant, m.agent, "member", user="dana"))
+    async with m.as_member("dana") as dana:
+        await dana.grant_consent()
+    told, plain = await Receiver(lambda n: status(200)).start(), await Receiver(lambda n: status(200)).start()
+    await register(stack, settings, m.tenant, told.url, agent=m.agent, events=["memory.changed"], include_text=True)
+    await register(stack, settings, m.tenant, plain.url, agent=m.agent, events=["memory.changed"])
+    async with m.op() as op:
+        shared = (await op.add_memory("The office closes at 18:00", scope="AGENT"))["memories"][0]["id"]
+    # A member's fact, and a record made in her conversation: both hers, neither told.
+    async with m.as_agent(user="dana") as agent:
+        hers = (await agent.add_memory("Dana's cat is named Miso"))["memories"][0]["id"]
+        also_hers = (await agent.add_memory("Dana asked about the Miso vet", scope="AGENT"))["memories"][0]["id"]
+
+    async def both_told() -> bool:
+        return all({d["data"]["record_id"] for d in r.delivered()} == {shared, hers, also_hers} for r in (told, plain))
+
+    await eventually(both_told, timeout=60)
+    with_text = {d["data"]["record_id"]: d["data"] for d in told.delivered()}
+    assert with_text[shared]["summary"] == "The office closes at 18:00"
+    assert with_text[shared].get("user") is None and with_text[shared]["content"] == ""
+    assert with_text[hers]["user"] == "dana" and "summary" not in with_text[hers]
+    assert "summary" not in with_text[also_hers]
+    assert "Miso" not in " ".join(g["body"] for g in told.got)
+    assert "18:00" not in " ".join(g["body"] for g in plain.got)
+    await told.stop()
+    await plain.stop()
+
+
+@pytest.fixture
+async def model_worker(model_stack):
+    """The delivery worker of the model stack, whose extraction worker reviews turns."""
+    _, msettings = model_stack
+    codec = keys_at(msettings)()
+    keys = await open_keys(msettings, codec)
+    w = WebhookDelivery(msettings, codec, keys, backoff_s=(0.05,), attempt_timeout_s=1.0)
+    task = asyncio.create_task(w.run())
+    yield w
+    w.stopping.set()
+    await asyncio.wait_for(task, 30)
+    if keys is not None:
+        await keys.stop()
+
+
+async def test_a_turns_review_is_told_with_what_it_decided(model_stack, fake, model_worker):
+    stack, msettings = model_stack
+    tenant, agent, key = await new_model_agent(stack.api_url, msettings.operator_key)
+    got = await Receiver(lambda n: status(200)).start()
+    await register(stack, msettings, tenant, got.url, agent=agent, events=["turn.processed"])
+    m = f"mk{uuid.uuid4().hex[:10]}"
+    fake.on(m, answer({"decision": "add", "handle": None, "kind": "fact", "labels": {}, "scope": "session",
+                       "summary": f"Customer {m} is based in Lyon", "content": "", "source_message_ids": ["s1-1-0"]},
+                      {"decision": "skip", "handle": None, "kind": "fact", "labels": {}, "scope": "session",
+                       "summary": "", "content": "", "source_message_ids": []}))
+    async with TurnPublisher(msettings.kafka_bootstrap, msettings.topic_prefix) as pub:
+        await pub.publish(turn(tenant, agent, "s1", 1, f"I am {m}, based in Lyon", "Noted."))
+        await pub.publish(turn(tenant, agent, "s1", 2, "and one more thing", status="failed"))
+
+    async def both():
+        return got.delivered() if len(got.delivered()) >= 2 else None
+
+    told = sorted(await eventually(both, timeout=40), key=lambda b: b["data"]["turn"])
+    assert [b["type"] for b in told] == ["turn.processed", "turn.processed"]
+    reviewed, failed = (b["data"] for b in told)
+    assert reviewed["reviewed"] is True and reviewed["session"] == "s1" and reviewed["skipped"] == 1
+    [decision] = reviewed["decided"]
+    assert decision["decision"] == "add" and decision["kind"] == "fact"
+    assert failed == {"session": "s1", "turn": 2, "reviewed": False, "reason": "turn_not_completed"}
+    # The id it reports is the record the ledger wrote; the notice holds no text.
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        assert (await c.read_memory(decision["record_id"])).summary == f"Customer {m} is based in Lyon"
+    assert m not in json.dumps(told) and "Lyon" not in json.dumps(told)
+    await got.stop()

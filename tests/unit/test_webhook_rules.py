@@ -53,3 +53,33 @@ def test_an_endpoint_must_be_http_and_outside_development_not_loopback_or_link_l
         assert "loopback or link-local" in rules.url_refusal(f"http://{host}/x", False, resolve)
         assert rules.url_refusal(f"http://{host}/x", True, resolve) is None  # development: local receivers
     assert "does not resolve" in rules.url_refusal("http://nowhere/x", False, lambda h: (_ for _ in ()).throw(OSError()))
+
+
+def test_a_reviewed_turn_tells_its_decisions_and_a_skipped_one_why():
+    from events.usage import Decision, MemorySkipped, TurnReviewed
+
+    base = dict(tenant="t", agent="a", occurred_at=AT, session="s1", turn=3)
+    done = TurnReviewed(usage_id="u1", **base, decided=[Decision(decision="replace", record_id="r2", replaces="r1",
+                                                                 kind="fact")], skipped=2, refused=1)
+    [n] = rules.notices(done)
+    assert (n.kind, n.data) == ("turn.processed", {
+        "session": "s1", "turn": 3, "reviewed": True, "skipped": 2, "refused": 1,
+        "decided": [{"decision": "replace", "record_id": "r2", "replaces": "r1", "kind": "fact"}]})
+    skipped = MemorySkipped(usage_id="u2", **base, user="u", reason="consent_required")
+    [n] = rules.notices(skipped)
+    assert n.data == {"session": "s1", "turn": 3, "user": "u", "reviewed": False, "reason": "consent_required"}
+    # A session's skip at its end is no turn's.
+    assert rules.notices(skipped.model_copy(update={"turn": None})) == []
+
+
+def test_text_is_told_only_of_a_record_written_and_not_a_members():
+    def record(user, status=Status.ACTIVE):
+        return MemoryRecord(id="r1", version=1, created=AT, modified=AT, tenant="t", agent="a", scope=Scope.AGENT, user=user,
+                            kind="fact", summary="Doors open at 9", status=status)
+
+    added = rules.Notice("memory.changed", "t", "a", {"action": "added", "record_id": "r1"})
+    deleted = rules.Notice("memory.changed", "t", "a", {"action": "deleted", "record_id": "r1"})
+    assert rules.text_to_tell(added, record(None))
+    assert not rules.text_to_tell(added, record("u"))
+    assert not rules.text_to_tell(deleted, record(None, Status.DELETED))
+    assert rules.with_text(added, record(None)).data["summary"] == "Doors open at 9"

@@ -1,6 +1,7 @@
 """Delivers webhooks from the log: what memory events tell each tenant's registered endpoints.
 
-It reads `memlane.memory.events` in a consumer group of its own and commits a partition only up to
+It reads `memlane.memory.events` (and, for `turn.processed`, the review records of
+`memlane.usage`) in a consumer group of its own and commits a partition only up to
 its first event whose deliveries are not all done (delivered, or parked in the dead-letter topic
 after the last attempt): a restart or a kill sends the rest again, with the same delivery ids, so
 nothing is lost and a copy is recognisable. Each endpoint has a queue and a sender of its own, so
@@ -26,8 +27,8 @@ from events.codec import Codec, ContractError
 from events.commands import WORKSPACE
 from events.lean import decode_logged
 from events.rules import webhooks as rules
-from events.sealing import open_text, subject_of
-from events.topics import EVENTS, WEBHOOKS, WEBHOOKS_DEAD
+from events.sealing import KeyDestroyed, open_text, subject_of
+from events.topics import EVENTS, USAGE, WEBHOOKS, WEBHOOKS_DEAD
 from events.webhooks import WebhookParked, WebhookRegistered, WebhookReplayed
 from projections.records import opening
 from settings import Settings
@@ -39,6 +40,7 @@ BACKOFF_S = (0.5, 2.0, 8.0, 30.0)  # waits between attempts; after the last, the
 ATTEMPT_TIMEOUT_S = 10.0
 QUEUED = 1000  # deliveries an endpoint may have waiting; more are parked at once
 COMMIT_EVERY_S = 0.5
+TURN_RECORDS = (b'"TurnReviewed"', b'"MemorySkipped"')  # the usage records `turn.processed` is made of
 
 
 def secret_aad(tenant: str, webhook_id: str) -> str:
@@ -87,7 +89,7 @@ class WebhookDelivery:
                                          enable_idempotence=True)
         await self.producer.start()
         consumer = AIOKafkaConsumer(
-            self.settings.topic(EVENTS.name), bootstrap_servers=self.settings.kafka_bootstrap,
+            self.settings.topic(EVENTS.name), self.settings.topic(USAGE.name), bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=self.settings.topic("memlane.webhook-delivery"), enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed")
         side = [asyncio.create_task(self._follow(WEBHOOKS.name, self._registration)),
@@ -101,7 +103,7 @@ class WebhookDelivery:
                     await self._registrations_read(consumer)
                 for tp, msgs in batches.items():
                     for m in msgs:
-                        self._take(tp, m)
+                        await self._take(tp, m)
                 if time.monotonic() - last_commit >= COMMIT_EVERY_S:
                     await self._commit(consumer)
                     last_commit = time.monotonic()
@@ -119,21 +121,49 @@ class WebhookDelivery:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.progressed.wait(), 1.0)
 
-    def _take(self, tp: TopicPartition, m: Any) -> None:
+    async def _take(self, tp: TopicPartition, m: Any) -> None:
         try:
-            event = decode_logged(m.value, m.headers) if m.value else None
-        except ContractError as e:  # a poison event tells no webhook anything; the projections park it
-            log.warning("webhook_event_skipped", partition=m.partition, offset=m.offset, field=e.field)
+            event = await self._decoded(tp, m)
+        except ContractError as e:  # a poison message tells no webhook anything; its readers park it
+            log.warning("webhook_event_skipped", topic=tp.topic, partition=m.partition, offset=m.offset, field=e.field)
+            event = None
+        except KeyDestroyed:  # its subject was erased since
             event = None
         deliveries: list[Delivery] = []
         for notice in rules.notices(event) if event is not None else ():
             for ep in self._endpoints_for(notice):
                 did = rules.delivery_id(ep.webhook.webhook_id, m.partition, m.offset, notice.kind)
-                body = rules.body_of(did, notice, datetime.fromtimestamp(m.timestamp / 1000, UTC).isoformat())
+                told = notice
+                if ep.webhook.include_text and rules.text_to_tell(notice, event.record):
+                    opened = await self._opened(event.record)
+                    told = notice if opened is None else rules.with_text(notice, opened)
+                body = rules.body_of(did, told, datetime.fromtimestamp(m.timestamp / 1000, UTC).isoformat())
                 d = Delivery(ep.webhook, did, notice.kind, body)
                 deliveries.append(d)
                 self._enqueue(ep, d)
         self.pending[tp][m.offset] = deliveries
+
+    async def _decoded(self, tp: TopicPartition, m: Any) -> Any:
+        """The event, or the usage record of a turn's review (others tell webhooks nothing and are
+        not decoded: most usage records are retrievals)."""
+        if not m.value:
+            return None
+        if tp.topic != self.settings.topic(USAGE.name):
+            return decode_logged(m.value, m.headers)
+        if not any(t in m.value for t in TURN_RECORDS):
+            return None
+        if self.keys is None:
+            return self.codec.decode(USAGE.name, m.value)
+        return await self.keys.opening(self.codec.decode, USAGE.name, m.value)
+
+    async def _opened(self, record: Any) -> Any:
+        """`record` with its text, or None when its key was destroyed (its subject erased since)."""
+        if self.keys is None:
+            return record
+        try:
+            return await self.keys.opening(record.opened, self.codec.cipher)
+        except KeyDestroyed:
+            return None
 
     def _endpoints_for(self, notice: rules.Notice) -> list[Endpoint]:
         return [ep for (tenant, _), ep in self.endpoints.items() if tenant == notice.tenant

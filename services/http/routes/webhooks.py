@@ -18,7 +18,7 @@ from events.base import Ident
 from events.errors import ErrorCode
 from events.rules.webhooks import url_refusal
 from events.topics import WEBHOOKS, WEBHOOKS_DEAD
-from events.webhooks import Kind, WebhookParked, WebhookRegistered, WebhookRemoved, WebhookReplayed
+from events.webhooks import KINDS, Kind, WebhookParked, WebhookRegistered, WebhookRemoved, WebhookReplayed
 from services.errors import ApiError
 from services.http.deps import Caller
 from services.http.models import Body
@@ -32,8 +32,10 @@ TenantQuery = Annotated[str | None, Query(max_length=128)]
 
 class WebhookRequest(Body):
     url: Annotated[str, Field(max_length=2000)]
-    events: Annotated[list[Kind], Field(min_length=1, max_length=2)]
+    events: Annotated[list[Kind], Field(min_length=1, max_length=len(KINDS))]
     agent: Ident | None = None  # only this agent's events
+    # `memory.changed` with the record's summary and content; never those of a member's facts.
+    include_text: bool = False
 
 
 class ReplayRequest(Body):
@@ -55,6 +57,8 @@ async def _read(request: Request, topic: str) -> list[Any]:
 
 async def _send(request: Request, topic: Any, msg: Any) -> None:
     settings, codec = request.app.state.settings, request.app.state.codec
+    if (keys := request.app.state.data_keys) is not None:
+        await keys.flush()  # a secret sealed under a key made just now: the key goes first
     await request.app.state.producer.send_and_wait(settings.topic(topic.name), codec.encode(msg),
                                                    key=topic.key_bytes(msg))
 
@@ -69,7 +73,7 @@ async def _registered(request: Request, tenant: str) -> dict[str, WebhookRegiste
 
 def _out(w: WebhookRegistered) -> dict[str, Any]:
     return {"id": w.webhook_id, "url": w.url, "events": w.events, "agent": w.agent,
-            "registered_at": w.registered_at.isoformat()}
+            "include_text": w.include_text, "registered_at": w.registered_at.isoformat()}
 
 
 @router.post("/v1/admin/webhooks", status_code=201)
@@ -81,7 +85,7 @@ async def register_webhook(body: WebhookRequest, p: Caller, request: Request, te
         raise ApiError(ErrorCode.VALIDATION_FAILED, "url", refusal, 422)
     wid, secret = uuid.uuid4().hex[:16], secrets.token_urlsafe(32)
     msg = WebhookRegistered(tenant=tenant, webhook_id=wid, url=body.url, events=body.events, agent=body.agent,
-                            secret=sealed_secret(request.app.state.codec, tenant, wid, secret),
+                            include_text=body.include_text, secret=sealed_secret(request.app.state.codec, tenant, wid, secret),
                             registered_at=datetime.now(UTC))
     await _send(request, WEBHOOKS, msg)
     return {**_out(msg), "secret": secret}

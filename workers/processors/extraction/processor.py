@@ -52,7 +52,7 @@ from events.rules import subjects, write_filter
 from events.sealing import subject_of
 from events.topics import COMMANDS, TURNS, USAGE, session_key
 from events.turns import TurnCommitted, TurnRolledBack
-from events.usage import CandidateRefused, MemorySkipped
+from events.usage import CandidateRefused, MemorySkipped, TurnReviewed
 from projections.redis.connection import Connect
 from projections.redis.record_view import RedisRecords
 from workers.clients.api_reader import ApiReader
@@ -383,6 +383,9 @@ class ExtractionProcessor(Processor):
             [Out(COMMANDS.name, COMMANDS.key_bytes(c), self.codec.encode(c)) for c in decided.commands]
             + [self._usage_out(u) for u in answer.usage]
             + [self._usage_out(refusal_usage(turn, r)) for r in decided.refused]
+            + [self._usage_out(TurnReviewed(**_usage_of(turn, f"reviewed/{turn.attempt}"), user=turn.user,
+                                            decided=review.decisions(decided), skipped=decided.skipped,
+                                            refused=len(decided.refused)))]
         )
 
     async def batch_done(self) -> list[Out]:
