@@ -1,0 +1,126 @@
+"""History ranking on LongMemEval_S, in process: `python -m tests.bench.tune_longmemeval [--validation]`.
+
+Ranks each question's haystack as the history shard would (parts of at most `PART_CHARS`, Edge's
+BM25 with IDF over every question's parts as one shard holds them, MiniLM vectors cached under
+the system's temp directory, `projections.qdrant.ranking`), beside a plain BM25 over whole
+messages (bm25s, English stopwords). Prints turn recall@5/10/25 and session recall_all@5 for
+each variant on the tuning half; `--validation` the chosen one on the validation half, which
+nothing here tunes on. The figures that count are `make bench ONLY=history`'s, through Kafka
+and HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from events.rules.history import split_parts
+from projections.qdrant import ranking
+from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
+from projections.qdrant.ranking import Place
+from tests.bench import longmemeval as lme
+from tests.bench.tune_history import embedded
+
+LIMIT = 25  # the parts one search returns, as the bench asks for them
+
+
+class Question:
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.item = item
+        self.parts: list[tuple[str, str, Place]] = []  # (message id, text, place)
+        self.texts: dict[str, str] = {}
+        for mid, _, text, turn, seq in lme.messages(item):
+            self.texts[mid] = text
+            for p, t in enumerate(split_parts(text or " ")):
+                self.parts.append((mid, t, Place(lme.session_of(mid), turn, seq, p + 1)))
+
+
+def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH) -> list[dict[int, float]]:
+    """Each question's BM25 list over its parts (part index -> score)."""
+    from qdrant_edge import Bm25, Bm25Config
+
+    bm25 = Bm25(Bm25Config())
+    docs = [[bm25.embed_document(t) for _, t, _ in q.parts] for q in questions]
+    df = Counter(t for ds in docs for d in ds for t in set(d.indices))
+    n = sum(len(ds) for ds in docs)
+    idf = {t: math.log(1 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+    out = []
+    for q, ds in zip(questions, docs, strict=True):
+        postings = defaultdict(list)
+        for j, d in enumerate(ds):
+            for t, v in zip(d.indices, d.values, strict=True):
+                postings[t].append((j, v))
+        scores: dict[int, float] = defaultdict(float)
+        sq = bm25.embed_query(q.item["question"])
+        for t, qv in zip(sq.indices, sq.values, strict=True):
+            for j, v in postings.get(t, ()):
+                scores[j] += idf[t] * v * qv
+        out.append(dict(sorted(scores.items(), key=lambda kv: -kv[1])[:depth]))
+    return out
+
+
+def dense(questions: list[Question], depth: int = HYBRID_DEPTH,
+          text: Callable[[Question, int], str] = lambda q, j: q.parts[j][1]) -> list[dict[int, float]]:
+    out = []
+    for q in questions:
+        row = embedded([q.item["question"]])[0] @ embedded([text(q, j) for j in range(len(q.parts))]).T
+        out.append({int(j): float(row[j]) for j in np.argsort(-row, kind="stable")[:depth]})
+    return out
+
+
+def bm25s_ranked(q: Question) -> list[str]:
+    import bm25s
+
+    ids = list(q.texts)
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([q.texts[i] for i in ids], stopwords="en", show_progress=False), show_progress=False)
+    docs, _ = retriever.retrieve(bm25s.tokenize([q.item["question"]], stopwords="en", show_progress=False),
+                                 k=min(LIMIT, len(ids)), show_progress=False)
+    return [ids[int(j)] for j in docs[0]]
+
+
+def as_messages(q: Question, scores: dict[int, float]) -> list[str]:
+    """The bench's reading of a search: the top `LIMIT` parts, their messages in order."""
+    top = sorted(scores, key=lambda j: (-round(scores[j], 9), -q.parts[j][2].turn, -q.parts[j][2].sequence,
+                                        q.parts[j][2].part))[:LIMIT]
+    return list(dict.fromkeys(q.parts[j][0] for j in top))
+
+
+def report(name: str, runs: list[tuple[list[str], dict[str, Any]]]) -> None:
+    got: dict[str, list[float]] = defaultdict(list)
+    for ranked, item in runs:
+        for k, v in lme.scores(ranked, item).items():
+            got[k].append(v)
+    print(json.dumps({"variant": name, **{k: round(100 * float(np.nanmean(v)), 1) for k, v in got.items()
+                                          if k.startswith("turn") or k == "session_all@5"}}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    half = "validation" if "--validation" in argv else "tuning"
+    everything = [Question(x) for x in lme.load()]
+    lex_all = lexical(everything)  # IDF over every question, as one shard holds them
+    chosen = {q.item["question_id"] for q in everything if q.item in lme.split([x.item for x in everything])[half]}
+    picked = [(q, lx) for q, lx in zip(everything, lex_all, strict=True) if q.item["question_id"] in chosen]
+    qs = [q for q, _ in picked]
+    lex = [lx for _, lx in picked]
+    den = dense(qs)
+    report("bm25s_stopwords", [(bm25s_ranked(q), q.item) for q in qs])
+    report("lexical", [(as_messages(q, lx), q.item) for q, lx in zip(qs, lex, strict=True)])
+    report("vector", [(as_messages(q, dn), q.item) for q, dn in zip(qs, den, strict=True)])
+    for w, n in [(ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT)]:
+        runs = []
+        for q, lx, dn in zip(qs, lex, den, strict=True):
+            places = {j: q.parts[j][2] for j in range(len(q.parts))}
+            runs.append((as_messages(q, ranking.ranked_keys(lx, dn, places, w, n)), q.item))
+        report(f"hybrid w{w} n{n}", runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
