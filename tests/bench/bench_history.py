@@ -6,6 +6,8 @@
 - Recall: for every QA item, search the session with the question; evidence recall@k is
   the share of the item's evidence dia_ids among the top k events, averaged over items.
   Anchor (LoCoMo paper, Table 3, DRAGON, dialog level): @5 56.7, @10 66.2, @25 76.7.
+- LongMemEval_S (`tests.bench.bench_longmemeval`): the same, on long agent histories, beside a
+  plain BM25 over the same messages.
 - Speed: turns indexed per second (both history projections caught up), and search
   latency over a shard of 100,000 synthetic kept events (in process: query embedding
   plus the hybrid Edge query, the work one HTTP search does besides HTTP itself).
@@ -32,6 +34,8 @@ from events.codec import encode
 from events.topics import TURNS
 from services.client import MemlaneClient, TurnPublisher
 from settings import ROOT
+from tests.bench import bench_longmemeval as longmemeval_bench
+from tests.bench import longmemeval
 from tests.bench.common import bench_stack, figure, median, percentile, progress
 
 DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -274,4 +278,8 @@ async def run() -> None:
             await op.configure(AgentConfig.model_validate({"history": {"index": "messages"}}))
         kept = await ingest(stack, settings, data, tenant, agent, key)
         await recall(stack, data, key, kept)
+        items = longmemeval.load()
+        await longmemeval_bench.ingest(stack, settings, items, tenant, agent, key,
+                                       sum(len(conversation_turns(c, tenant, agent)) for c in data))
+        await longmemeval_bench.recall(stack, items, key)
     await asyncio.to_thread(speed_at_scale)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 from services.stack import Stack, free_port, stack_env
 from settings import ROOT, Settings
@@ -69,3 +73,17 @@ def discard(settings: Settings) -> None:
     if Path(settings.data_dir).name.startswith("bench"):  # never a deployment's own directory
         shutil.rmtree(settings.data_dir, ignore_errors=True)
     progress(f"discarded {settings.topic_prefix}* topics and {settings.data_dir}")
+
+
+CACHE = Path(tempfile.gettempdir()) / "memlane-tune-history"  # the tuning harnesses' vectors
+
+
+def embedded(texts: list[str]) -> np.ndarray:
+    CACHE.mkdir(exist_ok=True)
+    path = CACHE / (hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16] + ".npy")
+    if not path.exists():
+        from projections.embedders.onnx import OnnxMiniLM
+
+        progress(f"embedding {len(texts)} texts (cached in {CACHE})")
+        np.save(path, np.array(OnnxMiniLM().embed(texts), dtype=np.float32))
+    return np.load(path)

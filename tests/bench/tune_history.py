@@ -13,13 +13,10 @@ ONLY=history`'s, through Kafka and HTTP (docs/decisions/0019-history-ranking-sco
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
-import tempfile
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 
@@ -27,9 +24,8 @@ from projections.qdrant import ranking
 from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
 from projections.qdrant.ranking import Place
 from tests.bench.bench_history import DATA, KS, SPLITS, conversation_turns, evidence
-from tests.bench.common import progress
+from tests.bench.common import embedded
 
-CACHE = Path(tempfile.gettempdir()) / "memlane-tune-history"
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
 DEPTHS = [(lx, dn) for lx in (30, 50, 100, 200) for dn in (100, 150, 200)]  # (lexical, dense)
 MEMORY_DEPTH = 40  # memory search's max(4 x limit, 20) for a limit of 10
@@ -44,17 +40,6 @@ def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[
                 for t in conversation_turns(conv, "t", "a") for seq, m in enumerate(t.messages)]
         out[conv["sample_id"]] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
     return out
-
-
-def embedded(texts: list[str]) -> np.ndarray:
-    CACHE.mkdir(exist_ok=True)
-    path = CACHE / (hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16] + ".npy")
-    if not path.exists():
-        from projections.embedders.onnx import OnnxMiniLM
-
-        progress(f"embedding {len(texts)} texts (cached in {CACHE})")
-        np.save(path, np.array(OnnxMiniLM().embed(texts), dtype=np.float32))
-    return np.load(path)
 
 
 def lexical_lists(data, depth: int = LEXICAL_DEPTH) -> dict[str, list[dict[str, float]]]:

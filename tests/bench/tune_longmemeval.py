@@ -25,7 +25,7 @@ from projections.qdrant import ranking
 from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
 from projections.qdrant.ranking import Place
 from tests.bench import longmemeval as lme
-from tests.bench.tune_history import embedded
+from tests.bench.common import embedded
 
 LIMIT = 25  # the parts one search returns, as the bench asks for them
 
@@ -92,6 +92,30 @@ def as_messages(q: Question, scores: dict[int, float]) -> list[str]:
     return list(dict.fromkeys(q.parts[j][0] for j in top))
 
 
+def by_message(q: Question, lx: dict[int, float], dn: dict[int, float], w: float, n: float,
+               lift_first: bool) -> list[str]:
+    """A message's score is its best part's; neighbours are messages (`lift_first`: parts are
+    lifted by their neighbours first, then each message takes its best part)."""
+    keys = list(dict.fromkeys([*lx, *dn]))
+    lex = np.array([lx.get(k, ranking.MISSED) for k in keys], dtype=float)
+    den = np.array([dn.get(k, ranking.MISSED) for k in keys], dtype=float)
+    rows = ranking.rows_of([q.parts[k][2] for k in keys])
+    scores = ranking.ranked(lex, den, rows, w, n) if lift_first else ranking.fused(lex, den, w)
+    best: dict[str, tuple[float, int]] = {}
+    for k, sc in zip(keys, scores.tolist(), strict=True):
+        mid = q.parts[k][0]
+        if mid not in best or sc > best[mid][0]:
+            best[mid] = (sc, k)
+    mids = list(best)
+    msg_scores = np.array([best[m][0] for m in mids])
+    if not lift_first:
+        mrows = ranking.rows_of([q.parts[best[m][1]][2]._replace(part=0) for m in mids])
+        msg_scores = ranking.lifted(msg_scores, ranking.neighbours(mrows), n)
+    order = sorted(range(len(mids)), key=lambda i: (-round(msg_scores[i], 9), -q.parts[best[mids[i]][1]][2].turn,
+                                                     -q.parts[best[mids[i]][1]][2].sequence))
+    return [mids[i] for i in order][:LIMIT]
+
+
 def report(name: str, runs: list[tuple[list[str], dict[str, Any]]]) -> None:
     got: dict[str, list[float]] = defaultdict(list)
     for ranked, item in runs:
@@ -119,6 +143,11 @@ def main(argv: list[str]) -> int:
             places = {j: q.parts[j][2] for j in range(len(q.parts))}
             runs.append((as_messages(q, ranking.ranked_keys(lx, dn, places, w, n)), q.item))
         report(f"hybrid w{w} n{n}", runs)
+    for w in (0.5, 0.6, 0.7, 0.8):
+        for n in (0.0, 0.2, 0.4):
+            for lift_first in (True, False):
+                report(f"by_message w{w} n{n} {'lift_first' if lift_first else 'collapse_first'}",
+                       [(by_message(q, lx, dn, w, n, lift_first), q.item) for q, lx, dn in zip(qs, lex, den, strict=True)])
     return 0
 
 
