@@ -4,6 +4,7 @@ bad requests get JSON-RPC errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import asynccontextmanager
 
@@ -72,3 +73,21 @@ async def test_keys_that_get_no_tools_and_bad_requests_get_json_rpc_errors(stack
             assert 400 <= r.status_code < 500 and r.json()["error"]["code"] == -32700, r.text
         r = await http.post("/mcp", json=init, headers={**auth, "X-Invocation": "three"})
         assert r.status_code == 422 and "x-invocation" in r.json()["error"]["message"]
+
+
+async def test_a_client_that_stalls_mid_request_holds_up_no_other(stack, new_agent):
+    _, _, key = await new_agent(TOOLS)
+    host, port = stack.api_url.removeprefix("http://").split(":")
+    # A client that sends half its request and then stops, holding its connection open.
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+                 "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                 "Content-Length: 4096\r\n\r\n{\"jsonrpc\": \"2.0\", ".encode())
+    await writer.drain()
+    try:
+        async with asyncio.timeout(10), mcp_session(stack, key, **{"X-Session": "s1"}) as mcp:
+            written = answer(await mcp.call_tool("add_memory", {"summary": "Deploys freeze on Fridays"}))
+            assert written["memories"][0]["id"]
+        assert not reader.at_eof()  # the stalled request is still open: it was waited on, not dropped
+    finally:
+        writer.close()
