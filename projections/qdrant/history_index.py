@@ -80,6 +80,7 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
         "user": e.user,
         "part": part,
         "parts": parts,
+        "chars": len(e.text),  # the message's: ranking shrinks a long message's neighbour lift
         "text": text,
     }
 
@@ -88,7 +89,7 @@ def part_payload(e: KeptEvent, text: str, part: int, parts: int) -> dict[str, An
 # under `doc`, which Edge writes far faster than separate keys (docs/decisions/0004-qdrant-edge-embedded-index.md). A
 # point written before `doc` existed reads as it was.
 FILTERED = ("event_id", "tenant", "agent", "session", "turn", "kind", "visibility", "occurred_ms", "execution_id",
-            "user", "sequence", "part")
+            "user", "sequence", "part", "chars")
 
 
 def part_aad(p: dict[str, Any]) -> str:
@@ -279,9 +280,10 @@ class HistoryIndex:
             seen = visible(places)
             kept = np.fromiter((seen(p) for p in places), bool, len(places))
             keys, rows = [k for k, keep in zip(keys, kept, strict=True) if keep], rows[kept]
-        scores = ranking.ranked(np.fromiter((lex.get(k, ranking.MISSED) for k in keys), float, len(keys)),
-                                np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows)
-        return _page(keys, scores, rows, self._payloads, offset, limit, missing_ok, self.cipher)
+        kept, scores = ranking.ranked(np.fromiter((lex.get(k, ranking.MISSED) for k in keys), float, len(keys)),
+                                      np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows)
+        return _page([keys[i] for i in kept.tolist()], scores, rows[kept], self._payloads, offset, limit, missing_ok,
+                     self.cipher)
 
     def _read_places(self, keys: list[int]) -> dict[int, ranking.Place]:
         return {k: place(p) for k, p in self._payloads(keys).items()}
@@ -305,7 +307,7 @@ class Places:
     def _clear(self) -> None:
         self._slot: dict[int, int] = {}
         self._place: list[ranking.Place] = []
-        self._rows = np.zeros((1024, 4), dtype=np.int64)
+        self._rows = np.zeros((1024, ranking.COLUMNS), dtype=np.int64)
         self._codes: dict[str, int] = {}
 
     def of(self, keys: list[int], read: Callable[[list[int]], dict[int, ranking.Place]]
@@ -335,7 +337,7 @@ def place(stored: dict[str, Any]) -> ranking.Place:
     doc = from_json(stored["doc"]) if "sequence" not in stored and "doc" in stored else stored
     return ranking.Place(f"{stored['session']}/{stored.get('execution_id') or ''}", int(stored["turn"]),
                          int(doc.get("sequence") or 0), int(doc.get("part") or 0), stored["session"],
-                         int(stored.get("occurred_ms") or 0))
+                         int(stored.get("occurred_ms") or 0), int(stored.get("chars") or 0))
 
 
 def _page(keys: list[int], scores: np.ndarray, rows: np.ndarray,

@@ -4,14 +4,18 @@ history, each candidate lifted by its neighbours in the conversation.
 - Each list is scaled to 0..1 over what the engine returned for it (min-max), so neither
   BM25's unbounded scores nor an embedder's cosine range is assumed: a served embedder
   (`MEMLANE_EMBEDDINGS=openai`) ranks on the same terms as MiniLM.
+- A long message kept in parts is one candidate: its best part, with that part's fused score,
+  so one message never fills a page with its parts and the part that answers is the one shown.
 - A message that answers a question often shares no word with it, while the message
   before or after it does (a question and its reply); each history candidate gets a share of
-  its neighbours' fused scores. A memory record stands alone: it is fused only (`fused_keys`).
+  its neighbours' fused scores. A long message carries its own context, so the share shrinks
+  with its length past `SHORT_CHARS`. A memory record stands alone: it is fused only (`fused_keys`).
 
 The rules work on arrays, one row per candidate: a history search ranks a few hundred, and
 loops over them in Python cost more than the engine's search (docs/decisions/0019-history-ranking-score-fusion.md).
 `ranked_keys` applies them to mappings keyed by anything. The weights were chosen on LoCoMo's
-tuning conversations alone.
+tuning conversations, and the length rule on them and LongMemEval_S's tuning half together
+(docs/decisions/0019-history-ranking-score-fusion.md).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 LEXICAL_WEIGHT = 0.7  # the dense list gets the rest
 NEIGHBOUR_WEIGHT = 0.4  # of each neighbour's fused score, before and after
+SHORT_CHARS = 600  # a message up to this long takes the whole neighbour share; a longer one, SHORT_CHARS/its length
 MISSED = np.nan  # a list's score for a candidate it did not find
 K = TypeVar("K", bound=Hashable)
 
@@ -38,14 +43,18 @@ class Place(NamedTuple):
     part: int
     session: str = ""
     at_ms: int = 0
+    chars: int = 0  # the whole message's length; 0 when not known (a point written before it was kept)
+
+
+COLUMNS = 5
 
 
 def rows_of(places: Sequence[Place], codes: dict[str, int] | None = None) -> np.ndarray:
-    """The places as an (n, 4) int array: a code for the conversation (from `codes`, which
-    gains new ones), turn, sequence, part."""
+    """The places as an (n, 5) int array: a code for the conversation (from `codes`, which
+    gains new ones), turn, sequence, part, and the message's length."""
     codes = {} if codes is None else codes
-    return np.array([(codes.setdefault(p.conversation, len(codes)), p.turn, p.sequence, p.part) for p in places],
-                    dtype=np.int64).reshape(-1, 4)
+    return np.array([(codes.setdefault(p.conversation, len(codes)), p.turn, p.sequence, p.part, p.chars)
+                     for p in places], dtype=np.int64).reshape(-1, COLUMNS)
 
 
 def scaled(scores: np.ndarray) -> np.ndarray:
@@ -74,22 +83,46 @@ def neighbours(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a[near], b[near]
 
 
-def lifted(scores: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], weight: float = NEIGHBOUR_WEIGHT) -> np.ndarray:
-    """Each score plus `weight` of each neighbour's (as it was before lifting). A candidate
-    is at most once the first and once the second of a pair, so each index is added to once."""
+def shares(rows: np.ndarray) -> np.ndarray:
+    """The share of the neighbour lift each candidate takes: 1 up to `SHORT_CHARS` (or an unknown
+    length), `SHORT_CHARS`/its length beyond."""
+    chars = rows[:, 4].astype(float)
+    return np.where(chars > SHORT_CHARS, SHORT_CHARS / np.maximum(chars, 1.0), 1.0)
+
+
+def lifted(scores: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], weight: float = NEIGHBOUR_WEIGHT,
+           share: np.ndarray | None = None) -> np.ndarray:
+    """Each score plus `weight` (times its `share`) of each neighbour's (as it was before
+    lifting). A candidate is at most once the first and once the second of a pair, so each
+    index is added to once."""
     a, b = pairs
+    w = np.full(len(scores), weight) if share is None else weight * share
     out = scores.copy()
-    out[a] += weight * scores[b]
-    out[b] += weight * scores[a]
+    out[a] += w[a] * scores[b]
+    out[b] += w[b] * scores[a]
     return out
 
 
+def best_parts(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The index of each message's best-scoring part (ties: its first), in candidate order."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.intp)
+    by = np.lexsort((rows[:, 3], -scores, rows[:, 2], rows[:, 1], rows[:, 0]))
+    msg = rows[by, :3]
+    first = np.ones(len(by), bool)
+    first[1:] = (msg[1:] != msg[:-1]).any(axis=1)
+    return np.sort(by[first])
+
+
 def ranked(lexical: np.ndarray, dense: np.ndarray, rows: np.ndarray, weight: float = LEXICAL_WEIGHT,
-           neighbour: float = NEIGHBOUR_WEIGHT) -> np.ndarray:
-    """The hybrid score of each candidate: its raw score in each list (`MISSED` where that list
-    did not find it) and its row (`rows_of`)."""
+           neighbour: float = NEIGHBOUR_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
+    """(the candidates kept, their hybrid scores), from each candidate's raw score in each list
+    (`MISSED` where that list did not find it) and its row (`rows_of`): each message's best part,
+    lifted by the messages next to it."""
     scores = fused(lexical, dense, weight)
-    return lifted(scores, neighbours(rows), neighbour) if len(rows) else scores
+    kept = best_parts(scores, rows)
+    rows = rows[kept]
+    return kept, lifted(scores[kept], neighbours(rows), neighbour, shares(rows)) if len(rows) else scores[kept]
 
 
 def order(scores: np.ndarray, rows: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
@@ -108,9 +141,10 @@ def _columns(lexical: Mapping[K, float], dense: Mapping[K, float]) -> tuple[list
 
 def ranked_keys(lexical: Mapping[K, float], dense: Mapping[K, float], places: Mapping[K, Place],
                 weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT) -> dict[K, float]:
-    """`ranked` over mappings: the hybrid score of every candidate either list found."""
+    """`ranked` over mappings: the hybrid score of every message's best part either list found."""
     keys, lex, den = _columns(lexical, dense)
-    return dict(zip(keys, ranked(lex, den, rows_of([places[k] for k in keys]), weight, neighbour).tolist(), strict=True))
+    kept, scores = ranked(lex, den, rows_of([places[k] for k in keys]), weight, neighbour)
+    return dict(zip([keys[i] for i in kept.tolist()], scores.tolist(), strict=True))
 
 
 def fused_keys(lexical: Mapping[K, float], dense: Mapping[K, float], weight: float = LEXICAL_WEIGHT) -> dict[K, float]:

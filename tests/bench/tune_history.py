@@ -36,7 +36,7 @@ def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[
     (question, evidence ids) of each QA item with evidence."""
     out = {}
     for conv in json.loads(DATA.read_text()):
-        utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0))
+        utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0, chars=len(m.content)))
                 for t in conversation_turns(conv, "t", "a") for seq, m in enumerate(t.messages)]
         out[conv["sample_id"]] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
     return out

@@ -4,7 +4,7 @@ Ranks each question's haystack as the history shard would (parts of at most `PAR
 BM25 with IDF over every question's parts as one shard holds them, MiniLM vectors cached under
 the system's temp directory, `projections.qdrant.ranking`), beside a plain BM25 over whole
 messages (bm25s, English stopwords). Prints turn recall@5/10/25 and session recall_all@5 for
-each variant on the tuning half; `--validation` the chosen one on the validation half, which
+the ranking's weights on the tuning half; `--validation` the chosen one on the validation half, which
 nothing here tunes on. The figures that count are `make bench ONLY=history`'s, through Kafka
 and HTTP.
 """
@@ -28,6 +28,7 @@ from tests.bench import longmemeval as lme
 from tests.bench.common import embedded
 
 LIMIT = 25  # the parts one search returns, as the bench asks for them
+GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.4, 0.5)]
 
 
 class Question:
@@ -38,7 +39,7 @@ class Question:
         for mid, _, text, turn, seq in lme.messages(item):
             self.texts[mid] = text
             for p, t in enumerate(split_parts(text or " ")):
-                self.parts.append((mid, t, Place(lme.session_of(mid), turn, seq, p + 1)))
+                self.parts.append((mid, t, Place(lme.session_of(mid), turn, seq, p + 1, chars=len(text))))
 
 
 def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH) -> list[dict[int, float]]:
@@ -92,30 +93,6 @@ def as_messages(q: Question, scores: dict[int, float]) -> list[str]:
     return list(dict.fromkeys(q.parts[j][0] for j in top))
 
 
-def by_message(q: Question, lx: dict[int, float], dn: dict[int, float], w: float, n: float,
-               lift_first: bool) -> list[str]:
-    """A message's score is its best part's; neighbours are messages (`lift_first`: parts are
-    lifted by their neighbours first, then each message takes its best part)."""
-    keys = list(dict.fromkeys([*lx, *dn]))
-    lex = np.array([lx.get(k, ranking.MISSED) for k in keys], dtype=float)
-    den = np.array([dn.get(k, ranking.MISSED) for k in keys], dtype=float)
-    rows = ranking.rows_of([q.parts[k][2] for k in keys])
-    scores = ranking.ranked(lex, den, rows, w, n) if lift_first else ranking.fused(lex, den, w)
-    best: dict[str, tuple[float, int]] = {}
-    for k, sc in zip(keys, scores.tolist(), strict=True):
-        mid = q.parts[k][0]
-        if mid not in best or sc > best[mid][0]:
-            best[mid] = (sc, k)
-    mids = list(best)
-    msg_scores = np.array([best[m][0] for m in mids])
-    if not lift_first:
-        mrows = ranking.rows_of([q.parts[best[m][1]][2]._replace(part=0) for m in mids])
-        msg_scores = ranking.lifted(msg_scores, ranking.neighbours(mrows), n)
-    order = sorted(range(len(mids)), key=lambda i: (-round(msg_scores[i], 9), -q.parts[best[mids[i]][1]][2].turn,
-                                                     -q.parts[best[mids[i]][1]][2].sequence))
-    return [mids[i] for i in order][:LIMIT]
-
-
 def report(name: str, runs: list[tuple[list[str], dict[str, Any]]]) -> None:
     got: dict[str, list[float]] = defaultdict(list)
     for ranked, item in runs:
@@ -137,17 +114,13 @@ def main(argv: list[str]) -> int:
     report("bm25s_stopwords", [(bm25s_ranked(q), q.item) for q in qs])
     report("lexical", [(as_messages(q, lx), q.item) for q, lx in zip(qs, lex, strict=True)])
     report("vector", [(as_messages(q, dn), q.item) for q, dn in zip(qs, den, strict=True)])
-    for w, n in [(ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT)]:
+    grid = [(ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT)] if half == "validation" else GRID
+    for w, n in grid:
         runs = []
         for q, lx, dn in zip(qs, lex, den, strict=True):
             places = {j: q.parts[j][2] for j in range(len(q.parts))}
             runs.append((as_messages(q, ranking.ranked_keys(lx, dn, places, w, n)), q.item))
         report(f"hybrid w{w} n{n}", runs)
-    for w in (0.5, 0.6, 0.7, 0.8):
-        for n in (0.0, 0.2, 0.4):
-            for lift_first in (True, False):
-                report(f"by_message w{w} n{n} {'lift_first' if lift_first else 'collapse_first'}",
-                       [(by_message(q, lx, dn, w, n, lift_first), q.item) for q, lx, dn in zip(qs, lex, den, strict=True)])
     return 0
 
 

@@ -183,3 +183,37 @@ def test_the_place_store_reads_each_place_once_and_starts_again_past_its_size():
     places.of([4, 5, 6], read)  # five known: past its size
     keys, rows, _ = places.of([1, 7], read)  # the store started again: both read back
     assert keys == [1, 7] and rows[:, 1].tolist() == [1, 7] and reads[-1] == [1, 7]
+
+
+def test_a_long_message_is_one_candidate_its_best_part():
+    # A 6,000-character message in three parts, each matching a little, and a short message.
+    lex = {"long1": 5.0, "long2": 9.0, "long3": 4.0, "short": 6.0}
+    den = {"long1": 0.5, "long2": 0.6, "long3": 0.5, "short": 0.55}
+    places = {f"long{p}": Place("s/c", 4, 1, p, chars=6000) for p in (1, 2, 3)} | {
+        "short": Place("s/c", 9, 0, 0, chars=80)}
+    got = ranked_keys(lex, den, places)
+    assert sorted(got) == ["long2", "short"]  # the part that answers stands for its message
+    assert max(got, key=got.get) == "long2"
+
+
+def test_a_long_message_takes_a_smaller_share_of_its_neighbours():
+    # The same pair of neighbours, once short and once 2,400 characters long: the long one is
+    # lifted by a quarter as much (SHORT_CHARS / 2,400).
+    scores, rows = arr(0.5, 1.0), None
+    for chars, share in ((200, 1.0), (2400, ranking.SHORT_CHARS / 2400)):
+        rows = ranking.rows_of([Place("s/c", 3, 0, 0, chars=chars), Place("s/c", 3, 1, 0, chars=100)])
+        out = lifted(scores, neighbours(rows), 0.4, ranking.shares(rows))
+        assert out[0] == pytest.approx(0.5 + 0.4 * share * 1.0)
+        assert out[1] == pytest.approx(1.0 + 0.4 * 0.5)  # the short one's lift is whole
+    assert ranking.shares(ranking.rows_of([Place("s/c", 1, 0, 0)]))[0] == 1.0  # length unknown: as before
+
+
+def test_ranking_shrinks_the_lift_of_a_long_message():
+    lex, den = {"q": 9.0, "x": 1.0, "floor": 0.0}, {"q": 0.7, "x": 0.5, "floor": 0.1}
+
+    def score_of_x(chars: int) -> float:
+        places = {"q": Place("s/c", 3, 0, 0, chars=50), "x": Place("s/c", 3, 1, 0, chars=chars),
+                  "floor": Place("s/c", 40, 0, 0, chars=50)}
+        return ranked_keys(lex, den, places)["x"]
+
+    assert score_of_x(2400) < score_of_x(300) == score_of_x(600)
