@@ -1,6 +1,6 @@
 """LongMemEval_S questions as memlane history: each question's haystack is one agent's session,
 each haystack session a run of it (its `execution_id`), each pair of messages a turn timed by
-its session's date. A message's id is `<haystack session>#<index>`, so a hit names its session.
+its session's date. A message's id is `<haystack session>:<index>`, so a hit names its session.
 
 Read from ../shared/data/longmemeval (never copied here). Tuning is on the questions whose id
 sorts into even positions, validation on the odd ones (the data's README)."""
@@ -37,11 +37,11 @@ def haystack_time(s: str) -> datetime:
 
 
 def message_id(session_id: str, index: int) -> str:
-    return f"{session_id}#{index}"
+    return f"{session_id}:{index}"
 
 
 def session_of(mid: str) -> str:
-    return mid.rsplit("#", 1)[0]
+    return mid.rsplit(":", 1)[0]
 
 
 def messages(item: dict[str, Any]) -> list[tuple[str, str, str, int, int]]:
