@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -79,19 +80,28 @@ async def status(code: int) -> int:
     return code
 
 
-@pytest.fixture
-async def worker(settings):
+@asynccontextmanager
+async def delivering(settings, backoff_s: tuple[float, ...]):
     """The delivery worker as `memlane webhooks deliver` runs it (the deployment's keys open the
-    secrets), retrying four times, quickly."""
+    secrets), retrying quickly."""
     codec = keys_at(settings)()
     keys = await open_keys(settings, codec)
-    w = WebhookDelivery(settings, codec, keys, backoff_s=(0.05, 0.1, 0.2, 0.4), attempt_timeout_s=1.0)
+    w = WebhookDelivery(settings, codec, keys, backoff_s=backoff_s, attempt_timeout_s=1.0)
     task = asyncio.create_task(w.run())
-    yield w
-    w.stopping.set()
-    await asyncio.wait_for(task, 30)
-    if keys is not None:
-        await keys.stop()
+    try:
+        yield w
+    finally:
+        w.stopping.set()
+        await asyncio.wait_for(task, 30)
+        if keys is not None:
+            await keys.stop()
+
+
+@pytest.fixture
+async def worker(settings):
+    """The session stack's worker, retrying four times."""
+    async with delivering(settings, (0.05, 0.1, 0.2, 0.4)) as w:
+        yield w
 
 
 async def register(stack, settings, tenant: str, url: str, **body) -> dict:
@@ -237,16 +247,8 @@ async def test_text_goes_only_where_asked_and_never_a_members(stack, settings, w
 @pytest.fixture
 async def model_worker(model_stack):
     """The delivery worker of the model stack, whose extraction worker reviews turns."""
-    _, msettings = model_stack
-    codec = keys_at(msettings)()
-    keys = await open_keys(msettings, codec)
-    w = WebhookDelivery(msettings, codec, keys, backoff_s=(0.05,), attempt_timeout_s=1.0)
-    task = asyncio.create_task(w.run())
-    yield w
-    w.stopping.set()
-    await asyncio.wait_for(task, 30)
-    if keys is not None:
-        await keys.stop()
+    async with delivering(model_stack[1], (0.05,)) as w:
+        yield w
 
 
 async def test_a_turns_review_is_told_with_what_it_decided(model_stack, fake, model_worker):
