@@ -20,6 +20,7 @@ from services.client import TurnPublisher
 from tests.bench import longmemeval as lme
 from tests.bench.common import figure, median, percentile, progress
 from tests.bench.tune_longmemeval import LIMIT, Question, bm25s_ranked
+from tests.conftest import eventually
 
 MODES = ("hybrid", "lexical", "vector")
 
@@ -34,17 +35,19 @@ async def ingest(stack, settings, items, tenant: str, agent: str, key: str, alre
             futs = [await pub.producer.send(pub.topic, encode(t), key=TURNS.key_bytes(t)) for t in turns[start:start + 2000]]
             await asyncio.gather(*futs)
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as http:
-        while True:
+        async def indexed() -> bool:
             st = (await http.get("/v1/history/status")).json()
             progress(f"LongMemEval: indexed {st['turns'] - already}/{len(turns)} turns ({st['points']} points)")
-            if st["turns"] - already >= len(turns):
-                break
-            await asyncio.sleep(2)
+            return st["turns"] - already >= len(turns)
+
+        await eventually(indexed, timeout=3600, interval=2)
         for item in items:  # the last message of each haystack is searchable
-            last = lme.messages(item)[-1][0]
-            while not (await http.post("/v1/history/search", json={"ids": [last]}, headers={
-                    "Authorization": f"Bearer {key}", "X-Session": item["question_id"]})).json()["events"]:
-                await asyncio.sleep(0.2)
+            async def searchable(item=item) -> bool:
+                r = await http.post("/v1/history/search", json={"ids": [lme.messages(item)[-1][0]]},
+                                    headers={"Authorization": f"Bearer {key}", "X-Session": item["question_id"]})
+                return bool(r.json()["events"])
+
+            await eventually(searchable, timeout=120, interval=0.2)
     figure("lme_history_index_turns_per_s", len(turns) / (time.perf_counter() - t0), "turns/s", len(turns))
     return len(turns)
 

@@ -2,7 +2,7 @@
 each haystack session a run of it (its `execution_id`), each pair of messages a turn timed by
 its session's date. A message's id is `<haystack session>:<index>`, so a hit names its session.
 
-Read from ../shared/data/longmemeval (never copied here). Tuning is on the questions whose id
+Read from the data directory beside the repository (`DATA`), never copied here. Tuning is on the questions whose id
 sorts into even positions, validation on the odd ones (the data's README)."""
 
 from __future__ import annotations
