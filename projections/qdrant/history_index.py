@@ -233,16 +233,17 @@ class HistoryIndex:
 
     def search(
         self, f: HistoryFilter, dense: list[float] | None, text: str, limit: int, offset: int = 0, mode: Mode = "hybrid",
-        missing_ok: bool = False, visible: Visible | None = None,
+        missing_ok: bool = False, visible: Visible | None = None, window: tuple[int, int] | None = None,
     ) -> list[HistoryHit]:
         """Ranked parts `offset .. offset+limit`; newer events win ties. A part sealed under a
         destroyed key is left out; one under a key not known yet raises `KeyMissing`, unless
         `missing_ok` (the caller caught up already: the key was destroyed). `visible` (hybrid):
         which candidates the caller may see, for what the filter cannot say (membership windows);
-        the others are left out before ranking, so they lift no neighbour."""
+        the others are left out before ranking, so they lift no neighbour. `window` (hybrid, Unix
+        ms): the time the question names, whose parts rank first (`ranking.timed`)."""
         flt = self._filter(f)
         if mode == "hybrid":
-            return self._hybrid(flt, dense, text, limit, offset, missing_ok, visible)
+            return self._hybrid(flt, dense, text, limit, offset, missing_ok, visible, window)
         # One extra beyond the page, so ties at the page edge are ordered the same on every page.
         depth = offset + limit + 1
         if mode == "lexical":
@@ -259,7 +260,7 @@ class HistoryIndex:
                      self.cipher)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
-                missing_ok: bool, visible: Visible | None) -> list[HistoryHit]:
+                missing_ok: bool, visible: Visible | None, window: tuple[int, int] | None = None) -> list[HistoryHit]:
         """Both lists to fixed depths (so the order is the same on every page), ranked by
         `projections.qdrant.ranking`; whole payloads are read only as far down as the page reaches."""
         # The lists carry no payload: a query that returns payloads costs several times one
@@ -281,7 +282,8 @@ class HistoryIndex:
             kept = np.fromiter((seen(p) for p in places), bool, len(places))
             keys, rows = [k for k, keep in zip(keys, kept, strict=True) if keep], rows[kept]
         kept, scores = ranking.ranked(np.fromiter((lex.get(k, ranking.MISSED) for k in keys), float, len(keys)),
-                                      np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows)
+                                      np.fromiter((den.get(k, ranking.MISSED) for k in keys), float, len(keys)), rows,
+                                      window=window)
         return _page([keys[i] for i in kept.tolist()], scores, rows[kept], self._payloads, offset, limit, missing_ok,
                      self.cipher)
 

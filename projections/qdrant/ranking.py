@@ -10,6 +10,8 @@ history, each candidate lifted by its neighbours in the conversation.
   before or after it does (a question and its reply); each history candidate gets a share of
   its neighbours' fused scores. A long message carries its own context, so the share shrinks
   with its length past `SHORT_CHARS`. A memory record stands alone: it is fused only (`fused_keys`).
+- A question that names a time ("last Saturday", "in March": `events.rules.named_time`) lifts
+  what was said inside that window by `TIME_WEIGHT`: a prior, so a message outside it can still win.
 
 The rules work on arrays, one row per candidate: a history search ranks a few hundred, and
 loops over them in Python cost more than the engine's search (docs/decisions/0019-history-ranking-score-fusion.md).
@@ -28,6 +30,7 @@ import numpy as np
 LEXICAL_WEIGHT = 0.7  # the dense list gets the rest
 NEIGHBOUR_WEIGHT = 0.4  # of each neighbour's fused score, before and after
 SHORT_CHARS = 600  # a message up to this long takes the whole neighbour share; a longer one, SHORT_CHARS/its length
+TIME_WEIGHT = 0.5  # added to a candidate said inside the window the question names
 MISSED = np.nan  # a list's score for a candidate it did not find
 K = TypeVar("K", bound=Hashable)
 
@@ -46,14 +49,14 @@ class Place(NamedTuple):
     chars: int = 0  # the whole message's length; 0 when not known (a point written before it was kept)
 
 
-COLUMNS = 5
+COLUMNS = 6
 
 
 def rows_of(places: Sequence[Place], codes: dict[str, int] | None = None) -> np.ndarray:
-    """The places as an (n, 5) int array: a code for the conversation (from `codes`, which
-    gains new ones), turn, sequence, part, and the message's length."""
+    """The places as an (n, 6) int array: a code for the conversation (from `codes`, which
+    gains new ones), turn, sequence, part, the message's length, and when it was said (Unix ms)."""
     codes = {} if codes is None else codes
-    return np.array([(codes.setdefault(p.conversation, len(codes)), p.turn, p.sequence, p.part, p.chars)
+    return np.array([(codes.setdefault(p.conversation, len(codes)), p.turn, p.sequence, p.part, p.chars, p.at_ms)
                      for p in places], dtype=np.int64).reshape(-1, COLUMNS)
 
 
@@ -103,6 +106,16 @@ def lifted(scores: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], weight: flo
     return out
 
 
+def timed(scores: np.ndarray, rows: np.ndarray, window: tuple[int, int] | None,
+          weight: float = TIME_WEIGHT) -> np.ndarray:
+    """Each score plus `weight` when its candidate was said inside `window` (Unix ms, since
+    inclusive, until exclusive); unchanged without a window."""
+    if window is None:
+        return scores
+    at = rows[:, 5]
+    return scores + weight * ((at >= window[0]) & (at < window[1]))
+
+
 def best_parts(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The index of each message's best-scoring part (ties: its first), in candidate order."""
     if not len(rows):
@@ -115,14 +128,17 @@ def best_parts(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def ranked(lexical: np.ndarray, dense: np.ndarray, rows: np.ndarray, weight: float = LEXICAL_WEIGHT,
-           neighbour: float = NEIGHBOUR_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
+           neighbour: float = NEIGHBOUR_WEIGHT, window: tuple[int, int] | None = None,
+           time_weight: float = TIME_WEIGHT) -> tuple[np.ndarray, np.ndarray]:
     """(the candidates kept, their hybrid scores), from each candidate's raw score in each list
     (`MISSED` where that list did not find it) and its row (`rows_of`): each message's best part,
-    lifted by the messages next to it."""
+    lifted by the messages next to it, then by the `window` the question names."""
     scores = fused(lexical, dense, weight)
     kept = best_parts(scores, rows)
     rows = rows[kept]
-    return kept, lifted(scores[kept], neighbours(rows), neighbour, shares(rows)) if len(rows) else scores[kept]
+    if not len(rows):
+        return kept, scores[kept]
+    return kept, timed(lifted(scores[kept], neighbours(rows), neighbour, shares(rows)), rows, window, time_weight)
 
 
 def order(scores: np.ndarray, rows: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
@@ -140,10 +156,11 @@ def _columns(lexical: Mapping[K, float], dense: Mapping[K, float]) -> tuple[list
 
 
 def ranked_keys(lexical: Mapping[K, float], dense: Mapping[K, float], places: Mapping[K, Place],
-                weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT) -> dict[K, float]:
+                weight: float = LEXICAL_WEIGHT, neighbour: float = NEIGHBOUR_WEIGHT,
+                window: tuple[int, int] | None = None, time_weight: float = TIME_WEIGHT) -> dict[K, float]:
     """`ranked` over mappings: the hybrid score of every message's best part either list found."""
     keys, lex, den = _columns(lexical, dense)
-    kept, scores = ranked(lex, den, rows_of([places[k] for k in keys]), weight, neighbour)
+    kept, scores = ranked(lex, den, rows_of([places[k] for k in keys]), weight, neighbour, window, time_weight)
     return dict(zip([keys[i] for i in kept.tolist()], scores.tolist(), strict=True))
 
 

@@ -88,6 +88,11 @@ def conversation_turns(conv: dict, tenant: str, agent: str) -> list[TurnCommitte
     return turns
 
 
+def asked_at(conv: dict) -> datetime:
+    """When the questions are asked: a minute after the conversation's last turn."""
+    return conversation_turns(conv, "t", "a")[-1].occurred_at + timedelta(minutes=1)
+
+
 def evidence(qa: dict) -> set[str]:
     out = set()
     for raw in qa.get("evidence", []):
@@ -133,6 +138,7 @@ async def ingest(stack, settings, data, tenant, agent, key) -> int:
 
 async def recall(stack, data, key, kept: int) -> None:
     items = [(conv["sample_id"], qa) for conv in data for qa in conv["qa"] if evidence(qa)]
+    asked = {conv["sample_id"]: int(asked_at(conv).timestamp() * 1000) for conv in data}
     skipped = sum(len(conv["qa"]) for conv in data) - len(items)
     progress(f"{len(items)} QA items with evidence ({skipped} without); 3 modes")
     scores: dict[str, dict[tuple, list[float]]] = {m: defaultdict(list) for m in MODES}
@@ -146,7 +152,8 @@ async def recall(stack, data, key, kept: int) -> None:
         async def one(session: str, qa: dict, mode: str, timed: list[float] | None = None) -> None:
             async with sem:
                 t0 = time.perf_counter()
-                r = await http.post("/v1/history/search", json={"query": qa["question"], "limit": 25, "mode": mode},
+                r = await http.post("/v1/history/search", json={"query": qa["question"], "limit": 25, "mode": mode,
+                                                                 "now": asked[session]},
                                     headers={"X-Session": session})
                 if timed is not None:
                     timed.append((time.perf_counter() - t0) * 1000)

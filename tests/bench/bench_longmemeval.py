@@ -66,7 +66,8 @@ async def recall(stack, items, key: str) -> None:
                 for item in items:
                     t0 = time.perf_counter()
                     r = await http.post("/v1/history/search", headers={"X-Session": item["question_id"]},
-                                        json={"query": item["question"], "limit": LIMIT, "mode": mode})
+                                        json={"query": item["question"], "limit": LIMIT, "mode": mode,
+                                              "now": int(lme.asked_at(item).timestamp() * 1000)})
                     if timed:
                         lat[mode].append((time.perf_counter() - t0) * 1000)
                     r.raise_for_status()
@@ -88,8 +89,9 @@ async def recall(stack, items, key: str) -> None:
         for measure, v in lme.scores(bm25s_ranked(Question(item)), item).items():
             got[(half_of[item["question_id"]], "bm25s", measure)].append(v)
     for (half, mode, measure), xs in sorted(got.items()):
-        if measure.startswith("turn@") or measure == "session_all@5":
-            name = measure.replace("turn@", "turn_recall_at_").replace("session_all@", "session_recall_all_at_")
+        if measure.startswith("turn@") or measure in ("session_all@5", "evidence_session_all@5"):
+            name = (measure.replace("turn@", "turn_recall_at_").replace("evidence_session_all@", "evidence_session_recall_all_at_")
+                    .replace("session_all@", "session_recall_all_at_"))
             figure(f"lme_{name}_{half}_{mode}", 100 * float(np.mean(xs)), "%", len(xs))
     for mode in MODES:
         figure(f"lme_history_search_http_ms_p50_{mode}", median(lat[mode]), "ms", len(lat[mode]))

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from events import Message, TurnCommitted
+from events.rules import named_time
 from settings import ROOT
 
 DATA = ROOT.parent / "shared" / "data" / "longmemeval" / "lme_s_dev.json.gz"
@@ -34,6 +35,16 @@ def split(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def haystack_time(s: str) -> datetime:
     return datetime.strptime(re.sub(r" \(\w+\)", "", s), "%Y/%m/%d %H:%M").replace(tzinfo=UTC)
+
+
+def asked_at(item: dict[str, Any]) -> datetime:
+    return haystack_time(item["question_date"])
+
+
+def named_window(item: dict[str, Any]) -> tuple[int, int] | None:
+    """The window the question names, read against the time it was asked (Unix ms)."""
+    w = named_time.window(item["question"], asked_at(item))
+    return None if w is None else w.ms()
 
 
 def message_id(session_id: str, index: int) -> str:
@@ -76,11 +87,15 @@ def turns(item: dict[str, Any], tenant: str, agent: str) -> list[TurnCommitted]:
 
 def scores(ranked: list[str], item: dict[str, Any]) -> dict[str, float]:
     """turn recall@k (share of the evidence messages in the top k) and session recall_all@k
-    (every answer session among the top k's sessions), for k in KS."""
+    (every answer session among the top k's sessions), for k in KS. `evidence_session_all@k`
+    counts only the answer sessions holding an evidence message, as LongMemEval's own retrieval
+    evaluation does: a few questions name answer sessions where no message is marked."""
     ev, answer_sessions = evidence(item), set(item["answer_session_ids"])
     out = {}
     for k in KS:
         top = ranked[:k]
+        seen = {session_of(m) for m in top}
         out[f"turn@{k}"] = len(ev & set(top)) / len(ev) if ev else float("nan")
-        out[f"session_all@{k}"] = float(answer_sessions <= {session_of(m) for m in top})
+        out[f"session_all@{k}"] = float(answer_sessions <= seen)
+        out[f"evidence_session_all@{k}"] = float({session_of(m) for m in ev} <= seen)
     return out

@@ -20,10 +20,11 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from events.rules import named_time
 from projections.qdrant import ranking
 from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
 from projections.qdrant.ranking import Place
-from tests.bench.bench_history import DATA, KS, SPLITS, conversation_turns, evidence
+from tests.bench.bench_history import CATEGORIES, DATA, KS, SPLITS, asked_at, conversation_turns, evidence
 from tests.bench.common import embedded
 
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
@@ -36,10 +37,19 @@ def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[
     (question, evidence ids) of each QA item with evidence."""
     out = {}
     for conv in json.loads(DATA.read_text()):
-        utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0, chars=len(m.content)))
+        utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0,
+                                        at_ms=int(t.occurred_at.timestamp() * 1000), chars=len(m.content)))
                 for t in conversation_turns(conv, "t", "a") for seq, m in enumerate(t.messages)]
         out[conv["sample_id"]] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
+    for conv in json.loads(DATA.read_text()):
+        for qa in conv["qa"]:
+            WINDOWS[(conv["sample_id"], qa["question"])] = named_time.window(qa["question"], asked_at(conv))
+            CATEGORY[(conv["sample_id"], qa["question"])] = qa["category"]
     return out
+
+
+WINDOWS: dict[tuple[str, str], named_time.Window | None] = {}  # (conversation, question) -> the time it names
+CATEGORY: dict[tuple[str, str], int] = {}
 
 
 def lexical_lists(data, depth: int = LEXICAL_DEPTH) -> dict[str, list[dict[str, float]]]:
@@ -98,13 +108,17 @@ def memory_recall_at(data, lex, den, convs, fuse) -> list[float]:
     return [round(100 * float(np.mean(shares[k])), 1) for k in KS]
 
 
-def recall_at(data, lex, den, convs, weight: float, neighbour: float) -> list[float]:
+def recall_at(data, lex, den, convs, weight: float, neighbour: float, time_weight: float = ranking.TIME_WEIGHT,
+              only_timed: bool = False, category: int | None = None) -> list[float]:
     shares: dict[int, list[float]] = defaultdict(list)
     for cid in convs:
         utts, qs = data[cid]
         places = {i: p for i, _, p in utts}
-        for (_, ev), lx, dn in zip(qs, lex[cid], den[cid], strict=True):
-            scores = ranking.ranked_keys(lx, dn, places, weight, neighbour)
+        for (q, ev), lx, dn in zip(qs, lex[cid], den[cid], strict=True):
+            w = WINDOWS[(cid, q)]
+            if (only_timed and w is None) or (category is not None and CATEGORY[(cid, q)] != category):
+                continue
+            scores = ranking.ranked_keys(lx, dn, places, weight, neighbour, w and w.ms(), time_weight)
             top = sorted(scores, key=lambda k: (-round(scores[k], 9), -places[k].turn, -places[k].sequence))
             for k in KS:
                 shares[k].append(len(ev & set(top[:k])) / len(ev))
@@ -128,6 +142,18 @@ def main(argv: list[str]) -> int:
             for name, fuse in fusions:
                 print(json.dumps({"split": split, "memory": name,
                                   "recall_at_5_10_25": memory_recall_at(data, lx, dn, convs, fuse)}), flush=True)
+        return 0
+    if "--time" in argv:  # the time prior's weight; then, without and with it, each category
+        w, n = ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT
+        for t in (0.0, 0.1, 0.2, 0.3, 0.5, 1.0):
+            for only in (False, True):
+                print(json.dumps({"split": "tuning", "time_weight": t, "only_naming_a_time": only,
+                                  "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["tuning"], w, n, t, only)}),
+                      flush=True)
+        for cat, name in CATEGORIES.items():
+            for t in (0.0, ranking.TIME_WEIGHT):
+                print(json.dumps({"split": "tuning", "category": name, "time_weight": t, "recall_at_5_10_25":
+                                  recall_at(data, lex, den, SPLITS["tuning"], w, n, t, category=cat)}), flush=True)
         return 0
     if "--depths" in argv:
         full_lex, full_den = lexical_lists(data, max(DEPTHS)[0]), dense_lists(data, max(d for _, d in DEPTHS))

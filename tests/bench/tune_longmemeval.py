@@ -29,6 +29,7 @@ from tests.bench.common import embedded
 
 LIMIT = 25  # the parts one search returns, as the bench asks for them
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.4, 0.5)]
+TIME_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
 
 
 class Question:
@@ -36,10 +37,14 @@ class Question:
         self.item = item
         self.parts: list[tuple[str, str, Place]] = []  # (message id, text, place)
         self.texts: dict[str, str] = {}
-        for mid, _, text, turn, seq in lme.messages(item):
-            self.texts[mid] = text
-            for p, t in enumerate(split_parts(text or " ")):
-                self.parts.append((mid, t, Place(lme.session_of(mid), turn, seq, p + 1, chars=len(text))))
+        self.window = lme.named_window(item)
+        for turn in lme.turns(item, "t", "a"):
+            at_ms = int(turn.occurred_at.timestamp() * 1000)
+            for seq, m in enumerate(turn.messages):
+                self.texts[m.id] = m.content
+                for p, t in enumerate(split_parts(m.content)):
+                    self.parts.append((m.id, t, Place(lme.session_of(m.id), turn.turn, seq, p + 1,
+                                                      at_ms=at_ms, chars=len(m.content))))
 
 
 def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH) -> list[dict[int, float]]:
@@ -99,7 +104,7 @@ def report(name: str, runs: list[tuple[list[str], dict[str, Any]]]) -> None:
         for k, v in lme.scores(ranked, item).items():
             got[k].append(v)
     print(json.dumps({"variant": name, **{k: round(100 * float(np.nanmean(v)), 1) for k, v in got.items()
-                                          if k.startswith("turn") or k == "session_all@5"}}), flush=True)
+                                          if k.startswith("turn") or k in ("session_all@5", "evidence_session_all@5")}}), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -115,12 +120,20 @@ def main(argv: list[str]) -> int:
     report("lexical", [(as_messages(q, lx), q.item) for q, lx in zip(qs, lex, strict=True)])
     report("vector", [(as_messages(q, dn), q.item) for q, dn in zip(qs, den, strict=True)])
     grid = [(ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT)] if half == "validation" else GRID
-    for w, n in grid:
-        runs = []
+    if "--time" in argv:
+        w, n = ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT
+        grid = [(w, n, t) for t in TIME_GRID]
+    else:
+        grid = [(w, n, ranking.TIME_WEIGHT) for w, n in grid]
+    for w, n, t in grid:
+        runs, timed = [], []
         for q, lx, dn in zip(qs, lex, den, strict=True):
             places = {j: q.parts[j][2] for j in range(len(q.parts))}
-            runs.append((as_messages(q, ranking.ranked_keys(lx, dn, places, w, n)), q.item))
-        report(f"hybrid w{w} n{n}", runs)
+            runs.append((as_messages(q, ranking.ranked_keys(lx, dn, places, w, n, q.window, t)), q.item))
+            if q.window is not None:
+                timed.append(runs[-1])
+        report(f"hybrid w{w} n{n} t{t}", runs)
+        report(f"hybrid w{w} n{n} t{t}, the {len(timed)} questions naming a time", timed)
     return 0
 
 

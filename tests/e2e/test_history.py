@@ -211,6 +211,22 @@ async def test_filters_conversation_day_and_range(tools):
     assert notes.status_code == 200 and notes.json()["notes"] == [] and "events" not in notes.json()
 
 
+async def test_a_time_the_question_names_ranks_what_was_said_then_first(tools):
+    h = tools()
+    day1 = {"u1", "a1", "t1", "a1b", "u2", "a2"}  # kestrel is said on both days
+    at = {d: int(datetime(2026, 9, d, 12, tzinfo=UTC).timestamp() * 1000) for d in (19, 20)}
+    question = "what did we say about kestrel yesterday?"
+    assert h.ids(question, now=at[19], limit=1)[0] in day1
+    assert h.ids(question, now=at[20], limit=1) == ["u5"]
+    assert h.ids("what did we say about kestrel on 18 September, 2026?", now=at[20], limit=1)[0] in day1
+    # Days the question does not name change nothing: the same order as without a time.
+    assert h.ids("kestrel budget", now=at[20]) == h.ids("kestrel budget")
+    # A window the caller gives wins over one the question names.
+    assert set(h.ids(question, now=at[20], day="2026-09-18")) <= day1
+    bad = h.raw(query=question, now=-1)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "now"
+
+
 async def test_paging_to_the_end(tools):
     h = tools()
     pages = h.all_pages(limit=3)

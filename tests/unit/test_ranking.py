@@ -217,3 +217,27 @@ def test_ranking_shrinks_the_lift_of_a_long_message():
         return ranked_keys(lex, den, places)["x"]
 
     assert score_of_x(2400) < score_of_x(300) == score_of_x(600)
+
+
+def test_what_was_said_inside_the_named_window_is_lifted_and_nothing_else():
+    day = 86_400_000
+    rows = ranking.rows_of([Place("s/c", t, 0, 0, at_ms=t * day) for t in (1, 2, 3)])
+    scores = arr(0.9, 0.5, 0.4)
+    assert ranking.timed(scores, rows, None) is scores  # no window: unchanged
+    # Since inclusive, until exclusive: day 2 only.
+    assert ranking.timed(scores, rows, (2 * day, 3 * day), 0.5).tolist() == pytest.approx([0.9, 1.0, 0.4])
+
+
+def test_a_question_naming_a_time_ranks_that_time_first_but_a_strong_match_outside_it_still_counts():
+    day = 86_400_000
+    lex = {"old": 9.0, "named": 6.0, "other": 5.9, "floor": 0.0}
+    den = {"old": 0.8, "named": 0.6, "other": 0.6, "floor": 0.1}
+    places = {k: Place("s/c", t, 0, 0, at_ms=at * day) for k, t, at in
+              (("old", 1, 1), ("named", 10, 20), ("other", 20, 30), ("floor", 30, 40))}
+    plain = ranked_keys(lex, den, places)
+    timed = ranked_keys(lex, den, places, window=(20 * day, 21 * day))
+    assert max(plain, key=plain.get) == "old" and max(timed, key=timed.get) == "named"
+    assert timed["other"] == plain["other"] and timed["named"] == pytest.approx(plain["named"] + ranking.TIME_WEIGHT)
+    # A prior, not a filter: the strong match outside the window stays ahead of the weak one inside it.
+    weak = ranked_keys(lex | {"named": 0.5}, den | {"named": 0.15}, places, window=(20 * day, 21 * day))
+    assert weak["old"] > weak["named"]

@@ -45,6 +45,7 @@ from events.rules.history import (
     event_from_payload,
     fingerprint,
     kinds_for,
+    named_window,
     render,
     split_parts,
     time_window,
@@ -76,6 +77,9 @@ class HistorySearchRequest(Body):
     day: str | None = None
     since: Annotated[int, Field(ge=0)] | None = None
     until: Annotated[int, Field(ge=0)] | None = None
+    # When the question is asked (Unix ms; default: now), for the times it names: "last week"
+    # ranks what was said that week first (`events.rules.named_time`). Not with day/since/until.
+    now: Annotated[int, Field(ge=0, le=253402300799999)] | None = None
     cursor: Annotated[str, Field(max_length=512)] | None = None
     turn: Annotated[int, Field(ge=0)] | None = None
     mode: Literal["hybrid", "lexical", "vector"] | None = None
@@ -274,7 +278,9 @@ class HistoryExtension:
     async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: Mode):
         assert self.app is not None and self.store is not None  # `start` set it before the routes were served
         assert body.query is not None  # `_run` ranks only a query
-        fp = fingerprint("q", f, body.query, mode)
+        window = None if mode != "hybrid" or f.since_ms is not None or f.until_ms is not None else named_window(
+            body.query, body.now if body.now is not None else int(time.time() * 1000))
+        fp = fingerprint("q", f, body.query, mode, window)
         offset = self._position(body.cursor, fp, int)
         cap = HYBRID_DEPTH if mode == "hybrid" else MAX_RANKED_DEPTH
         if offset >= cap:
@@ -294,7 +300,7 @@ class HistoryExtension:
         pos, more = offset, False
         while pos < cap:
             want = min(max(limit - len(out) + 1, 32), cap - pos + 1)
-            hits = await self._hits(f, dense, body.query, want, pos, mode, visible)
+            hits = await self._hits(f, dense, body.query, want, pos, mode, visible, window)
             events = [event_from_payload(h.payload) for h in hits]
             windows = known if known is not None else await self.store.windows(
                 f.tenant, f.agent, [e.session for e in events])
@@ -316,7 +322,7 @@ class HistoryExtension:
         return out, (encode_cursor(pos, fp) if more else None)
 
     async def _hits(self, f: HistoryFilter, dense, query: str, n: int, offset: int, mode: Mode,
-                    visible: Visible | None = None) -> list[Any]:
+                    visible: Visible | None = None, window: tuple[int, int] | None = None) -> list[Any]:
         assert self.store is not None  # `start` set it before the routes were served
         # A session search runs in the event loop when the shard is free: the Edge shard holds
         # the interpreter lock while it searches, so a thread runs none of it in parallel, and
@@ -325,7 +331,7 @@ class HistoryExtension:
         # windows midway, so it runs in a thread, as does any search that would wait for the shard.
         async def search(missing_ok: bool) -> list[Any]:
             assert self.index is not None  # `start` set it before the routes were served
-            args = (f, dense, query, n, offset, mode, missing_ok, visible)
+            args = (f, dense, query, n, offset, mode, missing_ok, visible, window)
             if f.session is not None and (hits := self.index.search_now(*args)) is not None:
                 return hits
             return await asyncio.to_thread(self.index.search, *args)
