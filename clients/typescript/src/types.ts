@@ -157,6 +157,8 @@ export interface HistorySearchRequest {
   day?: string | null;
   since?: number | null;
   until?: number | null;
+  /** When the question is asked (Unix ms): a time it names ("last week") ranks what was said then first. */
+  now?: number | null;
   ids?: string[];
   limit?: number;
   cursor?: string | null;

@@ -33,7 +33,7 @@ const requests: Record<string, object> = {
   } satisfies Required<RecallRequest>,
   HistorySearchRequest: {
     query: null, scope: "", kind: "", conversation: null, session: null, turn: null, day: null, since: null,
-    until: null, ids: [], limit: 0, cursor: null, mode: null,
+    until: null, now: null, ids: [], limit: 0, cursor: null, mode: null,
   } satisfies Required<HistorySearchRequest>,
   SaveNoteRequest: { topic: "", summary: "", source_messages: [], expected_revision: 0 } satisfies Required<SaveNoteRequest>,
   ProfileRequest: { text: "", expected_version: null } satisfies Required<ProfileRequest>,
