@@ -12,9 +12,10 @@ start to the latest end:
 - a month: "December 2023", or after in/during/since/early/mid/late/last/this/by/until: "in June",
   "in March and April" (the latest such month that has begun);
 - a year: "in 2023", "during 2022", or a year standing alone;
-- yesterday, today, tonight, last/this week, month, year, weekend, last Monday..Sunday;
-- "N days/weeks/months/years ago" (N in digits or words, "a", "a couple of"): that day give or
-  take one, or the unit around the time N units back;
+- yesterday, the day before yesterday, last night, today, tonight, this morning, earlier today;
+  last/this/earlier this week, month, year, weekend; over the weekend; last Monday..Sunday;
+- "N days/weeks/months/years ago" (N in digits or words, "a", "a couple of", "a few"): that day
+  give or take one, or the unit around the time N units back;
 - "in the last/past (N) days/weeks/months/years": from N units back until now.
 
 A phrase about the future ("next week", "tomorrow") names no window of the past and is left out.
@@ -42,7 +43,7 @@ MONTHS |= {m[:3]: i for m, i in list(MONTHS.items())} | {"sept": 9}
 WEEKDAYS = {d: i for i, d in enumerate(["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"])}
 NUMBERS = {w: i + 1 for i, w in enumerate(
     ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"])}
-NUMBERS |= {"a": 1, "an": 1, "a couple of": 2, "couple of": 2}
+NUMBERS |= {"a": 1, "an": 1, "a couple of": 2, "couple of": 2, "a few": 3, "few": 3, "several": 3}
 UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
 
 _MONTH = r"(" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
@@ -62,9 +63,11 @@ PATTERNS: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(p, re.I)) for n
     ("year", r"\b(?:in|during|of|since|by|until|through)\s+((?:19|20)\d{2})\b|\b((?:19|20)\d{2})\b"),
     ("ago", rf"\b{_NUM}\s+{_UNIT}\s+ago\b"),
     ("past", rf"\b(?:in|over|during|within|for)\s+the\s+(?:last|past)\s+(?:{_NUM}\s+)?{_UNIT}\b"),
+    ("day_before", r"\bthe\s+day\s+before\s+yesterday\b"),
     ("last_weekday", r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b"),
-    ("relative", r"\b(last|this)\s+(week|weekend|month|year)\b"),
-    ("day_word", r"\b(yesterday|today|tonight)\b"),
+    ("relative", r"\b(last|this|earlier\s+this)\s+(week|weekend|month|year)\b"),
+    ("over_weekend", r"\bover\s+the\s+weekend\b"),
+    ("day_word", r"\b(yesterday|today|tonight|last\s+night|this\s+(?:morning|afternoon|evening)|earlier\s+today)\b"),
 ]]
 
 
@@ -155,9 +158,13 @@ def _read(name: str, m: re.Match[str], now: datetime) -> Window | None:
     if name == "last_weekday":
         back = (today.weekday() - WEEKDAYS[g[0]]) % 7 or 7
         return _day(today - timedelta(days=back))
-    if name == "relative":
-        return _relative(g[0], g[1], today, now)
-    if g[0] == "yesterday":
+    if name == "relative":  # "earlier this week" is this week
+        return _relative("this" if g[0].startswith("earlier") else g[0], g[1], today, now)
+    if name == "over_weekend":
+        return _relative("last", "weekend", today, now)
+    if name == "day_before":
+        return _day(today - timedelta(days=2))
+    if g[0] == "yesterday" or g[0].startswith("last"):  # last night
         return _day(today - timedelta(days=1))
     return _day(today)
 

@@ -36,6 +36,12 @@ def test_a_date_month_or_year_it_spells_out(text, expected):
     ("What did we say on April 30?", (date(2022, 4, 30), date(2022, 5, 1))),
     ("Who did I go with to the music event last Saturday?", (date(2023, 4, 15), date(2023, 4, 16))),
     ("What did I cook yesterday?", (date(2023, 4, 21), date(2023, 4, 22))),
+    ("what did we watch last night", (date(2023, 4, 21), date(2023, 4, 22))),
+    ("the day before yesterday", (date(2023, 4, 20), date(2023, 4, 21))),
+    ("what you said this morning", (date(2023, 4, 22), date(2023, 4, 23))),
+    ("the plan from earlier this week", (date(2023, 4, 17), date(2023, 4, 24))),
+    ("what did I do over the weekend", (date(2023, 4, 15), date(2023, 4, 17))),
+    ("a few days ago", (date(2023, 4, 18), date(2023, 4, 21))),
     ("What did we plan today?", (date(2023, 4, 22), date(2023, 4, 23))),
     ("what did I do last week", (date(2023, 4, 10), date(2023, 4, 17))),
     ("and last weekend?", (date(2023, 4, 15), date(2023, 4, 17))),
@@ -47,6 +53,7 @@ def test_a_date_month_or_year_it_spells_out(text, expected):
     ("the call 3 days ago", (date(2023, 4, 18), date(2023, 4, 21))),
     ("How much jewelry did I buy in the last two months?", (date(2023, 2, 21), date(2023, 4, 22))),
     ("over the past week", (date(2023, 4, 15), date(2023, 4, 22))),
+    ("in the last few days", (date(2023, 4, 19), date(2023, 4, 22))),
 ])
 def test_a_time_read_against_when_the_question_is_asked(text, expected):
     assert days(text) == expected
