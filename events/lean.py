@@ -78,6 +78,7 @@ class LeanRecord(msgspec.Struct, frozen=True, kw_only=True):
     replaces: str | None = None
     preview: bool = False
     key: str | None = None
+    observed_at: datetime | None = None  # when its fact was said: hybrid search's time prior reads it
     provenance: LeanProvenance = LeanProvenance()
     # The personal fields (summary, content, metadata, key) sealed (events.sealing): blank
     # above until `opened` fills them. Listing, expiry and filters never need them.

@@ -30,6 +30,7 @@ from qdrant_client.local.qdrant_local import QdrantLocal
 from events.record import MemoryRecord
 from projections.qdrant.index import (
     DENSE,
+    HIT_FIELDS,
     KEYWORD_FIELDS,
     SCROLL_PAGE,
     SPARSE,
@@ -206,18 +207,18 @@ class ClientIndex:
 
     def search(
         self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode = "hybrid",
-        min_score: float = 0.0,
+        min_score: float = 0.0, window: tuple[int, int] | None = None,
     ) -> list[Hit]:
         try:
             with self._lock:
-                return self._search(f, dense, text, limit, mode, min_score)
+                return self._search(f, dense, text, limit, mode, min_score, window)
         except (ApiException, ResponseHandlingException, OSError) as e:
             raise IndexUnavailable(f"the Qdrant collection {self.collection} could not search") from e
         except RuntimeError as e:  # local mode, closed
             raise IndexUnavailable(f"the local Qdrant collection {self.collection} could not search") from e
 
     def _search(self, f: SearchFilter, dense: list[float] | None, text: str, limit: int, mode: Mode,
-                min_score: float) -> list[Hit]:
+                min_score: float, window: tuple[int, int] | None = None) -> list[Hit]:
         flt = self._filter(f)
         depth = max(limit * 4, 20)
         sparse = self._sparse(self.bm25.embed_query(text))
@@ -229,11 +230,11 @@ class ClientIndex:
                                            with_payload=True, score_threshold=min_score)
         else:
             lexical, nearest = self.client.query_batch_points(self.collection, [
-                models.QueryRequest(query=sparse, using=SPARSE, filter=flt, limit=depth, with_payload=["record_id"]),
-                models.QueryRequest(query=dense, using=DENSE, filter=flt, limit=depth, with_payload=["record_id"],
+                models.QueryRequest(query=sparse, using=SPARSE, filter=flt, limit=depth, with_payload=HIT_FIELDS),
+                models.QueryRequest(query=dense, using=DENSE, filter=flt, limit=depth, with_payload=HIT_FIELDS,
                                     score_threshold=min_score),
             ])
-            return rank(fuse(hits_of(lexical.points), hits_of(nearest.points)), limit)
+            return rank(fuse(hits_of(lexical.points), hits_of(nearest.points), window), limit)
         return rank(hits_of(res.points), limit)
 
 

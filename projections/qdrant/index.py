@@ -91,6 +91,7 @@ class IndexUnavailable(Exception):
 class Hit:
     record_id: str
     score: float
+    at: int = -1  # when the record's fact was said (Unix ms); -1 not known
 
 
 def reach_of(r: MemoryRecord) -> str:
@@ -103,13 +104,14 @@ def reach_of(r: MemoryRecord) -> str:
     return f"SESSION/{r.session}"
 
 
-def payload_of(r: MemoryRecord) -> dict[str, Any]:
+def payload_of(r: MemoryRecord | LeanRecord) -> dict[str, Any]:
     # No personal field (summary, content, metadata, key): ids, scope, kind and labels only;
     # the text is in the dense and BM25 vectors, which stay in the index.
     # Every payload key costs ~5 µs to hand to Qdrant, so a point carries only what search
     # filters on, folded into few keys, and the record id; absent flags mean "no". Flags
     # are keyword strings: the Edge bindings turn a Python bool in MatchValue into an
-    # integer. No age: the memory service breaks score ties once it has the records.
+    # integer. `at` (not indexed) is read back by hybrid search only; score ties the memory
+    # service breaks once it has the records.
     p: dict[str, Any] = {
         "owner": f"{r.tenant}/{r.agent}",
         "reach": reach_of(r),
@@ -122,6 +124,8 @@ def payload_of(r: MemoryRecord) -> dict[str, Any]:
         p["member"] = r.user  # made from the member's turn: their erasure finds it (a USER one by "reach")
     if r.preview:
         p["preview"] = "yes"
+    # When the fact was said (observed, else recorded): a question naming a time ranks it first.
+    p["at"] = int((r.observed_at or r.created).timestamp() * 1000)
     return p
 
 
@@ -162,16 +166,24 @@ def filter_terms(f: SearchFilter) -> tuple[list[Term], list[Term]]:
     return must, must_not
 
 
-def fuse(lexical: list[Hit], dense: list[Hit]) -> list[Hit]:
+def fuse(lexical: list[Hit], dense: list[Hit], window: tuple[int, int] | None = None) -> list[Hit]:
     """A hybrid search's two lists as one, fused by score (`projections.qdrant.ranking.fused`; a
-    record stands alone, so no neighbour lifts it). Rank-only RRF buried a record far ahead in
+    record stands alone, so no neighbour lifts it), a record said inside the `window` the
+    question names lifted (`ranking.TIME_WEIGHT`). Rank-only RRF buried a record far ahead in
     one list: see docs/decisions/0019-history-ranking-score-fusion.md for both on LoCoMo."""
     scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense})
+    if window is not None:
+        at = {h.record_id: h.at for h in (*lexical, *dense)}
+        scores = {k: v + ranking.TIME_WEIGHT * (window[0] <= at[k] < window[1]) for k, v in scores.items()}
     return [Hit(k, v) for k, v in scores.items()]
 
 
 def hits_of(points: Sequence[Any]) -> list[Hit]:
-    return [Hit(p.payload["record_id"], p.score) for p in points]
+    """Hits of points read with `record_id` (and `at`, where a hybrid search reads it)."""
+    return [Hit(p.payload["record_id"], p.score, p.payload.get("at", -1)) for p in points]
+
+
+HIT_FIELDS = ["record_id", "at"]  # what a hybrid search reads of each point
 
 
 def rank(hits: list[Hit], limit: int) -> list[Hit]:
@@ -295,6 +307,7 @@ class EdgeIndex:
         limit: int,
         mode: Mode = "hybrid",
         min_score: float = 0.0,
+        window: tuple[int, int] | None = None,
     ) -> list[Hit]:
         flt = self._filter(f)
         depth = max(limit * 4, 20)
@@ -310,7 +323,7 @@ class EdgeIndex:
                 score_threshold=min_score,
             )
         else:
-            record_id = PayloadSelector.Include(["record_id"])
+            record_id = PayloadSelector.Include(HIT_FIELDS)
             batch = QueryBatchRequest([
                 QueryRequest(limit=depth, query=Query.Nearest(sparse, using=SPARSE), filter=flt, with_payload=record_id),
                 QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=record_id,
@@ -324,7 +337,7 @@ class EdgeIndex:
                     raise
                 # The Edge bindings raise a bare Exception for a storage or service error.
                 raise IndexUnavailable(f"the Qdrant Edge shard at {self.path} could not search") from e
-        return rank(fuse(*map(hits_of, lists)) if mode == "hybrid" else hits_of(lists[0]), limit)
+        return rank(fuse(*map(hits_of, lists), window) if mode == "hybrid" else hits_of(lists[0]), limit)
 
 
 def read_checkpoint(path: Path) -> dict[str, int]:

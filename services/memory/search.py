@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from events.config import AgentConfig
 from events.record import MemoryRecord, Scope
+from events.rules import named_time
 from projections.qdrant.index import Mode, SearchFilter
 from projections.records import encode_cursor, sort_score
 from services.memory.context import Context
@@ -46,10 +47,12 @@ class Ranked:
     mode: str
     min_score: float
     dense: list[float] | None
+    window: tuple[int, int] | None = None  # the time the query names (Unix ms): hybrid ranks it first
 
     def run(self, index: MemoryShards) -> list[Any]:
         # The API validated the mode (or the agent's configuration gave it): one of the index's.
-        return index.search(self.filter, self.dense, self.query, self.limit, cast(Mode, self.mode), self.min_score)
+        return index.search(self.filter, self.dense, self.query, self.limit, cast(Mode, self.mode), self.min_score,
+                            self.window)
 
     def result(self, hits: list[Any], records: dict[str, MemoryRecord], now: Any) -> SearchResult:
         """The hits whose current record is in force and visible to the caller, best score
@@ -187,6 +190,8 @@ class MemorySearch:
             tags=tags,
         )
         mode = mode or cfg.memory.search.mode
+        # "What did we decide last week?": read against the reads' clock (an as_of search's point).
+        named = named_time.window(query, self.reads.now()) if mode == "hybrid" else None
         return Ranked(
             ctx=ctx,
             scopes=scopes,
@@ -196,6 +201,7 @@ class MemorySearch:
             mode=mode,
             min_score=cfg.memory.search.min_score if min_score is None else min_score,
             dense=None if mode == "lexical" else dense,
+            window=None if named is None else named.ms(),
         )
 
     async def embed_query(self, ctx: Context, query: str) -> list[float]:

@@ -82,6 +82,25 @@ def test_hybrid_ranks_by_the_fused_scores_of_the_lexical_and_the_dense_list(inde
     assert got[0].record_id == "deploy" and got[0].score == pytest.approx(1.0)  # the best of both lists
 
 
+def test_a_record_said_inside_the_window_the_question_names_is_lifted(index):
+    day = timedelta(days=1)
+    put(index, rec("early", "We decided the deploy freeze starts Friday", observed_at=T0),
+        rec("later", "We decided the deploy freeze starts Monday", observed_at=T0 + 5 * day),
+        rec("recorded", "We decided the deploy freeze starts Sunday", minute=3 * 24 * 60))  # said when recorded
+    text, dense = "what did we decide about the deploy freeze", EMBEDDER.embed(["what did we decide about the deploy freeze"])[0]
+    plain = {h.record_id: h.score for h in index.search(flt(), dense, text, 5)}
+    ms = lambda t: int(t.timestamp() * 1000)  # noqa: E731
+    for inside, at in (("early", T0), ("later", T0 + 5 * day), ("recorded", T0 + 3 * day)):
+        got = index.search(flt(), dense, text, 5, window=(ms(at), ms(at + day)))
+        assert got[0].record_id == inside
+        scores = {h.record_id: h.score for h in got}
+        assert scores[inside] == pytest.approx(plain[inside] + ranking.TIME_WEIGHT)
+        assert all(scores[k] == pytest.approx(plain[k]) for k in scores if k != inside)
+    # Only hybrid search ranks by it.
+    assert index.search(flt(), None, text, 5, "lexical", window=(ms(T0), ms(T0 + day)))[0].score == pytest.approx(
+        index.search(flt(), None, text, 5, "lexical")[0].score)
+
+
 def test_filters_isolate_agent_session_preview_kind_and_labels(index):
     put(index,
         rec("mine", "shared fact alpha"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -256,6 +256,22 @@ async def test_ranking_modes(stack, new_agent):
         assert hybrid_a[0] == ident["id"] and hybrid_b[0] == para["id"]
         strict = (await c.search_memory("client angry delivery delayed", mode="vector", min_score=0.95))[0]
         assert strict == []
+
+
+async def test_a_time_the_question_names_ranks_what_was_said_then_first(stack, new_agent):
+    _, _, key = await new_agent()
+    today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    async with MemlaneClient(stack.api_url, key, session="s1") as c:
+        recent = await c.add_memory("We decided the launch moves to the harbour venue",
+                                    observed_at=(today - timedelta(days=1)).isoformat())
+        earlier = await c.add_memory("We decided the launch moves to the garden venue",
+                                     observed_at=(today - timedelta(days=10)).isoformat())
+
+        async def first(query: str) -> str:
+            return (await c.search_memory(query))[0][0].record.id
+
+        assert await first("what did we decide about the launch venue yesterday") == recent["id"]
+        assert await first("what did we decide about the launch venue 10 days ago") == earlier["id"]
 
 
 async def test_newer_records_win_ties(stack, new_agent):

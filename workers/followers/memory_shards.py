@@ -75,8 +75,8 @@ class MemoryShards:
         return self.projections[shard_of(tenant, agent, len(self.projections))]
 
     def search(self, f: SearchFilter, dense: list[float] | None, text: str, limit: int,
-               mode: Mode = "hybrid", min_score: float = 0.0) -> list[Hit]:
-        return self.of(f.tenant, f.agent).index.search(f, dense, text, limit, mode, min_score)
+               mode: Mode = "hybrid", min_score: float = 0.0, window: tuple[int, int] | None = None) -> list[Hit]:
+        return self.of(f.tenant, f.agent).index.search(f, dense, text, limit, mode, min_score, window)
 
     def vectors(self, tenant: str, agent: str, ids: list[str]) -> dict[str, list[float]]:
         return self.of(tenant, agent).index.vectors(tenant, agent, ids)
