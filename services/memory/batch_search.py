@@ -149,6 +149,7 @@ class BatchSearch:
             if batch.is_ranked(i):
                 args: dict[str, Any] = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 args["tags"] = tuple(kw.get("tags") or ())
+                args["named_times"] = kw.get("named_times", True)
                 batch.ranked[i] = self.search.ranked(ctx, batch.cfg(ctx), kw["query"], dense=batch.vectors.get(i),
                                                      **args)
         ranked = batch.ranked

@@ -277,11 +277,11 @@ class MemoryRecall:
         if not text.strip():
             return await search.checked(ctx, cfg, query=text, limit=limit)
         dense = None if cfg.memory.search.mode == "lexical" else await search.embed_query(ctx, text)
-        parts = [{"not_kinds": RESERVED_KINDS}]
+        parts: list[tuple[tuple[str, ...], tuple[str, ...]]] = [((), RESERVED_KINDS)]  # (kinds, not_kinds)
         if not every:
-            parts.append({"kinds": RESERVED_KINDS})
-        found = await search.run(ctx, [search.ranked(ctx, cfg, text, None, None, limit, None, None, dense, **kinds)
-                                       for kinds in parts])
+            parts.append((RESERVED_KINDS, ()))
+        found = await search.run(ctx, [search.ranked(ctx, cfg, text, None, None, limit, None, None, dense, kinds=kinds,
+                                                     not_kinds=not_kinds) for kinds, not_kinds in parts])
         ranked = [x for part in found for x in part.records]
         if every:  # then the facts no search ranked, newest first
             seen = {r.id for r, _ in ranked}

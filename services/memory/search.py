@@ -173,8 +173,10 @@ class MemorySearch:
 
     def ranked(self, ctx: Context, cfg: AgentConfig, query: str, kind: str | None, labels: dict[str, str] | None,
                limit: int | None, mode: str | None, min_score: float | None, dense: list[float] | None,
-               kinds: tuple[str, ...] = (), not_kinds: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> Ranked:
-        """A ranked search's filter and settings, the agent's defaults filled in."""
+               kinds: tuple[str, ...] = (), not_kinds: tuple[str, ...] = (), tags: tuple[str, ...] = (),
+               named_times: bool = True) -> Ranked:
+        """A ranked search's filter and settings, the agent's defaults filled in. `named_times`
+        False: a time the query names ranks nothing first (a lookup by a fact, not a question)."""
         scopes = self.reads._scopes(ctx, cfg)
         f = SearchFilter(
             tenant=ctx.tenant,
@@ -191,7 +193,7 @@ class MemorySearch:
         )
         mode = mode or cfg.memory.search.mode
         # "What did we decide last week?": read against the reads' clock (an as_of search's point).
-        named = named_time.window(query, self.reads.now()) if mode == "hybrid" else None
+        named = named_time.window(query, self.reads.now()) if mode == "hybrid" and named_times else None
         return Ranked(
             ctx=ctx,
             scopes=scopes,

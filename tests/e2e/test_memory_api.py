@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from events import AgentConfig, TurnCommitted, TurnRolledBack
 from events.codec import decode
 from events.rules.recall_render import BLOCK_CHARS
+from projections.qdrant import ranking
 from services.client import MemlaneClient
 from services.mcp_server import build_mcp
 from tests.conftest import eventually, refused
@@ -258,8 +259,8 @@ async def test_ranking_modes(stack, new_agent):
         assert strict == []
 
 
-async def test_a_time_the_question_names_ranks_what_was_said_then_first(stack, new_agent):
-    _, _, key = await new_agent()
+async def test_a_time_the_question_names_ranks_what_was_said_then_first(stack, new_agent, settings):
+    tenant, agent, key = await new_agent()
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
     async with MemlaneClient(stack.api_url, key, session="s1") as c:
         recent = await c.add_memory("We decided the launch moves to the harbour venue",
@@ -272,6 +273,20 @@ async def test_a_time_the_question_names_ranks_what_was_said_then_first(stack, n
 
         assert await first("what did we decide about the launch venue yesterday") == recent["id"]
         assert await first("what did we decide about the launch venue 10 days ago") == earlier["id"]
+    # A review's lookup by a candidate fact (`retrieved: false`) is no question: the time the fact
+    # names lifts nothing; the same search for the agent's model lifts the record said then.
+    async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {settings.operator_key}"}
+                                 ) as http:
+        async def scores(retrieved: bool) -> dict[str, float]:
+            r = await http.post("/v1/memory/search/batch", json={"retrieved": retrieved, "searches": [
+                {"query": "we decided the launch moves to a venue yesterday", "tenant": tenant, "agent": agent,
+                 "session": "s1"}]})
+            assert r.status_code == 200, r.text
+            return {x["id"]: x["score"] for x in r.json()["results"][0]["records"]}
+
+        lookup, asked = await scores(False), await scores(True)
+        assert asked[recent["id"]] == pytest.approx(lookup[recent["id"]] + ranking.TIME_WEIGHT)
+        assert asked[earlier["id"]] == pytest.approx(lookup[earlier["id"]])
 
 
 async def test_newer_records_win_ties(stack, new_agent):
