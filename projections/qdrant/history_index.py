@@ -47,7 +47,7 @@ from projections.records import Erasure
 
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts: the dense list's depth
-LEXICAL_DEPTH = 200  # the lexical list's: 50 tied on tuning but lost @25 on validation (docs/decisions/0019-history-ranking-score-fusion.md)
+LEXICAL_DEPTH = 100  # the lexical list's: chosen on both tuning sets (docs/decisions/0019-history-ranking-score-fusion.md)
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
 TIEBREAK_BITS = (1 << 63) - 1  # of a point id, to settle ties in an int64
 # Given the candidates' places, a test of whether the caller may see one (called where the search runs).
