@@ -110,8 +110,8 @@ def payload_of(r: MemoryRecord | LeanRecord) -> dict[str, Any]:
     # Every payload key costs ~5 µs to hand to Qdrant, so a point carries only what search
     # filters on, folded into few keys, and the record id; absent flags mean "no". Flags
     # are keyword strings: the Edge bindings turn a Python bool in MatchValue into an
-    # integer. `at` (not indexed) is read back by hybrid search only; score ties the memory
-    # service breaks once it has the records.
+    # integer. `at` is not indexed: only hybrid search reads it back. The memory service
+    # breaks score ties once it has the records.
     p: dict[str, Any] = {
         "owner": f"{r.tenant}/{r.agent}",
         "reach": reach_of(r),

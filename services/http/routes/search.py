@@ -131,8 +131,8 @@ async def search_memory_batch(
             continue
         if deployment_key(p) and not body.retrieved and ctx.user is not None:
             ctx = as_agent(ctx)
-        # A lookup that never reaches the agent's model looks for a candidate fact's like: a
-        # time the fact names ("went camping last week") must not rank that week's records first.
+        # A lookup that never reaches the agent's model looks up records like a candidate fact:
+        # a time the fact names ("went camping last week") must not rank that week's records first.
         searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})
                          | {"named_times": body.retrieved}))
         answers.append(None)
