@@ -39,7 +39,7 @@ class ActivityExtension:
         self.view = ActivityView(app.state.redis_at(), settings.redis_root)
         self.follower = ActivityFollower(settings, self.view, getattr(app.state, "data_keys", None), codec=app.state.codec)
         self.task = asyncio.create_task(self.follower.run(), name="activity-follower")
-        self.task.add_done_callback(_report)
+        self.task.add_done_callback(report_end)
         app.state.activity = self.view
         app.state.activity_follower = self
 
@@ -58,10 +58,11 @@ class ActivityExtension:
         return self.task is not None and not self.task.done()
 
 
-def _report(task: asyncio.Task) -> None:
-    # An ended follower shows in /health; its cause belongs in the log.
-    if not task.cancelled() and task.exception() is not None:
-        log.error("activity_follower_stopped", error=f"{type(task.exception()).__name__}: {task.exception()}")
+def report_end(task: asyncio.Task) -> None:
+    """A done callback for a follower's task: an ended follower shows in /health, and the cause
+    of one that failed belongs in the log (the error's type and message, never a payload)."""
+    if not task.cancelled() and (err := task.exception()) is not None:
+        log.error("follower_stopped", task=task.get_name(), error=f"{type(err).__name__}: {err}")
 
 
 class HistoryFollowing:
@@ -72,6 +73,7 @@ class HistoryFollowing:
         self.index = HistoryIndex(history_shard_path(settings), cipher=app.state.codec.cipher)
         self.projection = HistoryQdrantProjection(settings, self.index, keys, codec=app.state.codec)  # it never embeds: vectors come joined
         self.task = asyncio.create_task(self.projection.run(), name="history-projection")
+        self.task.add_done_callback(report_end)
         self.store = RedisHistory(app.state.redis_at(), settings.topic_prefix, keys=keys, codec=app.state.codec)
 
     async def stop(self) -> None:

@@ -16,6 +16,7 @@ import structlog
 
 from events.codec import Codec
 from projections.qdrant.generations import IndexGenerations
+from services.http.following import report_end
 from settings import Settings
 from workers.followers.memory_shards import MemoryShards
 from workers.runtime.tracing import NO_TRACING, Tracing
@@ -55,6 +56,7 @@ class ShardOwner:
         memory = MemoryShards(self.settings, self.generations, generation, self.redis, self.embedder, self.keys,
                               codec=self.codec, tracing=self.tracing)
         task = asyncio.create_task(memory.run(), name=f"qdrant-projection-g{generation}")
+        task.add_done_callback(report_end)
         old = (self.memory, self.task)
         if old[0] is not None:
             await memory.caught_up()
