@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from projections.embedders.port import MODEL_ID, content_hash
+from projections.embedders.port import MODEL_ID, content_hash, recent
 
 DIM = 384
 MAX_TOKENS = 256
@@ -68,6 +68,9 @@ class OnnxMiniLM:
         tok.enable_truncation(MAX_TOKENS)
         tok.no_padding()  # batches are grouped by token count and padded in `_run`
         return tok
+
+    def cached(self, texts: Sequence[str]) -> list[list[float]] | None:
+        return recent(self._cache, self._lock, texts)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:

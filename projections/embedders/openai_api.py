@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from projections.embedders.port import content_hash, openai_model_id
+from projections.embedders.port import content_hash, openai_model_id, recent
 
 BATCH = 256
 
@@ -36,6 +36,9 @@ class OpenAIEmbedder:
         # content hash -> float32 vector: a list of Python floats took ~8x the memory.
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+
+    def cached(self, texts: Sequence[str]) -> list[list[float]] | None:
+        return recent(self._cache, self._lock, texts)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not self._cache_size:

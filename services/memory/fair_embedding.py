@@ -58,6 +58,10 @@ class FairEmbedding:
     async def embed(self, tenant: str, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
+        # Texts embedded moments ago (the next page of a search, a retried call) need no model:
+        # answered here, not after a thread's hop, which under load waits on the interpreter lock.
+        if (vectors := self.embedder.cached(texts)) is not None:
+            return vectors
         held = self.texts.get(tenant, 0)
         if held and held + len(texts) > self.queued:
             wait = max(1, math.ceil(held * self.per_text_s / self.slots))

@@ -40,3 +40,10 @@ def test_a_text_gets_the_same_vector_alone_or_in_a_batch_and_another_text_anothe
         assert embedder.embed([text])[0] == pytest.approx(v, abs=1e-5)
     assert together[1] == pytest.approx(together[4], abs=1e-6)  # the same text twice
     assert together[2] != pytest.approx(together[3], abs=1e-3)
+
+
+def test_what_an_embedder_keeps_is_what_it_embedded(embedder):
+    vectors = embedder.embed(TEXTS)
+    kept = embedder.cached(TEXTS)
+    assert kept is None or kept == pytest.approx(vectors, abs=1e-6)
+    assert embedder.cached(["never embedded by anyone"]) is None

@@ -18,6 +18,9 @@ class HashEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return [hashed_embedding(t, self.dim).tolist() for t in texts]
 
+    def cached(self, texts: Sequence[str]) -> list[list[float]] | None:
+        return None  # it keeps no vectors
+
 
 def _implements(e: HashEmbedder) -> Embedder:
     return e  # the type checker holds the fake to the port

@@ -90,3 +90,46 @@ async def test_a_tenant_holds_at_most_half_the_slots_so_another_finds_one_free()
     fair.waiting["victim"] = deque([_Job("victim", ["q"])])
     taken = fair._next()
     assert taken is not None and taken.tenant == "victim" and fair.running == {"hostile": 1, "victim": 1}
+
+
+async def test_texts_the_embedder_keeps_are_answered_without_a_model_call_or_a_queue():
+    from projections.embedders.onnx import OnnxMiniLM
+
+    class Kept(Gated):
+        """Keeps what it embedded, as the API's embedder does."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: dict[str, list[float]] = {}
+
+        def embed(self, texts):
+            out = super().embed(texts)
+            self.kept.update(zip(texts, out, strict=True))
+            return out
+
+        def cached(self, texts):
+            return [self.kept[t] for t in texts] if all(t in self.kept for t in texts) else None
+
+    e = Kept()
+    fair = FairEmbedding(e, slots=1, queued=1000)
+    try:
+        first = asyncio.ensure_future(fair.embed("t", ["where is the office?"]))
+        e.go.release()
+        vec = await first
+        # No release this time: a model call would block, and a queued chunk would wait.
+        assert await asyncio.wait_for(fair.embed("t", ["where is the office?"]), 5) == vec
+        assert e.calls == [["where is the office?"]] and fair.waiting == {}
+        # A batch with one text not kept goes to the model whole.
+        both = asyncio.ensure_future(fair.embed("t", ["where is the office?", "and the lift?"]))
+        e.go.release()
+        assert len(await both) == 2 and e.calls[-1] == ["where is the office?", "and the lift?"]
+    finally:
+        for _ in range(3):
+            e.go.release()  # a call that went to the model after all does not hang the test
+        await fair.aclose()
+    # The local model keeps vectors only with a cache, and answers for all of the texts or none.
+    onnx = OnnxMiniLM(threads=1, cache_size=10)
+    assert onnx.cached(["kept"]) is None
+    [v] = onnx.embed(["kept"])
+    assert onnx.cached(["kept"]) == [v] and onnx.cached(["kept", "not kept"]) is None
+    assert OnnxMiniLM(threads=1).cached(["kept"]) is None
