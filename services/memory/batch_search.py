@@ -38,6 +38,7 @@ class _Batch:
     """One batch's searches, and what each step learns of them, by the search's place in the batch."""
 
     searches: list[tuple[Context, dict[str, Any]]]
+    named_times: bool = True  # a time a query names ranks first (`MemorySearch.ranked`)
     cfgs: dict[tuple[str, str], AgentConfig] = field(default_factory=dict)
     refused_at: dict[int, ApiError] = field(default_factory=dict)
     vectors: dict[int, list[float]] = field(default_factory=dict)
@@ -59,15 +60,17 @@ class BatchSearch:
         self.reads = reads
         self.search = search
 
-    async def search_many(self, searches: list[tuple[Context, dict[str, Any]]]) -> list[SearchResult | ApiError]:
-        """Several searches, each with its own context, as `search` would run them one by one.
+    async def search_many(self, searches: list[tuple[Context, dict[str, Any]]],
+                          named_times: bool = True) -> list[SearchResult | ApiError]:
+        """Several searches, each with its own context, as `search` would run them one by one
+        (`named_times`: as `MemorySearch.ranked` takes it).
 
         The queries that need a vector are embedded in one embedder call: one model request
         (or one ONNX batch) instead of one per query is what makes a batch cheap. A search
         that fails with an ApiError gets it in its place; the others still answer. Each
         search's subject (its context's member) is checked on its own.
         """
-        batch = _Batch(searches)
+        batch = _Batch(searches, named_times)
         await self._configs(batch)
         await self._check(batch)
         todo = [i for i, (ctx, kw) in enumerate(searches)
@@ -149,7 +152,7 @@ class BatchSearch:
             if batch.is_ranked(i):
                 args: dict[str, Any] = {k: kw.get(k) for k in ("kind", "labels", "limit", "mode", "min_score")}
                 args["tags"] = tuple(kw.get("tags") or ())
-                args["named_times"] = kw.get("named_times", True)
+                args["named_times"] = batch.named_times
                 batch.ranked[i] = self.search.ranked(ctx, batch.cfg(ctx), kw["query"], dense=batch.vectors.get(i),
                                                      **args)
         ranked = batch.ranked

@@ -175,9 +175,10 @@ class MemoryReads:
         return await self._searching.search(ctx, query, kind, labels, ids, limit, after, mode, min_score, dense, cfg,
                                             tags)
 
-    async def search_many(self, searches: list[tuple[Context, dict[str, Any]]]) -> list[SearchResult | ApiError]:
+    async def search_many(self, searches: list[tuple[Context, dict[str, Any]]],
+                          named_times: bool = True) -> list[SearchResult | ApiError]:
         """`BatchSearch.search_many`: several searches, answered as `search` answers each."""
-        return await self._batch.search_many(searches)
+        return await self._batch.search_many(searches, named_times)
 
     async def recall(self, ctx: Context, conversation: str, text: str, run: str | None = None,
                      application: str | None = None, request: str | None = None) -> RecallResult:

@@ -287,6 +287,13 @@ async def test_a_time_the_question_names_ranks_what_was_said_then_first(stack, n
         lookup, asked = await scores(False), await scores(True)
         assert asked[recent["id"]] == pytest.approx(lookup[recent["id"]] + ranking.TIME_WEIGHT)
         assert asked[earlier["id"]] == pytest.approx(lookup[earlier["id"]])
+        # Items that list or read by id, beside it, are answered as ever.
+        where = {"tenant": tenant, "agent": agent, "session": "s1"}
+        r = await http.post("/v1/memory/search/batch", json={"retrieved": False, "searches": [
+            where, {**where, "ids": [recent["id"]]}]})
+        assert r.status_code == 200, r.text
+        listed, by_id = r.json()["results"]
+        assert len(listed["records"]) == 2 and [x["id"] for x in by_id["records"]] == [recent["id"]]
 
 
 async def test_newer_records_win_ties(stack, new_agent):

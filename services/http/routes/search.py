@@ -131,12 +131,11 @@ async def search_memory_batch(
             continue
         if deployment_key(p) and not body.retrieved and ctx.user is not None:
             ctx = as_agent(ctx)
-        # A lookup that never reaches the agent's model looks up records like a candidate fact:
-        # a time the fact names ("went camping last week") must not rank that week's records first.
-        searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})
-                         | {"named_times": body.retrieved}))
+        searches.append((ctx, item.model_dump(exclude={"tenant", "agent", "session", "preview", "user", "channel"})))
         answers.append(None)
-    found = await s.reads.search_many(searches)
+    # A lookup that never reaches the agent's model looks up records like a candidate fact: a
+    # time the fact names ("went camping last week") must not rank that week's records first.
+    found = await s.reads.search_many(searches, named_times=body.retrieved)
     limited = [r for r in found if isinstance(r, ApiError) and r.code == ErrorCode.RATE_LIMITED]
     if limited and len(limited) == len(body.searches):
         raise limited[0]  # nothing of it was done: 429 and Retry-After for the whole request
