@@ -3,8 +3,10 @@
 Ranks LoCoMo's utterances for every question without a stack, as the history shard would:
 MiniLM vectors (computed once, cached under the system's temp directory), Edge's own BM25
 tokenizer with IDF over every conversation (as one shard holds them), each list cut at
-`LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.qdrant.ranking`. It prints evidence
-recall@5/10/25 for a grid of weights on the tuning conversations only; `--depths`, for a grid of
+`LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.qdrant.ranking`, each question asked a
+minute after its conversation's last turn. It prints evidence
+recall@5/10/25 for a grid of weights on the tuning conversations only; `--time`, for the time
+prior's weight and each category without and with it; `--depths`, for a grid of
 the two lists' depths with the chosen weights; `--memory`, memory-record search's fusion (no
 neighbours, memory's depth) against the RRF it replaced, on both splits; `--validation` prints
 the chosen weights and depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
@@ -37,18 +39,19 @@ def load() -> dict[str, tuple[list[tuple[str, str, Place]], list[tuple[str, set[
     (question, evidence ids) of each QA item with evidence."""
     out = {}
     for conv in json.loads(DATA.read_text()):
+        cid = conv["sample_id"]
         utts = [(m.id, m.content, Place(f"{t.session}/{t.execution_id}", t.turn, seq, 0,
                                         at_ms=int(t.occurred_at.timestamp() * 1000), chars=len(m.content)))
                 for t in conversation_turns(conv, "t", "a") for seq, m in enumerate(t.messages)]
-        out[conv["sample_id"]] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
-    for conv in json.loads(DATA.read_text()):
+        out[cid] = (utts, [(qa["question"], evidence(qa)) for qa in conv["qa"] if evidence(qa)])
         for qa in conv["qa"]:
-            WINDOWS[(conv["sample_id"], qa["question"])] = named_time.window(qa["question"], asked_at(conv))
-            CATEGORY[(conv["sample_id"], qa["question"])] = qa["category"]
+            WINDOWS[(cid, qa["question"])] = named_time.window(qa["question"], asked_at(conv))
+            CATEGORY[(cid, qa["question"])] = qa["category"]
     return out
 
 
-WINDOWS: dict[tuple[str, str], named_time.Window | None] = {}  # (conversation, question) -> the time it names
+# Filled by `load`, per (conversation, question): the time it names, as it is asked; its category.
+WINDOWS: dict[tuple[str, str], named_time.Window | None] = {}
 CATEGORY: dict[tuple[str, str], int] = {}
 
 

@@ -4,7 +4,8 @@ Ranks each question's haystack as the history shard would (parts of at most `PAR
 BM25 with IDF over every question's parts as one shard holds them, MiniLM vectors cached under
 the system's temp directory, `projections.qdrant.ranking`), beside a plain BM25 over whole
 messages (bm25s, English stopwords). Prints turn recall@5/10/25 and session recall_all@5 for
-the ranking's weights on the tuning half; `--validation` the chosen one on the validation half, which
+the ranking's weights on the tuning half (each question asked at its `question_date`);
+`--time`, the time prior's weights; `--validation` the chosen one on the validation half, which
 nothing here tunes on. The figures that count are `make bench ONLY=history`'s, through Kafka
 and HTTP.
 """
