@@ -17,7 +17,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
 from events.ids import uuid5
-from events.rules import named_time
 from events.turns import Message, TurnCommitted
 
 # About 500 tokens: small enough that one part is about one thing for the embedder
@@ -340,12 +339,6 @@ def time_window(day: str | None, since: int | None, until: int | None) -> tuple[
     if since is not None and until is not None and until <= since:
         raise ValueError(f"until: {until} must be after since {since}")
     return since, until
-
-
-def named_window(query: str, now_ms: int) -> tuple[int, int] | None:
-    """The window (Unix ms) a search's query names, read against `now_ms`."""
-    w = named_time.window(query, datetime.fromtimestamp(now_ms / 1000, UTC))
-    return None if w is None else w.ms()
 
 
 def fingerprint(*parts: Any) -> str:

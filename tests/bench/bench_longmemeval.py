@@ -43,7 +43,7 @@ async def ingest(stack, settings, items, tenant: str, agent: str, key: str, alre
         await eventually(indexed, timeout=3600, interval=2)
         for item in items:  # the last message of each haystack is searchable
             async def searchable(item=item) -> bool:
-                r = await http.post("/v1/history/search", json={"ids": [lme.messages(item)[-1][0]]},
+                r = await http.post("/v1/history/search", json={"ids": [lme.last_message_id(item)]},
                                     headers={"Authorization": f"Bearer {key}", "X-Session": item["question_id"]})
                 return bool(r.json()["events"])
 

@@ -55,14 +55,9 @@ def session_of(mid: str) -> str:
     return mid.rsplit(":", 1)[0]
 
 
-def messages(item: dict[str, Any]) -> list[tuple[str, str, str, int, int]]:
-    """(id, role, text, turn, sequence) of every message of the haystack, in order."""
-    out, turn = [], 0
-    for sid, msgs in zip(item["haystack_session_ids"], item["haystack_sessions"], strict=True):
-        for i in range(0, len(msgs), 2):
-            turn += 1
-            out += [(message_id(sid, i + j), m["role"], m["content"], turn, j) for j, m in enumerate(msgs[i:i + 2])]
-    return out
+def last_message_id(item: dict[str, Any]) -> str:
+    """The haystack's last message: searchable once the whole haystack is indexed."""
+    return message_id(item["haystack_session_ids"][-1], len(item["haystack_sessions"][-1]) - 1)
 
 
 def evidence(item: dict[str, Any]) -> set[str]:

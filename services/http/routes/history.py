@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, cast
 
 import structlog
@@ -35,7 +36,7 @@ from pydantic import Field
 from events.base import IDENT_PATTERN
 from events.config import AgentConfig
 from events.errors import ErrorCode
-from events.rules import subjects
+from events.rules import named_time, subjects
 from events.rules.history import (
     MAX_RANKED_DEPTH,
     HistoryFilter,
@@ -45,7 +46,6 @@ from events.rules.history import (
     event_from_payload,
     fingerprint,
     kinds_for,
-    named_window,
     render,
     split_parts,
     time_window,
@@ -278,8 +278,11 @@ class HistoryExtension:
     async def _ranked(self, f: HistoryFilter, body: HistorySearchRequest, mode: Mode):
         assert self.app is not None and self.store is not None  # `start` set it before the routes were served
         assert body.query is not None  # `_run` ranks only a query
-        window = None if mode != "hybrid" or f.since_ms is not None or f.until_ms is not None else named_window(
-            body.query, body.now if body.now is not None else int(time.time() * 1000))
+        named = None
+        if mode == "hybrid" and f.since_ms is None and f.until_ms is None:
+            asked = datetime.fromtimestamp(body.now / 1000, UTC) if body.now is not None else datetime.now(UTC)
+            named = named_time.window(body.query, asked)
+        window = None if named is None else named.ms()
         fp = fingerprint("q", f, body.query, mode, window)
         offset = self._position(body.cursor, fp, int)
         cap = HYBRID_DEPTH if mode == "hybrid" else MAX_RANKED_DEPTH
