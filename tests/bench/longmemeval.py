@@ -20,6 +20,11 @@ from settings import ROOT
 
 DATA = ROOT.parent / "shared" / "data" / "longmemeval" / "lme_s_dev.json.gz"
 KS = (5, 10, 25)
+# The measures the benches print, by their figure names.
+REPORTED = {**{f"turn@{k}": f"turn_recall_at_{k}" for k in KS},
+            "session_all@5": "session_recall_all_at_5",
+            "evidence_session_all@5": "evidence_session_recall_all_at_5",
+            "message_session_all@5": "session_recall_all_at_5_top_5_messages"}
 
 
 def load() -> list[dict[str, Any]]:
@@ -80,17 +85,26 @@ def turns(item: dict[str, Any], tenant: str, agent: str) -> list[TurnCommitted]:
     return out
 
 
+def first_sessions(ranked: list[str], k: int) -> set[str]:
+    """The first k distinct sessions the ranking names, as LongMemEval's own evaluation reads a
+    ranking of turns as one of sessions (it widens the cut until k sessions are in it)."""
+    return set(list(dict.fromkeys(session_of(m) for m in ranked))[:k])
+
+
 def scores(ranked: list[str], item: dict[str, Any]) -> dict[str, float]:
     """turn recall@k (share of the evidence messages in the top k) and session recall_all@k
-    (every answer session among the top k's sessions), for k in KS. `evidence_session_all@k`
-    counts only the answer sessions holding an evidence message, as LongMemEval's own retrieval
-    evaluation does: a few questions name answer sessions where no message is marked."""
+    (every answer session among the first k sessions the ranking names), for k in KS.
+    `evidence_session_all@k` counts only the answer sessions holding an evidence message, as
+    LongMemEval's own evaluation does: a few questions name answer sessions where no message is
+    marked. `message_session_all@k` is the stricter reading: every answer session among the
+    sessions of the top k messages."""
     ev, answer_sessions = evidence(item), set(item["answer_session_ids"])
     out = {}
     for k in KS:
         top = ranked[:k]
-        seen = {session_of(m) for m in top}
+        sessions = first_sessions(ranked, k)
         out[f"turn@{k}"] = len(ev & set(top)) / len(ev) if ev else float("nan")
-        out[f"session_all@{k}"] = float(answer_sessions <= seen)
-        out[f"evidence_session_all@{k}"] = float({session_of(m) for m in ev} <= seen)
+        out[f"session_all@{k}"] = float(answer_sessions <= sessions)
+        out[f"evidence_session_all@{k}"] = float({session_of(m) for m in ev} <= sessions)
+        out[f"message_session_all@{k}"] = float(answer_sessions <= {session_of(m) for m in top})
     return out

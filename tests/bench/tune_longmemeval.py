@@ -105,7 +105,7 @@ def report(name: str, runs: list[tuple[list[str], dict[str, Any]]]) -> None:
         for k, v in lme.scores(ranked, item).items():
             got[k].append(v)
     print(json.dumps({"variant": name, **{k: round(100 * float(np.nanmean(v)), 1) for k, v in got.items()
-                                          if k.startswith("turn") or k in ("session_all@5", "evidence_session_all@5")}}), flush=True)
+                                          if k in lme.REPORTED}}), flush=True)
 
 
 def main(argv: list[str]) -> int:
