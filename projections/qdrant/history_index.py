@@ -48,10 +48,18 @@ from projections.records import Erasure
 Mode = Literal["hybrid", "lexical", "vector"]
 HYBRID_DEPTH = 200  # a hybrid search pages through at most this many parts: the dense list's depth
 LEXICAL_DEPTH = 100  # the lexical list's: chosen on both tuning sets (docs/decisions/0019-history-ranking-score-fusion.md)
+# BM25's length normalisation: the part length (in tokens) that counts as average. Edge weighs a
+# part when it is written, so this is fixed; 128 was chosen on both tuning sets (Edge's own 256
+# under-penalises long parts). A shard written with another value is re-weighed by a rebuild.
+BM25_AVG_TOKENS = 128.0
 PLACES_KEPT = 200_000  # points whose place a process keeps (about 200 bytes each)
 TIEBREAK_BITS = (1 << 63) - 1  # of a point id, to settle ties in an int64
 # Given the candidates' places, a test of whether the caller may see one (called where the search runs).
 Visible = Callable[[list[ranking.Place]], Callable[[ranking.Place], bool]]
+
+
+def bm25_config() -> Bm25Config:
+    return Bm25Config(avg_len=BM25_AVG_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class HistoryIndex:
     def __init__(self, path: Path, dim: int = 384, cipher: Cipher | None = None) -> None:
         self.path = Path(path)
         self.cipher = cipher  # seals and opens the parts' texts
-        self.bm25 = Bm25(Bm25Config())
+        self.bm25 = Bm25(bm25_config())
         # Re-entrant: a search in the event loop holds it throughout (`search_now`).
         self._lock = threading.RLock()
         self._places = Places()

@@ -24,7 +24,7 @@ import numpy as np
 
 from events.rules import named_time
 from projections.qdrant import ranking
-from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
+from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH, bm25_config
 from projections.qdrant.ranking import Place
 from tests.bench.bench_history import CATEGORIES, DATA, KS, SPLITS, asked_at, conversation_turns, evidence
 from tests.bench.common import embedded
@@ -55,11 +55,12 @@ WINDOWS: dict[tuple[str, str], named_time.Window | None] = {}
 CATEGORY: dict[tuple[str, str], int] = {}
 
 
-def lexical_lists(data, depth: int = LEXICAL_DEPTH) -> dict[str, list[dict[str, float]]]:
-    """Each question's BM25 list: Edge's tokens and weights, IDF over every utterance."""
+def lexical_lists(data, depth: int = LEXICAL_DEPTH, memory: bool = False) -> dict[str, list[dict[str, float]]]:
+    """Each question's BM25 list: Edge's tokens and weights (the history shard's, or with
+    `memory` the memory shard's), IDF over every utterance."""
     from qdrant_edge import Bm25, Bm25Config
 
-    bm25 = Bm25(Bm25Config())
+    bm25 = Bm25(Bm25Config() if memory else bm25_config())
     docs = {cid: [bm25.embed_document(text) for _, text, _ in utts] for cid, (utts, _) in data.items()}
     df = Counter(t for ds in docs.values() for d in ds for t in set(d.indices))
     n = sum(len(ds) for ds in docs.values())
@@ -138,7 +139,7 @@ def main(argv: list[str]) -> int:
                           "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["validation"], w, n)}))
         return 0
     if "--memory" in argv:
-        lx, dn = lexical_lists(data, MEMORY_DEPTH), dense_lists(data, MEMORY_DEPTH)
+        lx, dn = lexical_lists(data, MEMORY_DEPTH, memory=True), dense_lists(data, MEMORY_DEPTH)
         for split, convs in SPLITS.items():
             fusions = [("rrf60", rrf)] + [(f"score{w}", lambda a, b, w=w: ranking.fused_keys(a, b, w))
                                           for w in ((0.5, 0.6, 0.7, 0.8) if split == "tuning" else (0.7,))]

@@ -23,7 +23,7 @@ import numpy as np
 
 from events.rules.history import split_parts
 from projections.qdrant import ranking
-from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH
+from projections.qdrant.history_index import HYBRID_DEPTH, LEXICAL_DEPTH, bm25_config
 from projections.qdrant.ranking import Place
 from tests.bench import longmemeval as lme
 from tests.bench.common import embedded
@@ -50,9 +50,9 @@ class Question:
 
 def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH) -> list[dict[int, float]]:
     """Each question's BM25 list over its parts (part index -> score)."""
-    from qdrant_edge import Bm25, Bm25Config
+    from qdrant_edge import Bm25
 
-    bm25 = Bm25(Bm25Config())
+    bm25 = Bm25(bm25_config())
     docs = [[bm25.embed_document(t) for _, t, _ in q.parts] for q in questions]
     df = Counter(t for ds in docs for d in ds for t in set(d.indices))
     n = sum(len(ds) for ds in docs)

@@ -216,3 +216,24 @@ def test_history_reaches_other_sessions_only_when_on_and_across_conversations():
     assert across_conversations(AgentConfig(history=HistoryConfig(across_conversations=True)))
     assert reachable("s1", "s1", across=False) and reachable("s2", "s1", across=True)
     assert not reachable("s2", "s1", across=False) and not reachable("s2", None, across=False)
+
+
+def test_a_lexical_search_weighs_a_long_part_by_its_length(tmp_path):
+    # A 124-token part naming the word three times against a 5-token part naming it once: at
+    # the history shard's length normalisation the short part is the better match.
+    from itertools import product
+
+    from projections.qdrant.history_index import HistoryIndex, event_parts
+
+    filler = " ".join("".join(w) for w in product("bcdfg", "aeiou", "klmnp"))
+    index = HistoryIndex(tmp_path / "history", dim=4)
+    try:
+        rows = [(pid, p, [1.0, 0.0, 0.0, 0.0]) for e in (event(id="long", text=f"{filler} zebra zebra zebra"),
+                                                         event(id="short", text="zebra crossing near harbour gate"))
+                for pid, p in event_parts(e)]
+        index.upsert(rows)
+        f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",))
+        hits = index.search(f, None, "zebra", 10, mode="lexical")
+        assert [h.payload["event_id"] for h in hits] == ["short", "long"]
+    finally:
+        index.close()
