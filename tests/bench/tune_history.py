@@ -6,7 +6,8 @@ tokenizer with IDF over every conversation (as one shard holds them), each list 
 `LEXICAL_DEPTH` and `HYBRID_DEPTH`, then `projections.qdrant.ranking`, each question asked a
 minute after its conversation's last turn. It prints evidence
 recall@5/10/25 for a grid of weights on the tuning conversations only; `--time`, for the time
-prior's weight and each category without and with it; `--depths`, for a grid of
+prior's weight and each category without and with it; `--bm25`, for BM25's average length
+(lexical alone, hybrid, multi-hop and open-domain); `--depths`, for a grid of
 the two lists' depths with the chosen weights; `--memory`, memory-record search's fusion (no
 neighbours, memory's depth) against the RRF it replaced, on both splits; `--validation` prints
 the chosen weights and depths on the validation ones, which nothing here tunes on. The figures that count are `make bench
@@ -19,6 +20,7 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from tests.bench.common import embedded
 
 GRID = [(w, n) for w in (0.5, 0.6, 0.7, 0.8) for n in (0.0, 0.2, 0.3, 0.4, 0.5)]
 DEPTHS = [(lx, dn) for lx in (30, 50, 100, 200) for dn in (100, 150, 200)]  # (lexical, dense)
+BM25_AVG_LENS = (16.0, 32.0, 64.0, 96.0, 128.0, 160.0, 192.0, 256.0, 512.0)  # Edge's default is 256
 MEMORY_DEPTH = 40  # memory search's max(4 x limit, 20) for a limit of 10
 
 
@@ -55,12 +58,12 @@ WINDOWS: dict[tuple[str, str], named_time.Window | None] = {}
 CATEGORY: dict[tuple[str, str], int] = {}
 
 
-def lexical_lists(data, depth: int = LEXICAL_DEPTH, memory: bool = False) -> dict[str, list[dict[str, float]]]:
-    """Each question's BM25 list: Edge's tokens and weights (the history shard's, or with
-    `memory` the memory shard's), IDF over every utterance."""
-    from qdrant_edge import Bm25, Bm25Config
+def lexical_lists(data, depth: int = LEXICAL_DEPTH, config: Any = None) -> dict[str, list[dict[str, float]]]:
+    """Each question's BM25 list: Edge's tokens and weights (by `config`; the history shard's by
+    default), IDF over every utterance."""
+    from qdrant_edge import Bm25
 
-    bm25 = Bm25(Bm25Config() if memory else bm25_config())
+    bm25 = Bm25(config or bm25_config())
     docs = {cid: [bm25.embed_document(text) for _, text, _ in utts] for cid, (utts, _) in data.items()}
     df = Counter(t for ds in docs.values() for d in ds for t in set(d.indices))
     n = sum(len(ds) for ds in docs.values())
@@ -79,6 +82,23 @@ def lexical_lists(data, depth: int = LEXICAL_DEPTH, memory: bool = False) -> dic
                 for j, v in postings.get(t, ()):
                     scores[utts[j][0]] += idf[t] * v * qv
             lists.append(dict(sorted(scores.items(), key=lambda kv: -kv[1])[:depth]))
+        out[cid] = lists
+    return out
+
+
+def bm25s_lists(data, depth: int = 25) -> dict[str, list[dict[str, float]]]:
+    """Each question's list from a plain BM25 (bm25s, English stopwords) over its conversation."""
+    import bm25s
+
+    out = {}
+    for cid, (utts, qs) in data.items():
+        index = bm25s.BM25()
+        index.index(bm25s.tokenize([t for _, t, _ in utts], stopwords="en", show_progress=False), show_progress=False)
+        lists = []
+        for q, _ in qs:
+            docs, scores = index.retrieve(bm25s.tokenize([q], stopwords="en", show_progress=False),
+                                          k=min(depth, len(utts)), show_progress=False)
+            lists.append({utts[int(j)][0]: float(v) for j, v in zip(docs[0], scores[0], strict=True)})
         out[cid] = lists
     return out
 
@@ -139,7 +159,9 @@ def main(argv: list[str]) -> int:
                           "recall_at_5_10_25": recall_at(data, lex, den, SPLITS["validation"], w, n)}))
         return 0
     if "--memory" in argv:
-        lx, dn = lexical_lists(data, MEMORY_DEPTH, memory=True), dense_lists(data, MEMORY_DEPTH)
+        from qdrant_edge import Bm25Config
+
+        lx, dn = lexical_lists(data, MEMORY_DEPTH, Bm25Config()), dense_lists(data, MEMORY_DEPTH)  # the memory shard's
         for split, convs in SPLITS.items():
             fusions = [("rrf60", rrf)] + [(f"score{w}", lambda a, b, w=w: ranking.fused_keys(a, b, w))
                                           for w in ((0.5, 0.6, 0.7, 0.8) if split == "tuning" else (0.7,))]
@@ -158,6 +180,20 @@ def main(argv: list[str]) -> int:
             for t in (0.0, ranking.TIME_WEIGHT):
                 print(json.dumps({"split": "tuning", "category": name, "time_weight": t, "recall_at_5_10_25":
                                   recall_at(data, lex, den, SPLITS["tuning"], w, n, t, category=cat)}), flush=True)
+        return 0
+    if "--bm25" in argv:  # BM25's average length: lexical alone, hybrid, and the two weakest categories
+        from qdrant_edge import Bm25Config
+
+        w, n = ranking.LEXICAL_WEIGHT, ranking.NEIGHBOUR_WEIGHT
+        print(json.dumps({"split": "tuning", "bm25s_stopwords": recall_at(data, bm25s_lists(data), den, SPLITS["tuning"],
+                                                                         1.0, 0.0, 0.0)}), flush=True)
+        for avg in BM25_AVG_LENS:
+            lx = lexical_lists(data, config=Bm25Config(avg_len=avg))
+            print(json.dumps({"split": "tuning", "bm25_avg_len": avg,
+                              "lexical": recall_at(data, lx, den, SPLITS["tuning"], 1.0, 0.0, 0.0),
+                              "hybrid": recall_at(data, lx, den, SPLITS["tuning"], w, n),
+                              **{CATEGORIES[c]: recall_at(data, lx, den, SPLITS["tuning"], w, n, category=c)
+                                 for c in (1, 3)}}), flush=True)
         return 0
     if "--depths" in argv:
         full_lex, full_den = lexical_lists(data, max(DEPTHS)[0]), dense_lists(data, max(d for _, d in DEPTHS))

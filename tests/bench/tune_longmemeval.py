@@ -5,7 +5,7 @@ BM25 with IDF over every question's parts as one shard holds them, MiniLM vector
 the system's temp directory, `projections.qdrant.ranking`), beside a plain BM25 over whole
 messages (bm25s, English stopwords). Prints turn recall@5/10/25 and session recall_all@5 for
 the ranking's weights on the tuning half (each question asked at its `question_date`);
-`--time`, the time prior's weights; `--validation` the chosen one on the validation half, which
+`--time`, the time prior's weights; `--bm25`, BM25's average length; `--validation` the chosen one on the validation half, which
 nothing here tunes on. The figures that count are `make bench ONLY=history`'s, through Kafka
 and HTTP.
 """
@@ -48,11 +48,12 @@ class Question:
                                                       at_ms=at_ms, chars=len(m.content))))
 
 
-def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH) -> list[dict[int, float]]:
-    """Each question's BM25 list over its parts (part index -> score)."""
+def lexical(questions: list[Question], depth: int = LEXICAL_DEPTH, config: Any = None) -> list[dict[int, float]]:
+    """Each question's BM25 list over its parts (part index -> score), by `config` (the history
+    shard's by default)."""
     from qdrant_edge import Bm25
 
-    bm25 = Bm25(bm25_config())
+    bm25 = Bm25(config or bm25_config())
     docs = [[bm25.embed_document(t) for _, t, _ in q.parts] for q in questions]
     df = Counter(t for ds in docs for d in ds for t in set(d.indices))
     n = sum(len(ds) for ds in docs)
@@ -117,6 +118,19 @@ def main(argv: list[str]) -> int:
     qs = [q for q, _ in picked]
     lex = [lx for _, lx in picked]
     den = dense(qs)
+    if "--bm25" in argv:  # BM25's average length: lexical alone and hybrid, the weights as chosen
+        from qdrant_edge import Bm25Config
+
+        from tests.bench.tune_history import BM25_AVG_LENS
+
+        for avg in BM25_AVG_LENS:
+            by_id = {q.item["question_id"]: lx for q, lx in zip(everything, lexical(everything, config=Bm25Config(
+                avg_len=avg)), strict=True)}
+            report(f"lexical avg_len {avg}", [(as_messages(q, by_id[q.item["question_id"]]), q.item) for q in qs])
+            report(f"hybrid avg_len {avg}", [(as_messages(q, ranking.ranked_keys(
+                by_id[q.item["question_id"]], dn, {j: p[2] for j, p in enumerate(q.parts)}, window=q.window)), q.item)
+                for q, dn in zip(qs, den, strict=True)])
+        return 0
     report("bm25s_stopwords", [(bm25s_ranked(q), q.item) for q in qs])
     report("lexical", [(as_messages(q, lx), q.item) for q, lx in zip(qs, lex, strict=True)])
     report("vector", [(as_messages(q, dn), q.item) for q, dn in zip(qs, den, strict=True)])
