@@ -252,20 +252,26 @@ class HistoryIndex:
         flt = self._filter(f)
         if mode == "hybrid":
             return self._hybrid(flt, dense, text, limit, offset, missing_ok, visible, window)
-        # One extra beyond the page, so ties at the page edge are ordered the same on every page.
-        depth = offset + limit + 1
-        if mode == "lexical":
-            req = QueryRequest(limit=depth, query=Query.Nearest(self.bm25.embed_query(text), using=SPARSE),
-                               filter=flt, with_payload=True)
-        else:
-            req = QueryRequest(limit=depth, query=Query.Nearest(dense, using=DENSE), filter=flt, with_payload=True)
-        with self._lock:
-            points = {p.id.int: p for p in self.shard.query(req)}
-        keys = list(points)
-        return _page(keys, np.fromiter((points[k].score for k in keys), float, len(keys)),
-                     ranking.rows_of([place(points[k].payload) for k in keys]),
-                     lambda chunk: {k: points[k].payload for k in chunk}, offset, limit, missing_ok,
-                     self.cipher)
+        query = Query.Nearest(self.bm25.embed_query(text), using=SPARSE) if mode == "lexical" else \
+            Query.Nearest(dense, using=DENSE)
+        # One message beyond the page, so ties at the page edge are ordered the same on every page.
+        wanted = offset + limit + 1
+        depth = wanted
+        while True:
+            with self._lock:
+                points = {p.id.int: p for p in self.shard.query(
+                    QueryRequest(limit=depth, query=query, filter=flt, with_payload=True))}
+            keys = list(points)
+            scores = np.fromiter((points[k].score for k in keys), float, len(keys))
+            rows = ranking.rows_of([place(points[k].payload) for k in keys])
+            # A message is one hit, its best part, as in a hybrid search; when a long message's
+            # parts took places the page needs, look deeper.
+            kept = ranking.best_parts(scores, rows)
+            if len(kept) >= wanted or len(points) < depth:
+                break
+            depth *= 2
+        return _page([keys[i] for i in kept.tolist()], scores[kept], rows[kept],
+                     lambda chunk: {k: points[k].payload for k in chunk}, offset, limit, missing_ok, self.cipher)
 
     def _hybrid(self, flt: Filter, dense: list[float] | None, text: str, limit: int, offset: int,
                 missing_ok: bool, visible: Visible | None, window: tuple[int, int] | None = None) -> list[HistoryHit]:

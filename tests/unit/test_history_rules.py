@@ -191,10 +191,11 @@ def test_the_redis_rule_and_the_qdrant_filter_agree_on_whose_turns_are_found(tmp
 
     index = HistoryIndex(tmp_path / "history", dim=4)
     try:
-        events = {u: event(id=f"m-{u}", user=u, text="kestrel budget") for u in (None, "alice", "bob")}
+        events = {u: event(id=f"m-{u}", user=u, text="kestrel budget", sequence=i)
+                  for i, u in enumerate((None, "alice", "bob"))}
         rows = [(pid, p, [1.0, 0.0, 0.0, 0.0]) for e in events.values() for pid, p in event_parts(e)]
         # A part written before `user` existed: no key at all, read as of no member.
-        old_pid, old = event_parts(event(id="m-old", text="kestrel budget"))[0]
+        old_pid, old = event_parts(event(id="m-old", text="kestrel budget", sequence=3))[0]
         del old["user"]
         rows.append((old_pid, old, [1.0, 0.0, 0.0, 0.0]))
         index.upsert(rows)
@@ -229,11 +230,40 @@ def test_a_lexical_search_weighs_a_long_part_by_its_length(tmp_path):
     index = HistoryIndex(tmp_path / "history", dim=4)
     try:
         rows = [(pid, p, [1.0, 0.0, 0.0, 0.0]) for e in (event(id="long", text=f"{filler} zebra zebra zebra"),
-                                                         event(id="short", text="zebra crossing near harbour gate"))
+                                                         event(id="short", text="zebra crossing near harbour gate", sequence=1))
                 for pid, p in event_parts(e)]
         index.upsert(rows)
         f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",))
         hits = index.search(f, None, "zebra", 10, mode="lexical")
         assert [h.payload["event_id"] for h in hits] == ["short", "long"]
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("mode", ["lexical", "vector"])
+def test_a_long_message_is_one_hit_its_best_part_in_every_mode(tmp_path, mode):
+    from projections.qdrant.history_index import HistoryIndex, event_parts
+
+    long_text = " ".join(f"zebra paragraph{i} " + "filler " * 60 for i in range(12))  # several parts
+    index = HistoryIndex(tmp_path / "history", dim=4)
+    try:
+        long_parts = event_parts(event(id="long", text=long_text, sequence=0))
+        assert len(long_parts) >= 3
+        rows = [(pid, p, [1.0, 0.1 * n, 0.0, 0.0]) for n, (pid, p) in enumerate(long_parts)]
+        rows += [(pid, p, [0.5, 1.0, 0.0, 0.0]) for pid, p in event_parts(event(id="short", text="zebra " + "crossing " * 100,
+                                                                                  sequence=1))]
+        rows += [(pid, p, [0.0, 0.0, 1.0, 0.0]) for pid, p in event_parts(event(id="other", text="unrelated words",
+                                                                                  sequence=2))]
+        index.upsert(rows)
+        f = HistoryFilter("t", "a", "s1", preview=False, kinds=("message",))
+        page = [h.payload["event_id"] for h in index.search(f, [1.0, 0.0, 0.0, 0.0], "zebra", 2, mode=mode)]
+        assert sorted(page) == ["long", "short"]
+        # Pages follow one order: the second page starts after the first page's one hit.
+        assert [h.payload["event_id"] for n in (0, 1)
+                for h in index.search(f, [1.0, 0.0, 0.0, 0.0], "zebra", 1, offset=n, mode=mode)] == page
+        if mode == "vector":  # the part shown is the one nearest the query: the first
+            [hit] = [h for h in index.search(f, [1.0, 0.0, 0.0, 0.0], "zebra", 2, mode=mode)
+                     if h.payload["event_id"] == "long"]
+            assert hit.payload["part"] == 1
     finally:
         index.close()
