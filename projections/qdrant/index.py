@@ -171,10 +171,8 @@ def fuse(lexical: list[Hit], dense: list[Hit], window: tuple[int, int] | None = 
     record stands alone, so no neighbour lifts it), a record said inside the `window` the
     question names lifted (`ranking.TIME_WEIGHT`). Rank-only RRF buried a record far ahead in
     one list: see docs/decisions/0019-history-ranking-score-fusion.md for both on LoCoMo."""
-    scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense})
-    if window is not None:
-        at = {h.record_id: h.at for h in (*lexical, *dense)}
-        scores = {k: v + ranking.TIME_WEIGHT * (window[0] <= at[k] < window[1]) for k, v in scores.items()}
+    scores = ranking.fused_keys({h.record_id: h.score for h in lexical}, {h.record_id: h.score for h in dense},
+                                at={h.record_id: h.at for h in (*lexical, *dense)}, window=window)
     return [Hit(k, v) for k, v in scores.items()]
 
 

@@ -106,13 +106,12 @@ def lifted(scores: np.ndarray, pairs: tuple[np.ndarray, np.ndarray], weight: flo
     return out
 
 
-def timed(scores: np.ndarray, rows: np.ndarray, window: tuple[int, int] | None,
+def timed(scores: np.ndarray, at: np.ndarray, window: tuple[int, int] | None,
           weight: float = TIME_WEIGHT) -> np.ndarray:
-    """Each score plus `weight` when its candidate was said inside `window` (Unix ms, since
-    inclusive, until exclusive); unchanged without a window."""
+    """Each score plus `weight` when its candidate was said (`at`, Unix ms) inside `window`
+    (since inclusive, until exclusive); unchanged without a window."""
     if window is None:
         return scores
-    at = rows[:, 5]
     return scores + weight * ((at >= window[0]) & (at < window[1]))
 
 
@@ -138,7 +137,8 @@ def ranked(lexical: np.ndarray, dense: np.ndarray, rows: np.ndarray, weight: flo
     rows = rows[kept]
     if not len(rows):
         return kept, scores[kept]
-    return kept, timed(lifted(scores[kept], neighbours(rows), neighbour, shares(rows)), rows, window, time_weight)
+    return kept, timed(lifted(scores[kept], neighbours(rows), neighbour, shares(rows)), rows[:, 5], window,
+                       time_weight)
 
 
 def order(scores: np.ndarray, rows: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
@@ -164,7 +164,12 @@ def ranked_keys(lexical: Mapping[K, float], dense: Mapping[K, float], places: Ma
     return dict(zip([keys[i] for i in kept.tolist()], scores.tolist(), strict=True))
 
 
-def fused_keys(lexical: Mapping[K, float], dense: Mapping[K, float], weight: float = LEXICAL_WEIGHT) -> dict[K, float]:
-    """`fused` over mappings, for candidates that stand alone (memory records: no neighbours)."""
+def fused_keys(lexical: Mapping[K, float], dense: Mapping[K, float], weight: float = LEXICAL_WEIGHT,
+               at: Mapping[K, int] | None = None, window: tuple[int, int] | None = None) -> dict[K, float]:
+    """`fused` over mappings, for candidates that stand alone (memory records: no neighbours),
+    then `timed` by when each was said (`at`, Unix ms; -1 where not known)."""
     keys, lex, den = _columns(lexical, dense)
-    return dict(zip(keys, fused(lex, den, weight).tolist(), strict=True))
+    scores = fused(lex, den, weight)
+    if at is not None and window is not None:
+        scores = timed(scores, np.array([at.get(k, -1) for k in keys], dtype=np.int64), window)
+    return dict(zip(keys, scores.tolist(), strict=True))
